@@ -1,0 +1,1 @@
+"""dskit: training utilities for DeepSpeed ZeRO on SLURM."""

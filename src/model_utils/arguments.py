@@ -1,0 +1,423 @@
+"""The typed training config: every flag, its default and its validation, in one place.
+
+Flags are generated from the dataclass fields below, so a flag cannot exist without a field (and a test
+checks that every field is read by the training code). Parsing is strict: an unknown or misspelled flag is an
+error naming the closest valid one, and abbreviations are refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import json
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from model_utils.errors import ConfigError
+from model_utils.presets import PRESETS, PRETRAINED_LR
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+AUTO = "auto"
+
+
+def _flag(help: str, **extra: Any) -> dict[str, Any]:
+    return {"help": help, **extra}
+
+
+@dataclass
+class ModelArgs:
+    model: str = field(
+        default="tiny-qwen3",
+        metadata=_flag(
+            "a preset (" + ", ".join(PRESETS) + "), a Hugging Face hub id, or a local HF model dir"
+        ),
+    )
+    tokenizer: str | None = field(
+        default=None, metadata=_flag("hub id or local dir of the tokenizer (default: the model's own)")
+    )
+
+    def __post_init__(self) -> None:
+        if not self.model.strip():
+            raise ConfigError("--model is empty: give a preset name, a hub id or a local directory")
+
+
+@dataclass
+class DataArgs:
+    dataset: str = field(
+        default="embedded",
+        metadata=_flag(
+            "'embedded' (the shipped corpus), a local save_to_disk dir, a local .txt/.json/.jsonl/.parquet file "
+            "or dir of them, or a Hugging Face hub dataset name"
+        ),
+    )
+    dataset_config_name: str | None = field(
+        default=None, metadata=_flag("configuration name of a hub dataset, e.g. 'en' for allenai/c4")
+    )
+    local_dataset: bool | None = field(
+        default=None,
+        metadata=_flag(
+            "true: --dataset is a local path; false: a hub name; default: decided by whether the path exists"
+        ),
+    )
+    text_field: str = field(default="text", metadata=_flag("column holding the document text"))
+    train_split: str = field(default="train", metadata=_flag("split to train on"))
+    validation_split: str | None = field(
+        default=None, metadata=_flag("split holding validation data; default: hold out --validation_fraction")
+    )
+    validation_fraction: float = field(
+        default=0.02,
+        metadata=_flag(
+            "fraction of training documents held out for validation when there is no validation split"
+        ),
+    )
+    seq_length: int | None = field(
+        default=None,
+        metadata=_flag("tokens per training block; default: the model's maximum positions, at most 2048"),
+    )
+    data_cache_dir: str = field(
+        default=".cache/data", metadata=_flag("where tokenized and packed data is cached between runs")
+    )
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.validation_fraction < 1.0:
+            raise ConfigError(
+                f"--validation_fraction {self.validation_fraction} is outside [0, 1): use e.g. 0.02 for 2%"
+            )
+        if self.seq_length is not None and self.seq_length < 2:
+            raise ConfigError(f"--seq_length {self.seq_length} is too small: use at least 2 (e.g. 2048)")
+
+
+@dataclass
+class OptimArgs:
+    deepspeed_config: str = field(
+        default="deepspeed/ds_config.json",
+        metadata=_flag("DeepSpeed JSON config; 'auto' keys are filled from flags"),
+    )
+    micro_batch_size: int = field(default=1, metadata=_flag("sequences per rank per micro-batch"))
+    gradient_accumulation_steps: int = field(default=1, metadata=_flag("micro-batches per optimizer step"))
+    lr: float | None = field(
+        default=None,
+        metadata=_flag(
+            f"peak learning rate; default: the preset's (tiny-qwen3 3e-3), else {PRETRAINED_LR:g}"
+        ),
+    )
+    warmup_steps: int = field(default=10, metadata=_flag("linear warm-up optimizer steps of WarmupCosineLR"))
+
+    def __post_init__(self) -> None:
+        for name in ("micro_batch_size", "gradient_accumulation_steps"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name} {getattr(self, name)} must be at least 1")
+        if self.lr is not None and not self.lr > 0:
+            raise ConfigError(f"--lr {self.lr} must be positive, e.g. 5e-5")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"--warmup_steps {self.warmup_steps} must be zero or positive")
+
+
+@dataclass
+class LoopArgs:
+    max_steps: int = field(default=100, metadata=_flag("optimizer steps to train for (not micro-batches)"))
+    epochs: int | None = field(
+        default=None, metadata=_flag("train for this many passes over the data instead of --max_steps")
+    )
+    logging_freq: int = field(default=10, metadata=_flag("optimizer steps between log lines"))
+    validation_freq: int = field(
+        default=50, metadata=_flag("optimizer steps between validations (and at the end)")
+    )
+    validation_batches: int = field(default=8, metadata=_flag("micro-batches per rank in each validation"))
+    seed: int = field(default=42, metadata=_flag("seed for initialisation, data order and dropout"))
+    metrics_file: str | None = field(
+        default=None, metadata=_flag("append one JSON line of metrics per logged step to this file (rank 0)")
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("max_steps", "logging_freq", "validation_freq", "validation_batches"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name} {getattr(self, name)} must be at least 1")
+        if self.epochs is not None and self.epochs < 1:
+            raise ConfigError(f"--epochs {self.epochs} must be at least 1")
+
+
+@dataclass
+class CheckpointArgs:
+    checkpoint_dir: str = field(
+        default="checkpoints", metadata=_flag("where checkpoints are saved and auto-resumed from ('latest')")
+    )
+    checkpoint_freq: int = field(
+        default=50, metadata=_flag("optimizer steps between checkpoints (and at the end)")
+    )
+    resume_from_checkpoint: str | None = field(
+        default=None,
+        metadata=_flag(
+            "resume from this checkpoint dir (its 'latest') or tag dir instead of --checkpoint_dir"
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_freq < 1:
+            raise ConfigError(f"--checkpoint_freq {self.checkpoint_freq} must be at least 1")
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelArgs,
+    "data": DataArgs,
+    "optim": OptimArgs,
+    "loop": LoopArgs,
+    "checkpoint": CheckpointArgs,
+}
+
+
+@dataclass
+class TrainConfig:
+    model: ModelArgs = field(default_factory=ModelArgs)
+    data: DataArgs = field(default_factory=DataArgs)
+    optim: OptimArgs = field(default_factory=OptimArgs)
+    loop: LoopArgs = field(default_factory=LoopArgs)
+    checkpoint: CheckpointArgs = field(default_factory=CheckpointArgs)
+    # Flags the user gave explicitly: they must agree with explicit DeepSpeed keys.
+    explicit: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if {"epochs", "max_steps"} <= self.explicit:
+            raise ConfigError("--epochs and --max_steps both given: keep one of them")
+        if self.data.validation_split is not None and "validation_fraction" in self.explicit:
+            raise ConfigError("--validation_split and --validation_fraction both given: keep one of them")
+        if self.optim.lr is None:
+            preset = PRESETS.get(self.model.model)
+            self.optim.lr = preset.lr if preset else PRETRAINED_LR
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["explicit"] = sorted(self.explicit)
+        return d
+
+
+def flag_fields() -> dict[str, tuple[str, dataclasses.Field]]:
+    """Every flag name -> (section name, dataclass field)."""
+    out: dict[str, tuple[str, dataclasses.Field]] = {}
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            assert f.name not in out, f"flag --{f.name} defined twice"
+            out[f.name] = (section, f)
+    return out
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _converter(hint: Any) -> Any:
+    args = (
+        [a for a in typing.get_args(hint) if a is not type(None)]
+        if isinstance(hint, types.UnionType)
+        else [hint]
+    )
+    base = args[0]
+    return _parse_bool if base is bool else base
+
+
+class _StrictParser(argparse.ArgumentParser):
+    def error(self, message: str) -> typing.NoReturn:
+        raise ConfigError(message)
+
+
+def build_parser(prog: str = "train_deepspeed.py") -> argparse.ArgumentParser:
+    parser = _StrictParser(
+        prog=prog,
+        allow_abbrev=False,
+        argument_default=argparse.SUPPRESS,
+        description="Train a causal LM with DeepSpeed ZeRO. Every default lives in model_utils/arguments.py.",
+    )
+    for section, cls in SECTIONS.items():
+        group = parser.add_argument_group(section)
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            default = f.default
+            group.add_argument(
+                f"--{f.name}",
+                type=_converter(hints[f.name]),
+                metavar=f.name.upper(),
+                help=f"{f.metadata['help']} (default: {default})",
+            )
+    return parser
+
+
+def _reject_unknown_flags(argv: list[str], known: set[str]) -> None:
+    for token in argv:
+        if not token.startswith("--"):
+            continue
+        name = token[2:].split("=", 1)[0]
+        if name in known or name == "help":
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.5)
+        hint = f"did you mean --{close[0]}?" if close else "see --help for the valid flags"
+        raise ConfigError(f"unknown flag --{name}: {hint}")
+
+
+def parse_args(argv: list[str] | None = None) -> TrainConfig:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    fields = flag_fields()
+    _reject_unknown_flags(argv, set(fields))
+    given = vars(build_parser().parse_args(argv))
+    per_section: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
+    for name, value in given.items():
+        per_section[fields[name][0]][name] = value
+    sections = {s: SECTIONS[s](**kwargs) for s, kwargs in per_section.items()}
+    cfg = TrainConfig(**sections, explicit=frozenset(given))
+    # Validate the DeepSpeed config now, so a bad file fails before any rank starts.
+    resolve_deepspeed_config(cfg, total_steps=cfg.loop.max_steps)
+    return cfg
+
+
+# --- the DeepSpeed config -------------------------------------------------------------------------------
+
+# (flag, path of the DeepSpeed key). Each flag fills an "auto" key; an explicit key must agree with the flag.
+DS_OVERRIDES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("micro_batch_size", ("train_micro_batch_size_per_gpu",)),
+    ("gradient_accumulation_steps", ("gradient_accumulation_steps",)),
+    ("lr", ("optimizer", "params", "lr")),
+    ("warmup_steps", ("scheduler", "params", "warmup_num_steps")),
+)
+
+
+def load_deepspeed_json(path: str) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(
+            f"DeepSpeed config {path} not found: pass --deepspeed_config PATH (e.g. deepspeed/ds_config.json)"
+        )
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(
+            f"DeepSpeed config {path} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}"
+        ) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"DeepSpeed config {path} must hold a JSON object, not {type(data).__name__}")
+    return data
+
+
+def _get(d: dict[str, Any], path: tuple[str, ...]) -> Any:
+    for key in path:
+        if not isinstance(d, dict) or key not in d:
+            return None
+        d = d[key]
+    return d
+
+
+def _set(d: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    for key in path[:-1]:
+        d = d.setdefault(key, {})
+    d[path[-1]] = value
+
+
+def resolve_deepspeed_config(cfg: TrainConfig, total_steps: int) -> dict[str, Any]:
+    """Fill the config's "auto" keys from the flags; adopt explicit keys the user did not override by flag.
+
+    Mutates cfg.optim so that the resolved config records what actually trains.
+    """
+    path = cfg.optim.deepspeed_config
+    ds = load_deepspeed_json(path)
+    if "train_batch_size" in ds and ds["train_batch_size"] != AUTO:
+        raise ConfigError(
+            f"{path} sets train_batch_size: remove it (DeepSpeed derives it from micro batch x accumulation x ranks)"
+        )
+    ds.pop("train_batch_size", None)
+    for flag, key_path in DS_OVERRIDES:
+        flag_value = getattr(cfg.optim, flag)
+        key_value = _get(ds, key_path)
+        dotted = ".".join(key_path)
+        if key_value is None or key_value == AUTO:
+            _set(ds, key_path, flag_value)
+        elif flag in cfg.explicit and key_value != flag_value:
+            raise ConfigError(
+                f"--{flag} {flag_value} disagrees with {dotted} = {key_value} in {path}: "
+                f'drop the flag or set the key to "auto"'
+            )
+        else:
+            setattr(cfg.optim, flag, type(flag_value)(key_value) if flag_value is not None else key_value)
+    scheduler = ds.get("scheduler")
+    if isinstance(scheduler, dict) and "total_num_steps" in scheduler.get("params", {}):
+        current = scheduler["params"]["total_num_steps"]
+        if current not in (AUTO, total_steps):
+            raise ConfigError(
+                f"scheduler.params.total_num_steps = {current} in {path} disagrees with {total_steps} training "
+                f'steps: set it to "auto"'
+            )
+        scheduler["params"]["total_num_steps"] = total_steps
+    _check_deepspeed_keys(ds, path)
+    return ds
+
+
+class _RecordingDict(dict):
+    """A dict that records which keys were read, to find keys DeepSpeed would silently ignore."""
+
+    def __init__(self, *args: Any, seen: set[str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen: set[str] = set() if seen is None else seen
+
+    def __getitem__(self, key: str) -> Any:
+        self.seen.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.seen.add(key)
+        return super().get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        self.seen.add(key)  # type: ignore[arg-type]
+        return super().__contains__(key)
+
+
+def _check_deepspeed_keys(ds: dict[str, Any], path: str) -> None:
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    recording = _RecordingDict(json.loads(json.dumps(ds)))
+    try:
+        DeepSpeedConfig(recording)
+    except (
+        Exception
+    ) as e:  # DeepSpeed raises many types (pydantic, assert, ValueError); report them as one line
+        first = str(e).strip().splitlines()
+        detail = " ".join(line.strip() for line in first[:3])
+        raise ConfigError(f"DeepSpeed rejects {path}: {detail}") from None
+    _check_scheduler_params(ds, path)
+    unknown = sorted(set(ds) - recording.seen)
+    if unknown:
+        key = unknown[0]
+        close = difflib.get_close_matches(key, sorted(recording.seen), n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}?" if close else "remove it"
+        raise ConfigError(
+            f"unknown key {key!r} in DeepSpeed config {path}: DeepSpeed would ignore it; {hint}"
+        )
+
+
+def _check_scheduler_params(ds: dict[str, Any], path: str) -> None:
+    """DeepSpeed passes scheduler params as keyword arguments unchecked: a misspelt one crashes initialize()."""
+    import inspect
+
+    from deepspeed.runtime import lr_schedules
+
+    scheduler = ds.get("scheduler")
+    if not isinstance(scheduler, dict):
+        return
+    cls = getattr(lr_schedules, str(scheduler.get("type")), None)
+    if cls is None:
+        raise ConfigError(
+            f"unknown scheduler type {scheduler.get('type')!r} in {path}: e.g. WarmupCosineLR, WarmupLR"
+        )
+    accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "optimizer"}
+    for key in scheduler.get("params", {}):
+        if key not in accepted:
+            close = difflib.get_close_matches(key, sorted(accepted), n=1, cutoff=0.5)
+            hint = f"did you mean {close[0]!r}?" if close else f"valid: {', '.join(sorted(accepted))}"
+            raise ConfigError(f"unknown {cls.__name__} parameter {key!r} in {path}: {hint}")

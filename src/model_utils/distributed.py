@@ -1,0 +1,103 @@
+"""Process-group setup from torchrun's environment, and the few collectives the loop needs."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _require_launcher_env() -> None:
+    missing = [
+        k for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ
+    ]
+    if missing:
+        from model_utils.errors import ConfigError
+
+        raise ConfigError(
+            f"{', '.join(missing)} not set: launch with torchrun (or ./train-singlenode.sh / sbatch train.sbatch), "
+            "e.g. torchrun --nproc_per_node=2 src/train_deepspeed.py"
+        )
+
+
+def init_distributed() -> DistInfo:
+    """gloo with DeepSpeed's CPU accelerator when there is no GPU, nccl on GPUs."""
+    _require_launcher_env()
+    if not torch.cuda.is_available():
+        # DeepSpeed would pick the CPU accelerator anyway, with a warning on every rank.
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    local_rank = int(os.environ["LOCAL_RANK"])
+    accelerator = get_accelerator()
+    if accelerator.device_name() == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name())
+    return DistInfo(
+        rank=int(os.environ["RANK"]),
+        local_rank=local_rank,
+        world_size=int(os.environ["WORLD_SIZE"]),
+        device=device,
+    )
+
+
+def all_reduce_mean(value: float, device: torch.device) -> float:
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(t)
+    return t.item() / torch.distributed.get_world_size()
+
+
+def all_reduce_max(value: float, device: torch.device) -> float:
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return t.item()
+
+
+def barrier() -> None:
+    torch.distributed.barrier()
+
+
+def main_first(fn: Callable[[], T], info: DistInfo) -> T:
+    """Run `fn` on global rank 0 first, then on each other node's local rank 0, then everywhere else.
+
+    `fn` builds a cache the later callers read. An error on rank 0 (bad data, say) stops every rank instead of
+    leaving the others waiting in a barrier.
+    """
+    from model_utils.errors import ConfigError
+
+    error: ConfigError | None = None
+    result = None
+    if info.rank == 0:
+        try:
+            result = fn()
+        except ConfigError as e:
+            error = e
+    if all_reduce_max(1.0 if error else 0.0, info.device) > 0:
+        raise error or ConfigError("preparing the data failed on rank 0 (its error is above)")
+    if info.rank != 0 and info.local_rank == 0:
+        result = fn()  # node-local caches: one build per node
+    barrier()
+    if info.local_rank != 0:
+        result = fn()
+    return result  # type: ignore[return-value]

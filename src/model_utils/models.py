@@ -1,0 +1,140 @@
+"""Model and tokenizer loading: a preset (random init), a local HF directory, or a hub id (pretrained)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from model_utils.errors import ConfigError
+from model_utils.presets import PRESETS, Preset
+
+MAX_DEFAULT_SEQ_LENGTH = 2048
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model comes from: exactly one of preset / local dir / hub id."""
+
+    name: str
+    preset: Preset | None = None
+    local_dir: Path | None = None
+
+    @property
+    def is_hub(self) -> bool:
+        return self.preset is None and self.local_dir is None
+
+    @property
+    def short_name(self) -> str:
+        """Name used in checkpoint tags: 'Qwen/Qwen3-0.6B' -> 'qwen3_0_6b'."""
+        base = self.name.rstrip("/").rsplit("/", 1)[-1]
+        return re.sub(r"[^a-z0-9]+", "_", base.lower()).strip("_") or "model"
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1
+
+
+def resolve_model_source(name: str) -> ModelSource:
+    if name in PRESETS:
+        return ModelSource(name=name, preset=PRESETS[name])
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ConfigError(
+                f"model directory {name} has no config.json: point --model at a Hugging Face model dir"
+            )
+        return ModelSource(name=name, local_dir=path)
+    if _looks_like_path(name) or path.exists():
+        raise ConfigError(f"model path {name} does not exist (or is not a directory): check --model")
+    if name.count("/") != 1:
+        raise ConfigError(
+            f"unknown model {name!r}: not a preset ({', '.join(PRESETS)}), not a local directory, "
+            "and not a hub id of the form org/name"
+        )
+    return ModelSource(name=name)
+
+
+def _hub_error(what: str, name: str, err: Exception) -> ConfigError:
+    reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return ConfigError(
+        f"could not load {what} {name!r} ({reason}): check the name and network access, or pass a local directory"
+    )
+
+
+def load_model_config(source: ModelSource) -> Any:
+    if source.preset is not None:
+        return source.preset.build_config()
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(source.local_dir or source.name))
+    except (OSError, ValueError) as e:
+        raise _hub_error("model config", source.name, e) from None
+
+
+def max_positions(model_config: Any) -> int:
+    return int(getattr(model_config, "max_position_embeddings", MAX_DEFAULT_SEQ_LENGTH))
+
+
+def resolve_seq_length(requested: int | None, model_config: Any) -> int:
+    limit = max_positions(model_config)
+    if requested is None:
+        return min(limit, MAX_DEFAULT_SEQ_LENGTH)
+    if requested > limit:
+        raise ConfigError(
+            f"--seq_length {requested} is above the model's maximum positions ({limit}): use --seq_length {limit} or less"
+        )
+    return requested
+
+
+def load_tokenizer(source: ModelSource, tokenizer_name: str | None) -> Any:
+    from transformers import AutoTokenizer
+
+    name = tokenizer_name or (
+        source.preset.tokenizer if source.preset else str(source.local_dir or source.name)
+    )
+    local = Path(name).expanduser()
+    if _looks_like_path(name) and not local.is_dir():
+        raise ConfigError(f"tokenizer path {name} does not exist: check --tokenizer")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(local) if local.is_dir() else name)
+    except (OSError, ValueError) as e:
+        raise _hub_error("tokenizer", name, e) from None
+    if not tokenizer.is_fast:
+        raise ConfigError(
+            f"tokenizer {name} has no fast (Rust) implementation: pass --tokenizer with a fast one"
+        )
+    if tokenizer.eos_token_id is None:
+        raise ConfigError(
+            f"tokenizer {name} has no EOS token: documents could not be separated; pick another"
+        )
+    return tokenizer
+
+
+def check_vocab(tokenizer: Any, model_config: Any) -> None:
+    if len(tokenizer) > model_config.vocab_size:
+        raise ConfigError(
+            f"tokenizer has {len(tokenizer)} tokens but the model's vocabulary is {model_config.vocab_size}: "
+            "use the model's own tokenizer"
+        )
+
+
+def build_model(source: ModelSource, model_config: Any, seed: int, dtype: Any) -> Any:
+    """Random init for presets (same weights on every rank for a seed); pretrained weights otherwise.
+
+    Pretrained weights load directly in the training dtype so a rank never holds an fp32 copy it does not need.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if source.preset is not None:
+        torch.manual_seed(seed)
+        return AutoModelForCausalLM.from_config(model_config, attn_implementation="sdpa")
+    try:
+        return AutoModelForCausalLM.from_pretrained(
+            str(source.local_dir or source.name), dtype=dtype, attn_implementation="sdpa"
+        )
+    except (OSError, ValueError) as e:
+        raise _hub_error("model", source.name, e) from None

@@ -1,0 +1,71 @@
+"""Everything a run needs before the first step, checked in order so bad input fails early and clearly.
+
+Used by the training ranks and by `dskit prepare` (one process, no GPUs), which the launchers run first: it
+reports mistakes as one line and leaves the packed data in the cache, so the ranks start straight from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from model_utils import checkpoint, concat_dataset, models
+from model_utils.arguments import TrainConfig
+from model_utils.errors import ConfigError
+
+
+@dataclass
+class PreparedRun:
+    source: models.ModelSource
+    model_config: Any
+    tokenizer: Any
+    train_blocks: np.ndarray
+    val_blocks: np.ndarray | None
+    resume: checkpoint.ResumeTarget | None
+
+
+def _blocks_or_error(
+    docs: Any, tokenizer: Any, cfg: TrainConfig, role: str, run_first: Callable[[Callable[[], Any]], Any]
+) -> np.ndarray:
+    data = cfg.data
+    cache = Path(data.data_cache_dir)
+    blocks = run_first(
+        lambda: concat_dataset.packed_blocks(docs, tokenizer, data.text_field, data.seq_length, cache, role)
+    )
+    if len(blocks) == 0:
+        hint = (
+            "raise --validation_fraction, or set it to 0 to skip validation"
+            if role == "validation"
+            else ("use more data or a smaller --seq_length")
+        )
+        raise ConfigError(
+            f"{role} data of {data.dataset} has fewer tokens than one block of {data.seq_length}: {hint}"
+        )
+    return blocks
+
+
+def prepare(cfg: TrainConfig, run_first: Callable[[Callable[[], Any]], Any] = lambda fn: fn()) -> PreparedRun:
+    """Resolve model, tokenizer, sequence length, checkpoint target and packed data.
+
+    `run_first` runs a cache-building function on one rank before the others (they then read the cache).
+    Mutates cfg.data.seq_length to the resolved value.
+    """
+    source = models.resolve_model_source(cfg.model.model)
+    checkpoint.check_writable(cfg.checkpoint.checkpoint_dir)
+    resume = checkpoint.find_resume_target(
+        cfg.checkpoint.checkpoint_dir, cfg.checkpoint.resume_from_checkpoint
+    )
+    model_config = models.load_model_config(source)
+    cfg.data.seq_length = models.resolve_seq_length(cfg.data.seq_length, model_config)
+    tokenizer = models.load_tokenizer(source, cfg.model.tokenizer)
+    models.check_vocab(tokenizer, model_config)
+    train_docs, val_docs = concat_dataset.load_documents(cfg.data, cfg.loop.seed)
+    train_blocks = _blocks_or_error(train_docs, tokenizer, cfg, "train", run_first)
+    val_blocks = (
+        None if val_docs is None else _blocks_or_error(val_docs, tokenizer, cfg, "validation", run_first)
+    )
+    return PreparedRun(source, model_config, tokenizer, train_blocks, val_blocks, resume)

@@ -1,0 +1,35 @@
+"""Train a Hugging Face causal LM with DeepSpeed ZeRO. Launch with torchrun (the launchers do):
+
+    torchrun --nproc_per_node=2 src/train_deepspeed.py --max_steps 100
+
+Flags and defaults: `python src/train_deepspeed.py --help` (model_utils/arguments.py).
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import partial
+
+from model_utils.arguments import parse_args
+from model_utils.errors import ConfigError
+from model_utils.log import error_line, print0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cfg = parse_args(argv)
+        from model_utils import distributed, preflight
+        from model_utils.train_utils import Trainer
+
+        dist = distributed.init_distributed()
+        run = preflight.prepare(cfg, run_first=partial(distributed.main_first, info=dist))
+        Trainer(cfg, run, dist).fit()
+    except ConfigError as e:
+        error_line(str(e))
+        return 2
+    print0("Training finished")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""The config tree and strict flag parsing."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from model_utils import arguments
+from model_utils.arguments import TrainConfig, flag_fields, parse_args, resolve_deepspeed_config
+from model_utils.errors import ConfigError
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+DEFAULT_DS = str(SRC.parent / "deepspeed" / "ds_config.json")
+
+
+def parse(*flags: str) -> TrainConfig:
+    return parse_args(["--deepspeed_config", DEFAULT_DS, *flags])
+
+
+def write_ds(tmp_path: Path, cfg: dict | str) -> str:
+    path = tmp_path / "ds.json"
+    path.write_text(cfg if isinstance(cfg, str) else json.dumps(cfg))
+    return str(path)
+
+
+def test_defaults_are_the_documented_ones() -> None:
+    cfg = parse()
+    assert cfg.model.model == "tiny-qwen3"
+    assert cfg.data.dataset == "embedded"
+    assert cfg.loop.max_steps == 100 and cfg.checkpoint.checkpoint_freq == 50
+    assert cfg.checkpoint.checkpoint_dir == "checkpoints"
+    assert cfg.optim.lr == 3e-3  # the tiny preset's own lr
+    assert parse("--model", "org/some-model").optim.lr == 5e-5
+    ds = resolve_deepspeed_config(cfg, total_steps=100)
+    assert ds["zero_optimization"]["stage"] == 2
+    assert ds["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
+    assert ds["bf16"]["enabled"] is True
+    assert ds["optimizer"]["params"] | {"lr": 0} == {
+        "lr": 0,
+        "betas": [0.9, 0.95],
+        "eps": 1e-8,
+        "weight_decay": 0.1,
+    }
+    sched = ds["scheduler"]
+    assert sched["type"] == "WarmupCosineLR"
+    assert sched["params"]["warmup_num_steps"] == 10 and sched["params"]["total_num_steps"] == 100
+    assert sched["params"]["warmup_min_ratio"] > 0  # no step at lr 0
+    assert ds["gradient_clipping"] == 1.0
+    assert "train_batch_size" not in ds
+
+
+def test_user_flag_names_keep_working() -> None:
+    cfg = parse(
+        "--dataset", "allenai/c4", "--dataset_config_name", "en", "--local_dataset", "false",
+        "--max_steps", "7", "--checkpoint_freq", "3", "--checkpoint_dir", "/tmp/ck",
+        "--resume_from_checkpoint", "/tmp/other", "--validation_freq", "2",
+    )  # fmt: skip
+    assert (cfg.data.dataset, cfg.data.dataset_config_name, cfg.data.local_dataset) == (
+        "allenai/c4",
+        "en",
+        False,
+    )
+    assert (cfg.loop.max_steps, cfg.loop.validation_freq) == (7, 2)
+    assert (cfg.checkpoint.checkpoint_freq, cfg.checkpoint.checkpoint_dir) == (3, "/tmp/ck")
+    assert cfg.checkpoint.resume_from_checkpoint == "/tmp/other"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--lrr", "1"], "unknown flag --lrr: did you mean --lr?"),
+        (["--max_step", "5"], "did you mean --max_steps?"),
+        (["--checkpoint-freq", "5"], "did you mean --checkpoint_freq?"),
+        (["--max_steps", "0"], "--max_steps 0 must be at least 1"),
+        (["--checkpoint_freq", "-3"], "--checkpoint_freq -3 must be at least 1"),
+        (["--logging_freq", "0"], "--logging_freq 0 must be at least 1"),
+        (["--validation_freq", "0"], "--validation_freq 0 must be at least 1"),
+        (["--max_steps", "ten"], "invalid int value: 'ten'"),
+        (["--local_dataset", "maybe"], "expected true or false"),
+        (["--epochs", "2", "--max_steps", "5"], "--epochs and --max_steps both given"),
+        (["--validation_fraction", "1.5"], "--validation_fraction 1.5 is outside [0, 1)"),
+        (["--validation_split", "validation", "--validation_fraction", "0.1"], "both given"),
+        (["--lr", "-1"], "must be positive"),
+        (["--micro_batch_size", "0"], "--micro_batch_size 0 must be at least 1"),
+    ],
+)
+def test_bad_flags_are_one_clear_error(flags: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse(*flags)
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_abbreviations_are_refused() -> None:
+    with pytest.raises(ConfigError, match="unknown flag --max_ste"):
+        parse("--max_ste", "5")
+
+
+def test_flag_overrides_fill_auto_keys() -> None:
+    cfg = parse(
+        "--micro_batch_size", "4", "--gradient_accumulation_steps", "3", "--lr", "1e-4", "--warmup_steps", "2"
+    )
+    ds = resolve_deepspeed_config(cfg, total_steps=40)
+    assert ds["train_micro_batch_size_per_gpu"] == 4
+    assert ds["gradient_accumulation_steps"] == 3
+    assert ds["optimizer"]["params"]["lr"] == 1e-4
+    assert ds["scheduler"]["params"]["warmup_num_steps"] == 2
+    assert ds["scheduler"]["params"]["total_num_steps"] == 40
+
+
+def _explicit_config() -> dict:
+    return {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": 5e-5}},
+        "scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 10, "total_num_steps": 100}},
+        "zero_optimization": {"stage": 2},
+    }
+
+
+def test_explicit_keys_win_when_no_flag_is_given(tmp_path: Path) -> None:
+    cfg = parse_args(["--deepspeed_config", write_ds(tmp_path, _explicit_config()), "--model", "org/m"])
+    resolve_deepspeed_config(cfg, total_steps=100)
+    assert cfg.optim.micro_batch_size == 2 and cfg.optim.lr == 5e-5  # the config records what trains
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["--micro_batch_size", "4"],
+            "--micro_batch_size 4 disagrees with train_micro_batch_size_per_gpu = 2",
+        ),
+        (["--lr", "1e-3"], "--lr 0.001 disagrees with optimizer.params.lr = 5e-05"),
+        (["--warmup_steps", "3"], "--warmup_steps 3 disagrees with scheduler.params.warmup_num_steps = 10"),
+        (["--max_steps", "50"], "total_num_steps = 100"),
+    ],
+)
+def test_flag_and_explicit_key_disagreeing_is_an_error(
+    tmp_path: Path, flags: list[str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match="disagrees") as err:
+        parse_args(["--deepspeed_config", write_ds(tmp_path, _explicit_config()), *flags])
+    assert message in str(err.value)
+
+
+def test_agreeing_flag_and_key_is_fine(tmp_path: Path) -> None:
+    parse_args(["--deepspeed_config", write_ds(tmp_path, _explicit_config()), "--micro_batch_size", "2"])
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", "is not valid JSON"),
+        ("[1, 2]", "must hold a JSON object"),
+        ('{"zero_optimisation": {"stage": 2}}', "unknown key 'zero_optimisation'"),
+        ('{"gradient_clippin": 1.0}', "did you mean 'gradient_clipping'?"),
+        ('{"zero_optimization": {"stage": 2, "offload_optimiser": {}}}', "DeepSpeed rejects"),
+        ('{"train_batch_size": 64}', "remove it"),
+        # The user's old README documented this key; DeepSpeed's WarmupCosineLR calls it cos_min_ratio.
+        (
+            '{"scheduler": {"type": "WarmupCosineLR", "params": {"cosine_min_ratio": 0.0}}}',
+            "unknown WarmupCosineLR parameter 'cosine_min_ratio': did you mean 'cos_min_ratio'?",
+        ),
+        ('{"scheduler": {"type": "WarmupCosine"}}', "unknown scheduler type 'WarmupCosine'"),
+    ],
+)
+def test_bad_deepspeed_config(tmp_path: Path, content: str, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_args(["--deepspeed_config", write_ds(tmp_path, content)])
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_missing_deepspeed_config() -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        parse_args(["--deepspeed_config", "/nonexistent/ds.json"])
+
+
+def test_no_flag_is_a_prefix_of_a_torchrun_option() -> None:
+    """torchrun's parser abbreviates: a script flag that prefixes one of its options is swallowed by it."""
+    from torch.distributed.run import get_args_parser
+
+    torchrun_options = {s for a in get_args_parser()._actions for s in a.option_strings if s.startswith("--")}
+    ours = {f"--{name}" for name in flag_fields()}
+    clashes = {(o, t) for o in ours for t in torchrun_options if t.startswith(o)}
+    assert not clashes
+
+
+def _attribute_reads(path: Path) -> set[str]:
+    return {n.attr for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Attribute)}
+
+
+def test_every_flag_is_read_by_the_training_code() -> None:
+    """A flag that exists is used: each config field is read somewhere outside its own definition."""
+    reads: set[str] = set()
+    for path in [SRC / "train_deepspeed.py", *SRC.joinpath("model_utils").glob("*.py")]:
+        if path.name != "arguments.py":
+            reads |= _attribute_reads(path)
+    # arguments.py itself reads the DeepSpeed overrides by name (getattr) when resolving the config.
+    reads |= {flag for flag, _ in arguments.DS_OVERRIDES} | {"deepspeed_config"}
+    unread = sorted(set(flag_fields()) - reads)
+    assert not unread, f"flags parsed but never read: {unread}"
+
+
+def test_every_field_has_help_and_one_default() -> None:
+    for _, (section, f) in flag_fields().items():
+        assert f.metadata.get("help"), f"--{f.name} has no help"
+        assert f.default is not dataclasses.MISSING, f"--{f.name} ({section}) has no default"
