@@ -96,7 +96,9 @@ class DataArgs:
 class OptimArgs:
     deepspeed_config: str = field(
         default="deepspeed/ds_config.json",
-        metadata=_flag("DeepSpeed JSON config; 'auto' keys are filled from flags"),
+        metadata=_flag(
+            "DeepSpeed JSON config (relative: to the current dir, else the kit's root); 'auto' keys are filled from flags"
+        ),
     )
     micro_batch_size: int = field(default=1, metadata=_flag("sequences per rank per micro-batch"))
     gradient_accumulation_steps: int = field(default=1, metadata=_flag("micro-batches per optimizer step"))
@@ -291,6 +293,8 @@ DS_OVERRIDES: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 def load_deepspeed_json(path: str) -> dict[str, Any]:
     p = Path(path)
+    if not p.is_absolute() and not p.exists():
+        p = REPO_ROOT / p  # the kit's own configs work from any working directory
     if not p.is_file():
         raise ConfigError(
             f"DeepSpeed config {path} not found: pass --deepspeed_config PATH (e.g. deepspeed/ds_config.json)"
@@ -336,6 +340,13 @@ def resolve_deepspeed_config(cfg: TrainConfig, total_steps: int) -> dict[str, An
         flag_value = getattr(cfg.optim, flag)
         key_value = _get(ds, key_path)
         dotted = ".".join(key_path)
+        if len(key_path) > 1 and not isinstance(ds.get(key_path[0]), dict):
+            # No optimizer/scheduler section: DeepSpeed would not use the value, so the flag cannot apply.
+            if flag in cfg.explicit:
+                raise ConfigError(
+                    f"--{flag} given but {path} has no {key_path[0]!r} section: add one or drop the flag"
+                )
+            continue
         if key_value is None or key_value == AUTO:
             _set(ds, key_path, flag_value)
         elif flag in cfg.explicit and key_value != flag_value:
@@ -379,6 +390,9 @@ class _RecordingDict(dict):
 
 
 def _check_deepspeed_keys(ds: dict[str, Any], path: str) -> None:
+    from model_utils.distributed import select_accelerator
+
+    select_accelerator()
     from deepspeed.runtime.config import DeepSpeedConfig
 
     recording = _RecordingDict(json.loads(json.dumps(ds)))

@@ -32,9 +32,19 @@ def _prepare(train_args: list[str]) -> int:
     return 0
 
 
+def _render(args: list[str]) -> int:
+    from model_utils import render
+
+    return render.main(args)
+
+
 COMMANDS = {
     "config": (_config, "print the resolved training config for these training flags, as JSON"),
     "prepare": (_prepare, "check training flags, model, tokenizer and data, and build the packed-data cache"),
+    "render": (
+        _render,
+        "write train.sbatch and train-singlenode.sh from templates/ (--values FILE, --set k=v)",
+    ),
 }
 
 

@@ -32,6 +32,14 @@ EMBEDDED = "embedded"
 # --- loading documents ----------------------------------------------------------------------------------
 
 
+def _datasets() -> Any:
+    """The datasets module, with its progress bars off: they flood log files; we print one summary line."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    return datasets
+
+
 def _is_saved_dataset(path: Path) -> bool:
     return (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
 
@@ -53,7 +61,7 @@ def _files_builder(path: Path) -> tuple[str, list[str]]:
 
 
 def _load_local(path: Path, split: str) -> Any:
-    import datasets
+    datasets = _datasets()
 
     if path.is_dir() and _is_saved_dataset(path):
         loaded = datasets.load_from_disk(str(path))
@@ -70,13 +78,21 @@ def _load_local(path: Path, split: str) -> Any:
     builder, files = _files_builder(path)
     if split != "train":
         raise ConfigError(f"local files {path} form a single split, so split {split!r} does not exist")
+    if all(Path(f).stat().st_size == 0 for f in files):
+        raise ConfigError(f"dataset {path} is empty: point --dataset at files with documents")
     # Plain text: blank-line separated paragraphs are the documents (one line each would cut sentences apart).
     extra = {"sample_by": "paragraph"} if builder == "text" else {}
-    return datasets.load_dataset(builder, data_files=files, split="train", **extra)
+    try:
+        return datasets.load_dataset(builder, data_files=files, split="train", **extra)
+    except (ValueError, TypeError, StopIteration, datasets.exceptions.DatasetGenerationError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(
+            f"could not read dataset {path} as {builder} ({reason}): check the file format"
+        ) from None
 
 
 def _load_hub(name: str, config_name: str | None, split: str) -> Any:
-    import datasets
+    datasets = _datasets()
 
     try:
         return datasets.load_dataset(name, config_name, split=split)

@@ -37,12 +37,16 @@ def _require_launcher_env() -> None:
         )
 
 
+def select_accelerator() -> None:
+    """Call before importing deepspeed: without a GPU it would pick the CPU anyway, but warn on stdout."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
 def init_distributed() -> DistInfo:
     """gloo with DeepSpeed's CPU accelerator when there is no GPU, nccl on GPUs."""
     _require_launcher_env()
-    if not torch.cuda.is_available():
-        # DeepSpeed would pick the CPU accelerator anyway, with a warning on every rank.
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    select_accelerator()
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 

@@ -167,10 +167,8 @@ class Trainer:
             self.engine.backward(loss)
             self.engine.step()
             losses.append(loss.item())
-        assert (
-            self.engine.is_gradient_accumulation_boundary() or self.cfg.optim.gradient_accumulation_steps == 1
-        )
         self.state.step += 1
+        assert self.engine.global_steps == self.state.step, (self.engine.global_steps, self.state.step)
         self.state.tokens_seen += self.tokens_per_step
         self.state.position = self.sampler.advance(self.state.position)
         return sum(losses) / len(losses)

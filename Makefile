@@ -1,0 +1,27 @@
+# `make test` bootstraps uv (pip) and the locked environment, warms DeepSpeed's JIT ops once, lints, and runs
+# the whole suite: unit tests, multi-rank torchrun runs on CPU, and (as root on Debian) the 2-node SLURM tests.
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+UV := $(shell command -v uv 2>/dev/null || echo "python3 -m uv")
+PY := .venv/bin/python
+export DS_ACCELERATOR ?= cpu
+export HF_HUB_OFFLINE ?= 1
+export HF_DATASETS_OFFLINE ?= 1
+
+.PHONY: test env warm lint unit e2e slurm clean-cache
+
+env:
+	@python3 -m uv --version >/dev/null 2>&1 || command -v uv >/dev/null 2>&1 || python3 -m pip install --quiet uv
+	$(UV) sync --frozen --quiet
+
+# DeepSpeed compiles its CPU ops on first use (~1-2 min each); do it once here, not inside a timed test.
+warm: env
+	$(PY) -c "from deepspeed.accelerator import get_accelerator as g; \
+	[g().create_op_builder(n).load() for n in ('ShareMemCommBuilder', 'CPUAdamBuilder')]; print('DeepSpeed ops ready')"
+
+lint: env
+	.venv/bin/ruff format --check src tests
+	.venv/bin/ruff check src tests
+
+test: warm lint
+	$(PY) -m pytest tests -q

@@ -1,0 +1,101 @@
+"""Bad input: one clear line, a non-zero exit, and nothing on disk touched.
+
+Run through `dskit prepare`, the check the launchers run before any rank starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from model_utils import cli
+
+REPO = Path(__file__).resolve().parents[1]
+DS = str(REPO / "deepspeed" / "ds_config.json")
+
+
+def snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
+
+
+def jsonl(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+CASES = {
+    "missing dataset path": (lambda t: ["--dataset", str(t / "nope")], "does not exist"),
+    "no text field": (lambda t: ["--dataset", jsonl(t / "d.jsonl", [{"body": "x"}] * 3)], "no column 'text'"),
+    "empty dataset": (lambda t: ["--dataset", jsonl(t / "d.jsonl", [])], "is empty"),
+    "fewer tokens than a block": (
+        lambda t: ["--dataset", jsonl(t / "d.jsonl", [{"text": "hi"}] * 3), "--validation_fraction", "0"],
+        "fewer tokens than one block",
+    ),
+    "invalid json config": (
+        lambda t: ["--deepspeed_config", str((t / "ds.json").write_text("{") and t / "ds.json")],
+        "not valid JSON",
+    ),
+    "unknown deepspeed key": (
+        lambda t: [
+            "--deepspeed_config",
+            str((t / "ds.json").write_text('{"zero_optimisation": {}}') and t / "ds.json"),
+        ],
+        "unknown key 'zero_optimisation'",
+    ),
+    "unknown preset": (lambda t: ["--model", "tiny-qwen9"], "unknown model 'tiny-qwen9'"),
+    "missing model path": (lambda t: ["--model", str(t / "model")], "does not exist"),
+    "seq_length too long": (lambda t: ["--seq_length", "4096"], "above the model's maximum positions (256)"),
+    "checkpoint dir not writable": (
+        lambda t: ["--checkpoint_dir", str((t / "file").write_text("x") and t / "file")],
+        "is not writable",
+    ),
+    "resume from a dir without checkpoints": (
+        lambda t: ["--resume_from_checkpoint", str(t)],
+        "holds no checkpoint",
+    ),
+    "unknown flag": (lambda t: ["--checkpoint_frequency", "5"], "did you mean --checkpoint_freq?"),
+    "zero frequency": (lambda t: ["--checkpoint_freq", "0"], "must be at least 1"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input(case: str, tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    make_flags, message = CASES[case]
+    flags = make_flags(tmp_path)
+    ckpt = tmp_path / "ckpts"
+    ckpt.mkdir()
+    (ckpt / "keep.txt").write_text("precious")
+    if "--checkpoint_dir" not in flags:
+        flags += ["--checkpoint_dir", str(ckpt)]
+    if "--deepspeed_config" not in flags:
+        flags += ["--deepspeed_config", DS]
+    before = snapshot(tmp_path)
+    assert cli.main(["prepare", "--data_cache_dir", str(tmp_path / "cache"), *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("error: ") and message in err[0], err[0]
+    after = snapshot(tmp_path)
+    assert {k: v for k, v in after.items() if "/cache/" not in k} == before  # nothing on disk touched
+
+
+def test_bad_input_from_the_real_command(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "model_utils.cli", "prepare", "--model", "tiny-qwen9"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        timeout=300,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "error: unknown model 'tiny-qwen9': not a preset (tiny-qwen3, qwen3-0.6b), not a local directory, "
+        "and not a hub id of the form org/name"
+    ]

@@ -1,0 +1,152 @@
+"""Real 2-rank DeepSpeed runs on CPU (gloo, ZeRO-2, CPU Adam, bf16) through torchrun subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+@pytest.fixture(scope="module")
+def data_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("data-cache")
+
+
+def torchrun_cmd(args: list[str]) -> list[str]:
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        str(REPO / "src" / "train_deepspeed.py"), *args,
+    ]  # fmt: skip
+
+
+def train(args: list[str], cwd: Path, timeout: int = 600) -> str:
+    proc = subprocess.run(
+        torchrun_cmd(args), cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+def metrics(path: Path) -> dict[int, dict]:
+    return {r["step"]: r for r in map(json.loads, path.read_text().splitlines()) if "loss" in r}
+
+
+def client_state(tag_dir: Path) -> dict:
+    return torch.load(tag_dir / "mp_rank_00_model_states.pt", weights_only=False)["dskit"]["train_state"]
+
+
+def common(cache: Path, ckpt: Path, metrics_file: Path) -> list[str]:
+    return [
+        "--max_steps", "8", "--logging_freq", "1", "--checkpoint_freq", "4", "--validation_freq", "100",
+        "--micro_batch_size", "2", "--gradient_accumulation_steps", "2", "--seq_length", "64",
+        "--data_cache_dir", str(cache), "--checkpoint_dir", str(ckpt), "--metrics_file", str(metrics_file),
+    ]  # fmt: skip
+
+
+def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path: Path, data_cache: Path) -> None:
+    straight = tmp_path / "straight"
+    out = train(common(data_cache, straight, tmp_path / "straight.jsonl"), tmp_path)
+    full = metrics(tmp_path / "straight.jsonl")
+    assert sorted(full) == list(range(1, 9))  # counts optimizer steps (2 micro-batches each), stops at 8
+    assert "Step 8/8 | Validation Loss" in out
+    assert (straight / "latest").read_text().strip() == "tiny_qwen3-8steps"
+    tokens_per_step = 2 * 2 * 2 * 64  # ranks x micro batch x accumulation x seq
+    assert client_state(straight / "tiny_qwen3-8steps")["tokens_seen"] == 8 * tokens_per_step
+    assert client_state(straight / "tiny_qwen3-4steps")["position"] == {"epoch": 0, "consumed": 4 * 8}
+
+    # "Stop" after step 4: a fresh checkpoint dir holding only the step-4 checkpoint, then train again to 8.
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    shutil.copytree(straight / "tiny_qwen3-4steps", resumed / "tiny_qwen3-4steps")
+    (resumed / "latest").write_text("tiny_qwen3-4steps")
+    out = train(common(data_cache, resumed, tmp_path / "resumed.jsonl"), tmp_path)
+    assert "Resumed from" in out and "tiny_qwen3-4steps at step 4 (epoch 0, block 32" in out
+    again = metrics(tmp_path / "resumed.jsonl")
+    assert sorted(again) == [5, 6, 7, 8]
+    for step in again:
+        assert abs(again[step]["loss"] - full[step]["loss"]) < 1e-4, (step, again[step], full[step])
+        assert again[step]["lr"] == pytest.approx(full[step]["lr"], rel=1e-6)
+        assert (again[step]["epoch"], again[step]["consumed"]) == (
+            full[step]["epoch"],
+            full[step]["consumed"],
+        )
+        assert again[step]["tokens_seen"] == full[step]["tokens_seen"]
+    assert client_state(resumed / "tiny_qwen3-8steps") == client_state(straight / "tiny_qwen3-8steps")
+
+
+def test_a_signal_to_one_rank_stops_all_ranks_at_one_step_with_a_checkpoint(
+    tmp_path: Path, data_cache: Path
+) -> None:
+    ckpt = tmp_path / "ck"
+    args = [
+        "--max_steps", "12", "--logging_freq", "1", "--checkpoint_freq", "100", "--validation_freq", "100",
+        "--seq_length", "64", "--data_cache_dir", str(data_cache), "--checkpoint_dir", str(ckpt),
+        "--metrics_file", str(tmp_path / "m.jsonl"),
+    ]  # fmt: skip
+    log = (tmp_path / "run.log").open("w")
+    proc = subprocess.Popen(torchrun_cmd(args), cwd=tmp_path, env=ENV, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.time() + 400
+    while "Step 2/12" not in (tmp_path / "run.log").read_text():
+        assert proc.poll() is None and time.time() < deadline, (tmp_path / "run.log").read_text()[-3000:]
+        time.sleep(0.2)
+    # Only one worker gets the signal (torchrun's workers run as `python -u .../train_deepspeed.py`).
+    workers = subprocess.run(
+        ["pgrep", "-f", "--", f"-u {REPO}/src/train_deepspeed.py .*{ckpt}"], capture_output=True, text=True
+    ).stdout.split()
+    assert len(workers) == 2, workers
+    os.kill(int(workers[-1]), signal.SIGUSR1)
+    assert proc.wait(timeout=300) == 0
+    out = (tmp_path / "run.log").read_text()
+    assert "Preempted: stop requested by" in out
+    stopped = int(out.split("saved at step ")[1].split()[0])
+    assert 2 <= stopped < 12
+    assert (ckpt / "latest").read_text().strip() == f"tiny_qwen3-{stopped}steps"
+    assert max(metrics(tmp_path / "m.jsonl")) == stopped  # no rank ran past the agreed step
+
+    out = train(args, tmp_path)
+    assert f"at step {stopped} " in out and "Step 12/12" in out
+    assert sorted(metrics(tmp_path / "m.jsonl")) == list(range(1, 13))  # continued, none repeated or skipped
+
+
+def test_train_singlenode_trains_the_embedded_default_and_resumes(tmp_path: Path) -> None:
+    """./train-singlenode.sh with only a private checkpoint dir: the embedded default, end to end."""
+    logs_before = set((REPO / "logs").glob("*.out"))
+    ckpt = tmp_path / "ck"
+    cmd = [
+        str(REPO / "train-singlenode.sh"),
+        "--checkpoint_dir",
+        str(ckpt),
+        "--metrics_file",
+        str(tmp_path / "m.jsonl"),
+    ]
+    try:
+        first = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=900)
+        assert first.returncode == 0, (first.stdout + first.stderr)[-4000:]
+        steps = metrics(tmp_path / "m.jsonl")
+        assert max(steps) == 100
+        assert steps[100]["loss"] < steps[10]["loss"] - 1.0, steps  # the loss visibly falls
+        assert "Step 100/100 | Loss" in first.stdout
+        assert (ckpt / "latest").read_text().strip() == "tiny_qwen3-100steps"
+        new_logs = set((REPO / "logs").glob("*.out")) - logs_before
+        assert len(new_logs) == 1 and "Step 100/100" in new_logs.pop().read_text()
+
+        second = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=900)
+        assert second.returncode == 0, (second.stdout + second.stderr)[-4000:]
+        assert "tiny_qwen3-100steps at step 100" in second.stdout
+    finally:
+        for path in set((REPO / "logs").glob("*.out")) - logs_before:
+            path.unlink()
