@@ -8,9 +8,16 @@ export DS_ACCELERATOR ?= cpu
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 
-.PHONY: test env warm lint unit e2e slurm clean-cache
+.PHONY: test env tools warm lint
 
-env:
+# shellcheck lints the rendered launchers; the SLURM tests install their own packages (tests/slurm/cluster.sh).
+tools:
+	@command -v shellcheck >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get install -y -qq shellcheck >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq shellcheck; }; \
+	  else echo "shellcheck is missing: install it (e.g. apt-get install shellcheck)" >&2; exit 1; fi; }
+
+env: tools
 	@python3 -m uv --version >/dev/null 2>&1 || command -v uv >/dev/null 2>&1 || python3 -m pip install --quiet uv
 	$(UV) sync --frozen --quiet
 

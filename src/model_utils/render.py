@@ -1,0 +1,334 @@
+"""`dskit render`: write train.sbatch and train-singlenode.sh from templates/ and one set of launch values.
+
+Values come from the defaults in `LaunchValues`, then an optional values file (YAML or TOML), then
+`--set key=value` overrides. Every value that reaches the shell goes through the `sq` filter (shlex.quote), and
+values that land in `#SBATCH` lines (which sbatch parses without a shell) are restricted to safe characters, so a
+hostile value cannot run anything. Both scripts are rendered before either is written: bad input never leaves a
+half-updated pair behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import shlex
+import tempfile
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import yaml
+
+from model_utils.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TEMPLATE_DIR = REPO_ROOT / "templates"
+# output file name -> template name
+SCRIPTS = {"train.sbatch": "train.sbatch.j2", "train-singlenode.sh": "train-singlenode.sh.j2"}
+REGENERATE = ".venv/bin/dskit render [--values FILE] [--set key=value ...]"
+
+# Values written into #SBATCH lines are parsed by sbatch, not by a shell: keep them to characters that need no
+# quoting anywhere (job names also become log file names).
+_SLURM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_SLURM_LIST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._,-]*")
+# SLURM --time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
+_TIME = re.compile(r"(\d+-)?\d+(:\d+){0,2}")
+_CUDA = re.compile(r"\d+\.\d+")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+EFA_MODES = ("auto", "on", "off")
+# --signal=B:USR1@N takes at most 65535 seconds
+MAX_SIGNAL_LEAD_S = 65535
+
+
+@dataclass(frozen=True)
+class LaunchValues:
+    """Every launch value with its default. None for a training value means: the trainer's own default."""
+
+    nodes: int = 2
+    gpus_per_node: int = 8
+    # ranks per node when a node has no GPU (CPU training over gloo)
+    cpu_ranks_per_node: int = 2
+    partition: str | None = None
+    account: str | None = None
+    time_limit: str | None = None
+    job_name: str = "qwen3_0_6b-DeepSpeed"
+    exclusive: bool = True
+    # Pyxis/enroot image: the ranks and `dskit prepare` then run in it (it must hold the Python environment)
+    container_image: str | None = None
+    cuda_version: str = "12.8"
+    efa: str = "auto"
+    # extra environment for the ranks, e.g. {NCCL_DEBUG: INFO, FI_EFA_FORK_SAFE: 1}
+    env: dict[str, str] = field(default_factory=dict)
+    # seconds before the time limit at which SLURM sends USR1 (checkpoint, then requeue)
+    signal_lead_s: int = 300
+    max_steps: int | None = None
+    checkpoint_freq: int | None = None
+    dataset: str | None = None
+    dataset_config_name: str | None = None
+    local_dataset: bool | None = None
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        if self.nodes < 1:
+            raise ConfigError(f"nodes = {self.nodes}: use at least 1 (e.g. --set nodes=2)")
+        for name in ("gpus_per_node", "cpu_ranks_per_node"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} = {getattr(self, name)} is negative: use 0 or more")
+        if self.gpus_per_node == 0 and self.cpu_ranks_per_node == 0:
+            raise ConfigError(
+                "gpus_per_node and cpu_ranks_per_node are both 0, so no rank could run: "
+                "set gpus_per_node (GPU nodes) or cpu_ranks_per_node (CPU nodes) to at least 1"
+            )
+        if not _SLURM_NAME.fullmatch(self.job_name):
+            raise ConfigError(
+                f"job_name {self.job_name!r} must be letters, digits, '.', '_' or '-' (it names the log files)"
+            )
+        for name in ("partition", "account"):
+            value = getattr(self, name)
+            if value is not None and not _SLURM_LIST.fullmatch(value):
+                raise ConfigError(f"{name} {value!r} must be letters, digits, '.', '_', '-' or ','")
+        if self.time_limit is not None and not _TIME.fullmatch(self.time_limit):
+            raise ConfigError(
+                f"time_limit {self.time_limit!r} is not a SLURM time: use e.g. 90, 12:00:00 or 2-00:00:00"
+            )
+        if not _CUDA.fullmatch(self.cuda_version):
+            raise ConfigError(f"cuda_version {self.cuda_version!r} must look like 12.8")
+        if self.efa not in EFA_MODES:
+            raise ConfigError(f"efa {self.efa!r} must be one of {', '.join(EFA_MODES)}")
+        for key in self.env:
+            if not _ENV_NAME.fullmatch(key):
+                raise ConfigError(
+                    f"env key {key!r} is not a valid environment variable name (e.g. NCCL_DEBUG)"
+                )
+        if not 1 <= self.signal_lead_s <= MAX_SIGNAL_LEAD_S:
+            raise ConfigError(
+                f"signal_lead_s = {self.signal_lead_s}: use 1..{MAX_SIGNAL_LEAD_S} seconds (e.g. 300), "
+                "enough to save a checkpoint"
+            )
+        for name in ("max_steps", "checkpoint_freq"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(
+                    f"{name} = {value}: use at least 1, or leave it out for the trainer's default"
+                )
+        for name in ("container_image", "dataset", "dataset_config_name", "model"):
+            value = getattr(self, name)
+            if value is not None and not value.strip():
+                raise ConfigError(f"{name} is empty: give a value or leave the key out")
+        for name, value in self.strings():
+            if any(ord(c) < 32 for c in value):
+                raise ConfigError(f"{name} contains a control character (newline, tab, ...): remove it")
+
+    def strings(self) -> list[tuple[str, str]]:
+        out = [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
+        out += [(f"env.{k}", k) for k in self.env] + [(f"env.{k}", v) for k, v in self.env.items()]
+        return [(name, v) for name, v in out if isinstance(v, str)]
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(LaunchValues)}
+_HINTS = typing.get_type_hints(LaunchValues)
+
+
+def _base_type(hint: Any) -> Any:
+    """int | None -> int; dict[str, str] -> dict."""
+    if isinstance(hint, types.UnionType):
+        (hint,) = [a for a in typing.get_args(hint) if a is not type(None)]
+    return typing.get_origin(hint) or hint
+
+
+def _type_name(t: Any) -> str:
+    return {int: "an integer", bool: "true or false", str: "a string", dict: "a mapping"}[t]
+
+
+def _check_types(values: LaunchValues) -> None:
+    # Values files are untyped: catch `nodes: two` or `exclusive: 1` here, with the key named.
+    for name, hint in _HINTS.items():
+        value = getattr(values, name)
+        optional = isinstance(hint, types.UnionType)
+        want = _base_type(hint)
+        if value is None and optional:
+            continue
+        # bool is an int subclass: `nodes: true` must not pass as 1
+        ok = isinstance(value, want) and not (want is int and isinstance(value, bool))
+        if not ok:
+            raise ConfigError(f"{name} = {value!r} must be {_type_name(want)}")
+    for key, value in values.env.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise ConfigError(f"env.{key} = {value!r}: env keys and values must be strings (quote numbers)")
+
+
+def _unknown_key(key: str, where: str) -> ConfigError:
+    return ConfigError(f"unknown key {key!r} in {where}: valid keys are {', '.join(FIELDS)}")
+
+
+def _env_values(raw: dict[Any, Any]) -> dict[Any, Any]:
+    # YAML/TOML give numbers and booleans; the environment only has strings. Convert the obvious scalars.
+    out: dict[Any, Any] = {}
+    for k, v in raw.items():
+        if isinstance(v, bool):
+            out[k] = "1" if v else "0"
+        elif isinstance(v, int | float):
+            out[k] = str(v)
+        else:
+            out[k] = v
+    return out
+
+
+def load_values_file(path: str) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"values file {path} not found: pass an existing YAML or TOML file to --values")
+    text = p.read_text()
+    suffix = p.suffix.lower()
+    try:
+        if suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text)
+        elif suffix == ".toml":
+            data = tomllib.loads(text)
+        else:
+            raise ConfigError(f"values file {path}: name it *.yaml, *.yml or *.toml so its format is known")
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"values file {path} is not valid YAML{where}: {problem}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"values file {path} is not valid TOML: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"values file {path} must be a mapping of key: value (got {type(data).__name__})")
+    for key in data:
+        if key not in FIELDS:
+            raise _unknown_key(str(key), path)
+    if isinstance(data.get("env"), dict):
+        data["env"] = _env_values(data["env"])
+    return data
+
+
+def _parse_scalar(name: str, text: str) -> Any:
+    want = _base_type(_HINTS[name])
+    optional = isinstance(_HINTS[name], types.UnionType)
+    if optional and text in ("", "none", "null"):
+        return None
+    if want is bool:
+        lowered = text.lower()
+        if lowered in ("true", "yes", "on", "1"):
+            return True
+        if lowered in ("false", "no", "off", "0"):
+            return False
+        raise ConfigError(f"--set {name}={text}: use true or false")
+    if want is int:
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(f"--set {name}={text}: {name} must be an integer") from None
+    if want is dict:
+        raise ConfigError(f"--set {name}={text}: set one entry at a time, e.g. --set env.NCCL_DEBUG=INFO")
+    return text
+
+
+def apply_sets(values: dict[str, Any], sets: list[str]) -> dict[str, Any]:
+    out = dict(values)
+    for item in sets:
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {item}: write it as key=value, e.g. --set nodes=4")
+        if key.startswith("env."):
+            out["env"] = {**out.get("env", {}), key[len("env.") :]: text}
+            continue
+        if key not in FIELDS:
+            raise _unknown_key(key, "--set")
+        out[key] = _parse_scalar(key, text)
+    return out
+
+
+def resolve_values(values_file: str | None = None, sets: list[str] | None = None) -> LaunchValues:
+    raw = load_values_file(values_file) if values_file else {}
+    return LaunchValues(**apply_sets(raw, sets or []))
+
+
+def _shell_quote(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return shlex.quote(str(value))
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATE_DIR),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+    env.filters["sq"] = _shell_quote
+    return env
+
+
+def render_scripts(values: LaunchValues) -> dict[str, str]:
+    """Output file name -> script text."""
+    env = _environment()
+    context = {"v": values, "regenerate": REGENERATE}
+    return {name: env.get_template(template).render(context) for name, template in SCRIPTS.items()}
+
+
+def write_scripts(scripts: dict[str, str], out_dir: Path) -> list[Path]:
+    if not out_dir.is_dir():
+        raise ConfigError(f"--out {out_dir} is not a directory: create it first or pick an existing one")
+    written = []
+    for name, text in scripts.items():
+        path = out_dir / name
+        if path.is_file() and path.read_text() == text:
+            continue  # unchanged: keep its mtime
+        # Write then rename, so a concurrent reader (or a running sbatch copy) never sees half a script.
+        fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{name}.")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, path)
+        written.append(path)
+    return written
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> typing.NoReturn:
+        raise ConfigError(f"{message} (dskit render --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    keys = ", ".join(f"{n} (default {FIELDS[n].default!r})" for n in FIELDS if n != "env")
+    parser = _Parser(
+        prog="dskit render",
+        description="Write train.sbatch and train-singlenode.sh from templates/ and launch values.",
+        epilog=f"keys: {keys}, env.NAME (extra environment for the ranks)",
+    )
+    parser.add_argument(
+        "--values", metavar="FILE", help="YAML (.yaml/.yml) or TOML (.toml) file of key: value"
+    )
+    parser.add_argument(
+        "--set", dest="sets", action="append", default=[], metavar="KEY=VALUE", help="override one value"
+    )
+    parser.add_argument(
+        "--out", default=str(REPO_ROOT), metavar="DIR", help="where to write (default: repo root)"
+    )
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    values = resolve_values(args.values, args.sets)
+    scripts = render_scripts(values)
+    written = write_scripts(scripts, Path(args.out))
+    for name in scripts:
+        state = "written" if Path(args.out) / name in written else "unchanged"
+        print(f"{Path(args.out) / name}: {state}")
+    return 0

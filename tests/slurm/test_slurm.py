@@ -1,0 +1,213 @@
+"""The rendered launchers on a real 2-node SLURM cluster (tests/slurm/cluster.sh), training on CPU.
+
+Slow (minutes: each 2-node job spends ~60 s starting up on 2 shared cores). The nodes share this machine's
+filesystem, so jobs run from the repo itself; each test has its own scripts, log and checkpoint dir in tmp_path.
+Off Debian or without root the tests skip, except under CI=true, where a skip would hide a broken setup: fail.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from model_utils import render
+
+pytestmark = pytest.mark.slurm
+
+REPO = Path(__file__).resolve().parents[2]
+CLUSTER = REPO / "tests" / "slurm" / "cluster.sh"
+# Nodes cannot reach the internet: never let a rank try the hub.
+JOB_ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+DONE_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL")
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true but the SLURM tests cannot run: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def cluster(timing: Callable[[str, float], None]):
+    if os.geteuid() != 0:
+        _unavailable("the SLURM test cluster needs root (network namespaces, slurmd)")
+    if not Path("/etc/debian_version").is_file():
+        _unavailable("the SLURM test cluster needs Debian (it installs slurm with apt)")
+    start = time.monotonic()
+    subprocess.run([str(CLUSTER), "up"], check=True, timeout=900)
+    timing("cluster bring-up (cluster.sh up)", time.monotonic() - start)
+    yield
+    subprocess.run([str(CLUSTER), "down"], check=True, timeout=300)
+
+
+def wait_for(what: str, timeout: float, check: Callable[[], object], every: float = 0.5) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = check()
+        if result:
+            return result
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def job_field(job_id: str, name: str) -> str:
+    out = subprocess.run(
+        ["scontrol", "show", "job", job_id], capture_output=True, text=True, check=True
+    ).stdout
+    match = re.search(rf"\b{name}=(\S+)", out)
+    assert match, f"no {name} in scontrol show job {job_id}:\n{out}"
+    return match.group(1)
+
+
+def read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+class Job:
+    """One sbatch submission of a freshly rendered train.sbatch (2 nodes, 1 CPU rank per node)."""
+
+    def __init__(self, tmp_path: Path, *train_args: str, env: dict[str, str] | None = None) -> None:
+        values = render.LaunchValues(cpu_ranks_per_node=1, job_name="dskit-test")
+        render.write_scripts(render.render_scripts(values), tmp_path)
+        self.checkpoints = tmp_path / "ck"
+        # The job must be submitted from the repo root: that is how the script finds the repo.
+        out = subprocess.run(
+            ["sbatch", "--parsable", f"--output={tmp_path}/%x_%j.out", str(tmp_path / "train.sbatch"),
+             "--checkpoint_dir", str(self.checkpoints), *train_args],
+            cwd=REPO, env={**JOB_ENV, **(env or {})}, capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        self.id = out.strip().split(";")[0]
+        self.log = tmp_path / f"dskit-test_{self.id}.out"
+        self.started = time.monotonic()
+
+    def state(self) -> str:
+        return job_field(self.id, "JobState")
+
+    def wait_log(self, pattern: str, timeout: float) -> re.Match[str]:
+        return wait_for(  # type: ignore[return-value]
+            f"/{pattern}/ in {self.log} (job {self.id}: {self.state()})",
+            timeout,
+            lambda: re.search(pattern, read(self.log), re.MULTILINE),
+        )
+
+    def wait_done(self, timeout: float) -> str:
+        wait_for(f"job {self.id} to finish", timeout, lambda: self.state() in DONE_STATES, every=2)
+        return self.state()
+
+    def text(self) -> str:
+        return read(self.log)
+
+
+def latest_tag(checkpoints: Path) -> str:
+    return (checkpoints / "latest").read_text().strip()
+
+
+def test_sbatch_trains_across_both_nodes(cluster, tmp_path: Path, timing) -> None:
+    # MAX_STEPS comes from the environment (the rendered default's override), the rest from flags.
+    job = Job(tmp_path, "--checkpoint_freq", "10", env={"MAX_STEPS": "20"})
+    state = job.wait_done(timeout=420)
+    timing("2-node sbatch job, 20 steps (submit to end)", time.monotonic() - job.started)
+    log = job.text()
+    assert state == "COMPLETED", log
+    assert log.startswith("START "), log[:500]
+    assert "Node node1 (SLURM_NODEID=0)" in log and "Node node2 (SLURM_NODEID=1)" in log, log
+    assert "Versions: python" in log
+    assert "Done: step 20/20" in log, log
+    assert re.search(r"^END .* exit status 0$", log, re.MULTILINE), log
+    assert latest_tag(job.checkpoints) == "tiny_qwen3-20steps"
+
+
+def test_usr1_checkpoints_requeues_and_resumes(cluster, tmp_path: Path, timing) -> None:
+    job = Job(tmp_path, "--max_steps", "60", "--checkpoint_freq", "1000", "--logging_freq", "5")
+    job.wait_log(r"\| Step 10/60 ", timeout=300)
+    signalled = time.monotonic()
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job.id], check=True)
+    saved = job.wait_log(r"Preempted: stop requested by SIGUSR1; saved at step (\d+)", timeout=120)
+    step = int(saved.group(1))
+    resumed = job.wait_log(rf"Resumed from \S+/tiny_qwen3-{step}steps at step (\d+)", timeout=400)
+    assert int(resumed.group(1)) == step
+    wait_for(
+        "the requeued run's first step",
+        120,
+        lambda: re.search(r"\| Step \d+/60 \|", job.text().partition("SLURM_RESTART_COUNT=1")[2]),
+    )
+    timing("USR1 to the requeued run's first logged step", time.monotonic() - signalled)
+    state = job.wait_done(timeout=300)
+    timing("preemption test job (submit to end of the requeued run)", time.monotonic() - job.started)
+    log = job.text()
+    assert state == "COMPLETED", log
+    assert job_field(job.id, "Restarts") == "1"
+    # Both runs are in the one log: two STARTs, the requeue, and the finish.
+    assert log.count("\nSTART ") + log.startswith("START ") == 2, log
+    assert "preempted, requeueing job" in log
+    assert f"SLURM job {job.id}, SLURM_RESTART_COUNT=0" in log
+    assert f"SLURM job {job.id}, SLURM_RESTART_COUNT=1" in log
+    assert "Done: step 60/60" in log, log
+    assert latest_tag(job.checkpoints) == "tiny_qwen3-60steps"
+
+
+def test_node_failure_ends_job_and_requeued_run_resumes(cluster, tmp_path: Path, timing) -> None:
+    job = Job(tmp_path, "--max_steps", "80", "--checkpoint_freq", "5", "--logging_freq", "5")
+    job.wait_log(r"Saved checkpoint \S+/tiny_qwen3-10steps", timeout=300)
+    failed = time.monotonic()
+    try:
+        subprocess.run(
+            ["scontrol", "update", "nodename=node2", "state=down", "reason=dskit-test"], check=True
+        )
+        # No hang: the running job ends (SLURM requeues it, as it was submitted with --requeue).
+        wait_for(
+            "the job to leave RUNNING after node2 went down", 90, lambda: job.state() != "RUNNING", every=1
+        )
+        timing("node2 down to the job leaving RUNNING", time.monotonic() - failed)
+        assert job_field(job.id, "Restarts") == "1"
+        last_saved = int(re.findall(r"Saved checkpoint \S+/tiny_qwen3-(\d+)steps", job.text())[-1])
+    finally:
+        # cluster.sh up resumes downed nodes
+        subprocess.run([str(CLUSTER), "up"], check=True, timeout=300)
+    resumed = job.wait_log(r"Resumed from \S+/tiny_qwen3-(\d+)steps at step (\d+)", timeout=400)
+    assert resumed.group(1) == resumed.group(2)
+    # It resumes from a checkpoint of the first run (the last one whose save completed).
+    assert 10 <= int(resumed.group(2)) <= last_saved
+    state = job.wait_done(timeout=300)
+    timing("node failure test job (submit to end of the requeued run)", time.monotonic() - job.started)
+    log = job.text()
+    assert state == "COMPLETED", log
+    assert "SLURM_RESTART_COUNT=1" in log
+    assert "Done: step 80/80" in log, log
+
+
+def test_singlenode_runs_on_the_named_node(cluster, tmp_path: Path, timing) -> None:
+    job_name = f"dskit-test-singlenode-{os.getpid()}"
+    start = time.monotonic()
+    proc = subprocess.run(
+        ["./train-singlenode.sh", "node2", "--max_steps", "10", "--checkpoint_dir", str(tmp_path / "ck")],
+        cwd=REPO, env={**JOB_ENV, "JOB_NAME": job_name}, capture_output=True, text=True, timeout=420,
+    )  # fmt: skip
+    timing("train-singlenode.sh node2, 10 steps", time.monotonic() - start)
+    logs = list((REPO / "logs").glob(f"{job_name}_*.out"))
+    try:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert len(logs) == 1, logs
+        log = logs[0].read_text()
+        assert "Host node2: training here" in log, log
+        assert "Done: step 10/10" in log, log
+        assert re.search(r"^END .* exit status 0$", log, re.MULTILINE), log
+        assert latest_tag(tmp_path / "ck") == "tiny_qwen3-10steps"
+    finally:
+        for path in logs:
+            path.unlink()
+
+
+def test_singlenode_unknown_node_is_a_clear_error(cluster) -> None:
+    proc = subprocess.run(
+        ["./train-singlenode.sh", "no-such-node", "--max_steps", "10"],
+        cwd=REPO, env=JOB_ENV, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "error: node 'no-such-node' is not known to SLURM" in proc.stderr
