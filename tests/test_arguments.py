@@ -229,5 +229,7 @@ def test_readme_flag_table_matches_the_parser() -> None:
     assert table == set(flag_fields())
     mentioned = set(re.findall(r"(?<![\w-])--([a-z][a-z_]+)", readme))
     other_tools = {"values", "set", "out", "frozen"}  # dskit render's and uv's own options
+    # SLURM's own (--batch, --kill-on-bad-exit, --signal, --output, --open-mode, --requeue)
+    other_tools |= {"batch", "kill", "signal", "output", "open", "requeue"}
     misspelling_example = {"max_step"}
     assert mentioned - set(flag_fields()) - other_tools - misspelling_example == set()
