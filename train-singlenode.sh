@@ -87,6 +87,9 @@ train_here() {
   CUDA_VERSION=${CUDA_VERSION:-12.8}
   CPU_RANKS=${CPU_RANKS:-2}
   GPUS_PER_NODE=${GPUS_PER_NODE:-8}
+  # DeepSpeed's JIT-compiled ops: built once per checkout, reused by every node (the repo is on a shared
+  # filesystem); one dir per checkout also stops two checkouts from rebuilding each other's ops.
+  export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$PWD/.cache/torch_extensions}
 
   # Training defaults: an empty value leaves the trainer's own default. Flags given on the command line come
   # after these, and the last occurrence of a flag wins.

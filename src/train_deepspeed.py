@@ -22,7 +22,11 @@ def main(argv: list[str] | None = None) -> int:
         from model_utils.train_utils import Trainer
 
         dist = distributed.init_distributed()
-        run = preflight.prepare(cfg, run_first=partial(distributed.main_first, info=dist))
+        run = preflight.prepare(
+            cfg,
+            run_first=partial(distributed.main_first, info=dist),
+            decide_once=partial(distributed.decide_on_main, info=dist),
+        )
         Trainer(cfg, run, dist).fit()
     except ConfigError as e:
         error_line(str(e))

@@ -225,10 +225,16 @@ def test_readme_flag_table_matches_the_parser() -> None:
     import re
 
     readme = (SRC.parent / "README.md").read_text()
-    table = {m for m in re.findall(r"^\| `--([a-z_]+)` \|", readme, flags=re.M)}
+    table = {m for m in re.findall(r"^\| `--([a-z0-9_]+)` \|", readme, flags=re.M)}
     assert table == set(flag_fields())
-    mentioned = set(re.findall(r"(?<![\w-])--([a-z][a-z_]+)", readme))
-    other_tools = {"values", "set", "out", "frozen"}  # dskit render's and uv's own options
+    mentioned = set(re.findall(r"(?<![\w-])--([a-z][a-z0-9_]+)", readme))
+    other_tools = {
+        "values",
+        "set",
+        "out",
+        "dtype",
+        "frozen",
+    }  # dskit render's, dskit export's and uv's own options
     # SLURM's own (--batch, --kill-on-bad-exit, --signal, --output, --open-mode, --requeue)
     other_tools |= {"batch", "kill", "signal", "output", "open", "requeue"}
     misspelling_example = {"max_step"}

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from model_utils import cli
+from s3_server import denied_server, moto_endpoint, s3, s3_denied  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 DS = str(REPO / "deepspeed" / "ds_config.json")
@@ -26,6 +27,24 @@ def snapshot(root: Path) -> dict[str, tuple[int, int]]:
 def jsonl(path: Path, rows: list[dict]) -> str:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return str(path)
+
+
+def checkpoint_with(t: Path, hidden_size: int = 64, seq_length: int = 256) -> str:
+    """A verified checkpoint dir whose saved model config / launch manifest differ from the defaults."""
+    from model_utils import manifest
+    from model_utils.presets import PRESETS
+
+    tag = t / "old-run" / "tiny_qwen3-5steps"
+    tag.mkdir(parents=True)
+    (tag / "mp_rank_00_model_states.pt").write_bytes(b"weights")
+    config = PRESETS["tiny-qwen3"].build_config()
+    config.hidden_size = hidden_size
+    config.save_pretrained(tag / "hf_config")
+    (tag / "launch.json").write_text(
+        json.dumps({"config": {"data": {"seq_length": seq_length}}, "world_size": 2})
+    )
+    manifest.write(tag, manifest.build(tag, {"tag": tag.name, "step": 5}))
+    return str(tag.parent)
 
 
 CASES = {
@@ -56,10 +75,23 @@ CASES = {
     ),
     "resume from a dir without checkpoints": (
         lambda t: ["--resume_from_checkpoint", str(t)],
-        "holds no checkpoint",
+        "holds no verified checkpoint",
     ),
     "unknown flag": (lambda t: ["--checkpoint_frequency", "5"], "did you mean --checkpoint_freq?"),
     "zero frequency": (lambda t: ["--checkpoint_freq", "0"], "must be at least 1"),
+    "negative frequency": (lambda t: ["--validation_freq", "-5"], "--validation_freq -5 must be at least 1"),
+    "keep no checkpoints": (lambda t: ["--keep_checkpoints", "0"], "--keep_checkpoints 0 must be at least 1"),
+    "negative time interval": (lambda t: ["--checkpoint_interval_minutes", "-1"], "must be positive"),
+    "malformed s3 uri": (lambda t: ["--s3_checkpoint_uri", "http://bucket/x"], "is not an S3 URI"),
+    "s3 uri without bucket": (lambda t: ["--s3_checkpoint_uri", "s3:///x"], "is not an S3 URI"),
+    "model config mismatch": (
+        lambda t: ["--checkpoint_dir", checkpoint_with(t, hidden_size=128)],
+        "has hidden_size=128 but the model now has hidden_size=64",
+    ),
+    "sequence length mismatch": (
+        lambda t: ["--checkpoint_dir", checkpoint_with(t, seq_length=128)],
+        "was trained with --seq_length 128, not 256",
+    ),
 }
 
 
@@ -99,3 +131,39 @@ def test_bad_input_from_the_real_command(tmp_path: Path) -> None:
         "error: unknown model 'tiny-qwen9': not a preset (tiny-qwen3, qwen3-0.6b), not a local directory, "
         "and not a hub id of the form org/name"
     ]
+
+
+S3_CASES = {
+    "missing bucket": (
+        "s3",
+        "--s3_checkpoint_uri",
+        "s3://no-such-bucket/run",
+        "S3 bucket no-such-bucket does not exist",
+    ),
+    "access denied": (
+        "s3_denied",
+        "--s3_checkpoint_uri",
+        "s3://dskit-locked/run",
+        "no access to S3 bucket dskit-locked",
+    ),
+    "empty s3 dataset": ("s3", "--dataset", "{bucket}/nothing-here", "no objects"),
+}
+
+
+@pytest.mark.parametrize("case", list(S3_CASES))
+def test_bad_s3_input(case: str, tmp_path: Path, capsys, monkeypatch, request) -> None:
+    """Against a real S3 endpoint on loopback (moto's server): one line, exit 2, nothing touched."""
+    fixture, flag, value, message = S3_CASES[case]
+    env = request.getfixturevalue(fixture)
+    if "{bucket}" in value:
+        value = value.format(bucket=env.uri())
+    monkeypatch.chdir(tmp_path)
+    ckpt = tmp_path / "ckpts"
+    ckpt.mkdir()
+    (ckpt / "keep.txt").write_text("precious")
+    before = snapshot(tmp_path)
+    flags = [flag, value, "--checkpoint_dir", str(ckpt), "--data_cache_dir", str(tmp_path / "cache")]
+    assert cli.main(["prepare", "--deepspeed_config", DS, *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+    assert {k: v for k, v in snapshot(tmp_path).items() if "/cache/" not in k} == before

@@ -147,7 +147,8 @@ class LoopArgs:
 @dataclass
 class CheckpointArgs:
     checkpoint_dir: str = field(
-        default="checkpoints", metadata=_flag("where checkpoints are saved and auto-resumed from ('latest')")
+        default="checkpoints",
+        metadata=_flag("where checkpoints are saved and auto-resumed from (the newest verified one)"),
     )
     checkpoint_freq: int = field(
         default=50, metadata=_flag("optimizer steps between checkpoints (and at the end)")
@@ -155,13 +156,40 @@ class CheckpointArgs:
     resume_from_checkpoint: str | None = field(
         default=None,
         metadata=_flag(
-            "resume from this checkpoint dir (its 'latest') or tag dir instead of --checkpoint_dir"
+            "resume from this checkpoint dir (its newest verified tag) or tag dir instead of --checkpoint_dir"
+        ),
+    )
+
+    keep_checkpoints: int = field(
+        default=3,
+        metadata=_flag(
+            "verified checkpoints to keep; older ones are deleted (never the newest or the resumed one)"
+        ),
+    )
+    checkpoint_interval_minutes: float | None = field(
+        default=None, metadata=_flag("also checkpoint when this many minutes have passed since the last save")
+    )
+    s3_checkpoint_uri: str | None = field(
+        default=None,
+        metadata=_flag(
+            "s3://bucket/prefix: upload each verified checkpoint there; resume from it when none is local"
         ),
     )
 
     def __post_init__(self) -> None:
-        if self.checkpoint_freq < 1:
-            raise ConfigError(f"--checkpoint_freq {self.checkpoint_freq} must be at least 1")
+        for name in ("checkpoint_freq", "keep_checkpoints"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name} {getattr(self, name)} must be at least 1")
+        if self.checkpoint_interval_minutes is not None and not self.checkpoint_interval_minutes > 0:
+            raise ConfigError(
+                f"--checkpoint_interval_minutes {self.checkpoint_interval_minutes} must be positive, e.g. 30"
+            )
+        if self.s3_checkpoint_uri is not None:
+            bucket = self.s3_checkpoint_uri.removeprefix("s3://").split("/", 1)[0]
+            if not self.s3_checkpoint_uri.startswith("s3://") or not bucket:
+                raise ConfigError(
+                    f"--s3_checkpoint_uri {self.s3_checkpoint_uri!r} is not an S3 URI: use s3://bucket/prefix"
+                )
 
 
 SECTIONS: dict[str, type] = {

@@ -1,15 +1,29 @@
-"""DeepSpeed checkpoints: tag naming, auto-resume from `latest`, and the client state that makes resume exact.
+"""Checkpoints that never lie: crash-safe saves, verified resume with fallback, and rotation.
 
-Layout (DeepSpeed's own): <checkpoint_dir>/latest names the newest tag; <checkpoint_dir>/<model>-<N>steps/ holds
-mp_rank_00_model_states.pt (weights + our client state), one optimizer shard per rank, and our per-rank RNG
-states. The client state carries the training state (step, tokens, data position), the resolved config and
-`universal_checkpoint_info`, so a later change of world size can go through DeepSpeed's universal checkpoint.
+Save: every rank writes into a staging dir `.staging-<tag>`; after a barrier rank 0 writes a manifest of every
+file's size and checksum, renames the staging dir to `<tag>` (atomic), and only then replaces `latest` (temp file,
+fsync, rename). DeepSpeed's own `latest` write (a plain open() before its last barrier) is never used, so a crash
+at any point leaves the previous checkpoints and a `latest` that names a complete one.
+
+Resume: the newest tag whose manifest verifies (sizes and checksums). A tag with a missing, short or corrupt file,
+or without a manifest, is skipped with a warning naming it; a `latest` that is empty, truncated or names a bad tag
+is reported and ignored the same way.
+
+Layout of a tag: DeepSpeed's files (mp_rank_00_model_states.pt with our client state, one optimizer shard per
+rank), rng_state_rank<R>.pt, hf_config/ (model config and tokenizer, for export), launch.json (how the run was
+launched) and dskit_manifest.json, written last.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import re
+import shutil
+import signal
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,15 +31,27 @@ from typing import Any
 import numpy as np
 import torch
 
+from model_utils import manifest
 from model_utils.errors import ConfigError
-from model_utils.log import print0, warn0
+from model_utils.log import error_line, print0, warn0
 
 CLIENT_KEY = "dskit"
 MODEL_STATES = "mp_rank_00_model_states.pt"
+HF_CONFIG_DIR = "hf_config"
+LAUNCH_FILE = "launch.json"
+STAGING_PREFIX = ".staging-"
+_TAG_RE = re.compile(r"^(?P<name>[^.].*)-(?P<step>\d+)steps$")
+# Fault injection for the crash tests: the process SIGKILLs itself at the named point of a save.
+FAULT_ENV = "DSKIT_FAULT_INJECT"
 
 
 def checkpoint_tag(model_short_name: str, step: int) -> str:
     return f"{model_short_name}-{step}steps"
+
+
+def tag_step(tag: str) -> int | None:
+    m = _TAG_RE.match(tag)
+    return int(m["step"]) if m else None
 
 
 def check_writable(directory: str) -> None:
@@ -41,44 +67,94 @@ def check_writable(directory: str) -> None:
         ) from None
 
 
+# --- choosing what to resume from -----------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class ResumeTarget:
     load_dir: Path
     tag: str
 
-
-def _read_latest(directory: Path) -> str | None:
-    latest = directory / "latest"
-    if not latest.is_file():
-        return None
-    tag = latest.read_text().strip()
-    return tag or None
+    @property
+    def path(self) -> Path:
+        return self.load_dir / self.tag
 
 
-def find_resume_target(checkpoint_dir: str, resume_from: str | None) -> ResumeTarget | None:
-    """The checkpoint to resume from: --resume_from_checkpoint (a dir with `latest`, or a tag dir), else
-    <checkpoint_dir>/latest when present, else None (a fresh start)."""
-    if resume_from is not None:
-        path = Path(resume_from)
-        if (path / MODEL_STATES).is_file():
-            return ResumeTarget(path.parent, path.name)
-        tag = _read_latest(path) if path.is_dir() else None
-        if tag is None or not (path / tag / MODEL_STATES).is_file():
-            raise ConfigError(
-                f"--resume_from_checkpoint {resume_from} holds no checkpoint (no 'latest' naming a saved tag, "
-                "and not a tag dir): point it at a checkpoint dir or drop the flag"
-            )
-        return ResumeTarget(path, tag)
-    directory = Path(checkpoint_dir)
-    tag = _read_latest(directory)
-    if tag is None:
-        return None
-    if not (directory / tag / MODEL_STATES).is_file():
+def _is_tag_dir(path: Path) -> bool:
+    """ZeRO-1/2 write mp_rank_00_model_states.pt, ZeRO-3 zero_pp_rank_*_mp_rank_00_model_states.pt."""
+    return path.is_dir() and any(path.glob("*model_states.pt"))
+
+
+def _tags_newest_first(root: Path) -> list[str]:
+    tags = (
+        [p.name for p in root.iterdir() if p.is_dir() and tag_step(p.name) is not None]
+        if root.is_dir()
+        else []
+    )
+    return sorted(tags, key=lambda t: tag_step(t) or 0, reverse=True)
+
+
+def _report_latest(root: Path, chosen: str | None) -> None:
+    latest = root / "latest"
+    if not latest.exists():
+        return
+    named = latest.read_text(errors="replace").strip()
+    if not named:
+        warn0(f"{latest} is empty (a crash during a save?): ignoring it")
+    elif named != chosen:
+        warn0(f"{latest} names {named!r}, which is not the newest verified checkpoint: ignoring it")
+
+
+def newest_verified(root: Path) -> ResumeTarget | None:
+    """The newest tag under root whose manifest verifies; warns about every tag it skips."""
+    chosen = None
+    for tag in _tags_newest_first(root):
+        problem = manifest.verify(root / tag)
+        if problem is None:
+            chosen = ResumeTarget(root, tag)
+            break
+        warn0(f"skipping checkpoint {root / tag}: {problem}")
+    _report_latest(root, chosen.tag if chosen else None)
+    return chosen
+
+
+def select_resume(checkpoint_dir: str, resume_from: str | None) -> ResumeTarget | None:
+    """--resume_from_checkpoint (a checkpoint dir, or one tag dir) if given, else the newest verified tag in
+    --checkpoint_dir, else None: a fresh start."""
+    if resume_from is None:
+        return newest_verified(Path(checkpoint_dir))
+    path = Path(resume_from)
+    if _is_tag_dir(path):
+        if (path / manifest.MANIFEST).is_file():
+            problem = manifest.verify(path)
+            if problem:
+                raise ConfigError(
+                    f"--resume_from_checkpoint {resume_from} is damaged ({problem}): pick another tag"
+                )
+        else:
+            warn0(f"{path} has no {manifest.MANIFEST} (not saved by dskit?): resuming from it unverified")
+        return ResumeTarget(path.parent, path.name)
+    target = newest_verified(path)
+    if target is None:
         raise ConfigError(
-            f"{directory}/latest names {tag!r} but {directory / tag} holds no {MODEL_STATES}: "
-            f"fix or remove {directory}/latest"
+            f"--resume_from_checkpoint {resume_from} holds no verified checkpoint: point it at a checkpoint dir "
+            "or a tag dir, or drop the flag"
         )
-    return ResumeTarget(directory, tag)
+    return target
+
+
+# --- saving ---------------------------------------------------------------------------------------------
+
+
+def _inject_fault(point: str, tag_dir: Path | None = None) -> None:
+    if os.environ.get(FAULT_ENV) != point:
+        return
+    if point == "mid_file" and tag_dir is not None:
+        # What a kill during a write leaves behind: a file cut short.
+        victim = max((p for p in tag_dir.iterdir() if p.suffix == ".pt"), key=lambda p: p.stat().st_size)
+        with victim.open("r+b") as f:
+            f.truncate(victim.stat().st_size // 2)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _rng_file(tag_dir: Path, rank: int) -> Path:
@@ -104,32 +180,115 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def save(
-    engine: Any, checkpoint_dir: str, tag: str, train_state: dict[str, Any], config: dict[str, Any], rank: int
+@dataclass
+class SaveRequest:
+    checkpoint_dir: str
+    tag: str
+    step: int
+    train_state: dict[str, Any]
+    config: dict[str, Any]
+    launch: dict[str, Any]
+
+
+def _write_rank_files(
+    engine: Any, req: SaveRequest, staging: Path, rank: int, model_config: Any, tokenizer: Any
 ) -> None:
     client_state = {
-        CLIENT_KEY: {"train_state": train_state, "config": config},
+        CLIENT_KEY: {"train_state": req.train_state, "config": req.config},
         # Marks the checkpoint as convertible with deepspeed.checkpoint.ds_to_universal (world-size changes).
         "universal_checkpoint_info": {},
     }
-    engine.save_checkpoint(checkpoint_dir, tag=tag, client_state=client_state)
-    torch.save(_rng_state(), _rng_file(Path(checkpoint_dir) / tag, rank))
-    torch.distributed.barrier()  # every rank's RNG file is on disk before anyone moves on
-    print0(f"Saved checkpoint {Path(checkpoint_dir) / tag}")
-
-
-def load(engine: Any, target: ResumeTarget, rank: int) -> dict[str, Any]:
-    """Load weights, optimizer, scheduler and our client state; returns the saved training state."""
-    path, client_state = engine.load_checkpoint(str(target.load_dir), tag=target.tag)
-    if path is None or not client_state or CLIENT_KEY not in client_state:
-        raise ConfigError(
-            f"checkpoint {target.load_dir / target.tag} could not be loaded: it is not a dskit checkpoint"
+    engine.save_checkpoint(req.checkpoint_dir, tag=staging.name, client_state=client_state, save_latest=False)
+    torch.save(_rng_state(), _rng_file(staging, rank))
+    if rank == 0:
+        model_config.save_pretrained(staging / HF_CONFIG_DIR)
+        tokenizer.save_pretrained(staging / HF_CONFIG_DIR)
+        manifest.atomic_write_text(
+            staging / LAUNCH_FILE, json.dumps(req.launch, indent=1, sort_keys=True, default=str)
         )
-    rng_file = _rng_file(target.load_dir / target.tag, rank)
-    if rng_file.is_file():
+
+
+def _commit(root: Path, staging: Path, req: SaveRequest) -> Path:
+    """Rank 0, after every rank's files are on disk: manifest, atomic rename, then `latest`."""
+    _inject_fault("before_manifest")
+    _inject_fault("mid_file", staging)
+    manifest.write(staging, manifest.build(staging, {"tag": req.tag, "step": req.step}))
+    _inject_fault("before_rename")
+    final = root / req.tag
+    if final.exists():  # an unverified leftover of the same name (a verified one would have been resumed)
+        shutil.rmtree(final)
+    os.rename(staging, final)
+    manifest.fsync_dir(root)
+    _inject_fault("before_latest")
+    manifest.atomic_write_text(root / "latest", req.tag)
+    return final
+
+
+def save(engine: Any, req: SaveRequest, rank: int, model_config: Any, tokenizer: Any) -> Path | None:
+    """Crash-safe save on all ranks; returns the verified tag dir on rank 0 (None elsewhere)."""
+    started = time.perf_counter()
+    root = Path(req.checkpoint_dir)
+    staging = root / f"{STAGING_PREFIX}{req.tag}"
+    if rank == 0 and staging.exists():
+        shutil.rmtree(staging)  # debris of a save that crashed
+    torch.distributed.barrier()
+    try:
+        _write_rank_files(engine, req, staging, rank, model_config, tokenizer)
+    except (OSError, RuntimeError) as e:  # torch.save reports ENOSPC as RuntimeError
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if rank == 0:
+            shutil.rmtree(staging, ignore_errors=True)
+        error_line(
+            f"saving checkpoint {req.tag} in {root} failed ({reason}); older checkpoints are intact: "
+            "free space or pass --checkpoint_dir on a larger filesystem"
+        )
+        # Other ranks may wait in a collective forever; exiting lets torchrun end them all.
+        os._exit(3)
+    if rank == 1:
+        _inject_fault("rank1_before_barrier")
+    torch.distributed.barrier()
+    final = _commit(root, staging, req) if rank == 0 else None
+    torch.distributed.barrier()
+    print0(
+        f"Saved checkpoint {root / req.tag} ({_throughput(root / req.tag, time.perf_counter() - started)})"
+    )
+    return final
+
+
+def _throughput(tag_dir: Path, seconds: float) -> str:
+    size = sum(p.stat().st_size for p in tag_dir.rglob("*") if p.is_file()) if tag_dir.is_dir() else 0
+    return f"{size / 1e9:.3f} GB in {seconds:.2f} s, {size / 1e9 / max(seconds, 1e-9):.2f} GB/s"
+
+
+def rotate(root: Path, keep: int, protect: set[str]) -> list[str]:
+    """Delete all but the newest `keep` complete tags; never a protected one (e.g. the one resumed from)."""
+    complete = [t for t in _tags_newest_first(root) if (root / t / manifest.MANIFEST).is_file()]
+    doomed = [t for t in complete[keep:] if t not in protect]
+    for tag in doomed:
+        shutil.rmtree(root / tag, ignore_errors=True)
+    if doomed:
+        print0(f"Removed old checkpoints (keeping {keep}): {', '.join(doomed)}")
+    return doomed
+
+
+# --- loading --------------------------------------------------------------------------------------------
+
+
+def load(engine: Any, target: ResumeTarget, rank: int, weights_only: bool) -> dict[str, Any]:
+    """Load weights (and, unless weights_only, optimizer and scheduler) plus our client state."""
+    started = time.perf_counter()
+    path, client_state = engine.load_checkpoint(
+        str(target.load_dir),
+        tag=target.tag,
+        load_optimizer_states=not weights_only,
+        load_lr_scheduler_states=not weights_only,
+    )
+    if path is None or not client_state or CLIENT_KEY not in client_state:
+        raise ConfigError(f"checkpoint {target.path} could not be loaded: it is not a dskit checkpoint")
+    print0(f"Loaded checkpoint {target.path} ({_throughput(target.path, time.perf_counter() - started)})")
+    rng_file = _rng_file(target.path, rank)
+    if rng_file.is_file() and not weights_only:
         _set_rng_state(torch.load(rng_file, weights_only=False))
     else:
-        warn0(
-            f"no RNG state for rank {rank} in {target.tag} (world size changed?): continuing with fresh RNG"
-        )
+        warn0(f"no RNG state restored for rank {rank} from {target.tag}: continuing with fresh RNG")
     return client_state[CLIENT_KEY]["train_state"]

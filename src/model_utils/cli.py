@@ -38,6 +38,32 @@ def _render(args: list[str]) -> int:
     return render.main(args)
 
 
+def _export(args: list[str]) -> int:
+    import argparse
+    import typing
+    from pathlib import Path
+
+    from model_utils import export
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> typing.NoReturn:
+            raise ConfigError(f"{message} (dskit export --help)")
+
+    parser = Parser(
+        prog="dskit export",
+        allow_abbrev=False,
+        description="Write a checkpoint as a Hugging Face model dir (safetensors, config.json, tokenizer).",
+    )
+    parser.add_argument("checkpoint", help="a checkpoint dir (its 'latest' tag is exported) or a tag dir")
+    parser.add_argument("out_dir", help="new (or empty) directory for the model")
+    parser.add_argument("--dtype", choices=export.DTYPES, default="bf16", help="weight dtype (default: bf16)")
+    ns = parser.parse_args(args)
+    out = export.export(Path(ns.checkpoint), Path(ns.out_dir), ns.dtype)
+    load_dir, tag = export.resolve_tag(Path(ns.checkpoint))
+    print(f"exported {load_dir / tag} to {out} ({ns.dtype})")
+    return 0
+
+
 COMMANDS = {
     "config": (_config, "print the resolved training config for these training flags, as JSON"),
     "prepare": (_prepare, "check training flags, model, tokenizer and data, and build the packed-data cache"),
@@ -45,6 +71,7 @@ COMMANDS = {
         _render,
         "write train.sbatch and train-singlenode.sh from templates/ (--values FILE, --set k=v)",
     ),
+    "export": (_export, "write a checkpoint as a Hugging Face model dir (CHECKPOINT[/TAG] OUT_DIR)"),
 }
 
 

@@ -105,3 +105,27 @@ def main_first(fn: Callable[[], T], info: DistInfo) -> T:
     if info.local_rank != 0:
         result = fn()
     return result  # type: ignore[return-value]
+
+
+def decide_on_main(fn: Callable[[], T], info: DistInfo) -> T:
+    """Run `fn` on rank 0 only and give every rank its result (or its ConfigError): one decision, read once."""
+    from model_utils.errors import ConfigError
+
+    payload: list[object] = [None]
+    if info.rank == 0:
+        try:
+            payload = [("ok", fn())]
+        except ConfigError as e:
+            payload = [("error", str(e))]
+    torch.distributed.broadcast_object_list(payload, src=0)
+    kind, value = payload[0]  # type: ignore[misc]
+    if kind == "error":
+        raise ConfigError(value)
+    return value
+
+
+def any_rank(flags: list[bool], device: torch.device) -> list[bool]:
+    """Element-wise OR of boolean flags across ranks (one collective for several decisions)."""
+    t = torch.tensor([1.0 if f else 0.0 for f in flags], dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return [bool(v > 0) for v in t.tolist()]

@@ -2,7 +2,7 @@
 
 SLURM sends USR1 ahead of the time limit or on preemption (`--signal=B:USR1@N`, `scancel --signal=USR1`); the
 launcher forwards it to every rank (torchrun does not forward USR1 itself: pytorch/pytorch#154849). A rank that
-sees the signal only sets a flag; the decision to stop is collective (a max-reduce after each step), so every rank
+sees the signal only sets a flag; the decision to stop is collective (`distributed.any_rank` after each step), so every rank
 stops after the same step even if the signal reached them at different times.
 """
 
@@ -11,10 +11,6 @@ from __future__ import annotations
 import os
 import signal
 from types import FrameType
-
-import torch
-
-from model_utils.distributed import all_reduce_max
 
 STOP_SIGNALS = (signal.SIGUSR1,)
 
@@ -27,10 +23,6 @@ class StopRequest:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.signal_name = signal.Signals(signum).name
-
-    def agreed(self, device: torch.device) -> bool:
-        """True on every rank if any rank has been asked to stop (a collective: call it on all ranks)."""
-        return all_reduce_max(1.0 if self.signal_name else 0.0, device) > 0
 
 
 def slurm_restart_count() -> int | None:

@@ -6,6 +6,7 @@ reports mistakes as one line and leaves the packed data in the cache, so the ran
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,9 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from model_utils import checkpoint, concat_dataset, models
+from model_utils import checkpoint, concat_dataset, launch_manifest, models
 from model_utils.arguments import TrainConfig
 from model_utils.errors import ConfigError
+from model_utils.log import print0
 
 
 @dataclass
@@ -48,22 +50,57 @@ def _blocks_or_error(
     return blocks
 
 
-def prepare(cfg: TrainConfig, run_first: Callable[[Callable[[], Any]], Any] = lambda fn: fn()) -> PreparedRun:
+def _select_resume(cfg: TrainConfig) -> checkpoint.ResumeTarget | None:
+    """The newest verified local checkpoint; with an S3 tier and none local, the newest complete one in S3."""
+    ckpt = cfg.checkpoint
+    target = checkpoint.select_resume(ckpt.checkpoint_dir, ckpt.resume_from_checkpoint)
+    if ckpt.s3_checkpoint_uri is None:
+        return target
+    from model_utils import s3_tier
+
+    tier = s3_tier.S3Tier(ckpt.s3_checkpoint_uri)
+    tier.check_access()
+    if target is not None or ckpt.resume_from_checkpoint is not None:
+        return target
+    tag = tier.newest_complete_tag()
+    if tag is None:
+        return None
+    print0(f"No verified local checkpoint: downloading {tag} from {ckpt.s3_checkpoint_uri}")
+    tier.download(tag, Path(ckpt.checkpoint_dir))
+    return checkpoint.select_resume(ckpt.checkpoint_dir, None)
+
+
+def _here(fn: Callable[[], Any]) -> Any:
+    return fn()
+
+
+def prepare(
+    cfg: TrainConfig,
+    run_first: Callable[[Callable[[], Any]], Any] = _here,
+    decide_once: Callable[[Callable[[], Any]], Any] = _here,
+) -> PreparedRun:
     """Resolve model, tokenizer, sequence length, checkpoint target and packed data.
 
-    `run_first` runs a cache-building function on one rank before the others (they then read the cache).
+    `run_first` runs a cache-building function on one rank before the others (they then read the cache);
+    `decide_once` runs a decision (which checkpoint verifies) on one rank and shares it.
     Mutates cfg.data.seq_length to the resolved value.
     """
     source = models.resolve_model_source(cfg.model.model)
     checkpoint.check_writable(cfg.checkpoint.checkpoint_dir)
-    resume = checkpoint.find_resume_target(
-        cfg.checkpoint.checkpoint_dir, cfg.checkpoint.resume_from_checkpoint
-    )
+    resume = decide_once(lambda: _select_resume(cfg))
     model_config = models.load_model_config(source)
     cfg.data.seq_length = models.resolve_seq_length(cfg.data.seq_length, model_config)
+    if resume is not None:  # refuse another architecture or block length before any data work
+        launch_manifest.check_resume(resume.path, model_config, cfg.data.seq_length, world_size=None)
     tokenizer = models.load_tokenizer(source, cfg.model.tokenizer)
     models.check_vocab(tokenizer, model_config)
-    train_docs, val_docs = concat_dataset.load_documents(cfg.data, cfg.loop.seed)
+    data = cfg.data
+    if data.dataset.startswith("s3://"):
+        from model_utils import s3_tier
+
+        local = run_first(lambda: s3_tier.fetch_dataset(data.dataset, Path(data.data_cache_dir)))
+        data = dataclasses.replace(data, dataset=str(local), local_dataset=True)
+    train_docs, val_docs = concat_dataset.load_documents(data, cfg.loop.seed)
     train_blocks = _blocks_or_error(train_docs, tokenizer, cfg, "train", run_first)
     val_blocks = (
         None if val_docs is None else _blocks_or_error(val_docs, tokenizer, cfg, "validation", run_first)

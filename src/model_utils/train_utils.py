@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from model_utils import checkpoint
+from model_utils import checkpoint, launch_manifest
 from model_utils.arguments import TrainConfig, resolve_deepspeed_config
 from model_utils.concat_dataset import BlockSampler, DataPosition, validation_indices
-from model_utils.distributed import DistInfo, all_reduce_mean
+from model_utils.distributed import DistInfo, all_reduce_mean, any_rank
 from model_utils.errors import ConfigError
-from model_utils.log import print0
+from model_utils.log import print0, warn0
 from model_utils.models import build_model
 from model_utils.preemption import StopRequest, slurm_restart_count
 from model_utils.preflight import PreparedRun
@@ -115,8 +115,11 @@ class Trainer:
         )
         self.tokens_per_step = self.sampler.global_batch * cfg.data.seq_length
         self.metrics = MetricsFile(loop.metrics_file, dist.is_main)
+        self.launch = launch_manifest.collect(cfg.to_dict(), self.ds_config, dist.world_size)
         self.state = self._resume_or_start()
+        self.s3 = self._s3_tier()
         self.stop = StopRequest()
+        self.last_save_time = time.monotonic()
 
     # --- set-up steps ---
 
@@ -138,16 +141,42 @@ class Trainer:
     def _resume_or_start(self) -> TrainState:
         target = self.run.resume
         if target is None:
-            print0(f"No checkpoint in {self.cfg.checkpoint.checkpoint_dir}: starting fresh")
+            print0(f"No verified checkpoint in {self.cfg.checkpoint.checkpoint_dir}: starting fresh")
+            self._start_schedule_at(0)
             return TrainState()
-        state = TrainState.from_dict(checkpoint.load(self.engine, target, self.dist.rank))
+        weights_only = launch_manifest.check_resume(
+            target.path, self.run.model_config, self.cfg.data.seq_length, self.dist.world_size
+        )
+        state = TrainState.from_dict(checkpoint.load(self.engine, target, self.dist.rank, weights_only))
+        if weights_only:
+            saved = launch_manifest.read(target.path) or {}
+            warn0(
+                f"world size changed from {saved.get('world_size')} to {self.dist.world_size}: loaded the weights "
+                "only (optimizer state starts fresh; the lr schedule and data position continue)"
+            )
+            self._start_schedule_at(state.step)
         assert self.engine.global_steps == state.step, (self.engine.global_steps, state.step)
         pos = state.position
         print0(
-            f"Resumed from {target.load_dir / target.tag} at step {state.step} "
+            f"Resumed from {target.path} at step {state.step} "
             f"(epoch {pos.epoch}, block {pos.consumed}, lr {self._lr():.2e})"
         )
         return state
+
+    def _s3_tier(self) -> Any:
+        uri = self.cfg.checkpoint.s3_checkpoint_uri
+        if uri is None or not self.dist.is_main:
+            return None
+        from model_utils.s3_tier import S3Tier
+
+        return S3Tier(uri)  # access was checked in preflight, before the first step
+
+    def _start_schedule_at(self, iteration: int) -> None:
+        """DeepSpeed's warm-up schedulers start at iteration -1, i.e. lr 0 for the first optimizer step; step
+        k should run at iteration k-1 (the warm-up minimum ratio for step 1)."""
+        scheduler = self.engine.lr_scheduler
+        if scheduler is not None and hasattr(scheduler, "last_batch_iteration"):
+            scheduler.step(iteration)
 
     # --- the loop ---
 
@@ -160,6 +189,7 @@ class Trainer:
     def train_step(self) -> float:
         """One optimizer step: forward/backward over every micro-batch, DeepSpeed steps at the boundary."""
         micro_batches = self.sampler.step_indices(self.state.position)
+        self.step_lr = self._lr()  # the lr this step runs at (DeepSpeed advances it after the step)
         losses = []
         for indices in micro_batches:
             batch = self._batch(self.run.train_blocks, indices)
@@ -193,7 +223,7 @@ class Trainer:
         tokens_per_s = self.tokens_per_step * interval.steps / elapsed
         grad_norm = self.engine.get_global_grad_norm()
         grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
-        lr = self._lr()
+        lr = self.step_lr
         s = self.state
         print0(
             f"Step {s.step}/{self.cfg.loop.max_steps} | Loss {loss:.4f} | lr {lr:.2e} | grad_norm {grad_norm:.2f} "
@@ -223,17 +253,27 @@ class Trainer:
 
     def save_checkpoint(self) -> None:
         tag = checkpoint.checkpoint_tag(self.run.source.short_name, self.state.step)
-        checkpoint.save(
-            self.engine,
-            self.cfg.checkpoint.checkpoint_dir,
-            tag,
-            self.state.to_dict(),
-            self.cfg.to_dict(),
-            self.dist.rank,
+        request = checkpoint.SaveRequest(
+            checkpoint_dir=self.cfg.checkpoint.checkpoint_dir,
+            tag=tag,
+            step=self.state.step,
+            train_state=self.state.to_dict(),
+            config=self.cfg.to_dict(),
+            launch=self.launch,
         )
+        final = checkpoint.save(
+            self.engine, request, self.dist.rank, self.run.model_config, self.run.tokenizer
+        )
+        if final is not None:
+            if self.s3 is not None:
+                self.s3.upload_async(final)  # in the background: training does not wait
+            protect = {self.run.resume.tag} if self.run.resume else set()
+            protect |= set(self.s3.pending()) if self.s3 is not None else set()
+            checkpoint.rotate(final.parent, self.cfg.checkpoint.keep_checkpoints, protect)
+        self.last_save_time = time.monotonic()
 
     def fit(self) -> TrainState:
-        loop, ckpt = self.cfg.loop, self.cfg.checkpoint
+        loop = self.cfg.loop
         print0(
             f"Training {self.run.source.name} for {loop.max_steps} steps: {self.dist.world_size} ranks x micro batch "
             f"{self.cfg.optim.micro_batch_size} x accumulation {self.cfg.optim.gradient_accumulation_steps} x "
@@ -247,24 +287,39 @@ class Trainer:
         if self.state.step >= loop.max_steps:
             print0(f"Nothing to train: already at step {self.state.step} of {loop.max_steps}")
         interval = Interval()
-        while self.state.step < loop.max_steps:
+        stopped = False
+        while self.state.step < loop.max_steps and not stopped:
             interval.loss_sum += self.train_step()
             interval.steps += 1
-            step = self.state.step
-            if step % loop.logging_freq == 0 or step == loop.max_steps:
+            if self.state.step % loop.logging_freq == 0 or self.state.step == loop.max_steps:
                 self.log_step(interval)
                 interval = Interval()
-            if self.val_idx is not None and (step % loop.validation_freq == 0 or step == loop.max_steps):
-                self.log_validation()
-            saving = step % ckpt.checkpoint_freq == 0 or step == loop.max_steps
-            if saving:
-                self.save_checkpoint()
-            if step < loop.max_steps and self.stop.agreed(self.dist.device):
-                if not saving:
-                    self.save_checkpoint()
-                print0(
-                    f"Preempted: stop requested by {self.stop.signal_name or 'another rank'}; saved at step {step}"
-                )
-                return self.state
-        print0(f"Done: step {self.state.step}/{loop.max_steps}, {self.state.tokens_seen} tokens seen")
+            stopped = self.after_step()
+        self.finish_uploads()
+        if stopped:
+            who = self.stop.signal_name or "another rank"
+            print0(f"Preempted: stop requested by {who}; saved at step {self.state.step}")
+        else:
+            print0(f"Done: step {self.state.step}/{loop.max_steps}, {self.state.tokens_seen} tokens seen")
         return self.state
+
+    def after_step(self) -> bool:
+        """Validate and checkpoint when due; True when the ranks agreed to stop (preemption) after this step."""
+        loop, ckpt, step = self.cfg.loop, self.cfg.checkpoint, self.state.step
+        last = step == loop.max_steps
+        if self.val_idx is not None and (step % loop.validation_freq == 0 or last):
+            self.log_validation()
+        minutes = (time.monotonic() - self.last_save_time) / 60
+        time_due = (
+            ckpt.checkpoint_interval_minutes is not None and minutes >= ckpt.checkpoint_interval_minutes
+        )
+        # One collective for both: any rank signalled, or any rank's clock says a save is due.
+        stop, time_due = any_rank([self.stop.signal_name is not None, time_due], self.dist.device)
+        if step % ckpt.checkpoint_freq == 0 or last or stop or time_due:
+            self.save_checkpoint()
+        return stop and not last
+
+    def finish_uploads(self) -> None:
+        if self.s3 is not None and self.s3.pending():
+            print0("Waiting for checkpoint uploads to S3 to finish")
+            self.s3.wait()  # warns about any tag that failed; the local copy stays

@@ -1,0 +1,191 @@
+"""`dskit export`: a DeepSpeed ZeRO checkpoint tag -> a Hugging Face model dir (safetensors, config, tokenizer).
+
+The weights come from ZeRO's fp32 master copy (the optimizer shards), not from the 16-bit module weights: for
+ZeRO-3 those are partitioned, and the masters are what training would continue from. The model's architecture
+and tokenizer come from the tag's `hf_config/`, written by save_pretrained at checkpoint time, so an export
+needs neither the original --model nor network access.
+
+Memory (P = parameter count; "copies" are of the full weights):
+  * ZeRO-2: DeepSpeed concatenates the ranks' fp32 partitions into one flat fp32 vector (4 B/P) and hands out
+    views into it. fp32 export assigns those views as they are: one copy at peak. bf16 export casts each view
+    (2 B/P) while the flat vector is still referenced by the other views: 1.5 fp32-copies (6 B/P) at peak.
+    Before that, DeepSpeed briefly loads mp_rank_00_model_states.pt whole (the bf16 module, 2 B/P), freed
+    before the optimizer shards are read.
+  * ZeRO-3: lazy mode gathers one parameter at a time from the memory-mapped shards, so the peak is the output
+    (bf16 2 B/P, fp32 4 B/P) plus one fp32 parameter.
+  * The model is built on the meta device and the state dict is assigned into it (no second copy), and
+    safetensors writes straight from the tensors' memory. The mapped shard pages count in RSS while mapped,
+    but they are page cache the kernel can drop, not allocations.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from model_utils import manifest
+from model_utils.checkpoint import HF_CONFIG_DIR
+from model_utils.errors import ConfigError
+
+DTYPES = ("bf16", "fp32")
+
+
+def _has_model_states(directory: Path) -> bool:
+    # ZeRO-1/2 save mp_rank_00_model_states.pt, ZeRO-3 one zero_pp_rank_*_mp_rank_00_model_states.pt per rank.
+    return any(directory.glob("*model_states.pt"))
+
+
+def resolve_tag(checkpoint: Path) -> tuple[Path, str]:
+    """(checkpoint dir, tag) for a checkpoint dir (its `latest`) or a tag dir."""
+    if not checkpoint.is_dir():
+        what = "does not exist" if not checkpoint.exists() else "is not a directory"
+        raise ConfigError(
+            f"checkpoint {checkpoint} {what}: pass a checkpoint dir (with 'latest') or one of its tag dirs"
+        )
+    if _has_model_states(checkpoint):
+        return checkpoint.parent, checkpoint.name
+    latest = checkpoint / "latest"
+    if not latest.is_file():
+        raise ConfigError(
+            f"{checkpoint} has no 'latest' and is not a checkpoint tag dir (no *model_states.pt): "
+            "pass the --checkpoint_dir of a run or a tag dir inside it"
+        )
+    tag = latest.read_text().strip()
+    if not tag or not _has_model_states(checkpoint / tag):
+        raise ConfigError(
+            f"{latest} names {tag!r}, which holds no checkpoint: pass one of the tag dirs in {checkpoint} instead"
+        )
+    return checkpoint, tag
+
+
+def _check_tag(tag_dir: Path) -> Path:
+    """The tag's hf_config dir, after checking the tag is complete (its manifest verifies) and exportable."""
+    problem = manifest.verify(tag_dir)
+    if problem is not None:
+        raise ConfigError(
+            f"checkpoint {tag_dir} is incomplete or damaged ({problem}): export an older tag of that run"
+        )
+    if not any(tag_dir.glob("*optim_states.pt")):
+        raise ConfigError(
+            f"checkpoint {tag_dir} has no *optim_states.pt: export needs ZeRO's fp32 master weights, "
+            "saved with the optimizer state; export another tag"
+        )
+    hf_config = tag_dir / HF_CONFIG_DIR
+    if not (hf_config / "config.json").is_file():
+        raise ConfigError(
+            f"checkpoint {tag_dir} has no {HF_CONFIG_DIR}/config.json (saved by an older dskit?): copy the "
+            f"model's config.json and tokenizer files into {hf_config}"
+        )
+    return hf_config
+
+
+def _check_out_dir(out_dir: Path) -> None:
+    # Refuse rather than merge or overwrite: the directory may hold the user's files (or an earlier export).
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise ConfigError(f"output {out_dir} already exists and is not empty: pass a new directory")
+
+
+def _torch_dtype(dtype: str) -> Any:
+    import torch
+
+    if dtype not in DTYPES:
+        raise ConfigError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
+    return {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+
+
+def _state_dict(load_dir: Path, tag: str, dtype: Any) -> dict[str, Any]:
+    """The consolidated fp32 weights, each materialised and cast one tensor at a time (see the module doc)."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    try:
+        lazy = get_fp32_state_dict_from_zero_checkpoint(str(load_dir), tag, lazy_mode=True)
+    except (ValueError, FileNotFoundError) as e:  # its checks of the shard set (count, stage, sizes)
+        reason = " ".join(str(e).split()) or type(e).__name__
+        raise ConfigError(
+            f"DeepSpeed cannot consolidate {load_dir / tag} ({reason}): export another tag of that run"
+        ) from None
+    # Tied weights (Qwen3's lm_head and embed_tokens) are one object under two names: materialise it once
+    # so the tie survives as shared storage. Ids are read while every object is alive.
+    first_name: dict[int, str] = {}
+    alias = {name: first_name.setdefault(id(t), name) for name, t in lazy.items()}
+    state: dict[str, Any] = {}
+    for name in list(lazy):
+        tensor = lazy.pop(name)
+        if alias[name] != name:
+            continue
+        tensor = tensor.contiguous()  # ZeRO-3: gathers this one parameter from the shards; ZeRO-2: a view
+        state[name] = tensor.to(dtype) if tensor.is_floating_point() else tensor
+    for name, source in alias.items():
+        state.setdefault(name, state[source])
+    return state
+
+
+def _build_model(hf_config: Path, state: dict[str, Any]) -> Any:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(hf_config)
+    # Meta device: no memory for weights that are about to be replaced by `assign`.
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    try:
+        model.load_state_dict(state, strict=True, assign=True)
+    except RuntimeError as e:
+        detail = " ".join(str(e).split())[:300]
+        raise ConfigError(
+            f"the checkpoint's weights do not fit the model in {hf_config / 'config.json'} ({detail}): "
+            "export with the config the run trained"
+        ) from None
+    # assign=True gives each name its own Parameter; tie them again so save_pretrained stores one tensor.
+    model.tie_weights()
+    meta = [name for name, p in model.named_parameters() if p.is_meta]
+    # Non-persistent buffers (RoPE inv_freq) stay on meta: save_pretrained does not write them and
+    # from_pretrained recomputes them.
+    assert not meta, f"parameters left on the meta device: {meta[:5]}"
+    if (hf_config / "generation_config.json").is_file():
+        from transformers import GenerationConfig
+
+        model.generation_config = GenerationConfig.from_pretrained(hf_config)
+    return model
+
+
+def export(checkpoint: Path, out_dir: Path, dtype: str = "bf16") -> Path:
+    """Write the checkpoint (a dir with `latest`, or a tag dir) as a Hugging Face model dir; returns out_dir."""
+    torch_dtype = _torch_dtype(dtype)
+    load_dir, tag = resolve_tag(Path(checkpoint))
+    _check_out_dir(Path(out_dir))
+    hf_config = _check_tag(load_dir / tag)
+
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(hf_config)
+    except (OSError, ValueError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(
+            f"no usable tokenizer in {hf_config} ({reason}): copy the run's tokenizer files there"
+        ) from None
+    model = _build_model(hf_config, _state_dict(load_dir, tag, torch_dtype))
+
+    # Write into a temp sibling and rename at the end: a failed export leaves no half-written out_dir.
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.with_name(f".{out_dir.name}.export-{os.getpid()}")
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        # transformers writes model.safetensors through a 0600 temp file; give every file the umask's mode,
+        # as a shared model dir on a cluster must be readable by whoever the umask allows.
+        umask = os.umask(0)
+        os.umask(umask)
+        for path in tmp.iterdir():
+            path.chmod(0o666 & ~umask)
+        if out_dir.exists():
+            out_dir.rmdir()  # checked empty above; rename cannot replace a directory portably
+        tmp.rename(out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return out_dir

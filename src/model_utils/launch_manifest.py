@@ -1,0 +1,99 @@
+"""How a run was launched, saved beside every checkpoint, and what a resume may and may not change.
+
+A resume with another model architecture or sequence length is refused (the weights or the data position would
+not mean the same thing). A different world size is allowed: the weights are loaded alone, with a warning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from model_utils.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# Keys of a transformers config that define the architecture; others (dtype, name, ...) may change freely.
+ARCHITECTURE_KEYS = (
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "tie_word_embeddings",
+)
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def _lock_hash() -> str | None:
+    lock = REPO_ROOT / "uv.lock"
+    return hashlib.sha256(lock.read_bytes()).hexdigest() if lock.is_file() else None
+
+
+def collect(config: dict[str, Any], deepspeed_config: dict[str, Any], world_size: int) -> dict[str, Any]:
+    import torch
+
+    return {
+        "config": config,
+        "deepspeed_config": deepspeed_config,
+        "git_commit": _git_commit(),
+        "uv_lock_sha256": _lock_hash(),
+        "nodes": os.environ.get("SLURM_JOB_NODELIST") or socket.gethostname(),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "world_size": world_size,
+        "cuda_version": os.environ.get("CUDA_VERSION"),
+        "torch_cuda": torch.version.cuda,
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(("NCCL_", "FI_"))},
+    }
+
+
+def read(tag_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((tag_dir / "launch.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def check_resume(tag_dir: Path, model_config: Any, seq_length: int, world_size: int | None) -> bool:
+    """Raise on an incompatible resume; return True when only the weights can be loaded (world size changed;
+    None: not known yet, as in `dskit prepare`)."""
+    saved_config_path = tag_dir / "hf_config" / "config.json"
+    if saved_config_path.is_file():
+        saved = json.loads(saved_config_path.read_text())
+        current = model_config.to_dict()
+        for key in ARCHITECTURE_KEYS:
+            if key in saved and saved.get(key) != current.get(key):
+                raise ConfigError(
+                    f"checkpoint {tag_dir} has {key}={saved[key]} but the model now has {key}={current.get(key)}: "
+                    "resume with the same --model, or use a new --checkpoint_dir"
+                )
+    launch = read(tag_dir)
+    if launch is None:
+        return False
+    saved_seq = launch["config"]["data"]["seq_length"]
+    if saved_seq != seq_length:
+        raise ConfigError(
+            f"checkpoint {tag_dir} was trained with --seq_length {saved_seq}, not {seq_length}: "
+            f"resume with --seq_length {saved_seq}, or use a new --checkpoint_dir"
+        )
+    return world_size is not None and launch["world_size"] != world_size

@@ -1,0 +1,64 @@
+"""The trained DeepSpeed engine's logits on a fixed batch: the reference an exported model must reproduce.
+
+    torchrun --standalone --nproc_per_node=2 tests/engine_logits.py CHECKPOINT_DIR TAG DS_CONFIG OUT.pt
+
+Builds the engine exactly as training does (same model source, same resolved DeepSpeed config, same world size:
+ZeRO shards only load into the world size that wrote them), loads the tag with engine.load_checkpoint and, on
+rank 0, saves {"input_ids", "logits"} (logits as fp32 copies of the bf16 forward) to OUT.pt.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from model_utils import distributed
+from model_utils.arguments import parse_args, resolve_deepspeed_config
+from model_utils.models import build_model, load_model_config, load_tokenizer, resolve_model_source
+
+TEXTS = (
+    "Once upon a time, Lily found a red ball under the tree. She was very happy and ran to show her mom.",
+    "One day, a friendly dog named Max went to the park. The sky was blue and the grass was green.",
+)
+
+
+def fixed_batch(tokenizer: object) -> torch.Tensor:
+    """Two real sentences, cut to a common length so no padding (and no attention mask) is involved."""
+    rows = [tokenizer(text)["input_ids"] for text in TEXTS]  # type: ignore[operator]
+    n = min(map(len, rows))
+    return torch.tensor([row[:n] for row in rows], dtype=torch.long)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("checkpoint_dir")
+    parser.add_argument("tag")
+    parser.add_argument("deepspeed_config")
+    parser.add_argument("out")
+    parser.add_argument("--model", default="tiny-qwen3")
+    args = parser.parse_args()
+
+    cfg = parse_args(["--model", args.model, "--deepspeed_config", args.deepspeed_config])
+    dist = distributed.init_distributed()
+    import deepspeed
+
+    ds_config = resolve_deepspeed_config(cfg, total_steps=cfg.loop.max_steps)
+    source = resolve_model_source(args.model)
+    model = build_model(source, load_model_config(source), cfg.loop.seed, torch.bfloat16)
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=ds_config
+    )
+    path, _ = engine.load_checkpoint(args.checkpoint_dir, tag=args.tag)
+    assert path is not None, f"no checkpoint loaded from {args.checkpoint_dir}/{args.tag}"
+    batch = fixed_batch(load_tokenizer(source, None))
+    engine.eval()
+    with torch.no_grad():
+        logits = engine(input_ids=batch.to(dist.device)).logits  # every rank: ZeRO-3 gathers collectively
+    if dist.is_main:
+        torch.save({"input_ids": batch, "logits": logits.float().cpu()}, args.out)
+    torch.distributed.barrier()
+
+
+if __name__ == "__main__":
+    main()

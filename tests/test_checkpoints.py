@@ -1,0 +1,244 @@
+"""Checkpoints that never lie: manifests, verified resume with fallback, rotation, launch manifests.
+
+The fast tests build tag directories by hand; the crash tests (marked e2e) kill a real 2-rank DeepSpeed run
+with SIGKILL at each point of a save, then check what the next start resumes from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from model_utils import checkpoint, launch_manifest, manifest
+from model_utils.errors import ConfigError
+from model_utils.presets import PRESETS
+from s3_server import denied_server, moto_endpoint, s3, s3_denied  # noqa: F401  (fixtures)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def fake_tag(root: Path, step: int, size: int = 1000, with_manifest: bool = True) -> Path:
+    tag_dir = root / f"tiny_qwen3-{step}steps"
+    tag_dir.mkdir(parents=True)
+    (tag_dir / checkpoint.MODEL_STATES).write_bytes(os.urandom(size))
+    (tag_dir / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(os.urandom(size))
+    if with_manifest:
+        manifest.write(tag_dir, manifest.build(tag_dir, {"tag": tag_dir.name, "step": step}))
+    return tag_dir
+
+
+def test_manifest_detects_missing_short_and_corrupt_files(tmp_path: Path) -> None:
+    tag = fake_tag(tmp_path, 10)
+    assert manifest.verify(tag) is None
+    shard = tag / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    data = shard.read_bytes()
+    shard.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # same size, one bit flipped
+    assert "does not match its checksum" in manifest.verify(tag)
+    shard.write_bytes(data[:500])
+    assert "has 500 bytes, the manifest says 1000" in manifest.verify(tag)
+    shard.unlink()
+    assert "is missing" in manifest.verify(tag)
+    (tag / manifest.MANIFEST).unlink()
+    assert "no readable dskit_manifest.json" in manifest.verify(tag)
+
+
+def test_resume_falls_back_past_bad_tags_with_a_warning(tmp_path: Path, capsys) -> None:
+    fake_tag(tmp_path, 10)
+    good = fake_tag(tmp_path, 20)
+    corrupt = fake_tag(tmp_path, 30)
+    (corrupt / checkpoint.MODEL_STATES).write_bytes(b"x" * 1000)
+    fake_tag(tmp_path, 40, with_manifest=False)  # a save that died before its manifest
+    (tmp_path / ".staging-tiny_qwen3-50steps").mkdir()  # and one that died earlier still
+    (tmp_path / "latest").write_text("tiny_qwen3-40steps")
+    target = checkpoint.select_resume(str(tmp_path), None)
+    assert target is not None and target.path == good
+    out = capsys.readouterr().out
+    assert "skipping checkpoint" in out and "tiny_qwen3-40steps: no readable dskit_manifest.json" in out
+    assert "tiny_qwen3-30steps: mp_rank_00_model_states.pt does not match its checksum" in out
+    assert "names 'tiny_qwen3-40steps', which is not the newest verified checkpoint" in out
+
+
+@pytest.mark.parametrize("latest", ["", "tiny_qwen3-2", "garbage\x00\x01"])
+def test_empty_or_truncated_latest_falls_back(tmp_path: Path, latest: str, capsys) -> None:
+    fake_tag(tmp_path, 1)
+    newest = fake_tag(tmp_path, 2)
+    (tmp_path / "latest").write_text(latest)
+    assert checkpoint.select_resume(str(tmp_path), None).path == newest
+    assert "latest" in capsys.readouterr().out
+
+
+def test_no_checkpoint_is_a_fresh_start_but_an_explicit_resume_is_an_error(tmp_path: Path) -> None:
+    assert checkpoint.select_resume(str(tmp_path / "nothing-yet"), None) is None
+    with pytest.raises(ConfigError, match="holds no verified checkpoint"):
+        checkpoint.select_resume(str(tmp_path), str(tmp_path))
+    tag = fake_tag(tmp_path, 5)
+    assert checkpoint.select_resume("unused", str(tag)).path == tag  # a tag dir directly
+    (tag / checkpoint.MODEL_STATES).write_bytes(b"")
+    with pytest.raises(ConfigError, match="is damaged"):
+        checkpoint.select_resume("unused", str(tag))
+
+
+def test_rotation_keeps_the_newest_and_the_protected(tmp_path: Path) -> None:
+    for step in (10, 20, 30, 40, 50):
+        fake_tag(tmp_path, step)
+    fake_tag(tmp_path, 60, with_manifest=False)  # unverified: not counted, not deleted by rotation
+    deleted = checkpoint.rotate(tmp_path, keep=2, protect={"tiny_qwen3-10steps"})
+    assert sorted(deleted) == ["tiny_qwen3-20steps", "tiny_qwen3-30steps"]
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == ["tiny_qwen3-10steps", "tiny_qwen3-40steps", "tiny_qwen3-50steps", "tiny_qwen3-60steps"]
+
+
+def _launch_tag(tmp_path: Path, world_size: int = 2, seq_length: int = 64) -> tuple[Path, object]:
+    config = PRESETS["tiny-qwen3"].build_config()
+    tag = fake_tag(tmp_path, 4)
+    config.save_pretrained(tag / "hf_config")
+    launch = {"config": {"data": {"seq_length": seq_length}}, "world_size": world_size}
+    (tag / "launch.json").write_text(json.dumps(launch))
+    return tag, config
+
+
+def test_launch_manifest_refuses_another_architecture_or_sequence_length(tmp_path: Path) -> None:
+    tag, config = _launch_tag(tmp_path)
+    assert launch_manifest.check_resume(tag, config, 64, world_size=2) is False
+    assert launch_manifest.check_resume(tag, config, 64, world_size=1) is True  # weights only
+    wider = PRESETS["tiny-qwen3"].build_config()
+    wider.hidden_size = 128
+    with pytest.raises(ConfigError, match="has hidden_size=64 but the model now has hidden_size=128"):
+        launch_manifest.check_resume(tag, wider, 64, world_size=2)
+    with pytest.raises(ConfigError, match="was trained with --seq_length 64, not 128"):
+        launch_manifest.check_resume(tag, config, 128, world_size=2)
+
+
+def test_launch_manifest_records_how_the_run_was_launched(monkeypatch) -> None:
+    monkeypatch.setenv("NCCL_DEBUG", "INFO")
+    monkeypatch.setenv("FI_PROVIDER", "efa")
+    monkeypatch.setenv("CUDA_VERSION", "12.9")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "node[1-2]")
+    info = launch_manifest.collect({"a": 1}, {"zero_optimization": {"stage": 2}}, world_size=16)
+    assert info["env"] == {"FI_PROVIDER": "efa", "NCCL_DEBUG": "INFO"}
+    assert (info["nodes"], info["world_size"], info["cuda_version"]) == ("node[1-2]", 16, "12.9")
+    assert info["uv_lock_sha256"] and len(info["uv_lock_sha256"]) == 64
+    assert info["git_commit"] is None or len(info["git_commit"]) == 40
+
+
+# --- real crashes ---------------------------------------------------------------------------------------
+
+ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+def torchrun(args: list[str], env: dict | None = None, nproc: int = 2) -> subprocess.CompletedProcess:
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+        str(REPO / "src" / "train_deepspeed.py"), *args,
+    ]  # fmt: skip
+    return subprocess.run(cmd, env=env or ENV, capture_output=True, text=True, timeout=600, cwd=REPO)
+
+
+@pytest.fixture(scope="module")
+def base_checkpoints(tmp_path_factory) -> tuple[Path, list[str]]:
+    """Verified checkpoints at steps 2 and 4, and the flags that continue them to step 8."""
+    root = tmp_path_factory.mktemp("ckpt")
+    common = [
+        "--checkpoint_freq", "2", "--logging_freq", "1", "--seq_length", "64", "--validation_fraction", "0",
+        "--data_cache_dir", str(root / "cache"),
+    ]  # fmt: skip
+    proc = torchrun([*common, "--max_steps", "4", "--checkpoint_dir", str(root / "base")])
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    return root / "base", [*common, "--max_steps", "8"]
+
+
+FAULTS = {
+    # point -> the tag the next start must resume from (the killed save was of step 6)
+    "before_manifest": "tiny_qwen3-4steps",
+    "mid_file": "tiny_qwen3-4steps",
+    "before_rename": "tiny_qwen3-4steps",
+    "before_latest": "tiny_qwen3-6steps",  # complete and verified: `latest` lagging behind does not matter
+    "rank1_before_barrier": "tiny_qwen3-4steps",
+}
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("point", list(FAULTS))
+def test_kill_during_save_resumes_from_the_last_verified_checkpoint(
+    point: str, base_checkpoints, tmp_path: Path, capsys
+) -> None:
+    base, args = base_checkpoints
+    ckpt = tmp_path / "ck"
+    shutil.copytree(base, ckpt)
+    crashed = torchrun([*args, "--checkpoint_dir", str(ckpt)], env={**ENV, checkpoint.FAULT_ENV: point})
+    assert crashed.returncode != 0, crashed.stdout[-2000:]
+    assert (
+        "Resumed from" in crashed.stdout and "Saved checkpoint" not in crashed.stdout
+    )  # died in its first save
+    target = checkpoint.select_resume(str(ckpt), None)
+    assert target is not None and target.tag == FAULTS[point]
+    for tag in ("tiny_qwen3-2steps", "tiny_qwen3-4steps"):
+        assert manifest.verify(ckpt / tag) is None  # older checkpoints untouched
+    if point == "mid_file":  # the finishing run: resumes from the verified tag and reaches max_steps
+        done = torchrun([*args, "--checkpoint_dir", str(ckpt)])
+        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+        assert "tiny_qwen3-4steps at step 4" in done.stdout and "Step 8/8 | Loss" in done.stdout
+        assert (ckpt / "latest").read_text() == "tiny_qwen3-8steps"
+
+
+@pytest.mark.e2e
+def test_world_size_change_resumes_weights_only(base_checkpoints, tmp_path: Path) -> None:
+    base, args = base_checkpoints
+    ckpt = tmp_path / "ck"
+    shutil.copytree(base, ckpt)
+    proc = torchrun([*args, "--checkpoint_dir", str(ckpt)], nproc=1)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert "world size changed from 2 to 1: loaded the weights only" in proc.stdout
+    assert "at step 4" in proc.stdout and "Step 8/8 | Loss" in proc.stdout
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_disk_full_during_save_is_a_clear_error_and_keeps_older_checkpoints(
+    base_checkpoints, tmp_path: Path
+) -> None:
+    base, args = base_checkpoints
+    mount = tmp_path / "small"
+    mount.mkdir()
+    used = sum(p.stat().st_size for p in base.rglob("*") if p.is_file())
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={used + 200_000}", "tmpfs", str(mount)], check=True)
+    try:
+        shutil.copytree(base, mount / "ck")
+        proc = torchrun([*args, "--checkpoint_dir", str(mount / "ck")])
+        assert proc.returncode != 0
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+        assert len(errors) == 1 and "saving checkpoint tiny_qwen3-6steps" in errors[0], proc.stderr[-3000:]
+        assert "No space left on device" in errors[0] or "failed" in errors[0]
+        for tag in ("tiny_qwen3-2steps", "tiny_qwen3-4steps"):
+            assert manifest.verify(mount / "ck" / tag) is None
+        assert (mount / "ck" / "latest").read_text() == "tiny_qwen3-4steps"
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
+@pytest.mark.e2e
+def test_s3_tier_uploads_and_a_fresh_node_resumes_from_it(base_checkpoints, s3, tmp_path: Path) -> None:  # noqa: F811
+    """Against a real S3 endpoint on loopback: every verified checkpoint goes up; with the local dir gone, the
+    next start downloads the newest complete one and resumes from it."""
+    _, args = base_checkpoints
+    ckpt = tmp_path / "ck"
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1"}  # AWS_* point at the loopback server
+    flags = [*args, "--checkpoint_dir", str(ckpt), "--s3_checkpoint_uri", s3.uri("runs/one")]
+    first = torchrun([*flags, "--max_steps", "4"], env=env)  # the last --max_steps wins
+    assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
+    keys = s3.keys("runs/one/")
+    assert "runs/one/tiny_qwen3-4steps/dskit_manifest.json" in keys
+    assert "runs/one/tiny_qwen3-2steps/mp_rank_00_model_states.pt" in keys
+    assert os.environ["AWS_SECRET_ACCESS_KEY"] not in first.stdout + first.stderr
+    shutil.rmtree(ckpt)  # a new node, or a lost disk
+    second = torchrun(flags, env=env)
+    assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
+    assert "downloading tiny_qwen3-4steps from s3://" in second.stdout
+    assert "tiny_qwen3-4steps at step 4" in second.stdout and "Step 8/8 | Loss" in second.stdout
+    assert "runs/one/tiny_qwen3-8steps/dskit_manifest.json" in s3.keys("runs/one/")

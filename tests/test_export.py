@@ -1,0 +1,264 @@
+"""`dskit export`: real ZeRO-2 and ZeRO-3 checkpoints -> Hugging Face dirs that reproduce the trained engine.
+
+One short 2-rank training run per ZeRO stage (module-scoped), plus one torchrun of tests/engine_logits.py that
+loads the same tag into a DeepSpeed engine and records its logits on a fixed batch. The bad-input cases use
+small fake checkpoint dirs and need no training.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from model_utils import cli, manifest
+from model_utils.export import export
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+CONFIGS = {"zero2": "deepspeed/ds_config.json", "zero3": "deepspeed/ds_config_zero3.json"}
+STEPS = 6
+
+
+def logits_tolerance(reference: torch.Tensor) -> float:
+    """One bf16 ulp at the largest reference logit.
+
+    The exported bf16 weights are bit-identical to the engine's (both are the fp32 masters rounded to nearest)
+    and the forward is the same module code in bf16 on CPU, so the logits should match exactly (they do: max
+    diff 0.0 for ZeRO-2 and ZeRO-3 when this was written). One ulp allows a different reduction order in the
+    bf16 GEMMs (the ranks run with OMP_NUM_THREADS=1, this process with more threads). The neighbouring
+    checkpoint (3 steps earlier) is ~70 ulps away; test_export_of_a_tag_dir_and_through_the_cli checks that
+    margin, so a wrong tag, wrong dtype path or broken tie cannot hide inside the tolerance.
+    """
+    return 2.0 ** (math.floor(math.log2(reference.abs().max().item())) - 7)
+
+
+def torchrun(script: str, args: list[str], cwd: Path, timeout: int = 900) -> str:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", script, *args]
+    proc = subprocess.run(cmd, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+@dataclass(frozen=True)
+class Trained:
+    stage: str
+    checkpoint_dir: Path
+    tag: str
+    reference: dict[str, torch.Tensor]  # the engine's {"input_ids", "logits"} at `tag`
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def trained(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Trained:
+    stage = request.param
+    work = tmp_path_factory.mktemp(f"export-{stage}")
+    ckpt = work / "ck"
+    torchrun(
+        str(REPO / "src" / "train_deepspeed.py"),
+        [
+            "--deepspeed_config", CONFIGS[stage], "--max_steps", str(STEPS), "--checkpoint_freq", "3",
+            "--logging_freq", "1", "--seq_length", "64", "--validation_fraction", "0",
+            "--checkpoint_dir", str(ckpt), "--data_cache_dir", str(work / "cache"),
+        ],
+        cwd=work,
+    )  # fmt: skip
+    tag = (ckpt / "latest").read_text().strip()
+    assert tag == f"tiny_qwen3-{STEPS}steps"
+    torchrun(
+        str(REPO / "tests" / "engine_logits.py"),
+        [str(ckpt), tag, CONFIGS[stage], str(work / "engine.pt")],
+        cwd=REPO,
+    )
+    return Trained(stage, ckpt, tag, torch.load(work / "engine.pt"))
+
+
+@pytest.fixture(scope="module")
+def exported(trained: Trained, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp(f"exported-{trained.stage}")
+    return {dtype: export(trained.checkpoint_dir, out / dtype, dtype) for dtype in ("bf16", "fp32")}
+
+
+def load(path: Path) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    model, info = AutoModelForCausalLM.from_pretrained(
+        path, attn_implementation="sdpa", output_loading_info=True
+    )
+    assert not any(info.values()), info  # no missing, unexpected or mismatched keys, no errors
+    return model.eval()
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_export_loads_with_every_key_in_the_requested_dtype(exported: dict[str, Path], dtype: str) -> None:
+    from transformers import AutoTokenizer
+
+    model = load(exported[dtype])
+    assert model.dtype == {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+    assert {p.dtype for p in model.parameters()} == {model.dtype}
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # the tie holds
+    assert json.loads((exported[dtype] / "config.json").read_text())["tie_word_embeddings"] is True
+    assert sorted(p.name for p in exported[dtype].iterdir() if p.suffix == ".safetensors") == [
+        "model.safetensors"
+    ]
+    modes = {p.name: p.stat().st_mode & 0o777 for p in exported[dtype].iterdir()}
+    assert len(set(modes.values())) == 1, modes  # the weights as readable as the rest (not mkstemp's 0600)
+    tokenizer = AutoTokenizer.from_pretrained(exported[dtype])
+    assert tokenizer("the sky was blue")["input_ids"]
+    assert tokenizer.eos_token == "<|endoftext|>"
+
+
+@pytest.mark.e2e
+def test_bf16_export_reproduces_the_trained_engines_logits(
+    trained: Trained, exported: dict[str, Path]
+) -> None:
+    model = load(exported["bf16"])
+    with torch.no_grad():
+        logits = model(input_ids=trained.reference["input_ids"]).logits.float()
+    expected = trained.reference["logits"]
+    assert logits.shape == expected.shape
+    diff = (logits - expected).abs().max().item()
+    assert diff <= logits_tolerance(expected), f"{trained.stage}: max |logit diff| {diff}"
+
+
+@pytest.mark.e2e
+def test_fp32_export_is_the_master_weights_the_bf16_export_rounds(exported: dict[str, Path]) -> None:
+    from safetensors.torch import load_file
+
+    fp32 = load_file(exported["fp32"] / "model.safetensors")
+    bf16 = load_file(exported["bf16"] / "model.safetensors")
+    assert fp32.keys() == bf16.keys()
+    for name in fp32:
+        assert fp32[name].dtype == torch.float32 and bf16[name].dtype == torch.bfloat16
+        assert torch.equal(fp32[name].to(torch.bfloat16), bf16[name]), name
+    # The masters carry more than bf16 precision: a real fp32 copy, not bf16 weights widened.
+    assert any(not torch.equal(t, t.to(torch.bfloat16).float()) for t in fp32.values())
+
+
+@pytest.mark.e2e
+def test_export_of_a_tag_dir_and_through_the_cli(
+    trained: Trained, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    earlier = trained.checkpoint_dir / "tiny_qwen3-3steps"
+    assert cli.main(["export", str(earlier), str(tmp_path / "m3")]) == 0
+    assert "exported" in capsys.readouterr().out
+    # The tag, not `latest`, was exported: its logits are the 3-step model's, many tolerances away from step 6.
+    with torch.no_grad():
+        logits = load(tmp_path / "m3")(input_ids=trained.reference["input_ids"]).logits.float()
+    expected = trained.reference["logits"]
+    assert (logits - expected).abs().max().item() > 10 * logits_tolerance(expected)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp dir left behind
+
+
+# --- bad input: one line, exit 2, nothing written -------------------------------------------------------
+
+
+def fake_tag(root: Path, *, hf_config: bool = True, optim: bool = True) -> Path:
+    """A tag dir with the layout export checks before reading any weights (empty shard files, real manifest)."""
+    tag = root / "tiny_qwen3-3steps"
+    tag.mkdir(parents=True)
+    (tag / "mp_rank_00_model_states.pt").write_bytes(b"")
+    if optim:
+        (tag / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"")
+    if hf_config:
+        (tag / "hf_config").mkdir()
+        (tag / "hf_config" / "config.json").write_text("{}")
+    manifest.write(tag, manifest.build(tag, {}))
+    (root / "latest").write_text(tag.name)
+    return tag
+
+
+def snapshot(path: Path) -> dict[str, bytes] | None:
+    if not path.exists():
+        return None
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def expect_error(capsys: pytest.CaptureFixture[str], args: list[str], out_dir: Path, *needles: str) -> None:
+    before = snapshot(out_dir)
+    siblings = sorted(out_dir.parent.iterdir()) if out_dir.parent.exists() else []
+    assert cli.main(["export", *args]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), captured.err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    assert snapshot(out_dir) == before
+    assert (sorted(out_dir.parent.iterdir()) if out_dir.parent.exists() else []) == siblings
+
+
+def test_missing_checkpoint_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    expect_error(capsys, [str(tmp_path / "nope"), str(out)], out, "does not exist", "pass a checkpoint dir")
+
+
+def test_dir_without_latest_that_is_not_a_tag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "notes.txt").write_text("hi")
+    out = tmp_path / "out"
+    expect_error(capsys, [str(tmp_path / "ck"), str(out)], out, "no 'latest'", "not a checkpoint tag dir")
+
+
+def test_latest_naming_a_missing_tag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "latest").write_text("tiny_qwen3-9steps")
+    out = tmp_path / "out"
+    expect_error(capsys, [str(tmp_path / "ck"), str(out)], out, "tiny_qwen3-9steps", "holds no checkpoint")
+
+
+def test_tag_without_hf_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tag = fake_tag(tmp_path / "ck", hf_config=False)
+    out = tmp_path / "out"
+    for checkpoint in (tmp_path / "ck", tag):
+        expect_error(capsys, [str(checkpoint), str(out)], out, "no hf_config/config.json", "copy the model's")
+
+
+def test_tag_without_optimizer_shards(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fake_tag(tmp_path / "ck", optim=False)
+    out = tmp_path / "out"
+    expect_error(capsys, [str(tmp_path / "ck"), str(out)], out, "no *optim_states.pt")
+
+
+def test_damaged_tag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tag = fake_tag(tmp_path / "ck")
+    (tag / "mp_rank_00_model_states.pt").write_bytes(b"torn")
+    out = tmp_path / "out"
+    expect_error(capsys, [str(tmp_path / "ck"), str(out)], out, "incomplete or damaged", "older tag")
+
+
+@pytest.mark.parametrize("existing", ["dir", "file"])
+def test_non_empty_out_dir_is_refused_and_untouched(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], existing: str
+) -> None:
+    fake_tag(tmp_path / "ck")
+    out = tmp_path / "out"
+    if existing == "dir":
+        out.mkdir()
+        (out / "model.safetensors").write_bytes(b"the user's own file")
+    else:
+        out.write_text("a file, not a dir")
+    expect_error(capsys, [str(tmp_path / "ck"), str(out)], out, "already exists and is not empty")
+    assert out.exists()
+
+
+def test_unknown_dtype(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fake_tag(tmp_path / "ck")
+    out = tmp_path / "out"
+    expect_error(capsys, [str(tmp_path / "ck"), str(out), "--dtype", "fp16"], out, "--dtype", "bf16")
+    with pytest.raises(ValueError, match="unknown dtype 'fp16': use one of bf16, fp32"):
+        export(tmp_path / "ck", out, "fp16")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("args", [[], ["only-one"], ["a", "b", "--dtyp", "bf16"], ["a", "b", "c"]])
+def test_bad_command_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str]) -> None:
+    expect_error(capsys, args, tmp_path / "out", "dskit export --help")
