@@ -188,14 +188,22 @@ def test_kill_during_save_resumes_from_the_last_verified_checkpoint(
 
 
 @pytest.mark.e2e
-def test_world_size_change_resumes_weights_only(base_checkpoints, tmp_path: Path) -> None:
+def test_world_size_change_resumes_weights_only_and_time_interval_saves(
+    base_checkpoints, tmp_path: Path
+) -> None:
     base, args = base_checkpoints
     ckpt = tmp_path / "ck"
     shutil.copytree(base, ckpt)
-    proc = torchrun([*args, "--checkpoint_dir", str(ckpt)], nproc=1)
+    # Also the time-based interval: a tiny one makes every step due, odd steps included (freq is 2).
+    proc = torchrun([*args, "--checkpoint_dir", str(ckpt), "--checkpoint_interval_minutes", "1e-6"], nproc=1)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert "world size changed from 2 to 1: loaded the weights only" in proc.stdout
     assert "at step 4" in proc.stdout and "Step 8/8 | Loss" in proc.stdout
+    assert f"Saved checkpoint {ckpt}/tiny_qwen3-5steps" in proc.stdout
+    assert f"Saved checkpoint {ckpt}/tiny_qwen3-7steps" in proc.stdout
+    # Rotation kept the newest 3 and the one resumed from.
+    kept = sorted(p.name for p in ckpt.iterdir() if p.name.startswith("tiny_qwen3-"))
+    assert kept == ["tiny_qwen3-4steps", "tiny_qwen3-6steps", "tiny_qwen3-7steps", "tiny_qwen3-8steps"]
 
 
 @pytest.mark.e2e
