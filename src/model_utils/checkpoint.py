@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from model_utils import manifest
-from model_utils.errors import ConfigError
+from model_utils.errors import ConfigError, first_line
 from model_utils.log import error_line, print0, warn0
 
 CLIENT_KEY = "dskit"
@@ -235,7 +235,7 @@ def save(engine: Any, req: SaveRequest, rank: int, model_config: Any, tokenizer:
     try:
         _write_rank_files(engine, req, staging, rank, model_config, tokenizer)
     except (OSError, RuntimeError) as e:  # torch.save reports ENOSPC as RuntimeError
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        reason = first_line(e)
         if rank == 0:
             shutil.rmtree(staging, ignore_errors=True)
         error_line(

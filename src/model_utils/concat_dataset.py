@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from model_utils.errors import ConfigError
+from model_utils.errors import ConfigError, first_line
 from model_utils.log import print0
 
 PACKING_VERSION = 1  # bump when the packed layout changes, so stale caches are not reused
@@ -85,7 +85,7 @@ def _load_local(path: Path, split: str) -> Any:
     try:
         return datasets.load_dataset(builder, data_files=files, split="train", **extra)
     except (ValueError, TypeError, StopIteration, datasets.exceptions.DatasetGenerationError) as e:
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        reason = first_line(e)
         raise ConfigError(
             f"could not read dataset {path} as {builder} ({reason}): check the file format"
         ) from None
@@ -97,7 +97,7 @@ def _load_hub(name: str, config_name: str | None, split: str) -> Any:
     try:
         return datasets.load_dataset(name, config_name, split=split)
     except (ValueError, OSError, ConnectionError) as e:  # datasets wraps network and missing-split errors so
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        reason = first_line(e)
         raise ConfigError(
             f"could not load dataset {name!r} split {split!r} from the Hugging Face hub ({reason}): "
             "check the name and network access, or give a local path with --local_dataset true"

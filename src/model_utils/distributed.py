@@ -72,12 +72,6 @@ def all_reduce_mean(value: float, device: torch.device) -> float:
     return t.item() / torch.distributed.get_world_size()
 
 
-def all_reduce_max(value: float, device: torch.device) -> float:
-    t = torch.tensor([value], dtype=torch.float64, device=device)
-    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-    return t.item()
-
-
 def barrier() -> None:
     torch.distributed.barrier()
 
@@ -97,7 +91,7 @@ def main_first(fn: Callable[[], T], info: DistInfo) -> T:
             result = fn()
         except ConfigError as e:
             error = e
-    if all_reduce_max(1.0 if error else 0.0, info.device) > 0:
+    if any_rank([error is not None], info.device)[0]:
         raise error or ConfigError("preparing the data failed on rank 0 (its error is above)")
     if info.rank != 0 and info.local_rank == 0:
         result = fn()  # node-local caches: one build per node

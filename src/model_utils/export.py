@@ -27,7 +27,7 @@ from typing import Any
 
 from model_utils import manifest
 from model_utils.checkpoint import HF_CONFIG_DIR
-from model_utils.errors import ConfigError
+from model_utils.errors import ConfigError, first_line
 
 DTYPES = ("bf16", "fp32")
 
@@ -163,7 +163,7 @@ def export(checkpoint: Path, out_dir: Path, dtype: str = "bf16") -> Path:
     try:
         tokenizer = AutoTokenizer.from_pretrained(hf_config)
     except (OSError, ValueError) as e:
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        reason = first_line(e)
         raise ConfigError(
             f"no usable tokenizer in {hf_config} ({reason}): copy the run's tokenizer files there"
         ) from None

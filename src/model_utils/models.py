@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from model_utils.errors import ConfigError
+from model_utils.errors import ConfigError, first_line
 from model_utils.presets import PRESETS, Preset
 
 MAX_DEFAULT_SEQ_LENGTH = 2048
@@ -57,7 +57,7 @@ def resolve_model_source(name: str) -> ModelSource:
 
 
 def _hub_error(what: str, name: str, err: Exception) -> ConfigError:
-    reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    reason = first_line(err)
     return ConfigError(
         f"could not load {what} {name!r} ({reason}): check the name and network access, or pass a local directory"
     )

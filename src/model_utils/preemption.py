@@ -2,8 +2,8 @@
 
 SLURM sends USR1 ahead of the time limit or on preemption (`--signal=B:USR1@N`, `scancel --signal=USR1`); the
 launcher forwards it to every rank (torchrun does not forward USR1 itself: pytorch/pytorch#154849). A rank that
-sees the signal only sets a flag; the decision to stop is collective (`distributed.any_rank` after each step), so every rank
-stops after the same step even if the signal reached them at different times.
+sees the signal only sets a flag; the decision to stop is collective (`distributed.any_rank` after each step), so
+every rank stops after the same step even if the signal reached them at different times.
 """
 
 from __future__ import annotations
