@@ -35,7 +35,8 @@ sync_env() {
     python3 -m pip install --quiet uv
     uv_cmd=(python3 -m uv)
   fi
-  "${uv_cmd[@]}" sync --frozen --quiet
+  # Bytecode compiled once at install (incremental later): each rank imports ~2,000 modules at start.
+  "${uv_cmd[@]}" sync --frozen --quiet --compile-bytecode
 }
 
 # Sets gpus (GPUs visible here) and prints the versions this run uses.
@@ -78,6 +79,16 @@ choose_ranks() {
   fi
 }
 
+# `dskit doctor` with this launch's settings (NODES EFA, then the training flags): a table of checks with their
+# fixes. Run once, before anything expensive; a FAIL stops the launch here, WARNs do not.
+run_doctor() {
+  local nodes=$1 efa=$2
+  shift 2
+  CUDA_VERSION="$CUDA_VERSION" GPUS_PER_NODE="$GPUS_PER_NODE" CPU_RANKS="$CPU_RANKS" EFA="$efa" \
+    SLURM_JOB_NUM_NODES="$nodes" "${py[@]}" -m model_utils.cli doctor "$@" ||
+    die "dskit doctor stopped the launch on $(hostname): fix what it reports above, then launch again"
+}
+
 # Extra environment for the ranks: none in the launch values (set env.NAME=VALUE to add some).
 export_extra_env() { :; }
 
@@ -114,6 +125,8 @@ train_here() {
   probe
   choose_ranks
   export_extra_env
+  # Check this machine for the run before anything expensive (one node: no inter-node network to check).
+  run_doctor 1 auto "${train_args[@]}"
   # Check flags, model and data once, in one process, before any rank starts; builds the packed-data cache.
   "${py[@]}" -m model_utils.cli prepare "${train_args[@]}"
   .venv/bin/torchrun --standalone --nnodes=1 --nproc_per_node="$nproc_per_node" src/train_deepspeed.py \
@@ -146,6 +159,14 @@ fi
 mkdir -p logs
 log="logs/${JOB_NAME}_$(date +%Y%m%d-%H%M%S).out"
 echo "Logging to $log"
+# The trainer writes its metrics next to the log (logs/<name>.metrics.jsonl).
+export DSKIT_LOG_FILE="$PWD/$log"
+# Output goes through tee, so the ranks see a pipe: the progress bar is drawn on this terminal instead (only
+# here: a node reached through srun has no such terminal).
+if [[ -z "${node:-}" && -t 0 && -t 1 ]]; then
+  DSKIT_TTY=$(tty)
+  export DSKIT_TTY
+fi
 set +e
 {
   set -e # `set +e` above is for the pipeline's status only

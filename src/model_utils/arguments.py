@@ -23,6 +23,7 @@ from model_utils.presets import PRESETS, PRETRAINED_LR
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 AUTO = "auto"
+LIGER_CHOICES = (AUTO, "on", "off")
 
 
 def _flag(help: str, **extra: Any) -> dict[str, Any]:
@@ -40,10 +41,22 @@ class ModelArgs:
     tokenizer: str | None = field(
         default=None, metadata=_flag("hub id or local dir of the tokenizer (default: the model's own)")
     )
+    liger: str = field(
+        default=AUTO,
+        metadata=_flag(
+            "Liger Triton kernels (RMSNorm, RoPE, SwiGLU, fused linear cross-entropy): 'auto' = on with a CUDA "
+            "GPU and a model type Liger supports, 'on', or 'off'"
+        ),
+    )
+    compile: bool = field(
+        default=False, metadata=_flag("torch.compile the model (compiles on the first step of each rank)")
+    )
 
     def __post_init__(self) -> None:
         if not self.model.strip():
             raise ConfigError("--model is empty: give a preset name, a hub id or a local directory")
+        if self.liger not in LIGER_CHOICES:
+            raise ConfigError(f"--liger {self.liger!r} is not one of {', '.join(LIGER_CHOICES)}")
 
 
 @dataclass
@@ -100,7 +113,13 @@ class OptimArgs:
             "DeepSpeed JSON config (relative: to the current dir, else the kit's root); 'auto' keys are filled from flags"
         ),
     )
-    micro_batch_size: int = field(default=1, metadata=_flag("sequences per rank per micro-batch"))
+    micro_batch_size: int | str = field(
+        default=1,
+        metadata=_flag(
+            "sequences per rank per micro-batch, or 'auto': the largest power of two that fits the GPU, probed "
+            "once and cached in --data_cache_dir (1 on CPU)"
+        ),
+    )
     gradient_accumulation_steps: int = field(default=1, metadata=_flag("micro-batches per optimizer step"))
     lr: float | None = field(
         default=None,
@@ -112,8 +131,9 @@ class OptimArgs:
 
     def __post_init__(self) -> None:
         for name in ("micro_batch_size", "gradient_accumulation_steps"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"--{name} {getattr(self, name)} must be at least 1")
+            value = getattr(self, name)
+            if not (name == "micro_batch_size" and value == AUTO) and value < 1:
+                raise ConfigError(f"--{name} {value} must be at least 1")
         if self.lr is not None and not self.lr > 0:
             raise ConfigError(f"--lr {self.lr} must be positive, e.g. 5e-5")
         if self.warmup_steps < 0:
@@ -132,9 +152,6 @@ class LoopArgs:
     )
     validation_batches: int = field(default=8, metadata=_flag("micro-batches per rank in each validation"))
     seed: int = field(default=42, metadata=_flag("seed for initialisation, data order and dropout"))
-    metrics_file: str | None = field(
-        default=None, metadata=_flag("append one JSON line of metrics per logged step to this file (rank 0)")
-    )
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "logging_freq", "validation_freq", "validation_batches"):
@@ -192,12 +209,54 @@ class CheckpointArgs:
                 )
 
 
+REPORT_TO = ("none", "tensorboard", "mlflow")
+
+
+@dataclass
+class ReportArgs:
+    report_dir: str = field(
+        default="logs",
+        metadata=_flag("where TensorBoard runs, the MLflow store and default metrics files go"),
+    )
+    metrics_file: str = field(
+        default="auto",
+        metadata=_flag(
+            "JSON lines of metrics per logged step (rank 0): 'auto' = next to the launcher's log "
+            "(logs/<job>.metrics.jsonl), else <report_dir>/<run id>.metrics.jsonl; 'none' = off; or a path"
+        ),
+    )
+    report_to: str = field(
+        default="none", metadata=_flag("also send metrics to: " + ", ".join(REPORT_TO) + " (rank 0)")
+    )
+    tracking_uri: str | None = field(
+        default=None,
+        metadata=_flag("MLflow tracking URI; default: a local store, sqlite:///<report_dir>/mlflow.db"),
+    )
+    peak_tflops: float | None = field(
+        default=None,
+        metadata=_flag("the device's dense bf16 peak TFLOP/s for MFU; default: from a table of known GPUs"),
+    )
+
+    def __post_init__(self) -> None:
+        if self.report_to not in REPORT_TO:
+            close = difflib.get_close_matches(self.report_to, REPORT_TO, n=1)
+            hint = f"did you mean {close[0]}?" if close else f"use one of {', '.join(REPORT_TO)}"
+            raise ConfigError(f"--report_to {self.report_to!r} is not a tracker: {hint}")
+        if self.tracking_uri is not None and self.report_to != "mlflow":
+            raise ConfigError("--tracking_uri is for MLflow: add --report_to mlflow or drop --tracking_uri")
+        if self.peak_tflops is not None and not self.peak_tflops > 0:
+            raise ConfigError(f"--peak_tflops {self.peak_tflops} must be positive, e.g. 989 for an H100 SXM")
+        if not self.metrics_file.strip():
+            raise ConfigError("--metrics_file is empty: give a path, 'auto' or 'none'")
+
+
 SECTIONS: dict[str, type] = {
     "model": ModelArgs,
     "data": DataArgs,
     "optim": OptimArgs,
     "loop": LoopArgs,
     "checkpoint": CheckpointArgs,
+    "report": ReportArgs,
 }
 
 
@@ -208,6 +267,7 @@ class TrainConfig:
     optim: OptimArgs = field(default_factory=OptimArgs)
     loop: LoopArgs = field(default_factory=LoopArgs)
     checkpoint: CheckpointArgs = field(default_factory=CheckpointArgs)
+    report: ReportArgs = field(default_factory=ReportArgs)
     # Flags the user gave explicitly: they must agree with explicit DeepSpeed keys.
     explicit: frozenset[str] = frozenset()
 
@@ -251,8 +311,19 @@ def _converter(hint: Any) -> Any:
         if isinstance(hint, types.UnionType)
         else [hint]
     )
+    if set(args) == {int, str}:
+        return _parse_int_or_auto
     base = args[0]
     return _parse_bool if base is bool else base
+
+
+def _parse_int_or_auto(text: str) -> int | str:
+    if text.strip().lower() == AUTO:
+        return AUTO
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
 
 
 class _StrictParser(argparse.ArgumentParser):
@@ -376,7 +447,8 @@ def resolve_deepspeed_config(cfg: TrainConfig, total_steps: int) -> dict[str, An
                 )
             continue
         if key_value is None or key_value == AUTO:
-            _set(ds, key_path, flag_value)
+            # --micro_batch_size auto is probed on the GPU later (preflight); validate the config with 1 now.
+            _set(ds, key_path, 1 if flag_value == AUTO else flag_value)
         elif flag in cfg.explicit and key_value != flag_value:
             raise ConfigError(
                 f"--{flag} {flag_value} disagrees with {dotted} = {key_value} in {path}: "

@@ -1,9 +1,11 @@
-"""The `dskit` command: tools around a training run (later issues add render, export, plot, estimate, ...)."""
+"""The `dskit` command: tools around a training run."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
+import typing
 
 from model_utils.errors import ConfigError
 from model_utils.log import error_line
@@ -38,30 +40,13 @@ def _render(args: list[str]) -> int:
     return render.main(args)
 
 
-def _export(args: list[str]) -> int:
-    import argparse
-    import typing
-    from pathlib import Path
+def _module_main(module: str) -> typing.Callable[[list[str]], int]:
+    """A command implemented by `model_utils.<module>.main(argv)`, imported only when it runs."""
 
-    from model_utils import export
+    def run(args: list[str]) -> int:
+        return importlib.import_module(f"model_utils.{module}").main(args)
 
-    class Parser(argparse.ArgumentParser):
-        def error(self, message: str) -> typing.NoReturn:
-            raise ConfigError(f"{message} (dskit export --help)")
-
-    parser = Parser(
-        prog="dskit export",
-        allow_abbrev=False,
-        description="Write a checkpoint as a Hugging Face model dir (safetensors, config.json, tokenizer).",
-    )
-    parser.add_argument("checkpoint", help="a checkpoint dir (its 'latest' tag is exported) or a tag dir")
-    parser.add_argument("out_dir", help="new (or empty) directory for the model")
-    parser.add_argument("--dtype", choices=export.DTYPES, default="bf16", help="weight dtype (default: bf16)")
-    ns = parser.parse_args(args)
-    out = export.export(Path(ns.checkpoint), Path(ns.out_dir), ns.dtype)
-    load_dir, tag = export.resolve_tag(Path(ns.checkpoint))
-    print(f"exported {load_dir / tag} to {out} ({ns.dtype})")
-    return 0
+    return run
 
 
 COMMANDS = {
@@ -71,7 +56,20 @@ COMMANDS = {
         _render,
         "write train.sbatch and train-singlenode.sh from templates/ (--values FILE, --set k=v)",
     ),
-    "export": (_export, "write a checkpoint as a Hugging Face model dir (CHECKPOINT[/TAG] OUT_DIR)"),
+    "export": (
+        _module_main("export"),
+        "write a checkpoint as a Hugging Face model dir (CHECKPOINT[/TAG] OUT_DIR)",
+    ),
+    "estimate": (
+        _module_main("estimate"),
+        "per-GPU memory and per-node host RAM of a training config, and a config that fits",
+    ),
+    "doctor": (_module_main("doctor"), "check this node for a run: a pass/warn/fail table with fixes"),
+    "plot": (
+        _module_main("plot"),
+        "plot loss, lr, tokens/s and memory of a run (RUN_LOG_OR_METRICS -o out.png)",
+    ),
+    "bench": (_module_main("bench"), "benchmark the kit's training path against a plain PyTorch loop"),
 }
 
 

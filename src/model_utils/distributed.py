@@ -72,6 +72,18 @@ def all_reduce_mean(value: float, device: torch.device) -> float:
     return t.item() / torch.distributed.get_world_size()
 
 
+def reduce_floats(values: list[float], device: torch.device, op: str) -> list[float]:
+    """Several floats reduced across ranks in one collective: op "mean" or "max"."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if op == "mean":
+        torch.distributed.all_reduce(t)
+        t /= torch.distributed.get_world_size()
+    else:
+        assert op == "max", op
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return t.tolist()
+
+
 def barrier() -> None:
     torch.distributed.barrier()
 

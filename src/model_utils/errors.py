@@ -1,5 +1,10 @@
 """The one exception type for user mistakes: its message says what is wrong and how to fix it."""
 
+from __future__ import annotations
+
+import argparse
+from typing import Any, NoReturn
+
 
 class ConfigError(ValueError):
     """Bad input from the user (flags, config files, data, paths). Reported as one line, exit status 2."""
@@ -9,3 +14,13 @@ def first_line(err: BaseException) -> str:
     """The first line of an exception's message (libraries raise multi-line ones), or its type's name."""
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
+
+
+class CommandParser(argparse.ArgumentParser):
+    """argparse for a `dskit` command: no abbreviations, and a usage mistake is a ConfigError naming --help."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(f"{message} ({self.prog} --help)")

@@ -20,6 +20,7 @@ Memory (P = parameter count; "copies" are of the full weights):
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import Any
 
 from model_utils import manifest
 from model_utils.checkpoint import HF_CONFIG_DIR
-from model_utils.errors import ConfigError, first_line
+from model_utils.errors import CommandParser, ConfigError, first_line
 
 DTYPES = ("bf16", "fp32")
 
@@ -189,3 +190,23 @@ def export(checkpoint: Path, out_dir: Path, dtype: str = "bf16") -> Path:
         if tmp.exists():
             shutil.rmtree(tmp)
     return out_dir
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = CommandParser(
+        prog="dskit export",
+        description="Write a checkpoint as a Hugging Face model dir (safetensors, config.json, tokenizer).",
+    )
+    parser.add_argument("checkpoint", help="a checkpoint dir (its 'latest' tag is exported) or a tag dir")
+    parser.add_argument("out_dir", help="new (or empty) directory for the model")
+    parser.add_argument("--dtype", choices=DTYPES, default="bf16", help="weight dtype (default: bf16)")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    """`dskit export CHECKPOINT[/TAG] OUT_DIR [--dtype bf16|fp32]`."""
+    ns = build_parser().parse_args(argv)
+    out = export(Path(ns.checkpoint), Path(ns.out_dir), ns.dtype)
+    load_dir, tag = resolve_tag(Path(ns.checkpoint))
+    print(f"exported {load_dir / tag} to {out} ({ns.dtype})")
+    return 0

@@ -1,20 +1,74 @@
-"""Rank-0 logging: one helper, so no module needs `if rank == 0` for output."""
+"""Rank-0 logging: one helper, so no module needs `if rank == 0` for output.
+
+On a terminal, rank 0 also keeps a progress bar on the last line. Log lines never contain it: when stdout is a
+pipe (the launchers tee it into logs/), the bar goes straight to the terminal the launcher names in DSKIT_TTY.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
 import time
+from typing import TextIO
+
+TTY_ENV = "DSKIT_TTY"
 
 
 def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def _terminal() -> TextIO | None:
+    """Where the bar is drawn: stdout when it is a terminal, else the launcher's terminal, else nowhere."""
+    if sys.stdout.isatty():
+        return sys.stdout
+    path = os.environ.get(TTY_ENV)
+    if path:
+        try:
+            stream = open(path, "w")  # noqa: SIM115 (kept open for the life of the process)
+        except OSError:
+            return None
+        if stream.isatty():
+            return stream
+        stream.close()
+    return None
+
+
+class _ProgressBar:
+    def __init__(self) -> None:
+        self.stream: TextIO | None = None
+        self.opened = False
+        self.shown = False
+
+    def terminal(self) -> TextIO | None:
+        if not self.opened:
+            self.stream, self.opened = _terminal(), True
+        return self.stream
+
+    def clear(self) -> None:
+        # Not redrawn here: a line teed through a pipe may still be on its way; the next step redraws.
+        if self.shown and self.stream is not None:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+            self.shown = False
+
+    def draw(self, text: str) -> None:
+        stream = self.terminal()
+        if stream is None:
+            return
+        stream.write(f"\r\033[K{text}")
+        stream.flush()
+        self.shown = True
+
+
+_bar = _ProgressBar()
+
+
 def print0(message: str) -> None:
     """Print a timestamped line from global rank 0 only (flushed: logs are tailed live)."""
     if _rank() == 0:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        _bar.clear()
         print(f"{stamp} | {message}", flush=True)
 
 
@@ -26,3 +80,17 @@ def error_line(message: str) -> None:
     """The single line a user sees for a mistake; printed by rank 0 only so N ranks do not repeat it."""
     if _rank() == 0:
         print(f"error: {message}", file=sys.stderr, flush=True)
+
+
+def progress0(step: int, total: int, detail: str, width: int = 30) -> None:
+    """Redraw the progress bar on rank 0's terminal, if any: `[#####.....] 40/100 (40%) <detail>`."""
+    if _rank() != 0:
+        return
+    total = max(total, 1)
+    done = min(width, width * step // total)
+    _bar.draw(f"[{'#' * done}{'.' * (width - done)}] {step}/{total} ({100 * step // total}%) {detail}")
+
+
+def end_progress0() -> None:
+    if _rank() == 0:
+        _bar.clear()

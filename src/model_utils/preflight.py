@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from model_utils import checkpoint, concat_dataset, launch_manifest, models
-from model_utils.arguments import TrainConfig
+from model_utils.arguments import AUTO, TrainConfig
 from model_utils.errors import ConfigError
 from model_utils.log import print0
 
@@ -87,6 +87,11 @@ def prepare(
     """
     source = models.resolve_model_source(cfg.model.model)
     checkpoint.check_writable(cfg.checkpoint.checkpoint_dir)
+    if cfg.report.tracking_uri is not None:
+        from model_utils import trackers
+
+        # Fails in seconds when a tracking server is down, not after MLflow's minutes of retries.
+        decide_once(lambda: trackers.check_reachable(cfg.report.tracking_uri))
     resume = decide_once(lambda: _select_resume(cfg))
     model_config = models.load_model_config(source)
     cfg.data.seq_length = models.resolve_seq_length(cfg.data.seq_length, model_config)
@@ -105,4 +110,30 @@ def prepare(
     val_blocks = (
         None if val_docs is None else _blocks_or_error(val_docs, tokenizer, cfg, "validation", run_first)
     )
+    _resolve_auto_micro_batch(cfg, model_config, train_blocks, val_blocks, decide_once)
     return PreparedRun(source, model_config, tokenizer, train_blocks, val_blocks, resume)
+
+
+def _resolve_auto_micro_batch(
+    cfg: TrainConfig,
+    model_config: Any,
+    train_blocks: np.ndarray,
+    val_blocks: np.ndarray | None,
+    decide_once: Callable[[Callable[[], Any]], Any],
+) -> None:
+    """--micro_batch_size auto becomes a number on the training ranks (rank 0 probes its GPU) before the
+    DeepSpeed config is resolved; `dskit prepare`, which starts no process group and uses no GPU, leaves it."""
+    if cfg.optim.micro_batch_size != AUTO:
+        return
+    import torch.distributed
+
+    if not torch.distributed.is_initialized():
+        print0("--micro_batch_size auto: probed on the GPU by the training ranks when they start")
+        return
+    from model_utils import autobatch
+
+    n_val = None if val_blocks is None else len(val_blocks)
+    world_size = torch.distributed.get_world_size()
+    cfg.optim.micro_batch_size = decide_once(
+        lambda: autobatch.resolve(cfg, model_config, len(train_blocks), n_val, world_size)
+    )

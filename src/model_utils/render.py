@@ -25,7 +25,7 @@ from typing import Any
 import jinja2
 import yaml
 
-from model_utils.errors import ConfigError
+from model_utils.errors import CommandParser, ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE_DIR = REPO_ROOT / "templates"
@@ -299,14 +299,9 @@ def write_scripts(scripts: dict[str, str], out_dir: Path) -> list[Path]:
     return written
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> typing.NoReturn:
-        raise ConfigError(f"{message} (dskit render --help)")
-
-
 def build_parser() -> argparse.ArgumentParser:
     keys = ", ".join(f"{n} (default {FIELDS[n].default!r})" for n in FIELDS if n != "env")
-    parser = _Parser(
+    parser = CommandParser(
         prog="dskit render",
         description="Write train.sbatch and train-singlenode.sh from templates/ and launch values.",
         epilog=f"keys: {keys}, env.NAME (extra environment for the ranks)",

@@ -7,6 +7,7 @@ Off Debian or without root the tests skip, except under CI=true, where a skip wo
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -72,13 +73,19 @@ def read(path: Path) -> str:
 class Job:
     """One sbatch submission of a freshly rendered train.sbatch (2 nodes, 1 CPU rank per node)."""
 
-    def __init__(self, tmp_path: Path, *train_args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        *train_args: str,
+        env: dict[str, str] | None = None,
+        sbatch_args: tuple[str, ...] = (),
+    ) -> None:
         values = render.LaunchValues(cpu_ranks_per_node=1, job_name="dskit-test")
         render.write_scripts(render.render_scripts(values), tmp_path)
         self.checkpoints = tmp_path / "ck"
         # The job must be submitted from the repo root: that is how the script finds the repo.
         out = subprocess.run(
-            ["sbatch", "--parsable", f"--output={tmp_path}/%x_%j.out", str(tmp_path / "train.sbatch"),
+            ["sbatch", "--parsable", f"--output={tmp_path}/%x_%j.out", *sbatch_args, str(tmp_path / "train.sbatch"),
              "--checkpoint_dir", str(self.checkpoints), *train_args],
             cwd=REPO, env={**JOB_ENV, **(env or {})}, capture_output=True, text=True, check=True,
         ).stdout  # fmt: skip
@@ -110,7 +117,7 @@ def latest_tag(checkpoints: Path) -> str:
 
 def test_sbatch_trains_across_both_nodes(cluster, tmp_path: Path, timing) -> None:
     # MAX_STEPS comes from the environment (the rendered default's override), the rest from flags.
-    job = Job(tmp_path, "--checkpoint_freq", "10", env={"MAX_STEPS": "20"})
+    job = Job(tmp_path, "--checkpoint_freq", "10", env={"MAX_STEPS": "20"}, sbatch_args=("--time=20",))
     state = job.wait_done(timeout=420)
     timing("2-node sbatch job, 20 steps (submit to end)", time.monotonic() - job.started)
     log = job.text()
@@ -121,10 +128,22 @@ def test_sbatch_trains_across_both_nodes(cluster, tmp_path: Path, timing) -> Non
     assert "Done: step 20/20" in log, log
     assert re.search(r"^END .* exit status 0$", log, re.MULTILINE), log
     assert latest_tag(job.checkpoints) == "tiny_qwen3-20steps"
+    # The job's real end time (squeue) is read: a time limit of 20 minutes, minus the start-up.
+    left = re.search(r"Job time limit: 0:(\d\d):\d\d left", log)
+    assert left and 10 <= int(left.group(1)) < 20, log
+    assert re.search(r"\| Step 20/20 \|.*\| ETA 0:00:00 \(job time left 0:1\d:\d\d\)$", log, re.M), log
+    # Metrics land next to the job's log.
+    records = [json.loads(line) for line in job.log.with_suffix(".metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [10, 20]
+    assert {r["world_size"] for r in records if r.get("event") == "start"} == {2}
 
 
 def test_usr1_checkpoints_requeues_and_resumes(cluster, tmp_path: Path, timing) -> None:
-    job = Job(tmp_path, "--max_steps", "60", "--checkpoint_freq", "1000", "--logging_freq", "5")
+    logs = tmp_path / "logs"
+    job = Job(
+        tmp_path, "--max_steps", "60", "--checkpoint_freq", "1000", "--logging_freq", "5",
+        "--report_to", "mlflow", "--report_dir", str(logs),
+    )  # fmt: skip
     job.wait_log(r"\| Step 10/60 ", timeout=300)
     signalled = time.monotonic()
     subprocess.run(["scancel", "--signal=USR1", "--batch", job.id], check=True)
@@ -150,6 +169,14 @@ def test_usr1_checkpoints_requeues_and_resumes(cluster, tmp_path: Path, timing) 
     assert f"SLURM job {job.id}, SLURM_RESTART_COUNT=1" in log
     assert "Done: step 60/60" in log, log
     assert latest_tag(job.checkpoints) == "tiny_qwen3-60steps"
+    # The requeued job continued the same MLflow run: one run holds the steps of both.
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{logs}/mlflow.db")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert len(runs) == 1, [r.info.run_name for r in runs]
+    steps = sorted(m.step for m in client.get_metric_history(runs[0].info.run_id, "train/loss"))
+    assert steps == list(range(5, 61, 5))  # before and after the requeue, none twice
 
 
 def test_node_failure_ends_job_and_requeued_run_resumes(cluster, tmp_path: Path, timing) -> None:

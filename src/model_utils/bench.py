@@ -1,0 +1,399 @@
+"""`dskit bench`: the kit's real training path against a plain PyTorch loop, same model, batch and device.
+
+The kit rows build a TrainConfig from training flags, run preflight and the real Trainer (DeepSpeed, the
+configured ZeRO stage and offload, --liger/--compile) with a throwaway checkpoint dir, and time
+`Trainer.train_step()`. The reference is what a hand-written loop gets on the same device: the same model
+config and blocks, bf16 autocast over fp32 weights, torch.optim.AdamW (fused on CUDA), gradient clipping at 1.0
+like the kit's configs, and torch.compile on CUDA (eager on CPU, where compiling costs more than the few steps
+it would time). It runs first: Liger patches transformers' modeling code for the whole process.
+
+One process, one device. Numbers are from this machine and these steps only; on CPU the table shows that the
+path works, not how fast a GPU is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from model_utils import distributed, kernels, metrics, models, preflight
+from model_utils.arguments import AUTO, LIGER_CHOICES, TrainConfig, parse_args
+from model_utils.concat_dataset import BlockSampler, DataPosition
+from model_utils.embedded import TOKENIZER_DIR
+from model_utils.errors import CommandParser, ConfigError
+from model_utils.log import print0
+
+GPU_MODEL = "qwen3-0.6b"
+CPU_MODEL = "tiny-qwen3"
+GPU_SEQ_LENGTH = 2048
+DEFAULT_CONFIG = "deepspeed/ds_config.json"
+# (timed steps, warm-up steps) by device: enough on a GPU to average out the noise, few on CPU so CI stays fast.
+STEPS = {"cuda": (20, 5), "cpu": (3, 1)}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = CommandParser(
+        prog="dskit bench",
+        description="Time the kit's training path (DeepSpeed, Trainer.train_step) against a plain PyTorch loop "
+        "on this device, with random weights and the embedded corpus.",
+    )
+    p.add_argument("--model", help=f"preset or model dir (default: {GPU_MODEL} on CUDA, {CPU_MODEL} on CPU)")
+    p.add_argument(
+        "--seq_length", type=int, help=f"tokens per block (default: {GPU_SEQ_LENGTH}, at most the model's)"
+    )
+    p.add_argument(
+        "--micro_batch_size", default="1", help="sequences per micro-batch, or 'auto' (default: 1)"
+    )
+    p.add_argument("--gradient_accumulation_steps", type=int, default=1, help="micro-batches per step")
+    p.add_argument("--steps", type=int, help="timed optimizer steps (default: 20 on CUDA, 3 on CPU)")
+    p.add_argument("--warmup_steps", type=int, help="untimed steps first (default: 5 on CUDA, 1 on CPU)")
+    p.add_argument(
+        "--deepspeed_config",
+        nargs="+",
+        default=[DEFAULT_CONFIG],
+        help=f"one kit row per DeepSpeed config (default: {DEFAULT_CONFIG})",
+    )
+    p.add_argument("--liger", choices=LIGER_CHOICES, default=AUTO, help="the kit's --liger (default: auto)")
+    p.add_argument("--compile", choices=("true", "false"), default="false", help="the kit's --compile")
+    p.add_argument(
+        "--peak_tflops", type=float, help="the device's dense bf16 peak for MFU (default: known GPUs)"
+    )
+    p.add_argument("--json", metavar="OUT", help="also write the table as JSON to OUT")
+    return p
+
+
+@dataclass
+class Row:
+    name: str
+    kind: str  # "reference" or "dskit"
+    micro_batch_size: int
+    settings: dict[str, Any] = field(default_factory=dict)
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    peak_mem_gib: float | None = None
+    first_step_s: float | None = None  # from the start of this row's set-up to the end of its first step
+    setup_s: float | None = None
+    losses: list[float] = field(default_factory=list)
+    error: str | None = None  # e.g. "out of memory": the row could not train at this micro batch
+    vs_reference: float | None = None
+
+
+@dataclass
+class Measured:
+    """Timings of one row's steps: the first (after set-up) and the timed ones after the warm-up."""
+
+    first_step_end: float
+    timed_s: float
+    losses: list[float]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _run_steps(step: Callable[[], float], device: torch.device, warmup: int, steps: int) -> Measured:
+    losses = [step()]
+    _sync(device)
+    first_end = time.perf_counter()
+    for _ in range(max(warmup - 1, 0)):
+        losses.append(step())
+    _sync(device)
+    started = time.perf_counter()
+    for _ in range(steps):
+        losses.append(step())
+    _sync(device)
+    return Measured(first_end, time.perf_counter() - started, losses)
+
+
+def _reset_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak_memory_gib(device: torch.device) -> float:
+    """Peak allocated GPU memory since the last reset; on CPU this process's resident memory now."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / metrics.GIB
+    return metrics.memory_gib(device)[2]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What every row trains: the same blocks, batch shape and FLOPs accounting."""
+
+    run: preflight.PreparedRun
+    seq_length: int
+    accumulation: int
+    steps: int
+    warmup: int
+    flops_per_token: float
+    peak_tflops: float | None
+
+    def record(self, row: Row, start: float, setup_s: float, m: Measured, peak_gib: float) -> None:
+        tokens = row.micro_batch_size * self.accumulation * self.seq_length * self.steps
+        rate = metrics.throughput(tokens, m.timed_s, 1, self.flops_per_token, self.peak_tflops)
+        row.tokens_per_s, row.mfu, row.peak_mem_gib = rate.tokens_per_s, rate.mfu, peak_gib
+        row.first_step_s, row.setup_s, row.losses = m.first_step_end - start, setup_s, m.losses
+
+
+def _guarded(row: Row, device: torch.device, train: Callable[[Row], None]) -> Row:
+    """Run one row; running out of GPU memory marks the row instead of ending the benchmark."""
+    _reset_memory(device)
+    try:
+        train(row)
+    except torch.OutOfMemoryError:
+        row.error = "out of memory"
+        print0(f"{row.name}: out of memory at micro batch {row.micro_batch_size}")
+    finally:
+        torch._dynamo.reset()  # drop this row's compiled graphs (and the model they hold)
+        _reset_memory(device)
+    return row
+
+
+def run_reference(work: Workload, cfg: TrainConfig, device: torch.device) -> Row:
+    compiled = device.type == "cuda"
+    fused = device.type == "cuda"
+    row = Row(
+        name=f"reference: PyTorch, AdamW{' fused' if fused else ''}, bf16 autocast, "
+        + ("compiled" if compiled else "eager"),
+        kind="reference",
+        micro_batch_size=int(cfg.optim.micro_batch_size),
+        settings={"compile": compiled, "optimizer": "torch.optim.AdamW" + (" (fused)" if fused else "")},
+    )
+
+    def train(row: Row) -> None:
+        from transformers import AutoModelForCausalLM
+
+        start = time.perf_counter()
+        torch.manual_seed(cfg.loop.seed)
+        model = AutoModelForCausalLM.from_config(work.run.model_config, attn_implementation="sdpa").to(device)
+        model.train()
+        if compiled:
+            model.compile()
+        optimizer = torch.optim.AdamW(
+            model.parameters(),
+            lr=float(cfg.optim.lr or 0.0),
+            betas=(0.9, 0.95),
+            weight_decay=0.1,
+            fused=fused,
+        )
+        setup_s = time.perf_counter() - start
+        blocks = work.run.train_blocks
+        sampler = BlockSampler(len(blocks), row.micro_batch_size, work.accumulation, 0, 1, cfg.loop.seed)
+        position = DataPosition()
+
+        def step() -> float:
+            nonlocal position
+            total = torch.zeros((), device=device)
+            for indices in sampler.step_indices(position):
+                batch = torch.as_tensor(np.asarray(blocks[indices], dtype=np.int64), device=device)
+                with torch.autocast(device.type, dtype=torch.bfloat16):
+                    loss = model(input_ids=batch, labels=batch).loss
+                (loss / work.accumulation).backward()
+                total += loss.detach()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            position = sampler.advance(position)
+            return total.item() / work.accumulation
+
+        measured = _run_steps(step, device, work.warmup, work.steps)
+        work.record(row, start, setup_s, measured, _peak_memory_gib(device))
+
+    return _guarded(row, device, train)
+
+
+def run_kit(work: Workload, cfg: TrainConfig, run: preflight.PreparedRun, dist: distributed.DistInfo) -> Row:
+    row = Row(
+        name=f"dskit: {Path(cfg.optim.deepspeed_config).name}, liger {cfg.model.liger}, "
+        f"compile {str(cfg.model.compile).lower()}",
+        kind="dskit",
+        micro_batch_size=int(cfg.optim.micro_batch_size),
+        settings={
+            "deepspeed_config": cfg.optim.deepspeed_config,
+            "liger": cfg.model.liger,
+            "compile": cfg.model.compile,
+        },
+    )
+
+    def train(row: Row) -> None:
+        from model_utils.train_utils import Trainer
+
+        start = time.perf_counter()
+        trainer = Trainer(cfg, run, dist)
+        setup_s = time.perf_counter() - start
+        try:
+            trainer.engine.train()
+            measured = _run_steps(trainer.train_step, dist.device, work.warmup, work.steps)
+            work.record(row, start, setup_s, measured, _peak_memory_gib(dist.device))
+        finally:
+            trainer.engine.destroy()  # releases DeepSpeed's hooks and buffers before the next row
+
+    return _guarded(row, dist.device, train)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def single_process_group() -> Iterator[distributed.DistInfo]:
+    """A one-rank process group, as torchrun would set one up; reuses one that already exists."""
+    if int(os.environ.get("WORLD_SIZE", "1")) != 1:
+        raise ConfigError("dskit bench runs as one process: start it directly, not under torchrun")
+    defaults = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+    added = [name for name in (*defaults, "MASTER_PORT") if name not in os.environ]
+    for name in added:
+        os.environ[name] = defaults.get(name) or str(_free_port())
+    created = not torch.distributed.is_initialized()
+    try:
+        yield distributed.init_distributed()
+    finally:
+        if created and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        for name in added:
+            os.environ.pop(name, None)
+
+
+def _training_flags(ns: argparse.Namespace, model: str, config: str, checkpoint_dir: str) -> list[str]:
+    flags = [
+        "--model", model, "--deepspeed_config", config,
+        "--micro_batch_size", ns.micro_batch_size,
+        "--gradient_accumulation_steps", str(ns.gradient_accumulation_steps),
+        "--max_steps", str(ns.steps + ns.warmup_steps), "--warmup_steps", "1",
+        "--validation_fraction", "0", "--checkpoint_dir", checkpoint_dir, "--metrics_file", "none",
+        "--liger", ns.liger, "--compile", ns.compile,
+        # Any model trains on the embedded corpus with its small tokenizer: no hub access, same data everywhere.
+        "--tokenizer", str(TOKENIZER_DIR),
+    ]  # fmt: skip
+    if ns.seq_length is not None:
+        flags += ["--seq_length", str(ns.seq_length)]
+    if ns.peak_tflops is not None:
+        flags += ["--peak_tflops", str(ns.peak_tflops)]
+    return flags
+
+
+def format_table(rows: list[Row]) -> str:
+    header = (
+        "variant",
+        "micro batch",
+        "tokens/s",
+        "MFU",
+        "peak mem GiB",
+        "launch->1st step s",
+        "vs reference",
+    )
+    lines = [header]
+    for r in rows:
+        if r.tokens_per_s is None or r.peak_mem_gib is None or r.first_step_s is None:
+            lines.append((r.name, str(r.micro_batch_size), r.error or "failed", "", "", "", "-"))
+            continue
+        lines.append(
+            (
+                r.name,
+                str(r.micro_batch_size),
+                f"{r.tokens_per_s:,.0f}",
+                "n/a" if r.mfu is None else f"{100 * r.mfu:.1f}%",
+                f"{r.peak_mem_gib:.2f}",
+                f"{r.first_step_s:.1f}",
+                "-" if r.vs_reference is None else f"{r.vs_reference:.2f}x",
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(
+            cell.ljust(w) if i == 0 else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(line, widths, strict=True))
+        )
+        for line in lines
+    )
+
+
+def main(argv: list[str]) -> int:
+    ns = build_parser().parse_args(argv)
+    distributed.select_accelerator()
+    from deepspeed.accelerator import get_accelerator
+
+    device_type = "cuda" if get_accelerator().device_name() == "cuda" else "cpu"  # what the kit trains on
+    default_steps, default_warmup = STEPS[device_type]
+    ns.steps = default_steps if ns.steps is None else ns.steps
+    ns.warmup_steps = default_warmup if ns.warmup_steps is None else ns.warmup_steps
+    if ns.steps < 1 or ns.warmup_steps < 1:
+        raise ConfigError(
+            "--steps and --warmup_steps must be at least 1 (the first step compiles and warms up)"
+        )
+    model = ns.model or (GPU_MODEL if device_type == "cuda" else CPU_MODEL)
+    if ns.seq_length is None and device_type == "cuda":
+        ns.seq_length = GPU_SEQ_LENGTH
+    with tempfile.TemporaryDirectory(prefix="dskit-bench-") as checkpoint_dir:
+        configs = [parse_args(_training_flags(ns, model, c, checkpoint_dir)) for c in ns.deepspeed_config]
+        # Fail fast on an impossible --liger, before any process group, data or model work.
+        model_type = models.load_model_config(models.resolve_model_source(model)).model_type
+        kernels.plan(configs[0].model, model_type, torch.device(device_type))
+        with single_process_group() as dist:
+            runs = [preflight.prepare(cfg) for cfg in configs]  # resolves seq length and an auto micro batch
+            first = configs[0]
+            assert first.data.seq_length is not None
+            work = Workload(
+                run=runs[0],
+                seq_length=first.data.seq_length,
+                accumulation=ns.gradient_accumulation_steps,
+                steps=ns.steps,
+                warmup=ns.warmup_steps,
+                flops_per_token=metrics.flops_per_token(runs[0].model_config, first.data.seq_length),
+                peak_tflops=metrics.peak_tflops(metrics.device_name(dist.device), ns.peak_tflops),
+            )
+            print0(
+                f"bench on {metrics.device_name(dist.device)}: {model}, seq {work.seq_length}, accumulation "
+                f"{work.accumulation}, {work.warmup} warm-up + {work.steps} timed steps per row"
+            )
+            rows = [run_reference(work, first, dist.device)]
+            rows += [run_kit(work, cfg, run, dist) for cfg, run in zip(configs, runs, strict=True)]
+    reference = rows[0].tokens_per_s
+    for r in rows:
+        if reference is not None and r.tokens_per_s is not None:
+            r.vs_reference = r.tokens_per_s / reference
+    print(format_table(rows), flush=True)
+    if work.peak_tflops is None:
+        print("MFU: n/a (unknown peak for this device; pass --peak_tflops)")
+    if dist.device.type != "cuda":
+        print("peak mem on CPU: the process's resident memory after the row (host RSS)")
+    if ns.json:
+        out = Path(ns.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(
+            json.dumps(
+                {
+                    "device": metrics.device_name(dist.device),
+                    "model": model,
+                    "seq_length": work.seq_length,
+                    "gradient_accumulation_steps": work.accumulation,
+                    "steps": work.steps,
+                    "warmup_steps": work.warmup,
+                    "flops_per_token": work.flops_per_token,
+                    "peak_tflops": work.peak_tflops,
+                    "rows": [asdict(r) for r in rows],
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+    return 0

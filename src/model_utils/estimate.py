@@ -1,0 +1,837 @@
+"""`dskit estimate`: per-GPU memory and per-node host RAM of a DeepSpeed ZeRO run, and a configuration that fits.
+
+The byte counts follow what DeepSpeed 0.19 allocates (runtime/zero/stage_1_and_2.py, stage3.py) for the way the
+kit trains: a Hugging Face causal LM in bf16, built in full in every process (no zero.Init), AdamW, and the loss
+of transformers' ForCausalLMLoss (or Liger's kernels). The model states (parameters, gradients, optimizer
+states) follow DeepSpeed's own estimators, estimate_zero2_model_states_mem_needs and
+estimate_zero3_model_states_mem_needs, within 10% for the configurations tests/test_estimate.py compares; each
+place that counts differently says why. Activations are counted per saved tensor and checked against a traced
+forward and backward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from model_utils.errors import CommandParser, ConfigError, first_line
+
+GiB = 2**30
+OFFLOADS = ("none", "optimizer", "optimizer+params")
+# DeepSpeed's additional_buffer_factor for host RAM. Building Qwen3-0.6B with from_config on the CPU peaks at
+# 1.36x its fp32 size (initialisation temporaries, then the per-parameter cast to bf16 in deepspeed.initialize).
+BUILD_BUFFER_FACTOR = 1.5
+# Resident memory of one training process besides the model: Python, PyTorch, the CUDA libraries, DeepSpeed,
+# the tokenizer and the packed data. Approximate; it does not depend on the model.
+PROCESS_BASELINE_BYTES = 2 * GiB
+# GPU memory outside PyTorch's allocator: the CUDA context and NCCL's communication buffers. Approximate.
+CUDA_RUNTIME_BYTES = 1 * GiB
+# A configuration "fits" with this much of the memory used; the rest is headroom for allocator fragmentation.
+FIT_FRACTION = 0.9
+MAX_MICRO_BATCH = 64
+# fp32 log-softmax saved for backward, its incoming gradient and the gradient it produces, all alive at the
+# start of backward (bytes per token per vocab entry). The forward peak is lower: the bf16 logits (2), their
+# fp32 upcast in ForCausalLMLoss (4) and the log-softmax (4). Measured in tests/test_estimate.py.
+LOGITS_PEAK_BYTES = 12
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the estimate needs to know about a model, counted on the meta device (no weights are loaded)."""
+
+    name: str
+    total_params: int  # tied parameters once, as DeepSpeed's model_to_params counts them
+    largest_layer_params: int  # the largest module's own parameters: what ZeRO-3 gathers at once
+    largest_param: int  # the largest single tensor: DeepSpeed's offload staging buffers are this size
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    qk_norm: bool
+    # Bytes per parameter of the model each process builds on the CPU before deepspeed.initialize: presets are
+    # built with from_config (fp32); pretrained models load directly in the training dtype (models.build_model).
+    build_bytes_per_param: int
+
+
+def model_shape(model_config: Any, name: str, built_from_config: bool, dtype_bytes: int = 2) -> ModelShape:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(model_config)
+    params = list(model.parameters())  # yields a tied (shared) parameter once
+    largest_layer = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
+    hidden = int(model_config.hidden_size)
+    heads = int(model_config.num_attention_heads)
+    return ModelShape(
+        name=name,
+        total_params=sum(p.numel() for p in params),
+        largest_layer_params=largest_layer,
+        largest_param=max(p.numel() for p in params),
+        num_layers=int(model_config.num_hidden_layers),
+        hidden_size=hidden,
+        intermediate_size=int(getattr(model_config, "intermediate_size", None) or 4 * hidden),
+        num_heads=heads,
+        num_kv_heads=int(getattr(model_config, "num_key_value_heads", None) or heads),
+        head_dim=int(getattr(model_config, "head_dim", None) or hidden // heads),
+        vocab_size=int(model_config.vocab_size),
+        qk_norm=any(n.endswith(("q_norm", "k_norm")) for n, _ in model.named_modules()),
+        build_bytes_per_param=4 if built_from_config else dtype_bytes,
+    )
+
+
+def check_zero(stage: int, offload_optimizer: bool, offload_params: bool) -> None:
+    """A ZeRO stage and offload DeepSpeed can run."""
+    if stage not in (0, 1, 2, 3):
+        raise ConfigError(f"--zero_stage {stage} is not a ZeRO stage: use 0, 1, 2 or 3")
+    if offload_optimizer and stage == 0:
+        raise ConfigError("optimizer offload needs ZeRO: use --zero_stage 1, 2 or 3, or --offload none")
+    if offload_params and stage != 3:
+        raise ConfigError(
+            f"parameter offload (--offload optimizer+params, or offload_param in the DeepSpeed config) needs "
+            f"ZeRO stage 3, not {stage}: use --zero_stage 3 or --offload optimizer"
+        )
+
+
+@dataclass(frozen=True)
+class ZeroLayout:
+    """How a run is laid out: ZeRO stage, offload, batch shape, DeepSpeed buffer sizes and the cluster."""
+
+    stage: int
+    offload_optimizer: bool
+    offload_params: bool
+    micro_batch_size: int
+    seq_length: int
+    nodes: int
+    ranks_per_node: int
+    gradient_accumulation_steps: int = 1
+    dtype_bytes: int = 2  # bf16 / fp16; 4 for fp32 training
+    pin_memory: bool = True
+    reduce_bucket_size: int = 500_000_000
+    prefetch_bucket_size: int = 50_000_000
+    sub_group_size: int = 1_000_000_000
+    overlap_comm: bool = False
+    contiguous_gradients: bool = True
+    liger: bool = False  # Liger's Triton kernels (--liger), which keep fewer activations
+    compile: bool = False  # torch.compile (--compile)
+
+    def __post_init__(self) -> None:
+        check_zero(self.stage, self.offload_optimizer, self.offload_params)
+        for name in ("nodes", "ranks_per_node", "micro_batch_size", "gradient_accumulation_steps"):
+            if getattr(self, name) < 1:
+                flag = "gpus_per_node" if name == "ranks_per_node" else name
+                raise ConfigError(f"--{flag} {getattr(self, name)} must be at least 1")
+        if self.seq_length < 2:
+            raise ConfigError(f"--seq_length {self.seq_length} is too small: use at least 2 (e.g. 2048)")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    @property
+    def offload(self) -> str:
+        if self.offload_params and self.offload_optimizer:
+            return "optimizer+params"
+        return "params" if self.offload_params else "optimizer" if self.offload_optimizer else "none"
+
+    def describe(self) -> str:
+        where = {
+            "none": "no offload",
+            "optimizer": "optimizer offloaded to CPU",
+            "optimizer+params": "optimizer and parameters offloaded to CPU",
+            "params": "parameters offloaded to CPU",
+        }[self.offload]
+        pinned = " (pinned)" if self.pin_memory and self.offload != "none" else ""
+        return f"ZeRO-{self.stage}, {where}{pinned}, micro batch {self.micro_batch_size}"
+
+
+@dataclass(frozen=True)
+class Line:
+    label: str
+    bytes: int
+    how: str
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Per-GPU (per-rank) memory and per-node host RAM of one layout. All figures in bytes."""
+
+    model: ModelShape
+    layout: ZeroLayout
+    # per GPU
+    parameters: int
+    gradients: int
+    optimizer_states: int
+    activations: int  # the decoder layers' saved tensors
+    logits: int  # logits and loss at their peak
+    buffers: int  # DeepSpeed's reduce / prefetch buckets and staging buffers
+    cuda_runtime: int
+    device_bytes_per_rank: int
+    # per node
+    host_model_build: int  # transient: every process builds the whole model on the CPU
+    host_offload: int  # steady: offloaded optimizer states / parameters of this node's ranks
+    host_processes: int
+    host_bytes_per_node: int
+    device_lines: tuple[Line, ...]
+    host_lines: tuple[Line, ...]
+
+    @property
+    def model_states_device_bytes(self) -> int:
+        """Parameters + gradients + optimizer states per GPU: what DeepSpeed's estimators call 'per GPU'."""
+        return self.parameters + self.gradients + self.optimizer_states
+
+    @property
+    def model_states_host_bytes_per_node(self) -> int:
+        """Host RAM for model states per node: what DeepSpeed's estimators call 'per CPU'."""
+        return max(self.host_model_build, self.host_offload)
+
+
+def _elements(n: int) -> str:
+    """An element count as DeepSpeed configs write it: 500000000 -> '5e8'."""
+    mantissa, exponent = f"{n:e}".split("e")
+    return f"{float(mantissa):g}e{int(exponent)}"
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pinned(nbytes: int, pin: bool) -> int:
+    # PyTorch's CachingHostAllocator rounds every pinned allocation up to a power of two (its default
+    # pinned_max_round_threshold), so a 149 MB fp32 partition locks 256 MiB.
+    return 1 << (nbytes - 1).bit_length() if pin and nbytes > 1 else nbytes
+
+
+def _pinned_subgroups(numel: int, bytes_per: int, sub_group_size: int, pin: bool) -> int:
+    """ZeRO-3 allocates its per-partition CPU buffers per sub-group of at most sub_group_size elements."""
+    full, rest = divmod(numel, max(sub_group_size, 1))
+    return full * _pinned(sub_group_size * bytes_per, pin) + _pinned(rest * bytes_per, pin)
+
+
+def layer_bytes_per_token(m: ModelShape, b: int, liger: bool = False) -> int:
+    """Bytes one decoder layer saves for backward per token (bf16: b = 2), without activation checkpointing.
+
+    Counted from what autograd keeps in transformers' Llama-family layers (Qwen2/3, Llama, Mistral) with SDPA;
+    tests/test_estimate.py checks the eager count against a traced forward and backward. The Liger count is
+    read from liger-kernel 0.8.5's save_for_backward calls (its Triton kernels cannot run without a GPU).
+    """
+    h, i = m.hidden_size, m.intermediate_size
+    q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
+    if liger:
+        # LigerRMSNorm keeps its input and a fp32 1/rms per row; LigerSiLUMul keeps the gate and up outputs
+        # and recomputes the SiLU; Liger's RoPE keeps only cos and sin.
+        saved = 2 * (b * h + 4) + b * h  # both norms; the q/k/v projections' shared input
+        if m.qk_norm:
+            saved += b * (q + kv) + 4 * (m.num_heads + m.num_kv_heads)
+        mlp = b * h + 3 * b * i
+    else:
+        # RMSNorm keeps the fp32 upcast of its input and the normalised bf16 tensor the weight multiplies.
+        rms_norm = (4 + b) * h
+        saved = 2 * rms_norm + b * h  # both norms; the q/k/v projections' shared input
+        if m.qk_norm:
+            saved += (4 + b) * (q + kv)  # Qwen3's per-head RMSNorm on q and k
+        mlp = b * h + 4 * b * i  # shared input, gate output, SiLU output, up output, their product
+    # SDPA keeps q, k, v (grouped-query: k and v at kv-head size), its output (which is also o_proj's input:
+    # flash attention lays it out as (batch, seq, heads, dim)) and a fp32 log-sum-exp per head.
+    saved += b * (q + 2 * kv) + b * q + 4 * m.num_heads
+    return saved + mlp
+
+
+def flce_chunk_rows(tokens: int, m: ModelShape) -> int:
+    """Rows of logits Liger's fused linear cross-entropy materialises at once (its chunk_size, chunk_mem_const 1)."""
+    per_chunk = _ceil_div(tokens, _ceil_div(m.vocab_size, m.hidden_size))
+    return min(1 << (per_chunk - 1).bit_length(), tokens)
+
+
+def _activations(m: ModelShape, lay: ZeroLayout) -> tuple[int, int, str, str]:
+    """(layers' bytes, logits' bytes, how each is counted) at the peak, the start of backward."""
+    tokens = lay.micro_batch_size * lay.seq_length
+    b, h = lay.dtype_bytes, m.hidden_size
+    # Under torch.compile inductor keeps no more than eager does, so the eager count is the bound there.
+    liger_layers = lay.liger and not lay.compile
+    # The kit turns Liger's fused loss off under ZeRO-3 (it would read lm_head.weight as an empty shard).
+    fused_loss = lay.liger and lay.stage != 3
+    per_layer = layer_bytes_per_token(m, b, liger_layers)
+    final_norm = b * h + 4 if liger_layers else (4 + b) * h
+    layers = tokens * (m.num_layers * per_layer + final_norm)
+    kernels = (
+        "Liger kernels" if liger_layers else "eager" + (", compiled: at most this" if lay.compile else "")
+    )
+    batch = f"{lay.micro_batch_size} x {lay.seq_length} tokens"
+    layers_how = f"{m.num_layers} layers x {batch} x {per_layer / 1024:.1f} KiB ({kernels}), no checkpointing"
+    if fused_loss:
+        # The gradient of the last hidden state and a fp32 loss per token, computed in the forward; the
+        # logits exist one chunk at a time. Its lm_head weight gradient is the largest gradient in buffers.
+        rows = flce_chunk_rows(tokens, m)
+        logits = tokens * (b * h + 4) + rows * m.vocab_size * b
+        logits_how = f"Liger fused linear cross-entropy: hidden-state gradient, {rows}-row logits chunk"
+    else:
+        logits = tokens * (b * h + LOGITS_PEAK_BYTES * m.vocab_size)  # lm_head's input, then the loss
+        logits_how = (
+            f"{batch} x {m.vocab_size} vocab x {LOGITS_PEAK_BYTES} B (fp32 log-softmax and its gradients)"
+        )
+    return layers, logits, layers_how, logits_how
+
+
+def estimate(m: ModelShape, lay: ZeroLayout) -> MemoryEstimate:
+    P, N, b = m.total_params, lay.world_size, lay.dtype_bytes
+    part = _ceil_div(P, N)  # each rank's partition of the flat parameter buffer
+    L, big = m.largest_layer_params, m.largest_param
+    off_opt = lay.offload_optimizer
+
+    # --- parameters, gradients, optimizer states on the GPU ---
+    # Optimizer states are the fp32 master weights and Adam's m and v: 12 bytes per parameter of the partition.
+    # Gradients include the fp32 copy DeepSpeed makes of the partition's gradients for the step (4 bytes), as
+    # DeepSpeed's estimators count it (their "18 = 2 + 4 + 4 + 8").
+    if lay.stage == 3:
+        # Parameters under stage3_param_persistence_threshold (norms) stay whole on every rank: well under 1%
+        # of a real model, and left out as DeepSpeed's estimator leaves them out.
+        params = (0 if lay.offload_params else b * part) + b * L
+        params_how = f"{'' if lay.offload_params else '1/' + str(N) + ' partition + '}largest layer gathered"
+        # The fp32 copy of the partition's gradients exists only during the step, when no layer is gathered,
+        # so the larger of the two counts. DeepSpeed's estimator counts 18 bytes per partitioned parameter and
+        # leaves out the bf16 parameter partition itself (it does count it when the optimizer is offloaded).
+        grads = (0 if off_opt else b * part) + max(b * L, 0 if off_opt else 4 * part)
+        grads_how = "largest layer's" + ("" if off_opt else f" or the fp32 step copy, + 1/{N} partition")
+    else:
+        params, params_how = b * P, "whole model on every GPU"
+        if lay.stage == 0:
+            grads, grads_how = (b + 4) * P, "whole model, bf16 and fp32"
+        elif lay.stage == 1:
+            grads = b * P + (0 if off_opt else 4 * part)
+            grads_how = "whole model (ZeRO-1 does not partition them)" + (
+                "" if off_opt else " + fp32 partition"
+            )
+        else:
+            grads = 0 if off_opt else (b + 4) * part
+            grads_how = "reduced into the CPU partition" if off_opt else f"1/{N} partition, bf16 and fp32"
+    if lay.stage == 0:
+        optim, optim_how = 12 * P, "fp32 master + Adam m, v, whole model"
+    elif off_opt:
+        optim, optim_how = 0, "on the CPU"
+    else:
+        optim, optim_how = 12 * part, f"fp32 master + Adam m, v of a 1/{N} partition"
+
+    layers, logits, layers_how, logits_how = _activations(m, lay)
+
+    # --- DeepSpeed's buffers ---
+    if lay.stage == 3:
+        # One reduce bucket per dtype (stage3.py), and the parameters prefetched ahead of the running layer.
+        buffers = (
+            b * lay.reduce_bucket_size if lay.contiguous_gradients else 0
+        ) + b * lay.prefetch_bucket_size
+        buffers_how = f"reduce bucket {_elements(lay.reduce_bucket_size)}, prefetch {_elements(lay.prefetch_bucket_size)}"
+    else:
+        contiguous = lay.contiguous_gradients or off_opt  # DeepSpeed forces contiguous gradients with offload
+        if lay.stage == 0 or not contiguous:
+            n_buckets, bucket_numel = 1, min(P, lay.reduce_bucket_size)
+        else:
+            n_buckets, bucket_numel = (2 if lay.overlap_comm else 1), lay.reduce_bucket_size
+        # The largest gradient exists once outside the bucket before it is copied in; with offload it is staged
+        # through a GPU buffer of the same size. The all-gather after the step works in place in the flat
+        # parameter buffer (all_gather_into_tensor over NCCL), so allgather_bucket_size costs nothing extra.
+        buffers = n_buckets * b * bucket_numel + b * big + (b * big if off_opt else 0)
+        buffers_how = f"reduce buckets {n_buckets} x {_elements(bucket_numel)}, largest gradient" + (
+            ", offload staging" if off_opt else ""
+        )
+        buffers_how += "; all-gather in place"
+
+    device_total = params + grads + optim + layers + logits + buffers + CUDA_RUNTIME_BYTES
+    device_lines = (
+        Line("parameters", params, params_how),
+        Line("gradients", grads, grads_how),
+        Line("optimizer states", optim, optim_how),
+        Line("activations", layers, layers_how),
+        Line("logits + loss", logits, logits_how),
+        Line("buffers", buffers, buffers_how),
+        Line("CUDA context + NCCL", CUDA_RUNTIME_BYTES, "approximate"),
+    )
+
+    # --- host RAM per node ---
+    ranks = lay.ranks_per_node
+    pin = lay.pin_memory
+    # DeepSpeed's estimators assume the fp32 model built on the CPU in every process (their "4 * n_gpus"),
+    # true for presets; a pretrained model is loaded directly in bf16, so it takes half that.
+    build = int(ranks * m.build_bytes_per_param * P * BUILD_BUFFER_FACTOR)
+    per_rank, offload_how = 0, ""
+    if lay.stage in (1, 2) and off_opt:
+        # stage_1_and_2.py: pinned fp32 master partition, a pinned bf16 copy of it, pinned fp32 gradients and a
+        # pinned staging buffer of the largest parameter; CPU Adam's m and v are ordinary memory. DeepSpeed's
+        # estimator counts 16 bytes per parameter and leaves out the bf16 copy and the staging buffer.
+        per_rank = (
+            _pinned(4 * part, pin) + _pinned(b * part, pin) + _pinned(4 * part, pin) + _pinned(b * big, pin)
+        ) + 8 * part
+        if lay.gradient_accumulation_steps > 1:
+            per_rank += _pinned(b * part, pin)  # gradients accumulated on the CPU between boundaries
+        offload_how = "fp32 master, its bf16 copy, fp32 grads, staging buffer, Adam m and v"
+    elif lay.stage == 3 and (off_opt or lay.offload_params):
+        sub = lay.sub_group_size
+        if off_opt:
+            # stage3.py: fp32 master and Adam m, v in ordinary memory; pinned fp32 gradients per sub-group and
+            # the pinned bf16 gradient partition. DeepSpeed's estimator counts 16 bytes (18 with parameters).
+            per_rank += 12 * part + _pinned_subgroups(part, 4, sub, pin) + _pinned(b * part, pin)
+            offload_how = "fp32 master, Adam m and v, fp32 and bf16 grads"
+        if lay.offload_params:
+            per_rank += _pinned(b * part, pin)
+            offload_how += (", " if offload_how else "") + "bf16 parameters"
+    offload = ranks * per_rank
+    processes = ranks * PROCESS_BASELINE_BYTES
+    host_total = max(build, offload) + processes
+    pinned_note = "; pinned ones rounded up to 2^n bytes" if pin and offload else ""
+    host_lines = (
+        Line(
+            "model build (transient)",
+            build,
+            f"{ranks} x {m.total_params / 1e6:.2f}M params x {m.build_bytes_per_param} B x {BUILD_BUFFER_FACTOR}",
+        ),
+        Line(
+            "offload (steady)",
+            offload,
+            f"{ranks} x ({offload_how}{pinned_note})" if offload else "nothing offloaded",
+        ),
+        Line("processes", processes, f"{ranks} x {PROCESS_BASELINE_BYTES / GiB:g} GiB (approximate)"),
+    )
+    return MemoryEstimate(
+        model=m,
+        layout=lay,
+        parameters=params,
+        gradients=grads,
+        optimizer_states=optim,
+        activations=layers,
+        logits=logits,
+        buffers=buffers,
+        cuda_runtime=CUDA_RUNTIME_BYTES,
+        device_bytes_per_rank=device_total,
+        host_model_build=build,
+        host_offload=offload,
+        host_processes=processes,
+        host_bytes_per_node=host_total,
+        device_lines=device_lines,
+        host_lines=host_lines,
+    )
+
+
+# --- the DeepSpeed config ---------------------------------------------------------------------------------
+
+
+def layout_from_deepspeed(
+    ds: dict[str, Any],
+    path: str,
+    *,
+    micro_batch_size: int,
+    seq_length: int,
+    gradient_accumulation_steps: int,
+    nodes: int,
+    ranks_per_node: int,
+    zero_stage: int | None = None,
+    offload: str | None = None,
+) -> ZeroLayout:
+    """The layout a resolved DeepSpeed config describes; zero_stage / offload (flags) replace the file's."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    zero = dict(ds.get("zero_optimization") or {})
+    if zero_stage is not None:
+        check_zero(zero_stage, False, False)  # before DeepSpeed's own, less readable, validation
+        zero["stage"] = zero_stage
+    if offload is not None:
+        for key, wanted in (
+            ("offload_optimizer", offload != "none"),
+            ("offload_param", offload == "optimizer+params"),
+        ):
+            section = dict(zero.get(key) or {})
+            section["device"] = "cpu" if wanted else "none"
+            zero[key] = section
+    try:
+        z = DeepSpeedZeroConfig(**zero)
+    except Exception as e:  # pydantic's ValidationError and DeepSpeed's own asserts
+        raise ConfigError(f"DeepSpeed rejects zero_optimization in {path}: {first_line(e)}") from None
+    sections = {"offload_optimizer": z.offload_optimizer, "offload_param": z.offload_param}
+    devices = {k: (str(getattr(s.device, "value", s.device)) if s else "none") for k, s in sections.items()}
+    for key, device in devices.items():
+        if device not in ("none", "cpu"):
+            raise ConfigError(
+                f"zero_optimization.{key}.device {device!r} in {path} is not modelled by dskit estimate: "
+                "estimate with --offload optimizer (CPU) instead"
+            )
+    pins = [s.pin_memory for k, s in sections.items() if s is not None and devices[k] == "cpu"]
+    precision = 4 if not (ds.get("bf16", {}).get("enabled") or ds.get("fp16", {}).get("enabled")) else 2
+    return ZeroLayout(
+        stage=int(z.stage),
+        offload_optimizer=devices["offload_optimizer"] == "cpu",
+        offload_params=devices["offload_param"] == "cpu",
+        micro_batch_size=micro_batch_size,
+        seq_length=seq_length,
+        nodes=nodes,
+        ranks_per_node=ranks_per_node,
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        dtype_bytes=precision,
+        pin_memory=all(pins) if pins else True,
+        reduce_bucket_size=int(z.reduce_bucket_size),
+        prefetch_bucket_size=int(z.prefetch_bucket_size),
+        sub_group_size=int(z.sub_group_size),
+        overlap_comm=bool(z.overlap_comm),
+        contiguous_gradients=bool(z.contiguous_gradients),
+    )
+
+
+def resolve_liger(choice: str, model_type: str) -> bool:
+    """--liger auto|on|off for a GPU run, decided as kernels.plan decides it on a CUDA device."""
+    if choice == "off":
+        return False
+    from model_utils.kernels import liger_model_types
+
+    types = liger_model_types()
+    if types is not None and model_type in types:
+        return True
+    if choice == "on":
+        reason = (
+            "liger-kernel is not installed" if types is None else f"Liger has no kernels for {model_type!r}"
+        )
+        raise ConfigError(f"--liger on: {reason}: use --liger auto or --liger off")
+    return False
+
+
+def _resolve(
+    cfg: Any,
+    model_config: Any,
+    nodes: int,
+    ranks_per_node: int,
+    zero_stage: int | None = None,
+    offload: str | None = None,
+) -> tuple[ModelShape, ZeroLayout]:
+    from model_utils import models
+    from model_utils.arguments import resolve_deepspeed_config
+
+    ds = resolve_deepspeed_config(cfg, total_steps=cfg.loop.max_steps)
+    seq_length = models.resolve_seq_length(cfg.data.seq_length, model_config)
+    layout = layout_from_deepspeed(
+        ds,
+        cfg.optim.deepspeed_config,
+        # The resolved values: an explicit key in the file, else the flag. A micro batch of "auto" (probed on
+        # the GPU at launch) is resolved to 1 here, the smallest the probe can choose.
+        micro_batch_size=int(ds.get("train_micro_batch_size_per_gpu", 1)),
+        seq_length=seq_length,
+        gradient_accumulation_steps=int(ds.get("gradient_accumulation_steps", 1)),
+        nodes=nodes,
+        ranks_per_node=ranks_per_node,
+        zero_stage=zero_stage,
+        offload=offload,
+    )
+    layout = dataclasses.replace(
+        layout,
+        liger=resolve_liger(cfg.model.liger, str(getattr(model_config, "model_type", ""))),
+        compile=bool(cfg.model.compile),
+    )
+    source = models.resolve_model_source(cfg.model.model)
+    shape = model_shape(model_config, source.name, source.preset is not None, layout.dtype_bytes)
+    return shape, layout
+
+
+def estimate_for_config(cfg: Any, model_config: Any, nodes: int, ranks_per_node: int) -> MemoryEstimate:
+    """The estimate for a training config (a TrainConfig) as it would run on nodes x ranks_per_node GPUs.
+
+    The figures are for GPU ranks: with CPU ranks (no GPU) the per-GPU figure lives in host RAM too.
+    """
+    shape, layout = _resolve(cfg, model_config, nodes, ranks_per_node)
+    return estimate(shape, layout)
+
+
+# --- verdict and recommendation -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Capacity:
+    gpu_bytes: int | None
+    gpu_source: str
+    host_bytes: int | None
+    host_source: str
+
+
+def machine_capacity(gpu_memory_gib: float | None, host_memory_gib: float | None) -> Capacity:
+    """The given sizes, else this machine's first GPU (torch.cuda) and its RAM (psutil)."""
+    import psutil
+    import torch
+
+    if gpu_memory_gib is not None:
+        gpu, gpu_source = int(gpu_memory_gib * GiB), "--gpu_memory_gib"
+    elif torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        gpu, gpu_source = int(props.total_memory), f"this machine's {props.name}"
+    else:
+        gpu, gpu_source = None, "no GPU on this machine: pass --gpu_memory_gib"
+    if host_memory_gib is not None:
+        host, host_source = int(host_memory_gib * GiB), "--host_memory_gib"
+    else:
+        host, host_source = int(psutil.virtual_memory().total), "this machine"
+    return Capacity(gpu, gpu_source, host, host_source)
+
+
+def _status(used: int, capacity: int | None) -> str:
+    if capacity is None:
+        return "unknown"
+    if used <= FIT_FRACTION * capacity:
+        return "fits"
+    return "tight" if used <= capacity else "does not fit"
+
+
+def fits(est: MemoryEstimate, cap: Capacity) -> bool:
+    """Both the GPU and the host within FIT_FRACTION of their capacity (an unknown host is not a limit)."""
+    host_ok = cap.host_bytes is None or _status(est.host_bytes_per_node, cap.host_bytes) == "fits"
+    return _status(est.device_bytes_per_rank, cap.gpu_bytes) == "fits" and host_ok
+
+
+def verdict(est: MemoryEstimate, cap: Capacity) -> str:
+    def part(what: str, used: int, capacity: int | None, source: str) -> tuple[str, str]:
+        status = _status(used, capacity)
+        if capacity is None:
+            return status, f"{what} {used / GiB:.2f} GiB, {status} ({source})"
+        pct = 100 * used / capacity
+        return status, f"{what} {used / GiB:.2f} of {capacity / GiB:.2f} GiB ({pct:.0f}%, {source}) {status}"
+
+    gpu_status, gpu_text = part("GPU", est.device_bytes_per_rank, cap.gpu_bytes, cap.gpu_source)
+    host_status, host_text = part("host RAM", est.host_bytes_per_node, cap.host_bytes, cap.host_source)
+    order = ("does not fit", "tight", "unknown", "fits")
+    overall = min(gpu_status, host_status, key=order.index)
+    if overall == "tight":
+        overall = f"tight: above {FIT_FRACTION:.0%}, allocator fragmentation may still run out of memory"
+    return f"verdict: {overall} — {gpu_text}; {host_text}"
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    estimate: MemoryEstimate | None  # None: nothing fits
+    reason: str
+
+
+def _candidates() -> list[tuple[str, int]]:
+    """(offload, stage) from fastest to slowest: no offload before offload, then a lower stage before a higher.
+
+    Stage 0 (plain data parallel) is left out: ZeRO-1 trains as fast with a fraction of the optimizer memory.
+    """
+    out = []
+    for offload in OFFLOADS:
+        for stage in (1, 2, 3):
+            if offload == "optimizer+params" and stage != 3:
+                continue
+            out.append((offload, stage))
+    return out
+
+
+def recommend(shape: ModelShape, layout: ZeroLayout, cap: Capacity) -> Recommendation:
+    """The fastest (offload, stage) that fits at micro batch 1, at its largest power-of-two micro batch."""
+    if cap.gpu_bytes is None:
+        return Recommendation(
+            None, "pass --gpu_memory_gib (e.g. 80 for an H100) to get a configuration that fits"
+        )
+    batches = [2**k for k in range(int(math.log2(MAX_MICRO_BATCH)) + 1)]
+    nearest_faster: str | None = None  # why the layout just faster than the chosen one does not fit
+    for offload, stage in _candidates():
+        base = dataclasses.replace(
+            layout,
+            stage=stage,
+            offload_optimizer=offload != "none",
+            offload_params=offload == "optimizer+params",
+        )
+        smallest = estimate(shape, dataclasses.replace(base, micro_batch_size=1))
+        if not fits(smallest, cap):
+            nearest_faster = _shortfall(smallest, cap)
+            continue
+        best = max(
+            b for b in batches if fits(estimate(shape, dataclasses.replace(base, micro_batch_size=b)), cap)
+        )
+        chosen = estimate(shape, dataclasses.replace(base, micro_batch_size=best))
+        why = (
+            f"the fastest that fits ({nearest_faster})"
+            if nearest_faster
+            else "the fastest: nothing offloaded, the lowest ZeRO stage"
+        )
+        reason = (
+            f"{why}; {best} is the largest micro batch (powers of two up to {MAX_MICRO_BATCH}) within "
+            f"{FIT_FRACTION:.0%}: {chosen.device_bytes_per_rank / GiB:.2f} GiB per GPU, "
+            f"{chosen.host_bytes_per_node / GiB:.2f} GiB host RAM per node"
+        )
+        if best != layout.micro_batch_size:
+            reason += " (change --gradient_accumulation_steps to keep the global batch)"
+        return Recommendation(chosen, reason)
+    slowest = estimate(
+        shape,
+        dataclasses.replace(layout, stage=3, offload_optimizer=True, offload_params=True, micro_batch_size=1),
+    )
+    if _status(slowest.device_bytes_per_rank, cap.gpu_bytes) != "fits":
+        fix = "use a shorter --seq_length or GPUs with more memory"
+    else:
+        fix = "use nodes with more RAM or fewer GPUs per node"
+        if cap.host_source == "this machine":
+            fix += " (or pass --host_memory_gib with the training nodes' RAM)"
+    return Recommendation(None, f"nothing fits: even {_shortfall(slowest, cap)}; {fix}")
+
+
+def _shortfall(est: MemoryEstimate, cap: Capacity) -> str:
+    lay = est.layout
+    name = f"ZeRO-{lay.stage} with {'no offload' if lay.offload == 'none' else lay.offload + ' offload'}"
+    if _status(est.device_bytes_per_rank, cap.gpu_bytes) != "fits":
+        assert cap.gpu_bytes is not None
+        limit = FIT_FRACTION * cap.gpu_bytes / GiB
+        return f"{name} needs {est.device_bytes_per_rank / GiB:.2f} GiB per GPU at micro batch 1, limit {limit:.2f}"
+    assert cap.host_bytes is not None
+    limit = FIT_FRACTION * cap.host_bytes / GiB
+    return f"{name} needs {est.host_bytes_per_node / GiB:.2f} GiB host RAM per node, limit {limit:.2f}"
+
+
+# --- the command ----------------------------------------------------------------------------------------
+
+
+def _kernels(lay: ZeroLayout) -> str:
+    if lay.liger:
+        return "Liger kernels" + (" (fused loss only) + torch.compile" if lay.compile else "")
+    return "torch.compile" if lay.compile else "eager (no Liger)"
+
+
+def render(est: MemoryEstimate) -> str:
+    m, lay = est.model, est.layout
+    precision = {2: "bf16", 4: "fp32"}[lay.dtype_bytes]
+    header = [
+        f"{m.name}: {m.total_params / 1e6:.2f}M parameters (largest layer {m.largest_layer_params / 1e6:.2f}M), "
+        f"{m.num_layers} layers, vocab {m.vocab_size}",
+        f"{lay.nodes} node{'s' if lay.nodes > 1 else ''} x {lay.ranks_per_node} GPUs, {lay.describe()} x "
+        f"{lay.seq_length} tokens, {precision}, {_kernels(lay)}",
+    ]
+
+    width = max(len(line.label) for line in est.device_lines + est.host_lines) + 2
+
+    def table(title: str, lines: tuple[Line, ...], total: int, total_how: str) -> list[str]:
+        rows = [f"{title:<{width + 2}}{'GiB':>8}  how"]
+        rows += [f"  {line.label:<{width}}{line.bytes / GiB:8.2f}  {line.how}" for line in lines]
+        rows.append(f"  {'total':<{width}}{total / GiB:8.2f}  {total_how}")
+        return rows
+
+    device = table("per GPU", est.device_lines, est.device_bytes_per_rank, "sum")
+    host = table(
+        f"per node ({lay.ranks_per_node} ranks)",
+        est.host_lines,
+        est.host_bytes_per_node,
+        "larger of build and offload, plus processes",
+    )
+    return "\n".join([*header, "", *device, "", *host])
+
+
+def _default_gpus_per_node() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 8
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from model_utils.arguments import LIGER_CHOICES, DataArgs, ModelArgs, OptimArgs
+
+    parser = CommandParser(
+        prog="dskit estimate",
+        description="Per-GPU memory and per-node host RAM of a DeepSpeed ZeRO training config, a verdict "
+        "against this machine (or the given sizes) and the fastest configuration that fits.",
+    )
+    parser.add_argument(
+        "--model",
+        default=ModelArgs.model,
+        help=f"preset, hub id or HF model dir (default: {ModelArgs.model})",
+    )
+    parser.add_argument("--nodes", type=int, default=1, help="number of nodes (default: 1)")
+    parser.add_argument(
+        "--gpus_per_node",
+        type=int,
+        default=None,
+        help="GPUs (ranks) per node (default: this machine's, else 8)",
+    )
+    parser.add_argument(
+        "--zero_stage", type=int, default=None, help="ZeRO stage 0-3 (default: the DeepSpeed config's)"
+    )
+    parser.add_argument(
+        "--offload",
+        choices=OFFLOADS,
+        default=None,
+        help="what ZeRO offloads to the CPU (default: the DeepSpeed config's)",
+    )
+    parser.add_argument(
+        "--micro_batch_size",
+        type=int,
+        default=None,
+        help=f"sequences per GPU per micro-batch (default: {OptimArgs.micro_batch_size}, or the DeepSpeed config's)",
+    )
+    parser.add_argument(
+        "--seq_length",
+        type=int,
+        default=DataArgs.seq_length,
+        help="tokens per sequence (default: the model's, at most 2048)",
+    )
+    parser.add_argument(
+        "--liger",
+        choices=LIGER_CHOICES,
+        default=ModelArgs.liger,
+        help=f"Liger kernels as training would use them; auto: on for model types Liger supports "
+        f"(default: {ModelArgs.liger})",
+    )
+    parser.add_argument(
+        "--deepspeed_config",
+        default=OptimArgs.deepspeed_config,
+        help=f"DeepSpeed JSON config (default: {OptimArgs.deepspeed_config})",
+    )
+    parser.add_argument(
+        "--gpu_memory_gib",
+        type=float,
+        default=None,
+        help="GPU memory to judge against (default: this machine's GPU)",
+    )
+    parser.add_argument(
+        "--host_memory_gib",
+        type=float,
+        default=None,
+        help="host RAM per node to judge against (default: this machine's)",
+    )
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    from model_utils import models
+    from model_utils.arguments import DataArgs, ModelArgs, OptimArgs, TrainConfig
+
+    ns = build_parser().parse_args(argv)
+    for flag in ("gpu_memory_gib", "host_memory_gib"):
+        value = getattr(ns, flag)
+        if value is not None and not value > 0:
+            raise ConfigError(f"--{flag} {value} must be positive, e.g. 80")
+    if ns.nodes < 1:
+        raise ConfigError(f"--nodes {ns.nodes} must be at least 1")
+    if ns.gpus_per_node is not None and ns.gpus_per_node < 1:
+        raise ConfigError(f"--gpus_per_node {ns.gpus_per_node} must be at least 1")
+    if ns.zero_stage is not None:  # fail before loading the model; stages from the file are checked later
+        offload = ns.offload or "none"
+        check_zero(ns.zero_stage, offload != "none", offload == "optimizer+params")
+    optim = {"deepspeed_config": ns.deepspeed_config}
+    if ns.micro_batch_size is not None:
+        optim["micro_batch_size"] = ns.micro_batch_size
+    cfg = TrainConfig(
+        model=ModelArgs(model=ns.model, liger=ns.liger),
+        data=DataArgs(seq_length=ns.seq_length),
+        optim=OptimArgs(**optim),
+        # A flag given explicitly must agree with an explicit key in the DeepSpeed config, as in training.
+        explicit=frozenset({"micro_batch_size"} if ns.micro_batch_size is not None else set()),
+    )
+    model_config = models.load_model_config(models.resolve_model_source(cfg.model.model))
+    ranks = ns.gpus_per_node if ns.gpus_per_node is not None else _default_gpus_per_node()
+    shape, layout = _resolve(cfg, model_config, ns.nodes, ranks, ns.zero_stage, ns.offload)
+    est = estimate(shape, layout)
+    cap = machine_capacity(ns.gpu_memory_gib, ns.host_memory_gib)
+    rec = recommend(shape, layout, cap)
+    print(render(est))
+    print()
+    print(verdict(est, cap))
+    if rec.estimate is None:
+        print(f"recommend: {rec.reason}")
+    else:
+        print(f"recommend: {rec.estimate.layout.describe()} — {rec.reason}")
+    return 0

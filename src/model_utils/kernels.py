@@ -1,0 +1,257 @@
+"""Faster kernels for training: Liger's Triton kernels, torch.compile, and the environment DeepSpeed's JIT-built
+ops need.
+
+What `--liger` and `--compile` do to the model (weights and state_dict keys never change, so checkpoints stay
+interchangeable between the settings):
+
+| liger | compile | applied |
+|---|---|---|
+| on  | false | Liger RMSNorm, RoPE, SwiGLU and fused linear cross-entropy (logits never materialised) |
+| on  | true  | Liger fused linear cross-entropy, run eagerly; the decoder stack compiled by inductor |
+| off | true  | the whole model compiled (inductor fuses the norms, RoPE, SwiGLU and the loss's upcast) |
+
+Why not all four Liger kernels inside a compiled graph: Liger 0.8.5 routes its ops through a dispatcher marked
+`torch.compiler.disable`, so every layer would break the graph; and its fused linear cross-entropy returns a
+wrong loss under torch.compile when labels hold ignore_index (linkedin/Liger-Kernel PR #1338, open) -- which a
+causal LM's shifted labels always do. Inductor generates its own fused kernels for the element-wise ops, so the
+compiled decoder loses nothing by leaving them to it.
+
+Compilation is in place (`nn.Module.compile`), so DeepSpeed wraps the same module object and checkpoints keep
+their keys (no `_orig_mod.` prefix).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from model_utils.arguments import REPO_ROOT, ModelArgs
+from model_utils.errors import ConfigError
+from model_utils.log import print0
+
+# --- DeepSpeed's JIT-built ops ------------------------------------------------------------------------------
+
+ARCH_LIST_ENV = "TORCH_CUDA_ARCH_LIST"
+EXTENSIONS_DIR_ENV = "TORCH_EXTENSIONS_DIR"
+# One build per checkout, shared by every node (the launchers and the Makefile set the same directory).
+DEFAULT_EXTENSIONS_DIR = REPO_ROOT / ".cache" / "torch_extensions"
+
+# A token torch accepts and DeepSpeed's op builder can parse after normalising: "9.0", "9.0a", "10.0f+PTX".
+_ARCH_TOKEN = re.compile(r"^(\d+)\.(\d+)[a-z]*(\+PTX)?$")
+
+
+def normalize_cuda_arch_list(raw: str) -> str:
+    """TORCH_CUDA_ARCH_LIST in the form DeepSpeed 0.19.8's op builder parses: numeric X.Y[+PTX] tokens.
+
+    Torch accepts arch-specific suffixes ("9.0a", "10.0f"); DeepSpeed's `CUDAOpBuilder.compute_capability_args`
+    does `int(part)` on each dot-separated part and fails with "invalid literal for int() with base 10: '0a'".
+    The suffix only unlocks arch-specific instructions (wgmma and the like) that DeepSpeed's kernels do not use,
+    and plain sm_90 code runs on the same GPUs, so dropping it is safe for DeepSpeed's ops.
+    """
+    out: list[str] = []
+    for token in raw.replace(";", " ").split():
+        match = _ARCH_TOKEN.match(token)
+        if match is None:
+            raise ConfigError(
+                f"{ARCH_LIST_ENV}={raw!r} has {token!r}, which DeepSpeed's op builder cannot parse: "
+                "use numeric compute capabilities, e.g. 9.0 for H100 or 8.0 for A100"
+            )
+        major, minor, ptx = match.groups()
+        normal = f"{major}.{minor}{ptx or ''}"
+        if normal not in out:
+            out.append(normal)
+    return ";".join(out)
+
+
+def prepare_jit_env(environ: MutableMapping[str, str] = os.environ) -> None:
+    """Set up the environment before DeepSpeed builds an op (deepspeed.initialize, the Makefile's warm step).
+
+    Keeps the per-checkout extensions dir when nothing set one, and rewrites a TORCH_CUDA_ARCH_LIST that
+    DeepSpeed cannot parse. Idempotent.
+    """
+    environ.setdefault(EXTENSIONS_DIR_ENV, str(DEFAULT_EXTENSIONS_DIR))
+    raw = environ.get(ARCH_LIST_ENV)
+    if raw is None or not raw.strip():
+        return
+    normal = normalize_cuda_arch_list(raw)
+    if normal.split(";") != raw.replace(";", " ").split():  # separators alone DeepSpeed handles
+        environ[ARCH_LIST_ENV] = normal
+        print0(
+            f"{ARCH_LIST_ENV}={raw!r} -> {normal!r} for DeepSpeed's op builds "
+            "(DeepSpeed 0.19.8 cannot parse arch suffixes such as 9.0a)"
+        )
+
+
+def warm_deepspeed_ops(names: Iterable[str]) -> None:
+    """Build (or load from the extensions dir) DeepSpeed's ops once, outside any timed run."""
+    from model_utils.distributed import select_accelerator
+
+    prepare_jit_env()
+    select_accelerator()
+    from deepspeed.accelerator import get_accelerator
+
+    for name in names:
+        builder = get_accelerator().create_op_builder(name)
+        if builder is None:
+            raise ConfigError(
+                f"DeepSpeed has no op {name!r} for the {get_accelerator().device_name()} accelerator"
+            )
+        builder.load()
+    print(f"DeepSpeed ops ready in {os.environ[EXTENSIONS_DIR_ENV]}")
+
+
+# --- Liger and torch.compile --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What optimize_model does to a model: decided from the flags, the device and the model type."""
+
+    liger: bool
+    compile: bool
+
+    def describe(self) -> str:
+        if self.liger and self.compile:
+            return "Liger fused linear cross-entropy + torch.compile of the decoder"
+        if self.liger:
+            return "Liger kernels (RMSNorm, RoPE, SwiGLU, fused linear cross-entropy)"
+        if self.compile:
+            return "torch.compile of the whole model"
+        return "eager PyTorch"
+
+
+def liger_model_types() -> frozenset[str] | None:
+    """Model types Liger has kernels for; None when liger-kernel is not installed (it is Linux-only)."""
+    try:
+        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+    except ImportError:
+        return None
+    return frozenset(MODEL_TYPE_TO_APPLY_LIGER_FN)
+
+
+def plan(
+    model_args: ModelArgs,
+    model_type: str,
+    device: torch.device,
+    supported_types: Callable[[], frozenset[str] | None] = liger_model_types,
+) -> Plan:
+    """Resolve --liger auto|on|off for this device and model; a request that cannot be met is a ConfigError."""
+    use_liger = False
+    if model_args.liger != "off":
+        if device.type != "cuda":
+            if model_args.liger == "on":
+                raise ConfigError(
+                    f"--liger on needs a CUDA GPU (Liger's kernels are Triton GPU kernels) but this run is on "
+                    f"{device.type}: use --liger auto (off without a GPU) or --liger off"
+                )
+        else:
+            types = supported_types()
+            if types is None or model_type not in types:
+                reason = (
+                    "liger-kernel is not installed"
+                    if types is None
+                    else f"Liger has no kernels for model type {model_type!r}"
+                )
+                if model_args.liger == "on":
+                    raise ConfigError(f"--liger on: {reason}: use --liger auto or --liger off")
+                print0(f"--liger auto: off ({reason})")
+            else:
+                use_liger = True
+    return Plan(liger=use_liger, compile=model_args.compile)
+
+
+def _zero3_partitioned(param: torch.Tensor) -> bool:
+    # DeepSpeed ZeRO-3 tags the parameters it partitions; their data is an empty shard outside the owning
+    # module's forward.
+    return hasattr(param, "ds_id")
+
+
+def _flce_unless_zero3(model: Any, liger_forward: Callable[..., Any]) -> Callable[..., Any]:
+    """The Liger forward, except under ZeRO-3, where it would read lm_head.weight as an empty shard.
+
+    Liger's fused loss reads `lm_head.weight` without calling the lm_head module, so DeepSpeed ZeRO-3 never
+    gathers it (the failure TRL reports as "size mismatch", huggingface/trl#3368). There the model's own forward
+    runs instead; the other Liger kernels stay on.
+    """
+    original_forward = type(model).forward.__get__(model)
+    warned = False
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        nonlocal warned
+        if _zero3_partitioned(model.lm_head.weight):
+            if not warned:
+                print0("ZeRO-3: Liger's fused linear cross-entropy is off (lm_head.weight is partitioned)")
+                warned = True
+            return original_forward(*args, **kwargs)
+        return liger_forward(*args, **kwargs)
+
+    return forward
+
+
+def _apply_liger(model: Any, fused_linear_cross_entropy_only: bool) -> None:
+    from liger_kernel.transformers import _apply_liger_kernel_to_instance
+
+    others = not fused_linear_cross_entropy_only
+    _apply_liger_kernel_to_instance(
+        model=model,
+        rope=others,
+        rms_norm=others,
+        swiglu=others,
+        cross_entropy=False,
+        fused_linear_cross_entropy=True,
+    )
+    if "forward" in vars(model):  # Liger bound its loss-fused forward on the instance (Qwen3, Llama, ...)
+        model.forward = _flce_unless_zero3(model, model.forward)
+
+
+def apply_plan(model: Any, chosen: Plan, compile_model: bool = True) -> Any:
+    """Apply a plan to a model; compile_model=False applies everything but the compilation (memory probes)."""
+    if chosen.liger:
+        _apply_liger(model, fused_linear_cross_entropy_only=chosen.compile)
+    if chosen.compile and compile_model:
+        # Liger's fused loss stays outside the compiled graph (see the module docstring): compile the decoder.
+        decoder = getattr(model, model.base_model_prefix, model)
+        (decoder if chosen.liger else model).compile()
+    return model
+
+
+@contextmanager
+def patches_undone(model: Any) -> Iterator[None]:
+    """Undo, on exit, what Liger patches in the model's modeling module (RoPE is a module-level function, the
+    norm and MLP classes are swapped): for a throwaway model (the micro-batch probe) built in a process that
+    later builds a plain one (dskit bench's reference)."""
+    module = sys.modules[type(model).__module__]
+    saved = dict(vars(module))
+    try:
+        yield
+    finally:
+        for name in set(vars(module)) - set(saved):
+            delattr(module, name)
+        for name, value in saved.items():
+            if vars(module).get(name) is not value:
+                setattr(module, name, value)
+
+
+def optimize_model(model: Any, model_args: ModelArgs, device: torch.device) -> Any:
+    """Apply --liger and --compile to a freshly built model (before deepspeed.initialize); returns the model.
+
+    Also prepares the environment for the ops deepspeed.initialize builds next (prepare_jit_env).
+    """
+    prepare_jit_env()
+    chosen = plan(model_args, model.config.model_type, device)
+    apply_plan(model, chosen)
+    if chosen.liger or chosen.compile:
+        print0(f"Model: {chosen.describe()}" + (" (compiles on the first step)" if chosen.compile else ""))
+    return model
+
+
+def compiled_in_place(module: torch.nn.Module) -> bool:
+    """Whether nn.Module.compile() was applied to this module (its calls then go through the compiled graph)."""
+    return getattr(module, "_compiled_call_impl", None) is not None

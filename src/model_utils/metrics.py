@@ -1,0 +1,144 @@
+"""What a logging step measures: throughput, model FLOPs utilisation, memory and time spent waiting for data.
+
+FLOPs per token follow the usual accounting (Kaplan/PaLM): 6N for the matmuls of forward and backward, N being
+the parameters that take part in matmuls (the input embedding is a lookup; a tied embedding counts once, as the
+output projection), plus causal self-attention: 6 * layers * (heads * head_dim) * seq per token (QK^T and AV,
+forward and backward, half of the square because of the causal mask, as flash kernels compute it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+
+GIB = 1024**3
+
+# Dense bf16 tensor-core peaks (TFLOP/s, without sparsity) from the vendor data sheets; the first entry whose
+# every word appears in the device name wins, so the specific names come before the general ones.
+PEAK_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
+    ("H100 PCIe", 756.0),
+    ("H100 NVL", 835.0),
+    ("H100", 989.0),  # SXM (torch reports e.g. "NVIDIA H100 80GB HBM3")
+    ("H200", 989.0),
+    ("A100", 312.0),
+    ("L40S", 362.0),
+    ("B200", 2250.0),
+)
+
+
+def peak_tflops(device_name: str, override: float | None = None) -> float | None:
+    """The device's dense bf16 peak, the override when given; None when unknown (MFU is then not reported)."""
+    if override is not None:
+        return override
+    words = re.split(r"[^a-z0-9]+", device_name.lower())
+    for pattern, tflops in PEAK_BF16_TFLOPS:
+        if all(part.lower() in words for part in pattern.split()):
+            return tflops
+    return None
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return "cpu"
+
+
+def matmul_parameters(model: torch.nn.Module) -> int:
+    """Parameters that multiply activations: all of them, less an untied input embedding (a table lookup)."""
+    total = sum(p.numel() for p in model.parameters())
+    embedding = model.get_input_embeddings()
+    output = model.get_output_embeddings()
+    tied = output is not None and output.weight is embedding.weight
+    return total if tied else total - embedding.weight.numel()
+
+
+def flops_per_token(model_config: Any, seq_length: int, matmul_params: int | None = None) -> float:
+    """Training FLOPs per token (forward + backward). Counts parameters on the meta device when not given."""
+    if matmul_params is None:
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            matmul_params = matmul_parameters(AutoModelForCausalLM.from_config(model_config))
+    heads = model_config.num_attention_heads
+    head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // heads
+    attention = 6 * model_config.num_hidden_layers * heads * head_dim * seq_length
+    return 6.0 * matmul_params + attention
+
+
+@dataclass
+class StepClock:
+    """Where the time of the steps since the last log line went: fetching batches vs everything else."""
+
+    started: float = field(default_factory=time.perf_counter)
+    data_wait_s: float = 0.0
+    steps: int = 0
+    loss_sum: float = 0.0
+    excluded_s: float = 0.0  # validation and checkpoint saves: not training throughput
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started - self.excluded_s
+
+
+@dataclass(frozen=True)
+class Throughput:
+    tokens_per_s: float
+    tokens_per_s_per_device: float
+    tflops_per_device: float
+    mfu: float | None
+
+
+def throughput(
+    tokens: int, seconds: float, world_size: int, flops_per_tok: float, peak: float | None
+) -> Throughput:
+    global_rate = tokens / seconds
+    per_device = global_rate / world_size
+    tflops = per_device * flops_per_tok / 1e12
+    return Throughput(global_rate, per_device, tflops, None if peak is None else tflops / peak)
+
+
+def memory_gib(device: torch.device) -> tuple[float | None, float | None, float]:
+    """(device allocated, device peak since the last call, host RSS of this process), in GiB."""
+    rss = psutil.Process().memory_info().rss / GIB
+    if device.type != "cuda":
+        return None, None, rss
+    allocated = torch.cuda.memory_allocated(device) / GIB
+    peak = torch.cuda.max_memory_allocated(device) / GIB
+    torch.cuda.reset_peak_memory_stats(device)
+    return allocated, peak, rss
+
+
+def format_duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
+
+
+def clean(value: Any) -> Any:
+    """JSON has no NaN/inf: write null instead, so every line stays parseable by strict readers."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class MetricsFile:
+    """One JSON object per line, written by rank 0; appends, so a resumed or requeued run continues the file."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.path is None:
+            return
+        line = json.dumps({k: clean(v) for k, v in {**record, "time": time.time()}.items()})
+        with self.path.open("a") as f:
+            f.write(line + "\n")

@@ -1,0 +1,344 @@
+"""Experiment trackers (`--report_to`): TensorBoard event files or an MLflow run, continued across requeues.
+
+Rank 0 opens one tracker. `open_tracker` also returns a small JSON-able resume state that the trainer keeps in
+every checkpoint and hands back after a resume or requeue, so the job continues the same TensorBoard run dir and
+the same MLflow run instead of starting a new one. mlflow is imported only when it is selected (~5 s).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import socket
+import time
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import urlparse
+
+from model_utils.arguments import REPORT_TO
+from model_utils.errors import ConfigError, first_line
+from model_utils.log import warn0
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
+
+DEFAULT_EXPERIMENT = "dskit"
+
+# The metrics records' keys (docs: metrics JSONL schema) grouped the way TensorBoard and MLflow show them: one
+# section per concern. Keys not listed keep their name when it has a group ("a/b"), else go under "train/".
+METRIC_NAMES: dict[str, str] = {
+    "loss": "train/loss",
+    "lr": "train/lr",
+    "grad_norm": "train/grad_norm",
+    "skipped_steps": "train/skipped_steps",
+    "val_loss": "val/loss",
+    "val_ppl": "val/ppl",
+    "tokens_per_s": "perf/tokens_per_s",
+    "tokens_per_s_per_device": "perf/tokens_per_s_per_device",
+    "tflops_per_device": "perf/tflops_per_device",
+    "mfu": "perf/mfu",
+    "step_time_s": "perf/step_time_s",
+    "data_wait_frac": "perf/data_wait_frac",
+    "device_mem_alloc_gib": "memory/device_alloc_gib",
+    "device_mem_peak_gib": "memory/device_peak_gib",
+    "host_rss_gib": "memory/host_rss_gib",
+    "tokens_seen": "progress/tokens_seen",
+    "epoch": "progress/epoch",
+    "consumed": "progress/consumed",
+    "save_s": "checkpoint/save_s",
+}
+# Record fields that are coordinates, not measurements.
+NOT_METRICS = frozenset({"step", "time"})
+# Old MLflow servers cap a param value at 500 characters (6000 today); configs rarely need more.
+MAX_PARAM_CHARS = 500
+HTTP_CONNECT_TIMEOUT_S = 10.0
+
+
+class Tracker(Protocol):
+    def log_metrics(self, step: int, metrics: dict[str, float | int | None]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def scalar_items(metrics: dict[str, Any]) -> list[tuple[str, float]]:
+    """(tracker name, value) of every finite number in a record; None, NaN, inf and strings are skipped."""
+    items = []
+    for key, value in metrics.items():
+        if key in NOT_METRICS or not isinstance(value, int | float):
+            continue
+        value = float(value)
+        if not math.isfinite(value):
+            continue
+        name = METRIC_NAMES.get(key, key if "/" in key else f"train/{key}")
+        items.append((name, value))
+    return items
+
+
+class NoTracker:
+    """`--report_to none`: the metrics file and the log are the only record."""
+
+    def log_metrics(self, step: int, metrics: dict[str, float | int | None]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class TensorBoardTracker:
+    def __init__(self, run_dir: Path, purge_step: int | None) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        # purge_step hides what an interrupted run logged after its last checkpoint, so the requeued run's
+        # steps replace those instead of being drawn over them.
+        self.run_dir = run_dir
+        self.writer = SummaryWriter(log_dir=str(run_dir), purge_step=purge_step)
+
+    def log_config(self, config: dict[str, Any]) -> None:
+        # Indented by 4 spaces: a markdown code block, so TensorBoard's text tab keeps the JSON layout.
+        text = json.dumps(config, indent=2, sort_keys=True, default=str)
+        self.writer.add_text("config", "\n".join("    " + line for line in text.splitlines()), global_step=0)
+        self.writer.flush()
+
+    def log_metrics(self, step: int, metrics: dict[str, float | int | None]) -> None:
+        walltime = metrics.get("time")
+        for name, value in scalar_items(metrics):
+            self.writer.add_scalar(name, value, global_step=step, walltime=walltime)
+        # Logging steps are seconds apart; flushing each keeps a preempted or killed job's last points.
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class MlflowTracker:
+    def __init__(self, client: MlflowClient, mlflow_run_id: str) -> None:
+        self.client = client
+        self.mlflow_run_id = mlflow_run_id
+        self.failing = False
+
+    def log_metrics(self, step: int, metrics: dict[str, float | int | None]) -> None:
+        from mlflow.entities import Metric
+
+        stamp = metrics.get("time")
+        timestamp_ms = int((stamp if isinstance(stamp, int | float) else time.time()) * 1000)
+        batch = [Metric(name, value, timestamp_ms, step) for name, value in scalar_items(metrics)]
+        if not batch:
+            return
+        # The run was reachable when it opened; a tracking server that goes away later must not stop training.
+        try:
+            self.client.log_batch(self.mlflow_run_id, metrics=batch)
+        except Exception as err:
+            if not self.failing:
+                warn0(f"MLflow: logging step {step} failed ({first_line(err)}); training continues")
+            self.failing = True
+        else:
+            self.failing = False
+
+    def close(self) -> None:
+        try:
+            self.client.set_terminated(self.mlflow_run_id, status="FINISHED")
+        except Exception as err:
+            warn0(f"MLflow: could not mark run {self.mlflow_run_id} finished: {first_line(err)}")
+
+
+def check_report_to(report_to: str) -> None:
+    """Cheap check for argument parsing and `dskit prepare`: imports no tracker library."""
+    if report_to not in REPORT_TO:
+        raise ConfigError(f"--report_to {report_to!r} is not a tracker: use one of {', '.join(REPORT_TO)}")
+
+
+def open_tracker(
+    report_to: str,
+    *,
+    run_id: str,
+    log_dir: Path,
+    config: dict[str, Any],
+    tracking_uri: str | None,
+    resume_state: dict[str, Any] | None,
+    resume_step: int | None = None,
+    experiment: str = DEFAULT_EXPERIMENT,
+) -> tuple[Tracker, dict[str, Any]]:
+    """Open the tracker for `report_to`, continuing the run in `resume_state` when there is one.
+
+    Returns the tracker and the resume state to keep in checkpoints: `resume_state` with this tracker's entry
+    added, so switching trackers between requeues keeps the other one's run too. `resume_step` is the step the
+    job resumed at; TensorBoard then hides what the interrupted job logged after it.
+    """
+    check_report_to(report_to)
+    state = dict(resume_state or {})
+    previous = state.get(report_to)
+    if report_to == "none":
+        return NoTracker(), state
+    if report_to == "tensorboard":
+        tracker, state["tensorboard"] = _open_tensorboard(run_id, log_dir, config, previous, resume_step)
+        return tracker, state
+    tracker, state["mlflow"] = _open_mlflow(run_id, log_dir, config, tracking_uri, previous, experiment)
+    return tracker, state
+
+
+def _open_tensorboard(
+    run_id: str,
+    log_dir: Path,
+    config: dict[str, Any],
+    previous: dict[str, Any] | None,
+    resume_step: int | None,
+) -> tuple[TensorBoardTracker, dict[str, Any]]:
+    run_name = previous.get("run", run_id) if previous else run_id
+    run_dir = log_dir / "tensorboard" / run_name
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(
+            f"cannot create the TensorBoard dir {run_dir}: {first_line(err)}: choose a writable log dir"
+        ) from err
+    purge_step = resume_step + 1 if previous and resume_step is not None else None
+    tracker = TensorBoardTracker(run_dir, purge_step)
+    if previous is None:
+        tracker.log_config(config)
+    return tracker, {"run": run_name}
+
+
+def _quiet_mlflow() -> None:
+    # MLflow logs every table migration and store detail at INFO; the training log should show training.
+    for name in ("mlflow", "alembic", "sqlalchemy"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def default_tracking_uri(log_dir: Path) -> str:
+    """A local SQLite store: MLflow 3 refuses the plain file store and recommends this."""
+    return f"sqlite:///{(log_dir / 'mlflow.db').resolve()}"
+
+
+def redacted(uri: str) -> str:
+    """The URI without user:password, for messages and checkpoints."""
+    parsed = urlparse(uri)
+    if parsed.password is None and parsed.username is None:
+        return uri
+    host = parsed.hostname or ""
+    netloc = f"{host}:{parsed.port}" if parsed.port else host
+    return parsed._replace(netloc=netloc).geturl()
+
+
+def check_reachable(uri: str) -> None:
+    """Fail in seconds, not after MLflow's ~4 minutes of retries, when a tracking server is not listening."""
+    parsed = urlparse(uri)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        return
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        socket.create_connection((parsed.hostname, port), timeout=HTTP_CONNECT_TIMEOUT_S).close()
+    except OSError as err:
+        raise ConfigError(
+            f"MLflow tracking server {redacted(uri)} is not reachable ({first_line(err)}): start it, fix --tracking_uri, "
+            "or leave it unset for a local store under the log dir"
+        ) from err
+
+
+def flatten_params(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """Nested config -> {"a.b": "value"} with keys and values MLflow accepts."""
+    params: dict[str, str] = {}
+    for key, value in config.items():
+        name = re.sub(r"[^\w.\-/ :]", "_", f"{prefix}{key}")
+        if isinstance(value, dict) and value:
+            params.update(flatten_params(value, f"{name}."))
+            continue
+        text = value if isinstance(value, str) else json.dumps(value, default=str)
+        if len(text) > MAX_PARAM_CHARS:
+            text = text[: MAX_PARAM_CHARS - 3] + "..."
+        params[name[:250]] = text
+    return params
+
+
+def _log_params(client: MlflowClient, mlflow_run_id: str, config: dict[str, Any]) -> None:
+    from mlflow.entities import Param
+    from mlflow.utils.validation import MAX_PARAMS_TAGS_PER_BATCH
+
+    params = [Param(key, value) for key, value in flatten_params(config).items()]
+    for start in range(0, len(params), MAX_PARAMS_TAGS_PER_BATCH):
+        client.log_batch(mlflow_run_id, params=params[start : start + MAX_PARAMS_TAGS_PER_BATCH])
+
+
+def _experiment_id(client: MlflowClient, name: str, artifact_location: str | None) -> str:
+    from mlflow.exceptions import MlflowException
+
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        if found.lifecycle_stage == "deleted":
+            raise ConfigError(
+                f"MLflow experiment {name!r} is deleted in this store: restore it (mlflow experiments restore) "
+                "or choose another experiment name"
+            )
+        return found.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=artifact_location)
+    except MlflowException:
+        # Another job created it between the lookup and here.
+        found = client.get_experiment_by_name(name)
+        if found is None:
+            raise
+        return found.experiment_id
+
+
+def _reopen(client: MlflowClient, previous: dict[str, Any], uri: str) -> str | None:
+    """The previous MLflow run's id when this store still has it, else None (with the reason logged)."""
+    from mlflow.exceptions import MlflowException
+
+    if previous.get("tracking_uri") != redacted(uri):
+        warn0(
+            f"MLflow: the run was tracked at {previous.get('tracking_uri')}, now at {redacted(uri)}: "
+            "starting a new run"
+        )
+        return None
+    try:
+        run = client.get_run(previous["run_id"])
+    except MlflowException as err:
+        warn0(
+            f"MLflow: run {previous['run_id']} not found in {redacted(uri)} ({first_line(err)}): "
+            "starting a new run"
+        )
+        return None
+    if run.info.lifecycle_stage == "deleted":
+        warn0(f"MLflow: run {previous['run_id']} was deleted: starting a new run")
+        return None
+    client.update_run(run.info.run_id, status="RUNNING")
+    return run.info.run_id
+
+
+def _open_mlflow(
+    run_id: str,
+    log_dir: Path,
+    config: dict[str, Any],
+    tracking_uri: str | None,
+    previous: dict[str, Any] | None,
+    experiment: str,
+) -> tuple[MlflowTracker, dict[str, Any]]:
+    uri = tracking_uri or default_tracking_uri(log_dir)
+    check_reachable(uri)
+    from mlflow.tracking import MlflowClient
+
+    _quiet_mlflow()
+    # Artifacts of a local store stay under the log dir (MLflow's default is ./mlruns in the working dir).
+    artifact_location = None if tracking_uri else (log_dir / "mlflow-artifacts").resolve().as_uri()
+    try:
+        with warnings.catch_warnings():
+            # SQLAlchemy deprecations inside MLflow's store are MLflow's business, not the training log's.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            client = MlflowClient(tracking_uri=uri)
+            mlflow_run_id = _reopen(client, previous, uri) if previous else None
+            if mlflow_run_id is None:
+                experiment_id = _experiment_id(client, experiment, artifact_location)
+                run = client.create_run(experiment_id, run_name=run_id, tags={"dskit.run_id": run_id})
+                mlflow_run_id = run.info.run_id
+                _log_params(client, mlflow_run_id, config)
+    except ConfigError:
+        raise
+    except Exception as err:  # the store's own errors: unsupported scheme, file store, unwritable path, SQL
+        raise ConfigError(
+            f"cannot open MLflow tracking URI {redacted(uri)}: {first_line(err)}: use sqlite:///ABS/PATH/mlflow.db or an "
+            "http(s):// tracking server, or leave --tracking_uri unset for a local store under the log dir"
+        ) from err
+    state = {"run_id": mlflow_run_id, "tracking_uri": redacted(uri), "experiment": experiment}
+    return MlflowTracker(client, mlflow_run_id), state

@@ -1,0 +1,77 @@
+"""`dskit bench` on CPU: the tiny preset through the kit's real training path (DeepSpeed in this process) and the
+plain PyTorch reference, printed as a table and written as JSON. Not a timing test: it checks that every row
+ran, trained and measured something sane."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from model_utils import cli
+
+CONFIGS = ["deepspeed/ds_config.json", "deepspeed/ds_config_gpu.json"]
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="the CPU defaults (tiny preset); test_kernels has the GPU run"
+)
+def test_bench_prints_and_writes_both_rows(
+    tmp_path: Path, single_rank, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)  # the packed-data cache (.cache/data) lands here, not in the checkout
+    out = tmp_path / "bench.json"
+    assert cli.main(["bench", "--deepspeed_config", *CONFIGS, "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+
+    table = printed[printed.index("variant") :].splitlines()
+    assert "tokens/s" in table[0] and "vs reference" in table[0] and "launch->1st step s" in table[0]
+    assert table[1].startswith("reference: PyTorch") and table[1].rstrip().endswith("1.00x")
+    assert table[2].startswith("dskit: ds_config.json, liger auto, compile false")
+    assert table[3].startswith("dskit: ds_config_gpu.json")
+
+    result = json.loads(out.read_text())
+    assert (result["device"], result["model"], result["seq_length"]) == ("cpu", "tiny-qwen3", 256)
+    assert result["flops_per_token"] > 0 and result["peak_tflops"] is None
+    rows = result["rows"]
+    assert [r["kind"] for r in rows] == ["reference", "dskit", "dskit"]
+    assert [r["settings"].get("deepspeed_config") for r in rows[1:]] == CONFIGS
+    steps = result["warmup_steps"] + result["steps"]
+    for r in rows:
+        assert r["tokens_per_s"] > 0 and r["peak_mem_gib"] > 0 and r["mfu"] is None
+        assert r["first_step_s"] >= r["setup_s"] > 0
+        assert r["micro_batch_size"] == 1 and len(r["losses"]) == steps
+        # Same seed, same random init, same first batch: every row starts near ln(vocab) and learns.
+        assert abs(r["losses"][0] - math.log(2048)) < 0.3
+        assert r["losses"][-1] < r["losses"][0]
+    assert abs(rows[1]["losses"][0] - rows[0]["losses"][0]) < 0.05  # the kit trains what the reference trains
+    ratios = [r["vs_reference"] for r in rows]
+    assert ratios[0] == 1.0 and all(x > 0 for x in ratios)
+    assert ratios[1] == pytest.approx(rows[1]["tokens_per_s"] / rows[0]["tokens_per_s"])
+
+
+def test_bench_bad_flags_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bench", "--steps", "0"]) == 2
+    assert cli.main(["bench", "--stepz", "3"]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert (
+        errors[0]
+        == "error: --steps and --warmup_steps must be at least 1 (the first step compiles and warms up)"
+    )
+    assert errors[1].startswith("error: unrecognized arguments: --stepz 3") and len(errors) == 2
+
+
+def test_a_row_that_ran_out_of_memory_stays_in_the_table() -> None:
+    """On a GPU a row can run out of memory (the reference at a micro batch that fits only with Liger)."""
+    from model_utils.bench import Row, format_table
+
+    rows = [
+        Row("reference", "reference", 16, error="out of memory"),
+        Row("dskit", "dskit", 16, tokens_per_s=73_500.0, mfu=0.3, peak_mem_gib=61.0, first_step_s=40.0),
+    ]
+    table = format_table(rows).splitlines()
+    assert "out of memory" in table[1] and table[1].rstrip().endswith("-")
+    assert "73,500" in table[2] and "30.0%" in table[2] and "61.00" in table[2]

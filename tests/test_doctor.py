@@ -1,0 +1,602 @@
+"""`dskit doctor`: the real checks on this CPU machine, and the launchers stopping on a FAIL.
+
+What cannot exist here is faked, and only that: GPUs and the NVIDIA driver (a fake `nvidia-smi` first on PATH, or
+a `GpuProbe` naming GPUs), EFA (a fake `fi_info` on PATH, a fake /sys/class/infiniband tree, a stand-in
+libnccl-net.so file) and CUDA toolkits (a fake /usr/local/cuda-X tree whose `nvcc` only prints its version).
+Everything else is real: uv against real lock files, the real disk, real datasets, DeepSpeed's op builders, the
+model counted on the meta device, and the rendered launcher scripts run by bash.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from model_utils import cli, doctor, render
+from model_utils.arguments import DataArgs
+from model_utils.doctor import GpuProbe, LaunchContext, Status
+from s3_server import S3Env, moto_endpoint, s3  # noqa: F401  (pytest fixtures: a real S3 server on loopback)
+
+REPO = Path(__file__).resolve().parents[1]
+QWEN3_0_6B_PARAMS = 596_049_920  # tests/test_models.py checks the preset is the real architecture
+
+NO_GPU = GpuProbe(smi_count=0, torch_count=0, names=(), driver=None, memory_bytes=None, smi_error=None)
+# Stand-in for an 8-GPU node (no GPU here).
+EIGHT_GPUS = GpuProbe(8, 8, ("NVIDIA H100 80GB HBM3",) * 8, "570.124.06", 81559 * 2**20, None)
+
+
+def context(**overrides: object) -> LaunchContext:
+    values: dict[str, object] = dict(
+        gpus_per_node=8,
+        cpu_ranks=2,
+        cuda_version="12.8",
+        efa="auto",
+        nodes=2,
+        extensions_dir=None,
+        ds_accelerator="cpu",
+    )
+    values.update(overrides)
+    return LaunchContext(**values)  # type: ignore[arg-type]
+
+
+def executable(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture
+def cpu_node(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """The environment the launchers give the doctor on a CPU-only node of a 2-node job; cwd is tmp_path."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("these tests describe a CPU-only node")
+    for name, value in {
+        "DS_ACCELERATOR": "cpu",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "GPUS_PER_NODE": "8",
+        "CPU_RANKS": "2",
+        "CUDA_VERSION": "12.8",
+        "EFA": "auto",
+        "SLURM_JOB_NUM_NODES": "2",
+        "TORCH_EXTENSIONS_DIR": str(REPO / ".cache" / "torch_extensions"),
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("UV_PROJECT_ENVIRONMENT", raising=False)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def run_doctor(
+    capsys: pytest.CaptureFixture[str], *flags: str
+) -> tuple[int, dict[str, tuple[str, str, str]]]:
+    """Run `dskit doctor FLAGS` in-process; (exit status, {check: (status, found, fix)}) read from the table."""
+    capsys.readouterr()
+    code = cli.main(["doctor", *flags])
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("check "))
+    header = lines[head]
+    at_status, at_found, at_fix = header.index("status"), header.index("found"), header.index("fix")
+    rows: dict[str, list[str]] = {}
+    current = ""
+    for line in lines[head + 2 :]:
+        if line.startswith("doctor: "):
+            break
+        name = line[:at_status].strip()
+        if name:
+            current = name
+            rows[current] = [line[at_status:at_found].strip(), "", ""]
+        rows[current][1] += " " + line[at_found:at_fix].strip()
+        rows[current][2] += " " + line[at_fix:].strip()
+    assert out.splitlines()[-1].startswith("doctor: "), out
+    return code, {k: (s, " ".join(f.split()), " ".join(x.split())) for k, (s, f, x) in rows.items()}
+
+
+# --- the whole doctor, on this machine -------------------------------------------------------------------
+
+
+def test_cpu_node_is_ready(cpu_node: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, rows = run_doctor(capsys)
+    statuses = {name: row[0] for name, row in rows.items()}
+    # ~4 GiB for 2 CPU ranks: a WARN only if other processes hold nearly all of this machine's RAM right now
+    assert statuses.pop("host RAM") in ("PASS", "WARN"), rows["host RAM"]
+    assert statuses == {
+        "uv environment": "PASS",
+        "torch CUDA vs driver": "SKIP",
+        "CUDA toolkit": "SKIP",
+        "GPUs": "PASS",
+        "network (EFA)": "WARN",
+        "checkpoint disk": "PASS",
+        "dataset": "PASS",
+        "DeepSpeed ops": "PASS",
+        "GPU memory": "SKIP",
+    }, rows
+    assert code == 0
+    assert "2 CPU ranks per node" in rows["GPUs"][1] and "DS_ACCELERATOR=cpu" in rows["GPUs"][1]
+    assert "CUDA_VERSION=12.8 unused" in rows["CUDA toolkit"][1]
+    assert "TCP sockets between the 2 nodes" in rows["network (EFA)"][1]
+    assert "EFA=off" in rows["network (EFA)"][2]
+    assert "4 checkpoints (3 kept + 1 being written)" in rows["checkpoint disk"][1]
+    assert "needs ~" in rows["host RAM"][1] and "(2 nodes x 2 ranks)" in rows["host RAM"][1]
+    assert not (cpu_node / "checkpoints").exists(), "the doctor created the checkpoint dir"
+
+
+def test_efa_on_without_efa_fails_with_the_fix(
+    cpu_node: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EFA", "on")
+    code, rows = run_doctor(capsys)
+    assert code == 1
+    status, found, fix = rows["network (EFA)"]
+    assert status == "FAIL" and found.startswith("EFA=on but no EFA device")
+    assert "EFA=auto / EFA=off" in fix
+    assert [name for name, row in rows.items() if row[0] == "FAIL"] == ["network (EFA)"]
+
+
+def test_checkpoints_that_do_not_fit_fail(cpu_node: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """qwen3-0.6b (counted on the meta device) against the real free space of tmp_path's filesystem."""
+    per_checkpoint = QWEN3_0_6B_PARAMS * 14
+    keep = shutil.disk_usage(cpu_node).free // per_checkpoint + 1  # keep + 1 copies cannot fit
+    code, rows = run_doctor(capsys, "--model", "qwen3-0.6b", "--keep_checkpoints", str(keep))
+    assert code == 1
+    status, found, fix = rows["checkpoint disk"]
+    assert status == "FAIL", rows
+    assert "596.0M params x 14 B" in found and f"{keep + 1} checkpoints ({keep} kept" in found
+    assert "move --checkpoint_dir to a larger filesystem" in fix and "--keep_checkpoints" in fix
+
+
+def test_bad_flags_exit_2_with_one_line(cpu_node: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["doctor", "--max_step", "3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: unknown flag --max_step: did you mean --max_steps?"]
+
+
+def test_help_describes_the_doctor(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["doctor", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: dskit doctor") and "GPUS_PER_NODE" in out
+
+
+def test_bad_launch_value_exits_2(
+    cpu_node: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUS_PER_NODE", "eight")
+    assert cli.main(["doctor"]) == 2
+    assert "GPUS_PER_NODE='eight' is not a whole number" in capsys.readouterr().err
+
+
+# --- 1. uv ---------------------------------------------------------------------------------------------
+
+LOCK_HEAD = 'version = 1\nrevision = 3\nrequires-python = ">=3.11"\n'
+PROJECT_ENTRY = '\n[[package]]\nname = "t"\nversion = "0"\nsource = {{ virtual = "." }}\n{deps}'
+ABSENT_PACKAGE = """
+[[package]]
+name = "dskit-doctor-absent"
+version = "1.0"
+source = { registry = "https://pypi.org/simple" }
+wheels = [
+    { url = "https://files.pythonhosted.org/packages/00/00/dskit_doctor_absent-1.0-py3-none-any.whl", hash = "sha256:0000000000000000000000000000000000000000000000000000000000000000", size = 1 },
+]
+"""
+
+
+def tiny_project(root: Path, with_dependency: bool) -> None:
+    dep = '"dskit-doctor-absent"' if with_dependency else ""
+    (root / "pyproject.toml").write_text(
+        f'[project]\nname = "t"\nversion = "0"\nrequires-python = ">=3.11"\ndependencies = [{dep}]\n'
+        "[tool.uv]\npackage = false\n"
+    )
+    deps = (
+        'dependencies = [\n    { name = "dskit-doctor-absent" },\n]\n\n[package.metadata]\n'
+        'requires-dist = [{ name = "dskit-doctor-absent" }]\n'
+        if with_dependency
+        else ""
+    )
+    lock = LOCK_HEAD + (ABSENT_PACKAGE if with_dependency else "") + PROJECT_ENTRY.format(deps=deps)
+    (root / "uv.lock").write_text(lock)
+
+
+def test_uv_env_in_sync_then_out_of_sync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tiny project with its own uv.lock and .venv; uv checks it offline and changes nothing."""
+    if shutil.which("uv") is None:
+        pytest.fail("uv is not installed: the doctor's uv check needs it (pip install uv)")
+    monkeypatch.delenv("UV_PROJECT_ENVIRONMENT", raising=False)
+    tiny_project(tmp_path, with_dependency=False)
+    subprocess.run(["uv", "venv", "--quiet", str(tmp_path / ".venv")], check=True, cwd=tmp_path)
+    result = doctor.check_uv(tmp_path, tmp_path / ".venv")
+    assert result.status is Status.PASS, result
+    assert "matches uv.lock" in result.found
+
+    tiny_project(tmp_path, with_dependency=True)  # the lock moved on; the environment did not
+    lock_before = (tmp_path / "uv.lock").read_bytes()
+    result = doctor.check_uv(tmp_path, tmp_path / ".venv")
+    assert result.status is Status.FAIL, result
+    assert "+ dskit-doctor-absent==1.0" in result.found
+    assert "uv sync --frozen" in result.fix
+    assert (tmp_path / "uv.lock").read_bytes() == lock_before
+    assert not list((tmp_path / ".venv").rglob("dskit_doctor_absent*")), "the check installed something"
+
+    shutil.rmtree(tmp_path / ".venv")
+    result = doctor.check_uv(tmp_path, tmp_path / ".venv")
+    assert result.status is Status.FAIL and "does not exist" in result.found
+    assert not (tmp_path / ".venv").exists()
+
+
+def test_uv_check_skips_another_python(tmp_path: Path) -> None:
+    tiny_project(tmp_path, with_dependency=False)
+    result = doctor.check_uv(tmp_path, Path("/usr"))
+    assert result.status is Status.SKIP and "not the project env" in result.found
+
+
+# --- 2./4. driver and GPUs (fake nvidia-smi) -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("torch_cuda", "driver", "status", "text"),
+    [
+        ("12.8", "570.124.06", Status.PASS, ">= 570.26"),
+        ("12.8", "550.54.15", Status.WARN, "minor-version compatibility"),
+        ("12.8", "470.82.01", Status.FAIL, "needs driver >= 570.26"),
+        ("13.0", "575.57.08", Status.FAIL, "needs driver >= 580.65.06"),
+        ("13.2", "580.95.05", Status.PASS, ">= 580.65.06 for CUDA 13.x"),
+        ("11.8", "535.104.05", Status.PASS, ">= 520.61.05"),
+        ("14.0", "600.1", Status.WARN, "not in the doctor's table"),
+    ],
+)
+def test_driver_against_torch_cuda(torch_cuda: str, driver: str, status: Status, text: str) -> None:
+    got, found, fix = doctor.driver_verdict(torch_cuda, driver)
+    assert got is status and text in found
+    assert (got is Status.PASS) == (fix == "")
+
+
+NVIDIA_SMI = """#!/usr/bin/env bash
+# Fake nvidia-smi (no GPU here): answers the doctor's query like an 8x H100 node.
+[[ "$*" == *--query-gpu=name,driver_version,memory.total* ]] || exit 2
+for i in 0 1 2 3 4 5 6 7; do echo "NVIDIA H100 80GB HBM3, 550.54.15, 81559"; done
+"""
+
+
+def test_fake_nvidia_smi_gpus_torch_cannot_see(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """nvidia-smi lists 8 GPUs but torch (here: no CUDA device) sees none: that node cannot train on GPUs."""
+    executable(tmp_path / "bin" / "nvidia-smi", NVIDIA_SMI)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    gpus = doctor.probe_gpus()
+    assert (gpus.smi_count, gpus.driver, gpus.memory_bytes) == (8, "550.54.15", 81559 * 2**20)
+    assert gpus.names[0] == "NVIDIA H100 80GB HBM3"
+    result = doctor.check_gpus(context(), gpus)
+    assert result.status is Status.FAIL and "nvidia-smi lists 8 GPUs" in result.found
+    result = doctor.check_driver(gpus, "12.8", "2.x")
+    assert result.status is Status.WARN and "driver 550.54.15" in result.found
+    result = doctor.check_driver(gpus, None, "2.x+cpu")
+    assert result.status is Status.FAIL and "CPU-only build" in result.found
+
+
+@pytest.mark.parametrize(
+    ("script", "status"),
+    [
+        ('echo "No devices were found"; exit 6', Status.SKIP),
+        (
+            'echo "NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver."; exit 9',
+            Status.WARN,
+        ),
+    ],
+    ids=["no-devices", "broken-driver"],
+)
+def test_fake_nvidia_smi_without_gpus(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str, status: Status
+) -> None:
+    executable(tmp_path / "bin" / "nvidia-smi", f"#!/usr/bin/env bash\n{script}\n")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    gpus = doctor.probe_gpus()
+    assert gpus.smi_count == 0
+    assert doctor.check_driver(gpus, "12.8", "2.x").status is status
+
+
+@pytest.mark.parametrize(
+    ("ctx", "gpus", "status", "text"),
+    [
+        (context(), EIGHT_GPUS, Status.PASS, "8 GPUs (NVIDIA H100 80GB HBM3) = GPUS_PER_NODE"),
+        (context(gpus_per_node=4), EIGHT_GPUS, Status.WARN, "the launch values say 4"),
+        (context(gpus_per_node=0), EIGHT_GPUS, Status.WARN, "GPUS_PER_NODE=0"),
+        (context(ds_accelerator=None), NO_GPU, Status.WARN, "though GPUS_PER_NODE=8"),
+        (context(gpus_per_node=0, ds_accelerator=None), NO_GPU, Status.PASS, "(GPUS_PER_NODE=0)"),
+        (context(cpu_ranks=0), NO_GPU, Status.FAIL, "CPU_RANKS=0"),
+    ],
+    ids=["match", "fewer-values", "gpus-ignored", "gpu-expected", "cpu-cluster", "no-ranks"],
+)
+def test_gpu_count_against_launch_values(
+    ctx: LaunchContext, gpus: GpuProbe, status: Status, text: str
+) -> None:
+    result = doctor.check_gpus(ctx, gpus)
+    assert result.status is status and text in result.found
+
+
+# --- 3. the CUDA toolkit (fake /usr/local/cuda-X trees) -------------------------------------------------
+
+
+def fake_toolkit(root: Path, version: str, nvcc: bool = True) -> None:
+    (root / f"cuda-{version}" / "lib64").mkdir(parents=True)
+    if nvcc:
+        executable(
+            root / f"cuda-{version}" / "bin" / "nvcc",
+            f'#!/usr/bin/env bash\necho "Cuda compilation tools, release {version}, V{version}.41"\n',
+        )
+
+
+def test_toolkit_against_torch_cuda(tmp_path: Path) -> None:
+    fake_toolkit(tmp_path, "12.8")
+    fake_toolkit(tmp_path, "13.2")
+    fake_toolkit(tmp_path, "13.1", nvcc=False)
+
+    result = doctor.check_toolkit(context(cuda_version="13.2"), EIGHT_GPUS, "13.2", root=tmp_path)
+    assert result.status is Status.PASS and "nvcc 13.2" in result.found
+
+    result = doctor.check_toolkit(context(cuda_version="12.8"), EIGHT_GPUS, "13.2", root=tmp_path)
+    assert result.status is Status.FAIL and "the CUDA majors differ" in result.found
+    assert result.fix.startswith("CUDA_VERSION=13.2")
+
+    result = doctor.check_toolkit(context(cuda_version="12.9"), EIGHT_GPUS, "12.8", root=tmp_path)
+    assert result.status is Status.FAIL
+    assert "installed: cuda-12.8, cuda-13.1, cuda-13.2" in result.found and "CUDA_VERSION" in result.fix
+
+    result = doctor.check_toolkit(context(cuda_version="13.1"), EIGHT_GPUS, "13.2", root=tmp_path)
+    assert result.status is Status.FAIL and "no bin/nvcc" in result.found
+
+    result = doctor.check_toolkit(context(cuda_version="12.9"), NO_GPU, "12.8", root=tmp_path)
+    assert result.status is Status.SKIP
+
+
+# --- 5. EFA (fake fi_info, sysfs and plugin) ----------------------------------------------------------
+
+FI_INFO = """#!/usr/bin/env bash
+# Fake fi_info (no EFA here): what libfabric prints for `fi_info -p efa` on an EFA instance.
+[[ "$*" == "-p efa" ]] || exit 1
+printf 'provider: efa\\n    fabric: efa\\n    domain: rdmap0s6-rdm\\n'
+"""
+
+
+@pytest.fixture
+def fake_efa(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An EFA device in a fake sysfs tree, fi_info on PATH; returns the sysfs root. No NCCL plugin yet."""
+    sysfs = tmp_path / "sys" / "class" / "infiniband"
+    driver = tmp_path / "sys" / "bus" / "pci" / "drivers" / "efa"
+    driver.mkdir(parents=True)
+    (sysfs / "rdmap0s6" / "device").mkdir(parents=True)
+    (sysfs / "rdmap0s6" / "device" / "driver").symlink_to(driver)
+    executable(tmp_path / "bin" / "fi_info", FI_INFO)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(tmp_path / "lib"))
+    return sysfs
+
+
+def test_efa_with_nccl_plugin_passes(fake_efa: Path, tmp_path: Path) -> None:
+    assert doctor.efa_devices(fake_efa) == ["rdmap0s6"]
+    for efa in ("on", "auto"):
+        result = doctor.check_network(context(efa=efa), uses_gpus=True, sysfs=fake_efa)
+        assert result.status is Status.FAIL if efa == "on" else Status.WARN, result
+        assert "no NCCL net plugin" in result.found and "aws-ofi-nccl" in result.fix
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libnccl-net-ofi.so").write_bytes(b"")  # stand-in for aws-ofi-nccl's library
+    result = doctor.check_network(context(efa="on"), uses_gpus=True, sysfs=fake_efa)
+    assert result.status is Status.PASS, result
+    assert "rdmap0s6" in result.found and "libnccl-net-ofi.so" in result.found
+    # gloo on CPU ranks does not use NCCL's plugin
+    assert doctor.check_network(context(efa="on"), uses_gpus=False, sysfs=fake_efa).status is Status.PASS
+
+
+def test_efa_modes_without_efa(tmp_path: Path) -> None:
+    no_sysfs = tmp_path / "none"
+    assert doctor.check_network(context(efa="off"), True, no_sysfs).status is Status.SKIP
+    assert doctor.check_network(context(efa="auto", nodes=1), True, no_sysfs).status is Status.SKIP
+    auto = doctor.check_network(context(efa="auto"), True, no_sysfs)
+    assert auto.status is Status.WARN and "NCCL uses TCP sockets" in auto.found
+    on = doctor.check_network(context(efa="on", nodes=1), True, no_sysfs)
+    assert on.status is Status.FAIL and "EFA=auto / EFA=off" in on.fix
+    assert doctor.check_network(context(efa="maybe"), True, no_sysfs).status is Status.FAIL
+
+
+# --- 7. datasets ---------------------------------------------------------------------------------------
+
+
+def test_local_datasets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import datasets
+
+    (tmp_path / "good.jsonl").write_text('{"text": "one document"}\n{"text": "two"}\n')
+    (tmp_path / "other.jsonl").write_text('{"body": "one document"}\n')
+    (tmp_path / "empty.txt").write_text("")
+    datasets.Dataset.from_dict({"text": ["a", "b", "c"]}).save_to_disk(str(tmp_path / "saved"))
+
+    def check(dataset: str, **kwargs: object) -> doctor.Result:
+        return doctor.check_dataset(DataArgs(dataset=dataset, **kwargs))  # type: ignore[arg-type]
+
+    assert check("embedded").status is Status.PASS
+    good = check(str(tmp_path / "good.jsonl"))
+    assert good.status is Status.PASS and "column 'text'" in good.found
+    other = check(str(tmp_path / "other.jsonl"))
+    assert other.status is Status.FAIL and "columns: body" in other.found and "--text_field" in other.fix
+    assert check(str(tmp_path / "other.jsonl"), text_field="body").status is Status.PASS
+    assert check(str(tmp_path / "empty.txt")).status is Status.FAIL
+    missing = check(str(tmp_path / "nope.jsonl"))
+    assert missing.status is Status.FAIL and "does not exist" in missing.found
+    saved = check(str(tmp_path / "saved"))
+    assert saved.status is Status.PASS and "3 rows" in saved.found
+    assert check(str(tmp_path / "saved"), train_split="validation").status is Status.FAIL
+
+
+def test_hub_dataset_offline_says_what_it_can(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    result = doctor.check_dataset(DataArgs(dataset="dskit-test/no-such-dataset", local_dataset=False))
+    assert (
+        result.status is Status.WARN
+        and "offline" in result.found
+        and "not in the local caches" in result.found
+    )
+
+
+def test_s3_dataset_against_a_loopback_s3(s3: S3Env, tmp_path: Path) -> None:  # noqa: F811
+    s3.client.put_object(Bucket=s3.bucket, Key="data/train.jsonl", Body=b'{"text": "a document"}\n')
+
+    def check(uri: str) -> doctor.Result:
+        return doctor.check_dataset(DataArgs(dataset=uri, data_cache_dir=str(tmp_path)))
+
+    folder = check(s3.uri("data"))
+    assert folder.status is Status.PASS and "1 objects readable" in folder.found
+    assert check(s3.uri("data/train.jsonl")).status is Status.PASS
+    missing = check(s3.uri("nothing-here"))
+    assert missing.status is Status.FAIL and "no objects under" in missing.found
+    no_bucket = check("s3://dskit-doctor-no-such-bucket/data")
+    assert no_bucket.status is Status.FAIL and "does not exist" in no_bucket.found
+
+
+# --- 8. DeepSpeed ops ---------------------------------------------------------------------------------
+
+
+def test_ops_need_a_toolchain_when_not_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cpu_node: Path
+) -> None:
+    ctx = context(extensions_dir=tmp_path / "extensions")  # nothing built there
+    result = doctor.check_ops(ctx, uses_gpus=False)
+    assert result.status is Status.PASS and "will be built on first use" in result.found
+    (tmp_path / "empty-bin").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    monkeypatch.delenv("CXX", raising=False)
+    result = doctor.check_ops(ctx, uses_gpus=False)
+    assert result.status is Status.FAIL, result
+    assert "cpu_adam" in result.found and "ninja, a C++ compiler (c++) not found" in result.found
+    assert "ninja-build g++" in result.fix
+
+
+# --- the launchers -------------------------------------------------------------------------------------
+
+# Stands in for the repo's .venv/bin/python in a rendered script: the version probe gets fixed values, every
+# other call is recorded (arguments, then the launch variables it was given); DOCTOR_EXIT sets the doctor's exit.
+FAKE_PYTHON = r"""#!/usr/bin/env bash
+if [[ "$1" == -c ]]; then echo "0 3.11.7 2.6.0 none 0.19.8"; exit 0; fi
+printf '%s\0' "$@" "ENV CUDA_VERSION=$CUDA_VERSION GPUS_PER_NODE=$GPUS_PER_NODE CPU_RANKS=$CPU_RANKS EFA=$EFA NODES=$SLURM_JOB_NUM_NODES" \
+  >"$CALLS/$(date +%s%N)"
+if [[ "$3" == doctor ]]; then echo "doctor: 0 PASS, 0 WARN, 1 FAIL, 0 SKIP"; exit "${DOCTOR_EXIT:-0}"; fi
+"""
+STUB = "#!/usr/bin/env bash\n"  # uv, torchrun, srun, scontrol: succeed, do nothing
+SRUN = '#!/usr/bin/env bash\nwhile [[ "$1" == -* ]]; do shift; done\nexec "$@"\n'
+SCONTROL = '#!/usr/bin/env bash\n[[ "$1 $2" == "show hostnames" ]] && printf "n1\\nn2\\n"; exit 0\n'
+
+
+def launch(
+    tmp_path: Path, script: str, env: dict[str, str]
+) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
+    repo, calls, bin_dir = tmp_path / "repo", tmp_path / "calls", tmp_path / "bin"
+    for d in (repo / "src", calls):
+        d.mkdir(parents=True, exist_ok=True)
+    (repo / "src" / "train_deepspeed.py").write_text("")
+    render.write_scripts(render.render_scripts(render.LaunchValues()), repo)
+    executable(repo / ".venv" / "bin" / "python", FAKE_PYTHON)
+    for name, text in {"uv": STUB, "torchrun": STUB, "srun": SRUN, "scontrol": SCONTROL}.items():
+        executable(bin_dir / name, text)
+    executable(repo / ".venv" / "bin" / "torchrun", STUB)
+    full_env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "HOME": os.environ.get("HOME", "/root"),
+        "CALLS": str(calls),
+        "SLURM_SUBMIT_DIR": str(repo),
+        "SLURM_JOB_ID": "7",
+        "SLURM_JOB_NAME": "t",
+        "SLURM_JOB_NODELIST": "n[1-2]",
+        "SLURM_JOB_NUM_NODES": "2",
+        **env,
+    }
+    proc = subprocess.run(
+        [str(repo / script), "--seed", "3"],
+        cwd=repo,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    recorded = [path.read_bytes().decode().split("\0")[:-1] for path in sorted(calls.iterdir())]
+    return proc, recorded
+
+
+@pytest.mark.parametrize("script", list(render.SCRIPTS))
+def test_launchers_run_the_doctor_before_prepare(tmp_path: Path, script: str) -> None:
+    proc, calls = launch(tmp_path, script, {"CUDA_VERSION": "12.9", "CPU_RANKS": "3"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doctor_call, prepare_call = calls[0], calls[1]
+    assert doctor_call[:5] == ["-m", "model_utils.cli", "doctor", "--seed", "3"]
+    nodes, efa = ("2", "auto") if script == "train.sbatch" else ("1", "auto")
+    assert doctor_call[-1] == f"ENV CUDA_VERSION=12.9 GPUS_PER_NODE=8 CPU_RANKS=3 EFA={efa} NODES={nodes}"
+    assert prepare_call[:3] == ["-m", "model_utils.cli", "prepare"]
+
+
+@pytest.mark.parametrize("script", list(render.SCRIPTS))
+def test_a_doctor_fail_stops_the_launch(tmp_path: Path, script: str) -> None:
+    proc, calls = launch(tmp_path, script, {"DOCTOR_EXIT": "1"})
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output
+    assert "error: dskit doctor stopped the launch on" in output and "fix what it reports above" in output
+    assert len(calls) == 1, "prepare or torchrun ran after a FAIL"
+
+
+def test_committed_launchers_call_the_doctor() -> None:
+    for name in render.SCRIPTS:
+        text = (REPO / name).read_text()
+        assert text.index("run_doctor ") < text.index("model_utils.cli prepare"), name
+
+
+def test_the_real_doctor_stops_a_real_launcher(tmp_path: Path) -> None:
+    """train-singlenode.sh as rendered, with the repo's own python for the doctor: a real FAIL stops it."""
+    repo, calls, bin_dir = tmp_path / "repo", tmp_path / "calls", tmp_path / "bin"
+    for d in (repo / "src", calls):
+        d.mkdir(parents=True)
+    (repo / "src" / "train_deepspeed.py").write_text("")
+    render.write_scripts(render.render_scripts(render.LaunchValues()), repo)
+    # the doctor runs for real; the version probe and `prepare` are recorded instead of run
+    executable(
+        repo / ".venv" / "bin" / "python",
+        "#!/usr/bin/env bash\n"
+        'if [[ "$3" == doctor ]]; then exec ' + sys.executable + ' "$@"; fi\n'
+        'if [[ "$1" == -c ]]; then echo "0 3.11.7 2.6.0 none 0.19.8"; exit 0; fi\n'
+        'printf "%s\\0" "$@" >"$CALLS/$(date +%s%N)"\n',
+    )
+    executable(repo / ".venv" / "bin" / "torchrun", STUB)
+    executable(bin_dir / "uv", STUB)
+    env = {
+        **{
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("SLURM_", "EFA", "GPUS_PER", "CPU_RANKS"))
+        },
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "CALLS": str(calls),
+        "DS_ACCELERATOR": "cpu",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TORCH_EXTENSIONS_DIR": str(REPO / ".cache" / "torch_extensions"),
+        "JOB_NAME": "doctor-test",
+    }
+    per_checkpoint = QWEN3_0_6B_PARAMS * 14
+    keep = shutil.disk_usage(repo).free // per_checkpoint + 1
+    proc = subprocess.run(
+        [str(repo / "train-singlenode.sh"), "--model", "qwen3-0.6b", "--keep_checkpoints", str(keep)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 2, output
+    assert "dskit doctor on " in output and "(1 node):" in output
+    assert "checkpoint disk FAIL" in " ".join(output.split())
+    assert "error: dskit doctor stopped the launch on" in output
+    assert list(calls.iterdir()) == [], "prepare ran after the doctor failed"
+    (log,) = (repo / "logs").glob("doctor-test_*.out")
+    assert "doctor: " in log.read_text()

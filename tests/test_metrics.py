@@ -1,0 +1,96 @@
+"""Metric arithmetic: FLOPs per token, device peaks, throughput, memory, and the JSONL writer."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from model_utils import metrics
+from model_utils.presets import PRESETS
+
+
+@pytest.mark.parametrize(
+    ("name", "peak"),
+    [
+        ("NVIDIA H100 80GB HBM3", 989.0),  # SXM
+        ("NVIDIA H100 PCIe", 756.0),
+        ("NVIDIA H200", 989.0),
+        ("NVIDIA A100-SXM4-80GB", 312.0),
+        ("NVIDIA A100 80GB PCIe", 312.0),
+        ("NVIDIA L40S", 362.0),
+        ("NVIDIA B200", 2250.0),
+        ("NVIDIA GeForce RTX 4090", None),
+        ("cpu", None),
+    ],
+)
+def test_peak_table_matches_device_names_as_torch_reports_them(name: str, peak: float | None) -> None:
+    assert metrics.peak_tflops(name) == peak
+
+
+def test_peak_override_wins() -> None:
+    assert metrics.peak_tflops("cpu", 1.5) == 1.5
+    assert metrics.peak_tflops("NVIDIA H100 80GB HBM3", 500.0) == 500.0
+
+
+def test_qwen3_0_6b_flops_per_token_matches_the_hand_count() -> None:
+    """6N + causal attention: N = 596.0M (tied embedding counted once, as the output projection)."""
+    config = PRESETS["qwen3-0.6b"].build_config()
+    n = 596_049_920
+    attention = 6 * 28 * 16 * 128 * 2048  # layers x heads x head_dim x seq
+    assert metrics.flops_per_token(config, 2048) == 6 * n + attention
+    assert metrics.flops_per_token(config, 2048) / 1e9 == pytest.approx(4.281, abs=1e-3)
+
+
+def test_untied_input_embedding_is_not_a_matmul() -> None:
+    config = PRESETS["tiny-qwen3"].build_config()
+    config.tie_word_embeddings = False
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    total = sum(p.numel() for p in model.parameters())
+    assert metrics.matmul_parameters(model) == total - config.vocab_size * config.hidden_size
+    config.tie_word_embeddings = True
+    with torch.device("meta"):
+        tied = AutoModelForCausalLM.from_config(config)
+    assert metrics.matmul_parameters(tied) == sum(p.numel() for p in tied.parameters())
+
+
+def test_throughput_per_device_tflops_and_mfu() -> None:
+    rate = metrics.throughput(tokens=8192, seconds=2.0, world_size=4, flops_per_tok=1e9, peak=10.0)
+    assert rate.tokens_per_s == 4096 and rate.tokens_per_s_per_device == 1024
+    assert rate.tflops_per_device == pytest.approx(1024 * 1e9 / 1e12)
+    assert rate.mfu == pytest.approx(rate.tflops_per_device / 10.0)
+    assert metrics.throughput(8192, 2.0, 4, 1e9, None).mfu is None
+
+
+def test_memory_on_cpu_is_host_rss_only() -> None:
+    alloc, peak, rss = metrics.memory_gib(torch.device("cpu"))
+    assert alloc is None and peak is None
+    assert rss == pytest.approx(psutil.Process().memory_info().rss / 2**30, rel=0.2)
+
+
+def test_step_clock_leaves_out_validation_and_saves() -> None:
+    clock = metrics.StepClock(started=0.0)
+    clock.excluded_s = 5.0
+    assert clock.elapsed() == pytest.approx(metrics.time.perf_counter() - 5.0)
+
+
+def test_metrics_file_appends_strict_json(tmp_path: Path) -> None:
+    path = tmp_path / "logs" / "run.metrics.jsonl"
+    metrics.MetricsFile(path).write({"step": 1, "grad_norm": math.nan, "loss": 2.5})
+    metrics.MetricsFile(path).write({"step": 2, "loss": math.inf})
+    records = [json.loads(line) for line in path.read_text().splitlines()]  # strict: no NaN tokens
+    assert [r["step"] for r in records] == [1, 2]
+    assert records[0]["grad_norm"] is None and records[0]["loss"] == 2.5 and records[1]["loss"] is None
+    assert all(isinstance(r["time"], float) for r in records)
+    metrics.MetricsFile(None).write({"step": 3})  # off: writes nothing, no error
+
+
+def test_format_duration() -> None:
+    assert metrics.format_duration(3725.9) == "1:02:05"
+    assert metrics.format_duration(-3) == "0:00:00"

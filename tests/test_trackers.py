@@ -1,0 +1,273 @@
+"""`--report_to`: real TensorBoard event files and a real MLflow SQLite store, read back with their own readers.
+
+A requeue is simulated in-process: open, log, close, then open again with the resume state the first open
+returned (what the trainer keeps in checkpoints), as a requeued job does.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import time
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from model_utils.errors import ConfigError
+from model_utils.trackers import (
+    MlflowTracker,
+    NoTracker,
+    flatten_params,
+    open_tracker,
+    redacted,
+    scalar_items,
+)
+
+RUN_ID = "tiny_qwen3-20261122-160000"
+CONFIG = {
+    "model": {"model": "tiny-qwen3", "seq_length": 256},
+    "optim": {"lr": 0.003, "betas": [0.9, 0.95], "deepspeed_config": "deepspeed/ds_config.json"},
+    "loop": {"max_steps": 100, "metrics_file": None},
+    "notes": "x" * 2000,
+}
+
+
+def record(step: int, offset: float = 0.0) -> dict:
+    """A training record as the trainer writes it (CPU: no device memory, no MFU)."""
+    return {
+        "step": step,
+        "time": 1_790_000_000.0 + step,
+        "loss": 8.0 - step / 10 + offset,
+        "lr": 1e-3 * step,
+        "grad_norm": float("nan"),
+        "tokens_per_s": 1000.0 + step,
+        "mfu": None,
+        "device_mem_alloc_gib": None,
+        "host_rss_gib": 1.5,
+        "skipped_steps": 0,
+        "tokens_seen": 512 * step,
+    }
+
+
+def tensorboard_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    acc = EventAccumulator(str(run_dir))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_scalar_items_groups_names_and_skips_none_nan_and_strings():
+    items = dict(scalar_items({**record(3), "event": "checkpoint", "val_loss": 4.5, "custom": 1, "x/y": 2}))
+    assert items["train/loss"] == pytest.approx(7.7)
+    assert items["val/loss"] == 4.5
+    assert items["perf/tokens_per_s"] == 1003.0
+    assert items["memory/host_rss_gib"] == 1.5
+    assert items["progress/tokens_seen"] == 1536.0
+    assert items["train/custom"] == 1.0 and items["x/y"] == 2.0
+    for absent in ("train/grad_norm", "perf/mfu", "memory/device_alloc_gib", "step", "time", "event"):
+        assert absent not in items
+
+
+def test_none_is_a_no_op_that_keeps_other_trackers_state(tmp_path):
+    previous = {"tensorboard": {"run": RUN_ID}}
+    tracker, state = open_tracker(
+        "none", run_id=RUN_ID, log_dir=tmp_path, config=CONFIG, tracking_uri=None, resume_state=previous
+    )
+    assert isinstance(tracker, NoTracker)
+    tracker.log_metrics(1, {"loss": 1.0})
+    tracker.close()
+    assert state == previous
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unknown_report_to_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="none, tensorboard, mlflow"):
+        open_tracker(
+            "wandb", run_id=RUN_ID, log_dir=tmp_path, config={}, tracking_uri=None, resume_state=None
+        )
+
+
+def test_tensorboard_requeue_continues_the_same_run_dir(tmp_path):
+    tracker, state = open_tracker(
+        "tensorboard", run_id=RUN_ID, log_dir=tmp_path, config=CONFIG, tracking_uri=None, resume_state=None
+    )
+    for step in (1, 2, 3):
+        tracker.log_metrics(step, record(step))
+    tracker.log_metrics(3, {"step": 3, "val_loss": 6.5, "val_ppl": math.exp(6.5)})
+    tracker.close()
+
+    # The requeued job passes back what was stored in the checkpoint, and a new run_id it would not use.
+    tracker, state2 = open_tracker(
+        "tensorboard",
+        run_id="tiny_qwen3-20261122-170000",
+        log_dir=tmp_path,
+        config=CONFIG,
+        tracking_uri=None,
+        resume_state=state,
+        resume_step=3,
+    )
+    for step in (4, 5):
+        tracker.log_metrics(step, record(step))
+    tracker.close()
+
+    assert state2 == state == {"tensorboard": {"run": RUN_ID}}
+    run_dirs = list((tmp_path / "tensorboard").iterdir())
+    assert run_dirs == [tmp_path / "tensorboard" / RUN_ID]
+    scalars = tensorboard_scalars(run_dirs[0])
+    assert [s for s, _ in scalars["train/loss"]] == [1, 2, 3, 4, 5]
+    assert [v for _, v in scalars["train/loss"]] == pytest.approx([8.0 - s / 10 for s in range(1, 6)])
+    assert scalars["train/lr"][-1] == (5, pytest.approx(5e-3))
+    assert scalars["val/loss"] == [(3, 6.5)]
+    assert "train/grad_norm" not in scalars and "perf/mfu" not in scalars
+    # The config is logged once, by the fresh start.
+    acc = EventAccumulator(str(run_dirs[0]), size_guidance={"tensors": 0})
+    acc.Reload()
+    config_events = acc.Tensors("config/text_summary")
+    assert len(config_events) == 1
+    assert '"max_steps": 100' in config_events[0].tensor_proto.string_val[0].decode()
+
+
+def test_tensorboard_requeue_replaces_steps_logged_after_the_checkpoint(tmp_path):
+    """A job killed at step 5 after checkpointing at 3: the requeued job's steps 4-5 replace the lost ones."""
+    tracker, state = open_tracker(
+        "tensorboard", run_id=RUN_ID, log_dir=tmp_path, config=CONFIG, tracking_uri=None, resume_state=None
+    )
+    for step in range(1, 6):
+        tracker.log_metrics(step, record(step))
+    tracker.log_metrics(5, {"step": 5, "val_loss": 9.0})
+    tracker.close()
+    time.sleep(1.1)  # event files are named by the second they were opened in
+    tracker, _ = open_tracker(
+        "tensorboard",
+        run_id=RUN_ID,
+        log_dir=tmp_path,
+        config=CONFIG,
+        tracking_uri=None,
+        resume_state=state,
+        resume_step=3,
+    )
+    for step in (4, 5):
+        tracker.log_metrics(step, record(step, offset=100.0))
+    tracker.close()
+
+    scalars = tensorboard_scalars(tmp_path / "tensorboard" / RUN_ID)
+    assert [s for s, _ in scalars["train/loss"]] == [1, 2, 3, 4, 5]
+    assert [v for _, v in scalars["train/loss"]][3:] == pytest.approx([107.6, 107.5])
+    # Not logged again after the resume, but lost with the interrupted job all the same.
+    assert scalars.get("val/loss", []) == []
+
+
+@pytest.fixture(scope="module")
+def mlflow_store(tmp_path_factory) -> Path:
+    """One log dir for the MLflow tests: creating the SQLite tables takes seconds."""
+    return tmp_path_factory.mktemp("mlflow_logs")
+
+
+def test_mlflow_requeue_continues_the_same_run(mlflow_store, capfd, recwarn):
+    from mlflow.tracking import MlflowClient
+
+    started = time.perf_counter()
+    tracker, state = open_tracker(
+        "mlflow", run_id=RUN_ID, log_dir=mlflow_store, config=CONFIG, tracking_uri=None, resume_state=None
+    )
+    first_open_s = time.perf_counter() - started
+    # Creating the tables logs INFO lines and SQLAlchemy warns inside MLflow: none of it reaches the log.
+    out, err = capfd.readouterr()
+    assert "INFO" not in out + err, out + err
+    assert not [w for w in recwarn if "sqlalchemy" in w.filename or "mlflow" in w.filename]
+    for step in (1, 2, 3):
+        tracker.log_metrics(step, record(step))
+    tracker.log_metrics(3, {"step": 3, "time": 1_790_000_003.0, "val_loss": 6.5})
+    tracker.close()
+
+    started = time.perf_counter()
+    tracker, state2 = open_tracker(
+        "mlflow",
+        run_id=RUN_ID,
+        log_dir=mlflow_store,
+        config={**CONFIG, "loop": {"max_steps": 200}},  # a changed flag must not clash with the logged param
+        tracking_uri=None,
+        resume_state=state,
+        resume_step=3,
+    )
+    reopen_s = time.perf_counter() - started
+    for step in (4, 5):
+        tracker.log_metrics(step, record(step))
+    tracker.close()
+    print(f"mlflow first open {first_open_s:.1f}s, reopen {reopen_s:.2f}s")
+
+    db = mlflow_store / "mlflow.db"
+    assert db.is_file()
+    assert state2 == state
+    assert state["mlflow"]["tracking_uri"] == f"sqlite:///{db.resolve()}"
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    experiment = client.get_experiment_by_name("dskit")
+    runs = client.search_runs([experiment.experiment_id])
+    assert [r.info.run_id for r in runs] == [state["mlflow"]["run_id"]]
+    run = runs[0]
+    assert run.info.run_name == RUN_ID and run.data.tags["dskit.run_id"] == RUN_ID
+    assert run.info.status == "FINISHED"
+    history = client.get_metric_history(run.info.run_id, "train/loss")
+    assert [(m.step, m.value) for m in history] == [(s, pytest.approx(8.0 - s / 10)) for s in range(1, 6)]
+    assert history[0].timestamp == 1_790_000_001_000
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "val/loss")] == [(3, 6.5)]
+    assert client.get_metric_history(run.info.run_id, "train/grad_norm") == []
+    assert client.get_metric_history(run.info.run_id, "perf/mfu") == []
+    params = run.data.params
+    assert params["optim.lr"] == "0.003" and params["loop.max_steps"] == "100"
+    assert params["optim.betas"] == "[0.9, 0.95]" and params["loop.metrics_file"] == "null"
+    assert len(params["notes"]) == 500
+    # Artifacts of the local store stay under the log dir, not in the working dir.
+    assert experiment.artifact_location == (mlflow_store / "mlflow-artifacts").resolve().as_uri()
+
+
+def test_mlflow_resume_state_from_a_lost_store_starts_a_new_run(mlflow_store, capsys):
+    stale = {
+        "mlflow": {"run_id": "0" * 32, "tracking_uri": f"sqlite:///{(mlflow_store / 'mlflow.db').resolve()}"}
+    }
+    tracker, state = open_tracker(
+        "mlflow", run_id="other-run", log_dir=mlflow_store, config={}, tracking_uri=None, resume_state=stale
+    )
+    tracker.close()
+    assert state["mlflow"]["run_id"] != "0" * 32
+    assert "starting a new run" in capsys.readouterr().out
+
+
+def test_mlflow_logging_failures_after_the_open_warn_once_and_do_not_stop_training(mlflow_store, capsys):
+    from mlflow.tracking import MlflowClient
+
+    tracker = MlflowTracker(MlflowClient(f"sqlite:///{mlflow_store / 'mlflow.db'}"), "f" * 32)  # no such run
+    for step in (1, 2, 3):
+        tracker.log_metrics(step, record(step))
+    warnings = [line for line in capsys.readouterr().out.splitlines() if "WARNING: MLflow" in line]
+    assert len(warnings) == 1 and "logging step 1 failed" in warnings[0]
+
+
+def test_mlflow_unopenable_tracking_uris_are_config_errors(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with socket.socket() as s:  # a loopback port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]
+    cases = {
+        f"sqlite:///{blocker}/mlflow.db": "cannot open MLflow tracking URI",
+        "bogus://somewhere": "cannot open MLflow tracking URI",
+        f"file://{tmp_path}/mlruns": "cannot open MLflow tracking URI",
+        f"http://user:secret@127.0.0.1:{closed_port}": "not reachable",
+    }
+    for uri, message in cases.items():
+        started = time.perf_counter()
+        with pytest.raises(ConfigError, match=message) as err:
+            open_tracker(
+                "mlflow", run_id=RUN_ID, log_dir=tmp_path, config={}, tracking_uri=uri, resume_state=None
+            )
+        assert time.perf_counter() - started < 30, uri
+        assert "secret" not in str(err.value)
+        assert "\n" not in str(err.value)
+
+
+def test_flatten_params_and_redaction():
+    params = flatten_params({"a": {"b": {"c": 1}, "empty": {}}, "bad key!": "v", "long": "y" * 9000})
+    assert params == {"a.b.c": "1", "a.empty": "{}", "bad key_": "v", "long": "y" * 497 + "..."}
+    assert redacted("https://u:p@mlflow.example:5000/x") == "https://mlflow.example:5000/x"
+    assert redacted("sqlite:////abs/mlflow.db") == "sqlite:////abs/mlflow.db"
