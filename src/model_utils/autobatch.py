@@ -30,6 +30,7 @@ from model_utils import kernels
 from model_utils.arguments import TrainConfig, load_deepspeed_json
 from model_utils.errors import ConfigError
 from model_utils.log import print0
+from model_utils.models import training_dtype
 
 HEADROOM = 0.9  # a candidate must peak under this fraction of the GPU's memory
 MAX_MICRO_BATCH = 256  # the probe stops here even when more would fit
@@ -113,14 +114,6 @@ def gpu_reserve_bytes(ds_config: dict[str, Any], n_params: int, world_size: int)
     return optimizer + buckets
 
 
-def _training_dtype(ds_config: dict[str, Any]) -> torch.dtype:
-    if (ds_config.get("bf16") or {}).get("enabled"):
-        return torch.bfloat16
-    if (ds_config.get("fp16") or {}).get("enabled"):
-        return torch.float16
-    return torch.float32
-
-
 def _architecture_hash(model_config: Any) -> str:
     d = model_config.to_dict()
     d.pop("transformers_version", None)
@@ -201,7 +194,7 @@ def resolve(
         f"{chosen.describe()}|reserve {reserve // 2**20} MiB"
     )
     cache = ProbeCache(Path(cfg.data.data_cache_dir) / CACHE_FILE)
-    probe = _GpuProbe(model_config, _training_dtype(ds_config), chosen, seq_length, reserve)
+    probe = _GpuProbe(model_config, training_dtype(ds_config), chosen, seq_length, reserve)
     try:
         with kernels.patches_undone(skeleton):
             found, from_cache = cached_search(

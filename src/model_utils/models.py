@@ -121,6 +121,17 @@ def check_vocab(tokenizer: Any, model_config: Any) -> None:
         )
 
 
+def training_dtype(ds_config: dict[str, Any]) -> Any:
+    """The dtype DeepSpeed trains in (bf16/fp16 sections of its config), the dtype models are built in."""
+    import torch
+
+    if (ds_config.get("bf16") or {}).get("enabled"):
+        return torch.bfloat16
+    if (ds_config.get("fp16") or {}).get("enabled"):
+        return torch.float16
+    return torch.float32
+
+
 def build_model(source: ModelSource, model_config: Any, seed: int, dtype: Any) -> Any:
     """Random init for presets (same weights on every rank for a seed); pretrained weights otherwise.
 

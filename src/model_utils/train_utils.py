@@ -22,7 +22,7 @@ from model_utils.concat_dataset import BlockSampler, DataPosition, validation_in
 from model_utils.distributed import DistInfo, all_reduce_mean, any_rank, decide_on_main, reduce_floats
 from model_utils.errors import ConfigError
 from model_utils.log import end_progress0, print0, progress0, warn0
-from model_utils.models import build_model
+from model_utils.models import build_model, training_dtype
 from model_utils.preemption import StopRequest, slurm_restart_count
 from model_utils.preflight import PreparedRun
 
@@ -80,14 +80,6 @@ def metrics_path(setting: str, report_dir: str, run_id: str) -> Path | None:
     return Path(report_dir) / f"{run_id}.metrics.jsonl"
 
 
-def _training_dtype(ds_config: dict[str, Any]) -> torch.dtype:
-    if ds_config.get("bf16", {}).get("enabled"):
-        return torch.bfloat16
-    if ds_config.get("fp16", {}).get("enabled"):
-        return torch.float16
-    return torch.float32
-
-
 class Trainer:
     def __init__(self, cfg: TrainConfig, run: PreparedRun, dist: DistInfo) -> None:
         import deepspeed
@@ -115,7 +107,7 @@ class Trainer:
         self.val_idx = self._validation_indices()
         self.ds_config = resolve_deepspeed_config(cfg, total_steps=loop.max_steps)
         # Weights are identical on every rank (one seed); data order and dropout differ per rank.
-        model = build_model(run.source, run.model_config, loop.seed, _training_dtype(self.ds_config))
+        model = build_model(run.source, run.model_config, loop.seed, training_dtype(self.ds_config))
         model = kernels.optimize_model(model, cfg.model, dist.device)
         self.flops_per_token = metrics.flops_per_token(
             run.model_config, cfg.data.seq_length, metrics.matmul_parameters(model)
