@@ -72,16 +72,15 @@ def all_reduce_mean(value: float, device: torch.device) -> float:
     return t.item() / torch.distributed.get_world_size()
 
 
-def reduce_floats(values: list[float], device: torch.device, op: str) -> list[float]:
-    """Several floats reduced across ranks in one collective: op "mean" or "max"."""
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    if op == "mean":
-        torch.distributed.all_reduce(t)
-        t /= torch.distributed.get_world_size()
-    else:
-        assert op == "max", op
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-    return t.tolist()
+def mean_and_max(
+    means: list[float], maxima: list[float], device: torch.device
+) -> tuple[list[float], list[float]]:
+    """Across ranks, the mean of each of `means` and the largest of each of `maxima`, in one collective."""
+    t = torch.tensor(means + maxima, dtype=torch.float64, device=device)
+    gathered = [torch.empty_like(t) for _ in range(torch.distributed.get_world_size())]
+    torch.distributed.all_gather(gathered, t)
+    stacked = torch.stack(gathered)
+    return stacked[:, : len(means)].mean(0).tolist(), stacked[:, len(means) :].amax(0).tolist()
 
 
 def barrier() -> None:

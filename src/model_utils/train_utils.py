@@ -19,7 +19,7 @@ import torch
 from model_utils import checkpoint, kernels, launch_manifest, metrics, trackers, walltime
 from model_utils.arguments import TrainConfig, resolve_deepspeed_config
 from model_utils.concat_dataset import BlockSampler, DataPosition, validation_indices
-from model_utils.distributed import DistInfo, all_reduce_mean, any_rank, decide_on_main, reduce_floats
+from model_utils.distributed import DistInfo, all_reduce_mean, any_rank, decide_on_main, mean_and_max
 from model_utils.errors import ConfigError
 from model_utils.log import end_progress0, print0, progress0, warn0
 from model_utils.models import build_model, training_dtype
@@ -263,11 +263,12 @@ class Trainer:
         clock, s, loop = self.clock, self.state, self.cfg.loop
         elapsed = clock.elapsed()
         step_time = elapsed / clock.steps
-        loss, data_wait = reduce_floats(
-            [clock.loss_sum / clock.steps, clock.data_wait_s / elapsed], self.dist.device, "mean"
-        )
         alloc, peak, rss = metrics.memory_gib(self.dist.device)
-        alloc, peak, rss = reduce_floats([alloc or 0.0, peak or 0.0, rss], self.dist.device, "max")
+        (loss, data_wait), (alloc, peak, rss) = mean_and_max(
+            [clock.loss_sum / clock.steps, clock.data_wait_s / elapsed],
+            [alloc or 0.0, peak or 0.0, rss],
+            self.dist.device,
+        )
         on_gpu = self.dist.device.type == "cuda"
         rate = metrics.throughput(
             self.tokens_per_step * clock.steps,
