@@ -220,7 +220,7 @@ STUB = r"""#!/usr/bin/env bash
 name=$(basename "$0")
 record() {
   printf '%s\0' "$name" "$@" "ENV NCCL_HOSTILE=${NCCL_HOSTILE-}" "ENV DS_ACCELERATOR=${DS_ACCELERATOR-}" \
-    "ENV MASTER_ADDR=${MASTER_ADDR-}" >"$STUB_CALLS/$(date +%s%N)-$name"
+    "ENV MASTER_ADDR=${MASTER_ADDR-}" "ENV DSKIT_LOG_FILE=${DSKIT_LOG_FILE-}" >"$STUB_CALLS/$(date +%s%N)-$name"
 }
 case "$name" in
   python | python3)
@@ -230,7 +230,12 @@ case "$name" in
     case "$1 $2" in
       "show hostnames") printf 'n1\nn2\n' ;;
       "show node") [[ "$3" == n2 ]] ;;
+      "show job") printf '   StdOut=/fsx/logs/test_%s.out\n' "$3" ;;
     esac ;;
+  torchrun)
+    record "$@"
+    # A trainer that stopped early says why (train_utils: DSKIT_STOP_REASON_FILE).
+    if [[ -n "${STUB_STOP_REASON-}" ]]; then echo "$STUB_STOP_REASON" >"$DSKIT_STOP_REASON_FILE"; fi ;;
   srun)
     record "$@"
     while [[ "$1" == -* ]]; do
@@ -360,6 +365,18 @@ def test_sbatch_env_overrides_args_pass_through_and_launch(tmp_path: Path) -> No
         "status 0"
     )
     assert not stub.recorded("scontrol")[1:] or all(c[0] != "requeue" for c in stub.recorded("scontrol"))
+
+
+def test_sbatch_requeues_a_run_stopped_for_the_time_limit(tmp_path: Path) -> None:
+    """The trainer saved and stopped before the job's end (walltime): the job requeues itself, as on USR1."""
+    stub = Stubbed(tmp_path)
+    proc = stub.run("train.sbatch", env={"STUB_STOP_REASON": "walltime"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert ["requeue", "12345"] in stub.recorded("scontrol")
+    assert "exit status 0: walltime, requeueing job 12345" in proc.stdout
+    (torchrun,) = stub.recorded("torchrun", with_env=True)
+    assert "ENV DSKIT_LOG_FILE=/fsx/logs/test_12345.out" in torchrun  # metrics go next to the job's log
+    assert not list(stub.repo.glob("logs/.stop_reason_*"))  # read once, then removed
 
 
 def test_sbatch_efa_on_without_efa_is_an_error(tmp_path: Path) -> None:

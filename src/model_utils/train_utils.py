@@ -439,7 +439,9 @@ class Trainer:
         else:
             print0(f"Done: step {s.step}/{self.cfg.loop.max_steps}, {s.tokens_seen} tokens seen")
         if reason != "done" and self.dist.is_main and os.environ.get(STOP_REASON_ENV):
-            Path(os.environ[STOP_REASON_ENV]).write_text(reason + "\n")
+            reason_file = Path(os.environ[STOP_REASON_ENV])
+            reason_file.parent.mkdir(parents=True, exist_ok=True)
+            reason_file.write_text(reason + "\n")
         if train_s > 0:
             print0(
                 f"Metrics overhead: {self.metrics_overhead_s:.3f} s of {train_s:.1f} s training "
