@@ -226,8 +226,11 @@ def test_singlenode_runs_on_the_named_node(cluster, tmp_path: Path, timing) -> N
         assert "Done: step 10/10" in log, log
         assert re.search(r"^END .* exit status 0$", log, re.MULTILINE), log
         assert latest_tag(tmp_path / "ck") == "tiny_qwen3-10steps"
+        metrics = logs[0].with_suffix(".metrics.jsonl")  # written on node2, next to the log on the shared FS
+        records = [json.loads(line) for line in metrics.read_text().splitlines()]
+        assert [r["step"] for r in records if "loss" in r] == [10]
     finally:
-        for path in logs:
+        for path in (REPO / "logs").glob(f"{job_name}_*"):
             path.unlink()
 
 
