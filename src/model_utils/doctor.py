@@ -542,16 +542,6 @@ def check_network(ctx: LaunchContext, uses_gpus: bool, sysfs: Path = INFINIBAND_
 # --- 6. checkpoint disk ---------------------------------------------------------------------------------
 
 
-def count_parameters(model_config: Any) -> int:
-    """Parameters of the model, built on the meta device (no memory, no weights)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(model_config)
-    return sum(p.numel() for p in model.parameters())
-
-
 def _existing_ancestor(path: Path) -> Path:
     path = path.absolute()
     while not path.exists():
@@ -987,7 +977,10 @@ def run_checks(cfg: TrainConfig, ctx: LaunchContext) -> list[Result]:
     if model_config is not None:
         cfg.data.seq_length = models.resolve_seq_length(cfg.data.seq_length, model_config)
         try:
-            n_params = count_parameters(model_config)
+            from model_utils.estimate import model_shape
+
+            # Counted as `dskit estimate` counts them (meta device, tied parameters once).
+            n_params = model_shape(model_config, source.name, source.preset is not None).total_params
         except Exception as e:  # an architecture transformers cannot build: prepare reports it properly
             model_error = f"{type(e).__name__}: {first_line(e)}"
 

@@ -86,6 +86,10 @@ class StepClock:
     def elapsed(self) -> float:
         return time.perf_counter() - self.started - self.excluded_s
 
+    def step_time(self) -> float:
+        assert self.steps > 0
+        return self.elapsed() / self.steps
+
 
 @dataclass(frozen=True)
 class Throughput:

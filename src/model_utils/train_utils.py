@@ -176,10 +176,10 @@ class Trainer:
         )
         return state
 
-    def _open_reporting(self) -> tuple[metrics.MetricsFile, trackers.Tracker | None]:
+    def _open_reporting(self) -> tuple[metrics.MetricsFile, trackers.Tracker]:
         """Rank 0's metrics file and tracker; a resumed run appends to the same file and continues its run."""
         if not self.dist.is_main:
-            return metrics.MetricsFile(None), None
+            return metrics.MetricsFile(None), trackers.NoTracker()
         report = self.cfg.report
         path = metrics_path(report.metrics_file, report.report_dir, self.state.run_id)
         tracker, self.state.tracker_state = trackers.open_tracker(
@@ -262,7 +262,7 @@ class Trainer:
         collect_started = time.perf_counter()
         clock, s, loop = self.clock, self.state, self.cfg.loop
         elapsed = clock.elapsed()
-        step_time = elapsed / clock.steps
+        step_time = clock.step_time()
         alloc, peak, rss = metrics.memory_gib(self.dist.device)
         (loss, data_wait), (alloc, peak, rss) = mean_and_max(
             [clock.loss_sum / clock.steps, clock.data_wait_s / elapsed],
@@ -318,8 +318,7 @@ class Trainer:
         parts.append(f"ETA {metrics.format_duration(eta)}" + self._time_left())
         print0(" | ".join(parts))
         self.metrics.write(record)
-        if self.tracker is not None:
-            self.tracker.log_metrics(s.step, record)
+        self.tracker.log_metrics(s.step, record)
         self.clock = metrics.StepClock()
         self.recent_step_s = step_time
         # The log line's own cost, which the next interval's clock does not include.
@@ -331,7 +330,7 @@ class Trainer:
 
     def show_progress(self, loss: float) -> None:
         clock, step, total = self.clock, self.state.step, self.cfg.loop.max_steps
-        eta = (total - step) * clock.elapsed() / clock.steps if clock.steps else float("nan")
+        eta = (total - step) * clock.step_time() if clock.steps else float("nan")
         eta_text = metrics.format_duration(eta) if math.isfinite(eta) else "?"
         progress0(step, total, f"loss {loss:.4f} | ETA {eta_text}")
 
@@ -342,8 +341,7 @@ class Trainer:
             f"Step {self.state.step}/{self.cfg.loop.max_steps} | Validation Loss {val_loss:.4f} | Perplexity {ppl:.2f}"
         )
         self.metrics.write({"step": self.state.step, "val_loss": val_loss, "val_ppl": ppl})
-        if self.tracker is not None:
-            self.tracker.log_metrics(self.state.step, {"val_loss": val_loss, "val_ppl": ppl})
+        self.tracker.log_metrics(self.state.step, {"val_loss": val_loss, "val_ppl": ppl})
 
     def save_checkpoint(self) -> None:
         started = time.perf_counter()
@@ -396,8 +394,7 @@ class Trainer:
         end_progress0()
         self.finish_uploads()
         self._announce_end(reason or "done", time.perf_counter() - train_started)
-        if self.tracker is not None:
-            self.tracker.close()
+        self.tracker.close()
         return self.state
 
     def _announce_start(self) -> None:
@@ -482,7 +479,7 @@ class Trainer:
         if self.walltime is None:
             return walltime.Decision()
         clock = self.clock
-        step_time = clock.elapsed() / clock.steps if clock.steps else self.recent_step_s
+        step_time = clock.step_time() if clock.steps else self.recent_step_s
         ckpt, step = self.cfg.checkpoint, self.state.step
         next_save = min(self.cfg.loop.max_steps, (step // ckpt.checkpoint_freq + 1) * ckpt.checkpoint_freq)
         return self.walltime.decide(step, step_time, next_save)
