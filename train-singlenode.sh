@@ -79,14 +79,20 @@ choose_ranks() {
   fi
 }
 
-# `dskit doctor` with this launch's settings (NODES EFA, then the training flags): a table of checks with their
-# fixes. Run once, before anything expensive; a FAIL stops the launch here, WARNs do not.
-run_doctor() {
-  local nodes=$1 efa=$2
+# `dskit preflight` with this launch's settings (NODES EFA, then the training flags): `dskit doctor` (a table of
+# checks with their fixes), then `dskit prepare` (flags, model, data; builds the packed-data cache), in one
+# process so that torch, transformers and deepspeed are imported once, not once per command. Run once, before
+# anything expensive. A doctor FAIL (exit 1) stops the launch here, WARNs do not; prepare's one-line error
+# (exit 2) stops it with that status.
+run_preflight() {
+  local nodes=$1 efa=$2 status=0
   shift 2
   CUDA_VERSION="$CUDA_VERSION" GPUS_PER_NODE="$GPUS_PER_NODE" CPU_RANKS="$CPU_RANKS" EFA="$efa" \
-    SLURM_JOB_NUM_NODES="$nodes" "${py[@]}" -m model_utils.cli doctor "$@" ||
+    SLURM_JOB_NUM_NODES="$nodes" "${py[@]}" -m model_utils.cli preflight "$@" || status=$?
+  if [[ "$status" -eq 1 ]]; then
     die "dskit doctor stopped the launch on $(hostname): fix what it reports above, then launch again"
+  fi
+  [[ "$status" -eq 0 ]] || exit "$status"
 }
 
 # Extra environment for the ranks: none in the launch values (set env.NAME=VALUE to add some).
@@ -125,10 +131,9 @@ train_here() {
   probe
   choose_ranks
   export_extra_env
-  # Check this machine for the run before anything expensive (one node: no inter-node network to check).
-  run_doctor 1 auto "${train_args[@]}"
-  # Check flags, model and data once, in one process, before any rank starts; builds the packed-data cache.
-  "${py[@]}" -m model_utils.cli prepare "${train_args[@]}"
+  # Check this machine, the flags, the model and the data in one process before any rank starts, and build the
+  # packed-data cache (one node: no inter-node network to check).
+  run_preflight 1 auto "${train_args[@]}"
   .venv/bin/torchrun --standalone --nnodes=1 --nproc_per_node="$nproc_per_node" src/train_deepspeed.py \
     "${train_args[@]}"
 }

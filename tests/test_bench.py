@@ -24,7 +24,8 @@ def test_bench_prints_and_writes_both_rows(
 ) -> None:
     monkeypatch.chdir(tmp_path)  # the packed-data cache (.cache/data) lands here, not in the checkout
     out = tmp_path / "bench.json"
-    assert cli.main(["bench", "--deepspeed_config", *CONFIGS, "--json", str(out)]) == 0
+    vary = "zero_optimization.overlap_comm=false"
+    assert cli.main(["bench", "--deepspeed_config", *CONFIGS, "--vary", vary, "--json", str(out)]) == 0
     printed = capsys.readouterr().out
 
     table = printed[printed.index("variant") :].splitlines()
@@ -32,13 +33,18 @@ def test_bench_prints_and_writes_both_rows(
     assert table[1].startswith("reference: PyTorch") and table[1].rstrip().endswith("1.00x")
     assert table[2].startswith("dskit: ds_config.json, liger auto, compile false")
     assert table[3].startswith("dskit: ds_config_gpu.json")
+    assert table[4].startswith("dskit: ds_config.json zero_optimization.overlap_comm=false, liger auto")
 
     result = json.loads(out.read_text())
     assert (result["device"], result["model"], result["seq_length"]) == ("cpu", "tiny-qwen3", 256)
     assert result["flops_per_token"] > 0 and result["peak_tflops"] is None
     rows = result["rows"]
-    assert [r["kind"] for r in rows] == ["reference", "dskit", "dskit"]
-    assert [r["settings"].get("deepspeed_config") for r in rows[1:]] == CONFIGS
+    assert [r["kind"] for r in rows] == ["reference", "dskit", "dskit", "dskit"]
+    assert [r["settings"].get("deepspeed_config") for r in rows[1:]] == [*CONFIGS, CONFIGS[0]]
+    # The varied row trained with the first config and that one key changed, as DeepSpeed received it.
+    assert rows[3]["settings"]["changed"] == {"zero_optimization.overlap_comm": False}
+    base, varied = rows[1]["settings"]["zero_optimization"], rows[3]["settings"]["zero_optimization"]
+    assert base["overlap_comm"] is True and varied == {**base, "overlap_comm": False}
     steps = result["warmup_steps"] + result["steps"]
     for r in rows:
         assert r["tokens_per_s"] > 0 and r["peak_mem_gib"] > 0 and r["mfu"] is None
@@ -62,6 +68,34 @@ def test_bench_bad_flags_are_one_line(capsys: pytest.CaptureFixture[str]) -> Non
         == "error: --steps and --warmup_steps must be at least 1 (the first step compiles and warms up)"
     )
     assert errors[1].startswith("error: unrecognized arguments: --stepz 3") and len(errors) == 2
+
+
+@pytest.mark.parametrize(
+    ("vary", "message"),
+    [
+        ("overlap_comm", "--vary 'overlap_comm': use KEY=V1,V2 with a dotted DeepSpeed config key"),
+        ("zero_optimization..stage=1", "use KEY=V1,V2 with a dotted DeepSpeed config key"),
+        ("bf16.enabled.x=1", "'enabled' in deepspeed/ds_config.json is not a section"),
+        ("zero_optimization.overlap_comn=false", "DeepSpeed rejects"),
+        (
+            "train_micro_batch_size_per_gpu=4",
+            "--micro_batch_size 1 disagrees with train_micro_batch_size_per_gpu",
+        ),
+    ],
+)
+def test_bad_vary_is_one_line_before_any_training(
+    vary: str,
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["bench", "--vary", vary]) == 2
+    captured = capsys.readouterr()
+    errors = captured.err.strip().splitlines()
+    assert len(errors) == 1 and errors[0].startswith("error: ") and message in errors[0], errors
+    assert "variant" not in captured.out  # no table: nothing trained
 
 
 def test_a_row_that_ran_out_of_memory_stays_in_the_table() -> None:

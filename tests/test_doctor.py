@@ -166,6 +166,57 @@ def test_help_describes_the_doctor(capsys: pytest.CaptureFixture[str]) -> None:
     assert out.startswith("usage: dskit doctor") and "GPUS_PER_NODE" in out
 
 
+# --- `dskit preflight`: the doctor, then prepare, in one process (what the launchers run) ------------------
+
+
+def test_preflight_stops_at_a_doctor_fail(
+    cpu_node: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A FAIL row (EFA=on without EFA) and an otherwise clean config: prepare would succeed, but does not run."""
+    monkeypatch.setenv("EFA", "on")
+    code = cli.main(["preflight", "--checkpoint_dir", str(cpu_node / "ck")])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert out.splitlines()[-1].startswith("doctor: ") and " 1 FAIL" in out
+    assert "ok: " not in out, "prepare ran after a FAIL"
+    assert not (cpu_node / ".cache").exists(), "prepare packed the data after a FAIL"
+
+
+def test_preflight_runs_the_doctor_then_prepare(cpu_node: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(["preflight", "--checkpoint_dir", str(cpu_node / "ck")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    lines = out.splitlines()
+    summary = next(i for i, line in enumerate(lines) if line.startswith("doctor: "))
+    (ok,) = [i for i, line in enumerate(lines) if line.startswith("ok: ")]
+    assert summary < ok, out
+    assert " 0 FAIL" in lines[summary] and "fresh start" in lines[ok]
+
+
+def test_preflight_passes_on_prepares_one_line_error(
+    cpu_node: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The doctor passes, prepare refuses the run: one error line and exit 2, as `dskit prepare` alone."""
+    nothing = cpu_node / "nothing"
+    code = cli.main(
+        ["preflight", "--checkpoint_dir", str(cpu_node / "ck"), "--resume_from_checkpoint", str(nothing)]
+    )
+    captured = capsys.readouterr()
+    assert code == 2, captured.out + captured.err
+    assert "doctor: " in captured.out and "ok: " not in captured.out
+    assert captured.err.strip().splitlines() == [
+        f"error: --resume_from_checkpoint {nothing} holds no verified checkpoint: point it at a checkpoint dir "
+        "or a tag dir, or drop the flag"
+    ]
+
+
+def test_preflight_bad_flags_exit_2_with_one_line(cpu_node: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["preflight", "--max_step", "3"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip().splitlines() == ["error: unknown flag --max_step: did you mean --max_steps?"]
+    assert captured.out == ""
+
+
 def test_bad_launch_value_exits_2(
     cpu_node: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -478,14 +529,20 @@ def test_ops_need_a_toolchain_when_not_built(
 # --- the launchers -------------------------------------------------------------------------------------
 
 # Stands in for the repo's .venv/bin/python in a rendered script: the version probe gets fixed values, every
-# other call is recorded (arguments, then the launch variables it was given); DOCTOR_EXIT sets the doctor's exit.
+# other call is recorded (arguments, then the launch variables it was given); PREFLIGHT_EXIT sets the exit of
+# `dskit preflight` (1: a doctor FAIL; 2: prepare's one-line error).
 FAKE_PYTHON = r"""#!/usr/bin/env bash
 if [[ "$1" == -c ]]; then echo "0 3.11.7 2.6.0 none 0.19.8"; exit 0; fi
 printf '%s\0' "$@" "ENV CUDA_VERSION=$CUDA_VERSION GPUS_PER_NODE=$GPUS_PER_NODE CPU_RANKS=$CPU_RANKS EFA=$EFA NODES=$SLURM_JOB_NUM_NODES" \
   >"$CALLS/$(date +%s%N)"
-if [[ "$3" == doctor ]]; then echo "doctor: 0 PASS, 0 WARN, 1 FAIL, 0 SKIP"; exit "${DOCTOR_EXIT:-0}"; fi
+if [[ "$3" == preflight ]]; then
+  echo "doctor: (the stub's table)"
+  if [[ "${PREFLIGHT_EXIT:-0}" == 2 ]]; then echo "error: prepare refused the run" >&2; fi
+  exit "${PREFLIGHT_EXIT:-0}"
+fi
 """
-STUB = "#!/usr/bin/env bash\n"  # uv, torchrun, srun, scontrol: succeed, do nothing
+STUB = "#!/usr/bin/env bash\n"  # uv: succeeds, does nothing
+TORCHRUN = '#!/usr/bin/env bash\nprintf "%s\\0" torchrun "$@" >"$CALLS/$(date +%s%N)"\n'  # recorded
 SRUN = '#!/usr/bin/env bash\nwhile [[ "$1" == -* ]]; do shift; done\nexec "$@"\n'
 SCONTROL = '#!/usr/bin/env bash\n[[ "$1 $2" == "show hostnames" ]] && printf "n1\\nn2\\n"; exit 0\n'
 
@@ -499,9 +556,9 @@ def launch(
     (repo / "src" / "train_deepspeed.py").write_text("")
     render.write_scripts(render.render_scripts(render.LaunchValues()), repo)
     executable(repo / ".venv" / "bin" / "python", FAKE_PYTHON)
-    for name, text in {"uv": STUB, "torchrun": STUB, "srun": SRUN, "scontrol": SCONTROL}.items():
+    for name, text in {"uv": STUB, "torchrun": TORCHRUN, "srun": SRUN, "scontrol": SCONTROL}.items():
         executable(bin_dir / name, text)
-    executable(repo / ".venv" / "bin" / "torchrun", STUB)
+    executable(repo / ".venv" / "bin" / "torchrun", TORCHRUN)
     full_env = {
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
         "HOME": os.environ.get("HOME", "/root"),
@@ -526,47 +583,61 @@ def launch(
 
 
 @pytest.mark.parametrize("script", list(render.SCRIPTS))
-def test_launchers_run_the_doctor_before_prepare(tmp_path: Path, script: str) -> None:
+def test_launchers_run_one_preflight_before_torchrun(tmp_path: Path, script: str) -> None:
     proc, calls = launch(tmp_path, script, {"CUDA_VERSION": "12.9", "CPU_RANKS": "3"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    doctor_call, prepare_call = calls[0], calls[1]
-    assert doctor_call[:5] == ["-m", "model_utils.cli", "doctor", "--seed", "3"]
+    preflight_call, torchrun_call = calls  # the doctor and prepare in one process, then the ranks
+    assert preflight_call[:5] == ["-m", "model_utils.cli", "preflight", "--seed", "3"]
     nodes, efa = ("2", "auto") if script == "train.sbatch" else ("1", "auto")
-    assert doctor_call[-1] == f"ENV CUDA_VERSION=12.9 GPUS_PER_NODE=8 CPU_RANKS=3 EFA={efa} NODES={nodes}"
-    assert prepare_call[:3] == ["-m", "model_utils.cli", "prepare"]
+    assert preflight_call[-1] == f"ENV CUDA_VERSION=12.9 GPUS_PER_NODE=8 CPU_RANKS=3 EFA={efa} NODES={nodes}"
+    assert torchrun_call[0] == "torchrun" and torchrun_call[-2:] == ["--seed", "3"]
 
 
 @pytest.mark.parametrize("script", list(render.SCRIPTS))
 def test_a_doctor_fail_stops_the_launch(tmp_path: Path, script: str) -> None:
-    proc, calls = launch(tmp_path, script, {"DOCTOR_EXIT": "1"})
+    proc, calls = launch(tmp_path, script, {"PREFLIGHT_EXIT": "1"})
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0, output
     assert "error: dskit doctor stopped the launch on" in output and "fix what it reports above" in output
-    assert len(calls) == 1, "prepare or torchrun ran after a FAIL"
+    assert len(calls) == 1, "torchrun ran after a FAIL"
 
 
-def test_committed_launchers_call_the_doctor() -> None:
+@pytest.mark.parametrize("script", list(render.SCRIPTS))
+def test_a_prepare_error_stops_the_launch_with_its_own_line(tmp_path: Path, script: str) -> None:
+    """Preflight's exit 2 (prepare's one-line error, or a bad flag): that status, no doctor message."""
+    proc, calls = launch(tmp_path, script, {"PREFLIGHT_EXIT": "2"})
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 2, output
+    assert "error: prepare refused the run" in output
+    assert "dskit doctor stopped the launch" not in output
+    assert [call[2] for call in calls] == ["preflight"], "torchrun ran after prepare's error"
+
+
+def test_committed_launchers_call_preflight_once() -> None:
     for name in render.SCRIPTS:
         text = (REPO / name).read_text()
-        assert text.index("run_doctor ") < text.index("model_utils.cli prepare"), name
+        assert "model_utils.cli doctor" not in text and "model_utils.cli prepare" not in text, name
+        assert text.count("model_utils.cli preflight") == 1, name
+        call = text.index("\n" + ("  " if name == "train-singlenode.sh" else "") + "run_preflight ")
+        assert call < text.index('--nproc_per_node="$nproc_per_node"'), name
 
 
 def test_the_real_doctor_stops_a_real_launcher(tmp_path: Path) -> None:
-    """train-singlenode.sh as rendered, with the repo's own python for the doctor: a real FAIL stops it."""
+    """train-singlenode.sh as rendered, with the repo's own python for preflight: a real FAIL stops it."""
     repo, calls, bin_dir = tmp_path / "repo", tmp_path / "calls", tmp_path / "bin"
     for d in (repo / "src", calls):
         d.mkdir(parents=True)
     (repo / "src" / "train_deepspeed.py").write_text("")
     render.write_scripts(render.render_scripts(render.LaunchValues()), repo)
-    # the doctor runs for real; the version probe and `prepare` are recorded instead of run
+    # preflight (the doctor, then prepare) runs for real; the version probe is answered, other calls recorded
     executable(
         repo / ".venv" / "bin" / "python",
         "#!/usr/bin/env bash\n"
-        'if [[ "$3" == doctor ]]; then exec ' + sys.executable + ' "$@"; fi\n'
+        'if [[ "$3" == preflight ]]; then exec ' + sys.executable + ' "$@"; fi\n'
         'if [[ "$1" == -c ]]; then echo "0 3.11.7 2.6.0 none 0.19.8"; exit 0; fi\n'
         'printf "%s\\0" "$@" >"$CALLS/$(date +%s%N)"\n',
     )
-    executable(repo / ".venv" / "bin" / "torchrun", STUB)
+    executable(repo / ".venv" / "bin" / "torchrun", TORCHRUN)
     executable(bin_dir / "uv", STUB)
     env = {
         **{
@@ -597,6 +668,7 @@ def test_the_real_doctor_stops_a_real_launcher(tmp_path: Path) -> None:
     assert "dskit doctor on " in output and "(1 node):" in output
     assert "checkpoint disk FAIL" in " ".join(output.split())
     assert "error: dskit doctor stopped the launch on" in output
-    assert list(calls.iterdir()) == [], "prepare ran after the doctor failed"
+    assert "ok: " not in output, "prepare ran after the doctor failed"
+    assert list(calls.iterdir()) == [], "torchrun ran after the doctor failed"
     (log,) = (repo / "logs").glob("doctor-test_*.out")
     assert "doctor: " in log.read_text()

@@ -343,9 +343,9 @@ def test_sbatch_env_overrides_args_pass_through_and_launch(tmp_path: Path) -> No
         "--max_steps",
         "9",
     ]
-    doctor, prepare = stub.recorded("python")  # the doctor checks the node first, with the same flags
-    assert doctor[: 3 + len(train)] == ["-m", "model_utils.cli", "doctor", *train]
-    assert prepare[: 3 + len(train)] == ["-m", "model_utils.cli", "prepare", *train]
+    # One process checks the node, the flags, the model and the data first (doctor, then prepare), same flags.
+    (preflight,) = stub.recorded("python")
+    assert preflight[: 3 + len(train)] == ["-m", "model_utils.cli", "preflight", *train]
     (torchrun,) = stub.recorded("torchrun", with_env=True)
     assert torchrun[:6] == [
         "--nnodes=2",

@@ -490,9 +490,9 @@ class _RecordingDict(dict):
 
 
 def _check_deepspeed_keys(ds: dict[str, Any], path: str) -> None:
-    from model_utils.distributed import select_accelerator
+    from model_utils import startup
 
-    select_accelerator()
+    startup.import_deepspeed()
     from deepspeed.runtime.config import DeepSpeedConfig
 
     recording = _RecordingDict(json.loads(json.dumps(ds)))

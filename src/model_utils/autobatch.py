@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from model_utils import kernels
+from model_utils import kernels, startup
 from model_utils.arguments import TrainConfig, load_deepspeed_json
 from model_utils.errors import ConfigError
 from model_utils.log import print0
@@ -172,6 +172,7 @@ def resolve(
     cfg: TrainConfig, model_config: Any, n_train_blocks: int, n_val_blocks: int | None, world_size: int
 ) -> int:
     """The micro batch for --micro_batch_size auto on this process's device (rank 0 of the run)."""
+    startup.import_deepspeed()
     from deepspeed.accelerator import get_accelerator
 
     if get_accelerator().device_name() != "cuda":  # what the run trains on (DS_ACCELERATOR=cpu on a GPU box)

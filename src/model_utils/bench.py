@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from model_utils import distributed, kernels, metrics, models, preflight
-from model_utils.arguments import AUTO, LIGER_CHOICES, TrainConfig, parse_args
+from model_utils import distributed, kernels, metrics, models, preflight, startup
+from model_utils.arguments import AUTO, LIGER_CHOICES, TrainConfig, load_deepspeed_json, parse_args
 from model_utils.concat_dataset import BlockSampler, DataPosition
 from model_utils.embedded import TOKENIZER_DIR
 from model_utils.errors import CommandParser, ConfigError
@@ -65,6 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         default=[DEFAULT_CONFIG],
         help=f"one kit row per DeepSpeed config (default: {DEFAULT_CONFIG})",
+    )
+    p.add_argument(
+        "--vary",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="one more kit row per value of a dotted DeepSpeed config key, set in the first --deepspeed_config "
+        "(e.g. zero_optimization.overlap_comm=true,false); values are JSON, else text; repeatable",
     )
     p.add_argument("--liger", choices=LIGER_CHOICES, default=AUTO, help="the kit's --liger (default: auto)")
     p.add_argument("--compile", choices=("true", "false"), default="false", help="the kit's --compile")
@@ -219,14 +227,58 @@ def run_reference(work: Workload, cfg: TrainConfig, device: torch.device) -> Row
     return _guarded(row, device, train)
 
 
-def run_kit(work: Workload, cfg: TrainConfig, run: preflight.PreparedRun, dist: distributed.DistInfo) -> Row:
+@dataclass(frozen=True)
+class Variant:
+    """One kit row's DeepSpeed config: a config file, or the first one with one key changed (--vary)."""
+
+    path: str  # what trains
+    source: str  # the config file it came from
+    label: str
+    changed: dict[str, Any] = field(default_factory=dict)
+
+
+def _json_or_text(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw  # e.g. cpu, nvme
+
+
+def vary_variants(base: str, specs: list[str], out_dir: Path) -> list[Variant]:
+    """A config per value of each `KEY=V1,V2` spec: `base` with that one key set, written to `out_dir`."""
+    variants = []
+    for spec in specs:
+        key, _, values = spec.partition("=")
+        path = key.split(".")
+        if not key or not values or not all(path):
+            raise ConfigError(
+                f"--vary {spec!r}: use KEY=V1,V2 with a dotted DeepSpeed config key, "
+                "e.g. --vary zero_optimization.overlap_comm=true,false"
+            )
+        for raw in values.split(","):
+            ds = load_deepspeed_json(base)
+            section = ds
+            for part in path[:-1]:
+                section = section.setdefault(part, {})
+                if not isinstance(section, dict):
+                    raise ConfigError(f"--vary {spec!r}: {part!r} in {base} is not a section (a JSON object)")
+            value = section[path[-1]] = _json_or_text(raw)
+            out = out_dir / f"vary-{len(variants)}-{Path(base).name}"
+            out.write_text(json.dumps(ds, indent=2) + "\n")
+            variants.append(Variant(str(out), base, f"{Path(base).name} {key}={raw}", {key: value}))
+    return variants
+
+
+def run_kit(
+    work: Workload, cfg: TrainConfig, run: preflight.PreparedRun, dist: distributed.DistInfo, variant: Variant
+) -> Row:
     row = Row(
-        name=f"dskit: {Path(cfg.optim.deepspeed_config).name}, liger {cfg.model.liger}, "
-        f"compile {str(cfg.model.compile).lower()}",
+        name=f"dskit: {variant.label}, liger {cfg.model.liger}, compile {str(cfg.model.compile).lower()}",
         kind="dskit",
         micro_batch_size=int(cfg.optim.micro_batch_size),
         settings={
-            "deepspeed_config": cfg.optim.deepspeed_config,
+            "deepspeed_config": variant.source,
+            "changed": variant.changed,
             "liger": cfg.model.liger,
             "compile": cfg.model.compile,
         },
@@ -238,11 +290,13 @@ def run_kit(work: Workload, cfg: TrainConfig, run: preflight.PreparedRun, dist: 
         start = time.perf_counter()
         trainer = Trainer(cfg, run, dist)
         setup_s = time.perf_counter() - start
+        row.settings["zero_optimization"] = trainer.ds_config.get("zero_optimization")  # what DeepSpeed got
         try:
             trainer.engine.train()
             measured = _run_steps(trainer.train_step, dist.device, work.warmup, work.steps)
             work.record(row, start, setup_s, measured, _peak_memory_gib(dist.device))
         finally:
+            trainer.batches.close()
             trainer.engine.destroy()  # releases DeepSpeed's hooks and buffers before the next row
 
     return _guarded(row, dist.device, train)
@@ -329,7 +383,7 @@ def format_table(rows: list[Row]) -> str:
 
 def main(argv: list[str]) -> int:
     ns = build_parser().parse_args(argv)
-    distributed.select_accelerator()
+    startup.import_deepspeed()
     from deepspeed.accelerator import get_accelerator
 
     device_type = "cuda" if get_accelerator().device_name() == "cuda" else "cpu"  # what the kit trains on
@@ -343,8 +397,11 @@ def main(argv: list[str]) -> int:
     model = ns.model or (GPU_MODEL if device_type == "cuda" else CPU_MODEL)
     if ns.seq_length is None and device_type == "cuda":
         ns.seq_length = GPU_SEQ_LENGTH
-    with tempfile.TemporaryDirectory(prefix="dskit-bench-") as checkpoint_dir:
-        configs = [parse_args(_training_flags(ns, model, c, checkpoint_dir)) for c in ns.deepspeed_config]
+    with tempfile.TemporaryDirectory(prefix="dskit-bench-") as scratch:
+        checkpoint_dir = str(Path(scratch) / "checkpoints")
+        variants = [Variant(c, c, Path(c).name) for c in ns.deepspeed_config]
+        variants += vary_variants(ns.deepspeed_config[0], ns.vary, Path(scratch))
+        configs = [parse_args(_training_flags(ns, model, v.path, checkpoint_dir)) for v in variants]
         # Fail fast on an impossible --liger, before any process group, data or model work.
         model_type = models.load_model_config(models.resolve_model_source(model)).model_type
         kernels.plan(configs[0].model, model_type, torch.device(device_type))
@@ -366,7 +423,10 @@ def main(argv: list[str]) -> int:
                 f"{work.accumulation}, {work.warmup} warm-up + {work.steps} timed steps per row"
             )
             rows = [run_reference(work, first, dist.device)]
-            rows += [run_kit(work, cfg, run, dist) for cfg, run in zip(configs, runs, strict=True)]
+            rows += [
+                run_kit(work, cfg, run, dist, variant)
+                for cfg, run, variant in zip(configs, runs, variants, strict=True)
+            ]
     reference = rows[0].tokens_per_s
     for r in rows:
         if reference is not None and r.tokens_per_s is not None:

@@ -34,6 +34,17 @@ def _prepare(train_args: list[str]) -> int:
     return 0
 
 
+def _preflight(train_args: list[str]) -> int:
+    # The launchers' checks before the ranks start, in one process: torch, transformers and deepspeed are
+    # imported once instead of once per command (several seconds each).
+    from model_utils import doctor
+
+    status = doctor.main(train_args)
+    if status != 0 or any(a in ("-h", "--help") for a in train_args):
+        return status  # 1: a FAIL row (its fix is in the table above): the launch stops before prepare
+    return _prepare(train_args)
+
+
 def _render(args: list[str]) -> int:
     from model_utils import render
 
@@ -52,6 +63,10 @@ def _module_main(module: str) -> typing.Callable[[list[str]], int]:
 COMMANDS = {
     "config": (_config, "print the resolved training config for these training flags, as JSON"),
     "prepare": (_prepare, "check training flags, model, tokenizer and data, and build the packed-data cache"),
+    "preflight": (
+        _preflight,
+        "dskit doctor, then dskit prepare, in one process: what the launchers run before the ranks start",
+    ),
     "render": (
         _render,
         "write train.sbatch and train-singlenode.sh from templates/ (--values FILE, --set k=v)",

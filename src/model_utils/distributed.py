@@ -9,6 +9,8 @@ from typing import TypeVar
 
 import torch
 
+from model_utils import startup
+
 T = TypeVar("T")
 
 
@@ -37,17 +39,10 @@ def _require_launcher_env() -> None:
         )
 
 
-def select_accelerator() -> None:
-    """Call before importing deepspeed: without a GPU it would pick the CPU anyway, but warn on stdout."""
-    if not torch.cuda.is_available():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-
-
 def init_distributed() -> DistInfo:
     """gloo with DeepSpeed's CPU accelerator when there is no GPU, nccl on GPUs."""
     _require_launcher_env()
-    select_accelerator()
-    import deepspeed
+    deepspeed = startup.import_deepspeed()
     from deepspeed.accelerator import get_accelerator
 
     local_rank = int(os.environ["LOCAL_RANK"])

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from model_utils import startup
 from model_utils.arguments import REPO_ROOT, DataArgs, TrainConfig, parse_args, resolve_deepspeed_config
 from model_utils.errors import ConfigError, first_line
 
@@ -834,6 +835,7 @@ def _extensions_root(ctx: LaunchContext) -> Path:
 
 def check_ops(ctx: LaunchContext, uses_gpus: bool) -> Result:
     """The ops training JIT-builds: CPUAdam (offloaded optimizer), FusedAdam on GPUs, the shm comm op on CPUs."""
+    startup.import_deepspeed()
     from deepspeed.accelerator import get_accelerator
     from deepspeed.git_version_info import installed_ops
 

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from model_utils import startup
 from model_utils.errors import CommandParser, ConfigError, first_line
 
 GiB = 2**30
@@ -433,6 +434,7 @@ def layout_from_deepspeed(
     offload: str | None = None,
 ) -> ZeroLayout:
     """The layout a resolved DeepSpeed config describes; zero_stage / offload (flags) replace the file's."""
+    startup.import_deepspeed()
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
     zero = dict(ds.get("zero_optimization") or {})

@@ -26,7 +26,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from model_utils import manifest
+from model_utils import manifest, startup
 from model_utils.checkpoint import HF_CONFIG_DIR
 from model_utils.errors import CommandParser, ConfigError, first_line
 
@@ -98,6 +98,7 @@ def _torch_dtype(dtype: str) -> Any:
 
 def _state_dict(load_dir: Path, tag: str, dtype: Any) -> dict[str, Any]:
     """The consolidated fp32 weights, each materialised and cast one tensor at a time (see the module doc)."""
+    startup.import_deepspeed()
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     try:

@@ -91,10 +91,10 @@ def prepare_jit_env(environ: MutableMapping[str, str] = os.environ) -> None:
 
 def warm_deepspeed_ops(names: Iterable[str]) -> None:
     """Build (or load from the extensions dir) DeepSpeed's ops once, outside any timed run."""
-    from model_utils.distributed import select_accelerator
+    from model_utils import startup
 
     prepare_jit_env()
-    select_accelerator()
+    startup.import_deepspeed()
     from deepspeed.accelerator import get_accelerator
 
     for name in names:

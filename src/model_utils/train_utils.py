@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from model_utils import checkpoint, kernels, launch_manifest, metrics, trackers, walltime
+from model_utils import batches, checkpoint, kernels, launch_manifest, metrics, startup, trackers, walltime
 from model_utils.arguments import TrainConfig, resolve_deepspeed_config
 from model_utils.concat_dataset import BlockSampler, DataPosition, validation_indices
 from model_utils.distributed import DistInfo, all_reduce_mean, any_rank, decide_on_main, mean_and_max
@@ -82,7 +82,7 @@ def metrics_path(setting: str, report_dir: str, run_id: str) -> Path | None:
 
 class Trainer:
     def __init__(self, cfg: TrainConfig, run: PreparedRun, dist: DistInfo) -> None:
-        import deepspeed
+        deepspeed = startup.import_deepspeed()
 
         self.cfg = cfg
         self.run = run
@@ -114,12 +114,14 @@ class Trainer:
         )
         self.peak_tflops = metrics.peak_tflops(metrics.device_name(dist.device), cfg.report.peak_tflops)
         torch.manual_seed(loop.seed + dist.rank)
-        self.engine, _, _, _ = deepspeed.initialize(
-            model=model,
-            model_parameters=[p for p in model.parameters() if p.requires_grad],
-            config=self.ds_config,
-        )
+        with startup.cpu_info_computed_once():
+            self.engine, _, _, _ = deepspeed.initialize(
+                model=model,
+                model_parameters=[p for p in model.parameters() if p.requires_grad],
+                config=self.ds_config,
+            )
         self.tokens_per_step = self.sampler.global_batch * cfg.data.seq_length
+        self.batches = batches.StepBatches(run.train_blocks, self.sampler, dist.device)
         self.launch = launch_manifest.collect(cfg.to_dict(), self.ds_config, dist.world_size)
         self.state = self._resume_or_start()
         self.s3 = self._s3_tier()
@@ -217,28 +219,26 @@ class Trainer:
     def _lr(self) -> float:
         return float(self.engine.get_lr()[0])
 
-    def _batch(self, blocks: np.ndarray, indices: np.ndarray) -> torch.Tensor:
-        return torch.as_tensor(np.asarray(blocks[indices], dtype=np.int64), device=self.dist.device)
-
     def train_step(self) -> float:
         """One optimizer step: forward/backward over every micro-batch, DeepSpeed steps at the boundary."""
-        micro_batches = self.sampler.step_indices(self.state.position)
         self.step_lr = self._lr()  # the lr this step runs at (DeepSpeed advances it after the step)
+        fetch_started = time.perf_counter()
+        micro_batches = self.batches.at(self.state.position)
+        self.clock.data_wait_s += time.perf_counter() - fetch_started
         losses = []
-        for indices in micro_batches:
-            fetch_started = time.perf_counter()
-            batch = self._batch(self.run.train_blocks, indices)
-            self.clock.data_wait_s += time.perf_counter() - fetch_started
+        for batch in micro_batches:
             loss = self.engine(input_ids=batch, labels=batch).loss
             self.engine.backward(loss)
             self.engine.step()
-            losses.append(loss.item())
+            losses.append(loss.detach())
         self.state.step += 1
         assert self.engine.global_steps == self.state.step, (self.engine.global_steps, self.state.step)
         self.state.tokens_seen += self.tokens_per_step
         self.state.position = self.sampler.advance(self.state.position)
         self.state.skipped_steps = int(getattr(self.engine, "skipped_steps", 0))
-        loss = sum(losses) / len(losses)
+        loss = (
+            torch.stack(losses).double().mean().item()
+        )  # one wait for the device per step, not per micro-batch
         self.clock.loss_sum += loss
         self.clock.steps += 1
         return loss
@@ -255,7 +255,7 @@ class Trainer:
 
     def _val_batch(self, indices: np.ndarray) -> torch.Tensor:
         assert self.run.val_blocks is not None
-        return self._batch(self.run.val_blocks, indices)
+        return batches.gather(self.run.val_blocks, indices, pin=False).to(self.dist.device)
 
     def log_step(self) -> None:
         """The log line, the metrics record and the tracker, for the steps since the previous log line."""
@@ -392,6 +392,7 @@ class Trainer:
                 self.show_progress(loss)
             reason = self.after_step()
         end_progress0()
+        self.batches.close()
         self.finish_uploads()
         self._announce_end(reason or "done", time.perf_counter() - train_started)
         self.tracker.close()

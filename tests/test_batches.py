@@ -1,0 +1,106 @@
+"""Step batches: the sampler's blocks, gathered one step ahead in a worker thread, pinned on CUDA."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from model_utils.batches import StepBatches
+from model_utils.concat_dataset import BlockSampler, DataPosition
+
+SEQ = 8
+
+
+class RecordingBlocks:
+    """A blocks array that records which thread read which rows, and can fail on demand."""
+
+    def __init__(self, n: int) -> None:
+        self.array = np.arange(n * SEQ, dtype=np.int32).reshape(n, SEQ)
+        self.reads: list[tuple[str, tuple[int, ...]]] = []
+        self.fail_on: set[int] = set()
+
+    def __getitem__(self, indices: np.ndarray) -> np.ndarray:
+        if self.fail_on & set(indices.tolist()):
+            raise OSError("stale file handle")
+        self.reads.append((threading.current_thread().name, tuple(indices.tolist())))
+        return self.array[indices]
+
+
+def expected(blocks: RecordingBlocks, sampler: BlockSampler, pos: DataPosition) -> list[torch.Tensor]:
+    return [torch.from_numpy(blocks.array[idx].astype(np.int64)) for idx in sampler.step_indices(pos)]
+
+
+def test_steps_match_the_sampler_across_an_epoch_and_a_jump() -> None:
+    blocks = RecordingBlocks(20)
+    sampler = BlockSampler(20, micro_batch=2, grad_accum=3, dp_rank=1, dp_world=2, seed=7)
+    loader = StepBatches(blocks, sampler, torch.device("cpu"))
+    pos = DataPosition()
+    for _ in range(5):  # 12 blocks per step, 20 blocks: every step after the first crosses an epoch
+        got = loader.at(pos)
+        want = expected(blocks, sampler, pos)
+        assert len(got) == 3 and all(
+            g.dtype == torch.int64 and torch.equal(g, w) for g, w in zip(got, want, strict=True)
+        )
+        pos = sampler.advance(pos)
+    jump = DataPosition(epoch=9, consumed=0)  # e.g. a resume: not the step prepared ahead
+    assert all(
+        torch.equal(g, w) for g, w in zip(loader.at(jump), expected(blocks, sampler, jump), strict=True)
+    )
+    loader.close()
+
+
+def test_the_next_step_is_read_by_the_worker_while_this_one_trains() -> None:
+    blocks = RecordingBlocks(40)
+    sampler = BlockSampler(40, micro_batch=2, grad_accum=2, dp_rank=0, dp_world=1, seed=0)
+    loader = StepBatches(blocks, sampler, torch.device("cpu"))
+    steps = [DataPosition()]
+    for _ in range(2):
+        steps.append(sampler.advance(steps[-1]))
+    rows = [[tuple(r) for r in sampler.step_indices(p).tolist()] for p in steps]
+
+    def reads_by(worker: bool) -> list[tuple[int, ...]]:
+        return [r for name, r in blocks.reads if name.startswith("dskit-data") == worker]
+
+    loader.at(steps[0])  # nothing was ready: read here, and the second step starts in the worker
+    loader._ahead[1].result()
+    assert reads_by(worker=False) == rows[0] and reads_by(worker=True) == rows[1]
+    blocks.reads.clear()
+    loader.at(steps[1])
+    loader._ahead[1].result()
+    assert reads_by(worker=False) == [], "the prepared step was read again on the training thread"
+    assert reads_by(worker=True) == rows[2]
+    loader.close()
+
+
+def test_a_failed_read_in_the_worker_surfaces_in_the_training_step() -> None:
+    blocks = RecordingBlocks(40)
+    sampler = BlockSampler(40, micro_batch=2, grad_accum=1, dp_rank=0, dp_world=1, seed=0)
+    loader = StepBatches(blocks, sampler, torch.device("cpu"))
+    first = DataPosition()
+    second = sampler.advance(first)
+    blocks.fail_on = set(sampler.step_indices(second).ravel().tolist())
+    loader.at(first)
+    with pytest.raises(OSError, match="stale file handle"):
+        loader.at(second)
+    loader.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_batches_are_pinned_and_copied_without_blocking() -> None:
+    blocks = RecordingBlocks(40)
+    sampler = BlockSampler(40, micro_batch=2, grad_accum=2, dp_rank=0, dp_world=1, seed=0)
+    loader = StepBatches(blocks, sampler, torch.device("cuda", 0))
+    pos = DataPosition()
+    loader.at(pos)
+    host = loader._ahead[1].result()
+    assert all(t.is_pinned() for t in host)
+    got = loader.at(sampler.advance(pos))
+    torch.cuda.synchronize()
+    assert all(g.is_cuda for g in got)
+    want = expected(blocks, sampler, sampler.advance(pos))
+    assert all(torch.equal(g.cpu(), w) for g, w in zip(got, want, strict=True))
+    loader.close()
