@@ -348,6 +348,11 @@ def test_estimate_for_config_reads_the_training_config() -> None:
     assert (lay.nodes, lay.ranks_per_node, lay.overlap_comm, lay.pin_memory) == (2, 4, True, True)
     assert e.device_bytes_per_rank == sum(line.bytes for line in e.device_lines)
     assert e.host_bytes_per_node == max(e.host_model_build, e.host_offload) + e.host_processes
+    # GPU ranks use Liger for a model it covers (--liger auto); CPU ranks never do, so their activations
+    # include the full logits.
+    on_cpu = est.estimate_for_config(cfg, model_config, nodes=2, ranks_per_node=4, on_gpus=False)
+    assert (lay.liger, on_cpu.layout.liger) == (True, False)
+    assert on_cpu.device_bytes_per_rank > e.device_bytes_per_rank
 
 
 def test_bucket_sizes_come_from_the_deepspeed_config(shapes) -> None:

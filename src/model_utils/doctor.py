@@ -910,7 +910,7 @@ def check_memory(
     from model_utils.estimate import estimate_for_config
 
     ranks, on_gpus = ranks_per_node(ctx, gpus)
-    estimate = estimate_for_config(cfg, model_config, nodes=ctx.nodes, ranks_per_node=ranks)
+    estimate = estimate_for_config(cfg, model_config, nodes=ctx.nodes, ranks_per_node=ranks, on_gpus=on_gpus)
     vm = psutil.virtual_memory()
     need = estimate.host_bytes_per_node
     found = (

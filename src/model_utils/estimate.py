@@ -506,6 +506,7 @@ def _resolve(
     ranks_per_node: int,
     zero_stage: int | None = None,
     offload: str | None = None,
+    on_gpus: bool = True,
 ) -> tuple[ModelShape, ZeroLayout]:
     from model_utils import models
     from model_utils.arguments import resolve_deepspeed_config
@@ -527,7 +528,8 @@ def _resolve(
     )
     layout = dataclasses.replace(
         layout,
-        liger=resolve_liger(cfg.model.liger, str(getattr(model_config, "model_type", ""))),
+        # CPU ranks never use Liger (kernels.plan): no need to import it to find out which models it covers.
+        liger=on_gpus and resolve_liger(cfg.model.liger, str(getattr(model_config, "model_type", ""))),
         compile=bool(cfg.model.compile),
     )
     source = models.resolve_model_source(cfg.model.model)
@@ -535,12 +537,14 @@ def _resolve(
     return shape, layout
 
 
-def estimate_for_config(cfg: Any, model_config: Any, nodes: int, ranks_per_node: int) -> MemoryEstimate:
-    """The estimate for a training config (a TrainConfig) as it would run on nodes x ranks_per_node GPUs.
+def estimate_for_config(
+    cfg: Any, model_config: Any, nodes: int, ranks_per_node: int, on_gpus: bool = True
+) -> MemoryEstimate:
+    """The estimate for a training config (a TrainConfig) as it would run on nodes x ranks_per_node ranks.
 
     The figures are for GPU ranks: with CPU ranks (no GPU) the per-GPU figure lives in host RAM too.
     """
-    shape, layout = _resolve(cfg, model_config, nodes, ranks_per_node)
+    shape, layout = _resolve(cfg, model_config, nodes, ranks_per_node, on_gpus=on_gpus)
     return estimate(shape, layout)
 
 
