@@ -24,8 +24,8 @@ def test_bench_prints_and_writes_both_rows(
 ) -> None:
     monkeypatch.chdir(tmp_path)  # the packed-data cache (.cache/data) lands here, not in the checkout
     out = tmp_path / "bench.json"
-    vary = "zero_optimization.overlap_comm=false"
-    assert cli.main(["bench", "--deepspeed_config", *CONFIGS, "--vary", vary, "--json", str(out)]) == 0
+    vary = ["--vary", "zero_optimization.overlap_comm=false", "--vary", "micro_batch_size=2"]
+    assert cli.main(["bench", "--deepspeed_config", *CONFIGS, *vary, "--json", str(out)]) == 0
     printed = capsys.readouterr().out
 
     table = printed[printed.index("variant") :].splitlines()
@@ -34,13 +34,15 @@ def test_bench_prints_and_writes_both_rows(
     assert table[2].startswith("dskit: ds_config.json, liger auto, compile false")
     assert table[3].startswith("dskit: ds_config_gpu.json")
     assert table[4].startswith("dskit: ds_config.json zero_optimization.overlap_comm=false, liger auto")
+    assert table[5].startswith("dskit: ds_config.json, liger auto") and table[5].split()[-6] == "2"
 
     result = json.loads(out.read_text())
     assert (result["device"], result["model"], result["seq_length"]) == ("cpu", "tiny-qwen3", 256)
     assert result["flops_per_token"] > 0 and result["peak_tflops"] is None
     rows = result["rows"]
-    assert [r["kind"] for r in rows] == ["reference", "dskit", "dskit", "dskit"]
-    assert [r["settings"].get("deepspeed_config") for r in rows[1:]] == [*CONFIGS, CONFIGS[0]]
+    assert [r["kind"] for r in rows] == ["reference", "dskit", "dskit", "dskit", "dskit"]
+    assert [r["settings"].get("deepspeed_config") for r in rows[1:]] == [*CONFIGS, CONFIGS[0], CONFIGS[0]]
+    assert rows[4]["settings"]["changed"] == {"micro_batch_size": "2"}
     # The varied row trained with the first config and that one key changed, as DeepSpeed received it.
     assert rows[3]["settings"]["changed"] == {"zero_optimization.overlap_comm": False}
     base, varied = rows[1]["settings"]["zero_optimization"], rows[3]["settings"]["zero_optimization"]
@@ -49,7 +51,7 @@ def test_bench_prints_and_writes_both_rows(
     for r in rows:
         assert r["tokens_per_s"] > 0 and r["peak_mem_gib"] > 0 and r["mfu"] is None
         assert r["first_step_s"] >= r["setup_s"] > 0
-        assert r["micro_batch_size"] == 1 and len(r["losses"]) == steps
+        assert r["micro_batch_size"] == (2 if r is rows[4] else 1) and len(r["losses"]) == steps
         # Same seed, same random init, same first batch: every row starts near ln(vocab) and learns.
         assert abs(r["losses"][0] - math.log(2048)) < 0.3
         assert r["losses"][-1] < r["losses"][0]
@@ -81,6 +83,7 @@ def test_bench_bad_flags_are_one_line(capsys: pytest.CaptureFixture[str]) -> Non
             "train_micro_batch_size_per_gpu=4",
             "--micro_batch_size 1 disagrees with train_micro_batch_size_per_gpu",
         ),
+        ("liger=maybe", "--liger 'maybe' is not one of auto, on, off"),
     ],
 )
 def test_bad_vary_is_one_line_before_any_training(

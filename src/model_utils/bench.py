@@ -71,8 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KEY=V1,V2",
-        help="one more kit row per value of a dotted DeepSpeed config key, set in the first --deepspeed_config "
-        "(e.g. zero_optimization.overlap_comm=true,false); values are JSON, else text; repeatable",
+        help="one more kit row per value: of a dotted DeepSpeed config key set in the first --deepspeed_config "
+        "(e.g. zero_optimization.overlap_comm=true,false; values are JSON, else text), or of the training flag "
+        f"{', '.join(FLAG_KEYS)} (e.g. micro_batch_size=8,16); repeatable",
     )
     p.add_argument("--liger", choices=LIGER_CHOICES, default=AUTO, help="the kit's --liger (default: auto)")
     p.add_argument("--compile", choices=("true", "false"), default="false", help="the kit's --compile")
@@ -235,6 +236,11 @@ class Variant:
     source: str  # the config file it came from
     label: str
     changed: dict[str, Any] = field(default_factory=dict)
+    flags: tuple[str, ...] = ()  # training flags after the bench's own (the last occurrence wins)
+
+
+# --vary keys that are the kit's training flags rather than DeepSpeed config keys.
+FLAG_KEYS = ("liger", "compile", "micro_batch_size")
 
 
 def _json_or_text(raw: str) -> Any:
@@ -245,17 +251,21 @@ def _json_or_text(raw: str) -> Any:
 
 
 def vary_variants(base: str, specs: list[str], out_dir: Path) -> list[Variant]:
-    """A config per value of each `KEY=V1,V2` spec: `base` with that one key set, written to `out_dir`."""
+    """A row per value of each `KEY=V1,V2` spec: `base` with that one DeepSpeed key set (a config written to
+    `out_dir`), or with that one training flag (FLAG_KEYS) given; the flag's parser checks the value."""
     variants = []
     for spec in specs:
         key, _, values = spec.partition("=")
         path = key.split(".")
         if not key or not values or not all(path):
             raise ConfigError(
-                f"--vary {spec!r}: use KEY=V1,V2 with a dotted DeepSpeed config key, "
-                "e.g. --vary zero_optimization.overlap_comm=true,false"
+                f"--vary {spec!r}: use KEY=V1,V2 with a dotted DeepSpeed config key or one of "
+                f"{', '.join(FLAG_KEYS)}, e.g. --vary zero_optimization.overlap_comm=true,false"
             )
         for raw in values.split(","):
+            if key in FLAG_KEYS:
+                variants.append(Variant(base, base, Path(base).name, {key: raw}, (f"--{key}", raw)))
+                continue
             ds = load_deepspeed_json(base)
             section = ds
             for part in path[:-1]:
@@ -401,7 +411,9 @@ def main(argv: list[str]) -> int:
         checkpoint_dir = str(Path(scratch) / "checkpoints")
         variants = [Variant(c, c, Path(c).name) for c in ns.deepspeed_config]
         variants += vary_variants(ns.deepspeed_config[0], ns.vary, Path(scratch))
-        configs = [parse_args(_training_flags(ns, model, v.path, checkpoint_dir)) for v in variants]
+        configs = [
+            parse_args(_training_flags(ns, model, v.path, checkpoint_dir) + list(v.flags)) for v in variants
+        ]
         # Fail fast on an impossible --liger, before any process group, data or model work.
         model_type = models.load_model_config(models.resolve_model_source(model)).model_type
         kernels.plan(configs[0].model, model_type, torch.device(device_type))
