@@ -230,7 +230,8 @@ def run_reference(work: Workload, cfg: TrainConfig, device: torch.device) -> Row
 
 @dataclass(frozen=True)
 class Variant:
-    """One kit row's DeepSpeed config: a config file, or the first one with one key changed (--vary)."""
+    """What one kit row trains: a config file as given, or the first one with one DeepSpeed key or one
+    training flag changed (--vary)."""
 
     path: str  # what trains
     source: str  # the config file it came from

@@ -236,9 +236,8 @@ class Trainer:
         self.state.tokens_seen += self.tokens_per_step
         self.state.position = self.sampler.advance(self.state.position)
         self.state.skipped_steps = int(getattr(self.engine, "skipped_steps", 0))
-        loss = (
-            torch.stack(losses).double().mean().item()
-        )  # one wait for the device per step, not per micro-batch
+        # One wait for the device per step, not one per micro-batch.
+        loss = torch.stack(losses).double().mean().item()
         self.clock.loss_sum += loss
         self.clock.steps += 1
         return loss
