@@ -210,6 +210,13 @@ def test_preflight_passes_on_prepares_one_line_error(
     ]
 
 
+def test_preflight_help_is_its_own(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["preflight", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: dskit preflight") and "dskit doctor --help" in out
+    assert "dskit doctor on" not in out  # help only: no checks ran
+
+
 def test_preflight_bad_flags_exit_2_with_one_line(cpu_node: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["preflight", "--max_step", "3"]) == 2
     captured = capsys.readouterr()

@@ -34,13 +34,24 @@ def _prepare(train_args: list[str]) -> int:
     return 0
 
 
+PREFLIGHT_USAGE = """\
+usage: dskit preflight [TRAINING FLAGS...]
+
+`dskit doctor`, then, when no check FAILs, `dskit prepare`, in one process with the same training flags: what
+the launchers run before the ranks start. Exit status 1 when a doctor check FAILs (prepare does not run), 2 for
+bad flags or what prepare refuses, 0 otherwise. See `dskit doctor --help` for the launch settings it reads."""
+
+
 def _preflight(train_args: list[str]) -> int:
     # The launchers' checks before the ranks start, in one process: torch, transformers and deepspeed are
     # imported once instead of once per command (several seconds each).
     from model_utils import doctor
 
+    if any(a in ("-h", "--help") for a in train_args):
+        print(PREFLIGHT_USAGE)
+        return 0
     status = doctor.main(train_args)
-    if status != 0 or any(a in ("-h", "--help") for a in train_args):
+    if status != 0:
         return status  # 1: a FAIL row (its fix is in the table above): the launch stops before prepare
     return _prepare(train_args)
 
