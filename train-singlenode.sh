@@ -88,7 +88,7 @@ run_preflight() {
   local nodes=$1 efa=$2 status=0
   shift 2
   CUDA_VERSION="$CUDA_VERSION" GPUS_PER_NODE="$GPUS_PER_NODE" CPU_RANKS="$CPU_RANKS" EFA="$efa" \
-    SLURM_JOB_NUM_NODES="$nodes" "${py[@]}" -m model_utils.cli preflight "$@" || status=$?
+    SLURM_JOB_NUM_NODES="$nodes" "${py[@]}" -m dskit.cli preflight "$@" || status=$?
   if [[ "$status" -eq 1 ]]; then
     die "dskit doctor stopped the launch on $(hostname): fix what it reports above, then launch again"
   fi

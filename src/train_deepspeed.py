@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_args(argv)
         from model_utils import distributed, preflight
-        from model_utils.train_utils import Trainer
+        from model_utils.trainer import Trainer
 
         dist = distributed.init_distributed()
         run = preflight.prepare(

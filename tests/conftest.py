@@ -1,4 +1,10 @@
-"""Shared fixtures: one in-process, single-rank process group for tests that drive the real Trainer."""
+"""Shared fixtures and hooks for tests/unit, tests/e2e and tests/slurm.
+
+- `single_rank`: one in-process gloo process group of one rank, for tests that drive the real Trainer.
+- `moto_endpoint`, `s3`, `denied_server`, `s3_denied`: a real S3 API (moto server) on loopback
+  (tests/support/s3_server.py).
+- Tests marked `gpu` are skipped, with the reason, where torch sees no CUDA GPU (one hook, not a skipif each).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,21 @@ import os
 import socket
 
 import pytest
+
+from support.s3_server import denied_server, moto_endpoint, s3, s3_denied  # noqa: F401  (fixtures)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not any(item.get_closest_marker("gpu") for item in items):
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (marked gpu)")
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from model_utils import manifest
+from model_utils import file_manifest
 from model_utils.errors import ConfigError, first_line
 from model_utils.log import error_line, print0, warn0
 
@@ -109,7 +109,7 @@ def newest_verified(root: Path) -> ResumeTarget | None:
     """The newest tag under root whose manifest verifies; warns about every tag it skips."""
     chosen = None
     for tag in _tags_newest_first(root):
-        problem = manifest.verify(root / tag)
+        problem = file_manifest.verify(root / tag)
         if problem is None:
             chosen = ResumeTarget(root, tag)
             break
@@ -125,14 +125,16 @@ def select_resume(checkpoint_dir: str, resume_from: str | None) -> ResumeTarget 
         return newest_verified(Path(checkpoint_dir))
     path = Path(resume_from)
     if _is_tag_dir(path):
-        if (path / manifest.MANIFEST).is_file():
-            problem = manifest.verify(path)
+        if (path / file_manifest.MANIFEST).is_file():
+            problem = file_manifest.verify(path)
             if problem:
                 raise ConfigError(
                     f"--resume_from_checkpoint {resume_from} is damaged ({problem}): pick another tag"
                 )
         else:
-            warn0(f"{path} has no {manifest.MANIFEST} (not saved by dskit?): resuming from it unverified")
+            warn0(
+                f"{path} has no {file_manifest.MANIFEST} (not saved by dskit?): resuming from it unverified"
+            )
         return ResumeTarget(path.parent, path.name)
     target = newest_verified(path)
     if target is None:
@@ -203,7 +205,7 @@ def _write_rank_files(
     if rank == 0:
         model_config.save_pretrained(staging / HF_CONFIG_DIR)
         tokenizer.save_pretrained(staging / HF_CONFIG_DIR)
-        manifest.atomic_write_text(
+        file_manifest.atomic_write_text(
             staging / LAUNCH_FILE, json.dumps(req.launch, indent=1, sort_keys=True, default=str)
         )
 
@@ -212,15 +214,15 @@ def _commit(root: Path, staging: Path, req: SaveRequest) -> Path:
     """Rank 0, after every rank's files are on disk: manifest, atomic rename, then `latest`."""
     _inject_fault("before_manifest")
     _inject_fault("mid_file", staging)
-    manifest.write(staging, manifest.build(staging, {"tag": req.tag, "step": req.step}))
+    file_manifest.write(staging, file_manifest.build(staging, {"tag": req.tag, "step": req.step}))
     _inject_fault("before_rename")
     final = root / req.tag
     if final.exists():  # an unverified leftover of the same name (a verified one would have been resumed)
         shutil.rmtree(final)
     os.rename(staging, final)
-    manifest.fsync_dir(root)
+    file_manifest.fsync_dir(root)
     _inject_fault("before_latest")
-    manifest.atomic_write_text(root / "latest", req.tag)
+    file_manifest.atomic_write_text(root / "latest", req.tag)
     return final
 
 
@@ -262,7 +264,7 @@ def _throughput(tag_dir: Path, seconds: float) -> str:
 
 def rotate(root: Path, keep: int, protect: set[str]) -> list[str]:
     """Delete all but the newest `keep` complete tags; never a protected one (e.g. the one resumed from)."""
-    complete = [t for t in _tags_newest_first(root) if (root / t / manifest.MANIFEST).is_file()]
+    complete = [t for t in _tags_newest_first(root) if (root / t / file_manifest.MANIFEST).is_file()]
     doomed = [t for t in complete[keep:] if t not in protect]
     for tag in doomed:
         shutil.rmtree(root / tag, ignore_errors=True)

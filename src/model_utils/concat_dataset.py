@@ -106,7 +106,7 @@ def _load_hub(name: str, config_name: str | None, split: str) -> Any:
 
 def load_split(data: Any, split: str) -> Any:
     """One split of the configured dataset, as a `datasets.Dataset`."""
-    from model_utils.embedded import CORPUS_PATH
+    from model_utils.assets import CORPUS_PATH
 
     name = data.dataset
     if name == EMBEDDED:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from model_utils import checkpoint, concat_dataset, launch_manifest, models
+from model_utils import checkpoint, concat_dataset, launch_record, models
 from model_utils.arguments import AUTO, TrainConfig
 from model_utils.errors import ConfigError
 from model_utils.log import print0
@@ -96,7 +96,7 @@ def prepare(
     model_config = models.load_model_config(source)
     cfg.data.seq_length = models.resolve_seq_length(cfg.data.seq_length, model_config)
     if resume is not None:  # refuse another architecture or block length before any data work
-        launch_manifest.check_resume(resume.path, model_config, cfg.data.seq_length, world_size=None)
+        launch_record.check_resume(resume.path, model_config, cfg.data.seq_length, world_size=None)
     tokenizer = models.load_tokenizer(source, cfg.model.tokenizer)
     models.check_vocab(tokenizer, model_config)
     data = cfg.data

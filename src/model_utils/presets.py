@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from model_utils.embedded import TOKENIZER_DIR
+from model_utils.assets import TOKENIZER_DIR
 
 # Learning rate for pretrained models and presets without their own (the user's documented 5e-5).
 PRETRAINED_LR = 5e-5

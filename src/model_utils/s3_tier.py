@@ -2,7 +2,7 @@
 
 A tag in S3 is complete only when `<prefix>/<tag>/dskit_manifest.json` exists and every file it lists is there
 with the listed size. The manifest is uploaded LAST (and any old one deleted FIRST), so an interrupted upload
-is never taken for a complete checkpoint. Downloads land in a staging dir, are checked with `manifest.verify`
+is never taken for a complete checkpoint. Downloads land in a staging dir, are checked with `file_manifest.verify`
 (sizes and xxh3) and only then renamed into place.
 
 The endpoint, region and credentials come from the standard AWS sources (env vars such as AWS_ENDPOINT_URL,
@@ -31,7 +31,7 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-from model_utils import manifest
+from model_utils import file_manifest
 from model_utils.errors import ConfigError
 from model_utils.log import print0, warn0
 
@@ -254,13 +254,13 @@ class S3Tier:
     def _upload_tag(self, tag_dir: Path) -> None:
         tag = tag_dir.name
         # sizes only: the checkpoint code has just checksummed it, and reading GBs again would slow the upload
-        reason = manifest.verify(tag_dir, checksums=False)
+        reason = file_manifest.verify(tag_dir, checksums=False)
         if reason is not None:
             raise S3TransferError(f"{tag_dir} is not a complete checkpoint ({reason})")
-        listed = manifest.read(tag_dir)
+        listed = file_manifest.read(tag_dir)
         assert listed is not None  # verify() just read it
         base = _join(self.prefix, tag)
-        manifest_key = _join(base, manifest.MANIFEST)
+        manifest_key = _join(base, file_manifest.MANIFEST)
         # Re-uploading a tag: drop the old manifest first, or the tag would look complete while its files are
         # being overwritten.
         self._retry(
@@ -272,7 +272,7 @@ class S3Tier:
             f"S3 upload of {tag} started: {len(listed['files']) + 1} files, {total / _MB:.1f} MB -> {self.uri}/{tag}"
         )
         start = time.monotonic()
-        for rel in [*sorted(listed["files"]), manifest.MANIFEST]:  # manifest LAST
+        for rel in [*sorted(listed["files"]), file_manifest.MANIFEST]:  # manifest LAST
             path, key = tag_dir / rel, _join(base, rel)
             self._retry(
                 f"uploading {tag}/{rel}",
@@ -303,7 +303,9 @@ class S3Tier:
 
     def _remote_manifest(self, tag: str) -> tuple[bytes, dict[str, Any]] | None:
         try:
-            body = self.client.get_object(Bucket=self.bucket, Key=_join(self.prefix, tag, manifest.MANIFEST))
+            body = self.client.get_object(
+                Bucket=self.bucket, Key=_join(self.prefix, tag, file_manifest.MANIFEST)
+            )
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
                 return None
@@ -319,7 +321,7 @@ class S3Tier:
         """None when the tag is complete in S3 (manifest + every listed file with its size), else why not."""
         found = self._remote_manifest(tag)
         if found is None:
-            return f"no readable {manifest.MANIFEST} (an unfinished upload?)"
+            return f"no readable {file_manifest.MANIFEST} (an unfinished upload?)"
         base = _join(self.prefix, tag)
         sizes = {obj["Key"]: obj["Size"] for obj in self._objects(base + "/")}  # one listing, not N heads
         for rel, meta in found[1]["files"].items():
@@ -358,7 +360,7 @@ class S3Tier:
             found = self._retry(f"reading the manifest of {tag}", lambda: self._remote_manifest(tag))
             if found is None:
                 raise ConfigError(
-                    f"{self.uri}/{tag} has no readable {manifest.MANIFEST}: pick a complete tag"
+                    f"{self.uri}/{tag} has no readable {file_manifest.MANIFEST}: pick a complete tag"
                 )
             raw, listed = found
             total = sum(meta["size"] for meta in listed["files"].values())
@@ -372,8 +374,8 @@ class S3Tier:
                     f"downloading {tag}/{rel}",
                     lambda k=key, d=dest: self.client.download_file(self.bucket, k, str(d), Config=_TRANSFER),
                 )
-            (staging / manifest.MANIFEST).write_bytes(raw)
-            reason = manifest.verify(staging)
+            (staging / file_manifest.MANIFEST).write_bytes(raw)
+            reason = file_manifest.verify(staging)
             if reason is not None:
                 raise ConfigError(
                     f"S3 checkpoint {self.uri}/{tag} is corrupt ({reason}): delete it from S3 or resume from "
@@ -391,7 +393,7 @@ class S3Tier:
                 shutil.rmtree(old, ignore_errors=True)
             else:
                 staging.rename(final)
-            manifest.fsync_dir(local_checkpoint_dir)
+            file_manifest.fsync_dir(local_checkpoint_dir)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
@@ -480,7 +482,7 @@ def _mirror(client: Any, uri: str, bucket: str, prefix: str, dest: Path, state_p
     for rel in set(old) - set(objects):  # deleted in S3: drop our copy so a save_to_disk dir stays consistent
         with contextlib.suppress(OSError, ConfigError):
             (dest if rel == "" else _safe_path(dest, rel)).unlink()
-    manifest.atomic_write_text(state_path, json.dumps(objects, indent=1, sort_keys=True))
+    file_manifest.atomic_write_text(state_path, json.dumps(objects, indent=1, sort_keys=True))
     if fetched:
         took = max(time.monotonic() - start, 1e-9)
         print0(f"fetched {fetched / _MB:.1f} MB of {uri} into {dest} ({fetched / _MB / took:.1f} MB/s)")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from model_utils import render
+from dskit import render
 
 pytestmark = pytest.mark.slurm
 

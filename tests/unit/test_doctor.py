@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from model_utils import cli, doctor, render
+from dskit import cli, doctor, render
+from dskit.doctor import GpuProbe, LaunchContext, Status
 from model_utils.arguments import DataArgs
-from model_utils.doctor import GpuProbe, LaunchContext, Status
-from s3_server import S3Env, moto_endpoint, s3  # noqa: F401  (pytest fixtures: a real S3 server on loopback)
+from support.s3_server import S3Env
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 QWEN3_0_6B_PARAMS = 596_049_920  # tests/test_models.py checks the preset is the real architecture
 
 NO_GPU = GpuProbe(smi_count=0, torch_count=0, names=(), driver=None, memory_bytes=None, smi_error=None)
@@ -500,7 +500,7 @@ def test_hub_dataset_offline_says_what_it_can(monkeypatch: pytest.MonkeyPatch, t
     )
 
 
-def test_s3_dataset_against_a_loopback_s3(s3: S3Env, tmp_path: Path) -> None:  # noqa: F811
+def test_s3_dataset_against_a_loopback_s3(s3: S3Env, tmp_path: Path) -> None:
     s3.client.put_object(Bucket=s3.bucket, Key="data/train.jsonl", Body=b'{"text": "a document"}\n')
 
     def check(uri: str) -> doctor.Result:
@@ -594,7 +594,7 @@ def test_launchers_run_one_preflight_before_torchrun(tmp_path: Path, script: str
     proc, calls = launch(tmp_path, script, {"CUDA_VERSION": "12.9", "CPU_RANKS": "3"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     preflight_call, torchrun_call = calls  # the doctor and prepare in one process, then the ranks
-    assert preflight_call[:5] == ["-m", "model_utils.cli", "preflight", "--seed", "3"]
+    assert preflight_call[:5] == ["-m", "dskit.cli", "preflight", "--seed", "3"]
     nodes, efa = ("2", "auto") if script == "train.sbatch" else ("1", "auto")
     assert preflight_call[-1] == f"ENV CUDA_VERSION=12.9 GPUS_PER_NODE=8 CPU_RANKS=3 EFA={efa} NODES={nodes}"
     assert torchrun_call[0] == "torchrun" and torchrun_call[-2:] == ["--seed", "3"]
@@ -623,8 +623,8 @@ def test_a_prepare_error_stops_the_launch_with_its_own_line(tmp_path: Path, scri
 def test_committed_launchers_call_preflight_once() -> None:
     for name in render.SCRIPTS:
         text = (REPO / name).read_text()
-        assert "model_utils.cli doctor" not in text and "model_utils.cli prepare" not in text, name
-        assert text.count("model_utils.cli preflight") == 1, name
+        assert "dskit.cli doctor" not in text and "dskit.cli prepare" not in text, name
+        assert text.count("dskit.cli preflight") == 1, name
         call = text.index("\n" + ("  " if name == "train-singlenode.sh" else "") + "run_preflight ")
         assert call < text.index('--nproc_per_node="$nproc_per_node"'), name
 

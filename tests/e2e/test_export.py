@@ -1,6 +1,6 @@
 """`dskit export`: real ZeRO-2 and ZeRO-3 checkpoints -> Hugging Face dirs that reproduce the trained engine.
 
-One short 2-rank training run per ZeRO stage (module-scoped), plus one torchrun of tests/engine_logits.py that
+One short 2-rank training run per ZeRO stage (module-scoped), plus one torchrun of tests/support/engine_logits.py that
 loads the same tag into a DeepSpeed engine and records its logits on a fixed batch. The bad-input cases use
 small fake checkpoint dirs and need no training.
 """
@@ -9,20 +9,18 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
-from model_utils import cli, manifest
-from model_utils.export import export
+from dskit import cli
+from dskit.export import export
+from model_utils import file_manifest
+from support.torchrun import train
 
-REPO = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+REPO = Path(__file__).resolve().parents[2]
 CONFIGS = {"zero2": "deepspeed/ds_config.json", "zero3": "deepspeed/ds_config_zero3.json"}
 STEPS = 6
 
@@ -40,14 +38,6 @@ def logits_tolerance(reference: torch.Tensor) -> float:
     return 2.0 ** (math.floor(math.log2(reference.abs().max().item())) - 7)
 
 
-def torchrun(script: str, args: list[str], cwd: Path, timeout: int = 900) -> str:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", script, *args]
-    proc = subprocess.run(cmd, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
-    return out
-
-
 @dataclass(frozen=True)
 class Trained:
     stage: str
@@ -61,21 +51,21 @@ def trained(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     stage = request.param
     work = tmp_path_factory.mktemp(f"export-{stage}")
     ckpt = work / "ck"
-    torchrun(
-        str(REPO / "src" / "train_deepspeed.py"),
+    train(
         [
             "--deepspeed_config", CONFIGS[stage], "--max_steps", str(STEPS), "--checkpoint_freq", "3",
             "--logging_freq", "1", "--seq_length", "64", "--validation_fraction", "0",
             "--checkpoint_dir", str(ckpt), "--data_cache_dir", str(work / "cache"),
         ],
         cwd=work,
+        timeout=900,
     )  # fmt: skip
     tag = (ckpt / "latest").read_text().strip()
     assert tag == f"tiny_qwen3-{STEPS}steps"
-    torchrun(
-        str(REPO / "tests" / "engine_logits.py"),
+    train(
         [str(ckpt), tag, CONFIGS[stage], str(work / "engine.pt")],
-        cwd=REPO,
+        script=REPO / "tests" / "support" / "engine_logits.py",
+        timeout=900,
     )
     return Trained(stage, ckpt, tag, torch.load(work / "engine.pt"))
 
@@ -171,7 +161,7 @@ def fake_tag(root: Path, *, hf_config: bool = True, optim: bool = True) -> Path:
     if hf_config:
         (tag / "hf_config").mkdir()
         (tag / "hf_config" / "config.json").write_text("{}")
-    manifest.write(tag, manifest.build(tag, {}))
+    file_manifest.write(tag, file_manifest.build(tag, {}))
     (root / "latest").write_text(tag.name)
     return tag
 

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from model_utils import cli
-from s3_server import denied_server, moto_endpoint, s3, s3_denied  # noqa: F401
+from dskit import cli
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DS = str(REPO / "deepspeed" / "ds_config.json")
 
 
@@ -31,7 +30,7 @@ def jsonl(path: Path, rows: list[dict]) -> str:
 
 def checkpoint_with(t: Path, hidden_size: int = 64, seq_length: int = 256) -> str:
     """A verified checkpoint dir whose saved model config / launch manifest differ from the defaults."""
-    from model_utils import manifest
+    from model_utils import file_manifest
     from model_utils.presets import PRESETS
 
     tag = t / "old-run" / "tiny_qwen3-5steps"
@@ -43,7 +42,7 @@ def checkpoint_with(t: Path, hidden_size: int = 64, seq_length: int = 256) -> st
     (tag / "launch.json").write_text(
         json.dumps({"config": {"data": {"seq_length": seq_length}}, "world_size": 2})
     )
-    manifest.write(tag, manifest.build(tag, {"tag": tag.name, "step": 5}))
+    file_manifest.write(tag, file_manifest.build(tag, {"tag": tag.name, "step": 5}))
     return str(tag.parent)
 
 
@@ -119,7 +118,7 @@ def test_bad_input(case: str, tmp_path: Path, capsys, monkeypatch) -> None:
 
 def test_bad_input_from_the_real_command(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "model_utils.cli", "prepare", "--model", "tiny-qwen9"],
+        [sys.executable, "-m", "dskit.cli", "prepare", "--model", "tiny-qwen9"],
         capture_output=True,
         text=True,
         cwd=tmp_path,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from model_utils import cli
+from dskit import cli
 
 CONFIGS = ["deepspeed/ds_config.json", "deepspeed/ds_config_gpu.json"]
 
@@ -103,7 +103,7 @@ def test_bad_vary_is_one_line_before_any_training(
 
 def test_a_row_that_ran_out_of_memory_stays_in_the_table() -> None:
     """On a GPU a row can run out of memory (the reference at a micro batch that fits only with Liger)."""
-    from model_utils.bench import Row, format_table
+    from dskit.bench import Row, format_table
 
     rows = [
         Row("reference", "reference", 16, error="out of memory"),

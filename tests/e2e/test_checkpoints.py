@@ -10,17 +10,17 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from model_utils import checkpoint, launch_manifest, manifest
+from model_utils import checkpoint, file_manifest, launch_record
 from model_utils.errors import ConfigError
 from model_utils.presets import PRESETS
-from s3_server import denied_server, moto_endpoint, s3, s3_denied  # noqa: F401  (fixtures)
+from support.torchrun import ENV
+from support.torchrun import run_torchrun as torchrun
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def fake_tag(root: Path, step: int, size: int = 1000, with_manifest: bool = True) -> Path:
@@ -29,23 +29,23 @@ def fake_tag(root: Path, step: int, size: int = 1000, with_manifest: bool = True
     (tag_dir / checkpoint.MODEL_STATES).write_bytes(os.urandom(size))
     (tag_dir / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(os.urandom(size))
     if with_manifest:
-        manifest.write(tag_dir, manifest.build(tag_dir, {"tag": tag_dir.name, "step": step}))
+        file_manifest.write(tag_dir, file_manifest.build(tag_dir, {"tag": tag_dir.name, "step": step}))
     return tag_dir
 
 
 def test_manifest_detects_missing_short_and_corrupt_files(tmp_path: Path) -> None:
     tag = fake_tag(tmp_path, 10)
-    assert manifest.verify(tag) is None
+    assert file_manifest.verify(tag) is None
     shard = tag / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"
     data = shard.read_bytes()
     shard.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # same size, one bit flipped
-    assert "does not match its checksum" in manifest.verify(tag)
+    assert "does not match its checksum" in file_manifest.verify(tag)
     shard.write_bytes(data[:500])
-    assert "has 500 bytes, the manifest says 1000" in manifest.verify(tag)
+    assert "has 500 bytes, the manifest says 1000" in file_manifest.verify(tag)
     shard.unlink()
-    assert "is missing" in manifest.verify(tag)
-    (tag / manifest.MANIFEST).unlink()
-    assert "no readable dskit_manifest.json" in manifest.verify(tag)
+    assert "is missing" in file_manifest.verify(tag)
+    (tag / file_manifest.MANIFEST).unlink()
+    assert "no readable dskit_manifest.json" in file_manifest.verify(tag)
 
 
 def test_resume_falls_back_past_bad_tags_with_a_warning(tmp_path: Path, capsys) -> None:
@@ -105,14 +105,14 @@ def _launch_tag(tmp_path: Path, world_size: int = 2, seq_length: int = 64) -> tu
 
 def test_launch_manifest_refuses_another_architecture_or_sequence_length(tmp_path: Path) -> None:
     tag, config = _launch_tag(tmp_path)
-    assert launch_manifest.check_resume(tag, config, 64, world_size=2) is False
-    assert launch_manifest.check_resume(tag, config, 64, world_size=1) is True  # weights only
+    assert launch_record.check_resume(tag, config, 64, world_size=2) is False
+    assert launch_record.check_resume(tag, config, 64, world_size=1) is True  # weights only
     wider = PRESETS["tiny-qwen3"].build_config()
     wider.hidden_size = 128
     with pytest.raises(ConfigError, match="has hidden_size=64 but the model now has hidden_size=128"):
-        launch_manifest.check_resume(tag, wider, 64, world_size=2)
+        launch_record.check_resume(tag, wider, 64, world_size=2)
     with pytest.raises(ConfigError, match="was trained with --seq_length 64, not 128"):
-        launch_manifest.check_resume(tag, config, 128, world_size=2)
+        launch_record.check_resume(tag, config, 128, world_size=2)
 
 
 def test_launch_manifest_records_how_the_run_was_launched(monkeypatch) -> None:
@@ -120,7 +120,7 @@ def test_launch_manifest_records_how_the_run_was_launched(monkeypatch) -> None:
     monkeypatch.setenv("FI_PROVIDER", "efa")
     monkeypatch.setenv("CUDA_VERSION", "12.9")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "node[1-2]")
-    info = launch_manifest.collect({"a": 1}, {"zero_optimization": {"stage": 2}}, world_size=16)
+    info = launch_record.collect({"a": 1}, {"zero_optimization": {"stage": 2}}, world_size=16)
     assert info["env"] == {"FI_PROVIDER": "efa", "NCCL_DEBUG": "INFO"}
     assert (info["nodes"], info["world_size"], info["cuda_version"]) == ("node[1-2]", 16, "12.9")
     assert info["uv_lock_sha256"] and len(info["uv_lock_sha256"]) == 64
@@ -128,16 +128,6 @@ def test_launch_manifest_records_how_the_run_was_launched(monkeypatch) -> None:
 
 
 # --- real crashes ---------------------------------------------------------------------------------------
-
-ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-
-
-def torchrun(args: list[str], env: dict | None = None, nproc: int = 2) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-        str(REPO / "src" / "train_deepspeed.py"), *args,
-    ]  # fmt: skip
-    return subprocess.run(cmd, env=env or ENV, capture_output=True, text=True, timeout=600, cwd=REPO)
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +169,7 @@ def test_kill_during_save_resumes_from_the_last_verified_checkpoint(
     target = checkpoint.select_resume(str(ckpt), None)
     assert target is not None and target.tag == FAULTS[point]
     for tag in ("tiny_qwen3-2steps", "tiny_qwen3-4steps"):
-        assert manifest.verify(ckpt / tag) is None  # older checkpoints untouched
+        assert file_manifest.verify(ckpt / tag) is None  # older checkpoints untouched
     if point == "mid_file":  # the finishing run: resumes from the verified tag and reaches max_steps
         done = torchrun([*args, "--checkpoint_dir", str(ckpt)])
         assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
@@ -224,14 +214,14 @@ def test_disk_full_during_save_is_a_clear_error_and_keeps_older_checkpoints(
         assert len(errors) == 1 and "saving checkpoint tiny_qwen3-6steps" in errors[0], proc.stderr[-3000:]
         assert "No space left on device" in errors[0] or "failed" in errors[0]
         for tag in ("tiny_qwen3-2steps", "tiny_qwen3-4steps"):
-            assert manifest.verify(mount / "ck" / tag) is None
+            assert file_manifest.verify(mount / "ck" / tag) is None
         assert (mount / "ck" / "latest").read_text() == "tiny_qwen3-4steps"
     finally:
         subprocess.run(["umount", str(mount)], check=False)
 
 
 @pytest.mark.e2e
-def test_s3_tier_uploads_and_a_fresh_node_resumes_from_it(base_checkpoints, s3, tmp_path: Path) -> None:  # noqa: F811
+def test_s3_tier_uploads_and_a_fresh_node_resumes_from_it(base_checkpoints, s3, tmp_path: Path) -> None:
     """Against a real S3 endpoint on loopback: every verified checkpoint goes up; with the local dir gone, the
     next start downloads the newest complete one and resumes from it."""
     _, args = base_checkpoints

@@ -31,8 +31,8 @@ import torch
 
 from model_utils import distributed, kernels, metrics, models, preflight, startup
 from model_utils.arguments import AUTO, LIGER_CHOICES, TrainConfig, load_deepspeed_json, parse_args
+from model_utils.assets import TOKENIZER_DIR
 from model_utils.concat_dataset import BlockSampler, DataPosition
-from model_utils.embedded import TOKENIZER_DIR
 from model_utils.errors import CommandParser, ConfigError
 from model_utils.log import print0
 
@@ -296,7 +296,7 @@ def run_kit(
     )
 
     def train(row: Row) -> None:
-        from model_utils.train_utils import Trainer
+        from model_utils.trainer import Trainer
 
         start = time.perf_counter()
         trainer = Trainer(cfg, run, dist)

@@ -1,8 +1,6 @@
 """A real moto S3 server (a subprocess speaking HTTP on 127.0.0.1) for tests; nothing leaves the machine.
 
-Use from a test module:
-
-    from s3_server import denied_server, moto_endpoint, s3, s3_denied  # noqa: F401  (pytest fixtures)
+Its fixtures reach every test through tests/conftest.py.
 
 `moto_endpoint` (session) starts `moto_server` on a free loopback port and stops it at the end; `s3` (per test)
 points boto3 at it through the standard AWS_ENDPOINT_URL variable, sets fake credentials and creates a fresh

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from model_utils import cli
+from dskit import cli
 
 
 def test_config_prints_the_resolved_config(capsys) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dskit.embedded_assets import TOKENIZER_DIR
 from model_utils import concat_dataset
 from model_utils.arguments import DataArgs
 from model_utils.concat_dataset import (
@@ -17,7 +18,6 @@ from model_utils.concat_dataset import (
     packed_blocks,
     validation_indices,
 )
-from model_utils.embedded import TOKENIZER_DIR
 from model_utils.errors import ConfigError
 
 

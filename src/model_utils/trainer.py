@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from model_utils import batches, checkpoint, kernels, launch_manifest, metrics, startup, trackers, walltime
+from model_utils import batches, checkpoint, kernels, launch_record, metrics, startup, trackers, walltime
 from model_utils.arguments import TrainConfig, resolve_deepspeed_config
 from model_utils.concat_dataset import BlockSampler, DataPosition, validation_indices
 from model_utils.distributed import DistInfo, all_reduce_mean, any_rank, decide_on_main, mean_and_max
@@ -122,7 +122,7 @@ class Trainer:
             )
         self.tokens_per_step = self.sampler.global_batch * cfg.data.seq_length
         self.batches = batches.StepBatches(run.train_blocks, self.sampler, dist.device)
-        self.launch = launch_manifest.collect(cfg.to_dict(), self.ds_config, dist.world_size)
+        self.launch = launch_record.collect(cfg.to_dict(), self.ds_config, dist.world_size)
         self.state = self._resume_or_start()
         self.s3 = self._s3_tier()
         self.stop = StopRequest()
@@ -158,12 +158,12 @@ class Trainer:
             return TrainState(
                 run_id=decide_on_main(lambda: new_run_id(self.run.source.short_name), self.dist)
             )
-        weights_only = launch_manifest.check_resume(
+        weights_only = launch_record.check_resume(
             target.path, self.run.model_config, self.cfg.data.seq_length, self.dist.world_size
         )
         state = TrainState.from_dict(checkpoint.load(self.engine, target, self.dist.rank, weights_only))
         if weights_only:
-            saved = launch_manifest.read(target.path) or {}
+            saved = launch_record.read(target.path) or {}
             warn0(
                 f"world size changed from {saved.get('world_size')} to {self.dist.world_size}: loaded the weights "
                 "only (optimizer state starts fresh; the lr schedule and data position continue)"

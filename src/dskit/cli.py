@@ -45,7 +45,7 @@ bad flags or what prepare refuses, 0 otherwise. See `dskit doctor --help` for th
 def _preflight(train_args: list[str]) -> int:
     # The launchers' checks before the ranks start, in one process: torch, transformers and deepspeed are
     # imported once instead of once per command (several seconds each).
-    from model_utils import doctor
+    from dskit import doctor
 
     if any(a in ("-h", "--help") for a in train_args):
         print(PREFLIGHT_USAGE)
@@ -57,16 +57,16 @@ def _preflight(train_args: list[str]) -> int:
 
 
 def _render(args: list[str]) -> int:
-    from model_utils import render
+    from dskit import render
 
     return render.main(args)
 
 
 def _module_main(module: str) -> typing.Callable[[list[str]], int]:
-    """A command implemented by `model_utils.<module>.main(argv)`, imported only when it runs."""
+    """A command implemented by `dskit.<module>.main(argv)`, imported only when it runs."""
 
     def run(args: list[str]) -> int:
-        return importlib.import_module(f"model_utils.{module}").main(args)
+        return importlib.import_module(f"dskit.{module}").main(args)
 
     return run
 

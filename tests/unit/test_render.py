@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from model_utils import cli, render
+from dskit import cli, render
 from model_utils.errors import ConfigError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = tuple(render.SCRIPTS)
 
 P5_YAML = """\
@@ -234,7 +234,7 @@ case "$name" in
     esac ;;
   torchrun)
     record "$@"
-    # A trainer that stopped early says why (train_utils: DSKIT_STOP_REASON_FILE).
+    # A trainer that stopped early says why (trainer: DSKIT_STOP_REASON_FILE).
     if [[ -n "${STUB_STOP_REASON-}" ]]; then echo "$STUB_STOP_REASON" >"$DSKIT_STOP_REASON_FILE"; fi ;;
   srun)
     record "$@"
@@ -345,7 +345,7 @@ def test_sbatch_env_overrides_args_pass_through_and_launch(tmp_path: Path) -> No
     ]
     # One process checks the node, the flags, the model and the data first (doctor, then prepare), same flags.
     (preflight,) = stub.recorded("python")
-    assert preflight[: 3 + len(train)] == ["-m", "model_utils.cli", "preflight", *train]
+    assert preflight[: 3 + len(train)] == ["-m", "dskit.cli", "preflight", *train]
     (torchrun,) = stub.recorded("torchrun", with_env=True)
     assert torchrun[:6] == [
         "--nnodes=2",

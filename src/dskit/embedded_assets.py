@@ -2,7 +2,7 @@
 
 The "tiny-qwen3" preset has to train offline on a laptop, so its data and tokenizer ship inside the
 package. Both are produced by code from fixed seeds (pure ``random.Random``, no external data, so no
-licensing questions), which lets ``python -m model_utils.embedded`` rebuild the committed files
+licensing questions), which lets ``python -m dskit.embedded_assets`` rebuild the committed files
 byte-for-byte; the tests check exactly that.
 """
 
@@ -21,9 +21,7 @@ from typing import TYPE_CHECKING, TypeVar
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
-ASSETS_DIR = Path(__file__).parent / "assets"
-CORPUS_PATH = ASSETS_DIR / "tiny_corpus.jsonl"
-TOKENIZER_DIR = ASSETS_DIR / "tiny-qwen3-tokenizer"
+from model_utils.assets import ASSETS_DIR, CORPUS_PATH, TOKENIZER_DIR
 
 # One special token doubles as EOS (document separator when packing) and as pad token: padded
 # positions are masked out of the loss anyway, so a separate pad id would only waste a row.

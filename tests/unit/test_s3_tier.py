@@ -1,8 +1,6 @@
 """S3 tier against a real moto server on loopback: manifest-last uploads, complete-tag detection, verified
 downloads, dataset mirroring, retries, access errors, and no secret in any output."""
 
-# ruff: noqa: F811  (pytest fixtures imported from s3_server are, by design, shadowed by test parameters)
-
 from __future__ import annotations
 
 import json
@@ -16,10 +14,10 @@ from typing import Any
 import pytest
 from botocore.exceptions import EndpointConnectionError
 
-from model_utils import manifest, s3_tier
+from model_utils import file_manifest, s3_tier
 from model_utils.errors import ConfigError
 from model_utils.s3_tier import S3Tier, fetch_dataset, parse_s3_uri
-from s3_server import FAKE_SECRET, S3Env, denied_server, moto_endpoint, s3, s3_denied  # noqa: F401  (fixtures)
+from support.s3_server import FAKE_SECRET, S3Env
 
 MB = 1 << 20
 
@@ -36,7 +34,7 @@ def make_tag(root: Path, step: int, big: bool = False, model: str = "tiny_qwen3"
         (tag_dir / f"rng_state_rank{rank}.pt").write_bytes(os.urandom(1500))
     (tag_dir / "hf_config" / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
     (tag_dir / "launch.json").write_text(json.dumps({"step": step}))
-    manifest.write(tag_dir, manifest.build(tag_dir, {"tag": tag, "step": step}))
+    file_manifest.write(tag_dir, file_manifest.build(tag_dir, {"tag": tag, "step": step}))
     return tag_dir
 
 
@@ -128,7 +126,7 @@ def test_client_uses_standard_endpoint_and_retries(s3: S3Env) -> None:
 def test_upload_puts_manifest_last(s3: S3Env, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     tag_dir = make_tag(tmp_path, 40, big=True)
     tier = S3Tier(s3.uri("runs/a"))
-    manifest_key = f"runs/a/{tag_dir.name}/{manifest.MANIFEST}"
+    manifest_key = f"runs/a/{tag_dir.name}/{file_manifest.MANIFEST}"
 
     def manifest_absent_before_data(operation: str, params: dict[str, Any]) -> None:
         if operation in ("PutObject", "CompleteMultipartUpload") and params["Key"] != manifest_key:
@@ -167,7 +165,7 @@ def test_newest_complete_tag_skips_partial_uploads(s3: S3Env, tmp_path: Path) ->
     # step 30: files up, manifest never made it (an upload killed mid-way)
     partial = make_tag(tmp_path, 30)
     for rel in files_of(partial):
-        if rel != manifest.MANIFEST:
+        if rel != file_manifest.MANIFEST:
             s3.client.upload_file(str(partial / rel), s3.bucket, f"ckpt/{partial.name}/{rel}")
     # step 20: a file its manifest lists is gone from S3
     s3.client.delete_object(Bucket=s3.bucket, Key="ckpt/tiny_qwen3-20steps/rng_state_rank1.pt")
@@ -198,12 +196,12 @@ def test_download_round_trip_and_corruption(s3: S3Env, tmp_path: Path) -> None:
     got = tier.download(tag_dir.name, local)
     assert got == local / tag_dir.name
     assert files_of(got) == files_of(tag_dir)  # byte-identical, manifest included
-    assert manifest.verify(got) is None
+    assert file_manifest.verify(got) is None
     assert sorted(p.name for p in local.iterdir()) == [tag_dir.name]  # no staging dir left
 
     # an unverifiable local dir of the same name is replaced, once the download has verified
     (got / "launch.json").write_text("torn")
-    assert tier.download(tag_dir.name, local) == got and manifest.verify(got) is None
+    assert tier.download(tag_dir.name, local) == got and file_manifest.verify(got) is None
 
     # same size, different bytes: only the checksum can tell
     key = f"ckpt/{tag_dir.name}/mp_rank_00_model_states.pt"
@@ -289,7 +287,7 @@ def test_failed_upload_is_reported_not_raised(
     assert tier.failed_tags == ["tiny_qwen3-5steps", "tiny_qwen3-6steps"]
     assert tier.newest_complete_tag() == "tiny_qwen3-7steps"
     assert s3.keys("ckpt/tiny_qwen3-5steps/") == []
-    assert f"ckpt/tiny_qwen3-6steps/{manifest.MANIFEST}" not in s3.keys("ckpt/")
+    assert f"ckpt/tiny_qwen3-6steps/{file_manifest.MANIFEST}" not in s3.keys("ckpt/")
     out = capfd.readouterr().out
     assert "rng_state_rank0.pt is missing" in out
     assert f"checkpoint tiny_qwen3-6steps was NOT uploaded to {s3.uri('ckpt')}/tiny_qwen3-6steps" in out

@@ -26,7 +26,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from model_utils import manifest, startup
+from model_utils import file_manifest, startup
 from model_utils.checkpoint import HF_CONFIG_DIR
 from model_utils.errors import CommandParser, ConfigError, first_line
 
@@ -63,7 +63,7 @@ def resolve_tag(checkpoint: Path) -> tuple[Path, str]:
 
 def _check_tag(tag_dir: Path) -> Path:
     """The tag's hf_config dir, after checking the tag is complete (its manifest verifies) and exportable."""
-    problem = manifest.verify(tag_dir)
+    problem = file_manifest.verify(tag_dir)
     if problem is not None:
         raise ConfigError(
             f"checkpoint {tag_dir} is incomplete or damaged ({problem}): export an older tag of that run"

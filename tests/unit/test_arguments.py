@@ -13,7 +13,7 @@ from model_utils import arguments
 from model_utils.arguments import TrainConfig, flag_fields, parse_args, resolve_deepspeed_config
 from model_utils.errors import ConfigError
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 DEFAULT_DS = str(SRC.parent / "deepspeed" / "ds_config.json")
 
 
@@ -240,7 +240,7 @@ OTHER_TOOLS_OPTIONS = {"frozen", "check", "offline", "logdir", "backend"} | {
 
 def _other_commands_options() -> set[str]:
     """The options of the other `dskit` commands, read from their own parsers."""
-    from model_utils import bench, estimate, export, plot, render
+    from dskit import bench, estimate, export, plot, render
 
     parsers = [module.build_parser() for module in (bench, estimate, export, plot, render)]
     return {

@@ -1,6 +1,6 @@
 """The trained DeepSpeed engine's logits on a fixed batch: the reference an exported model must reproduce.
 
-    torchrun --standalone --nproc_per_node=2 tests/engine_logits.py CHECKPOINT_DIR TAG DS_CONFIG OUT.pt
+    torchrun --standalone --nproc_per_node=2 tests/support/engine_logits.py CHECKPOINT_DIR TAG DS_CONFIG OUT.pt
 
 Builds the engine exactly as training does (same model source, same resolved DeepSpeed config, same world size:
 ZeRO shards only load into the world size that wrote them), loads the tag with engine.load_checkpoint and, on

@@ -89,7 +89,6 @@ def test_a_failed_read_in_the_worker_surfaces_in_the_training_step() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_batches_are_pinned_and_copied_without_blocking() -> None:
     blocks = RecordingBlocks(40)
     sampler = BlockSampler(40, micro_batch=2, grad_accum=2, dp_rank=0, dp_world=1, seed=0)

@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from model_utils import preflight, train_utils
+from model_utils import preflight
+from model_utils import trainer as training
 from model_utils.arguments import parse_args
 from model_utils.walltime import Decision, WalltimePlanner
 
 
 class ScriptedPlanner(WalltimePlanner):
-    def __init__(self, trainer: train_utils.Trainer, script: dict[int, Decision]) -> None:
+    def __init__(self, trainer: training.Trainer, script: dict[int, Decision]) -> None:
         super().__init__(end_time_source=lambda: None)
         self.trainer, self.script = trainer, script
 
@@ -29,7 +30,7 @@ class ScriptedPlanner(WalltimePlanner):
         return self.script.get(step, Decision())
 
 
-def make_trainer(tmp_path: Path, dist, max_steps: int, *extra: str) -> train_utils.Trainer:
+def make_trainer(tmp_path: Path, dist, max_steps: int, *extra: str) -> training.Trainer:
     cfg = parse_args(
         [
             "--max_steps", str(max_steps), "--logging_freq", "2", "--checkpoint_freq", "100",
@@ -38,7 +39,7 @@ def make_trainer(tmp_path: Path, dist, max_steps: int, *extra: str) -> train_uti
             "--report_dir", str(tmp_path / "logs"), "--report_to", "tensorboard", *extra,
         ]
     )  # fmt: skip
-    return train_utils.Trainer(cfg, preflight.prepare(cfg), dist)
+    return training.Trainer(cfg, preflight.prepare(cfg), dist)
 
 
 def records(path: Path) -> list[dict]:
@@ -49,8 +50,8 @@ def test_walltime_stop_then_resume_continues_the_run(
     tmp_path: Path, single_rank, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     log = tmp_path / "logs" / "job_123.out"
-    monkeypatch.setenv(train_utils.LOG_FILE_ENV, str(log))
-    monkeypatch.setenv(train_utils.STOP_REASON_ENV, str(tmp_path / "stop_reason"))
+    monkeypatch.setenv(training.LOG_FILE_ENV, str(log))
+    monkeypatch.setenv(training.STOP_REASON_ENV, str(tmp_path / "stop_reason"))
     primary, replica = pty.openpty()
     monkeypatch.setenv("DSKIT_TTY", os.ttyname(replica))
 
@@ -103,7 +104,7 @@ def test_walltime_stop_then_resume_continues_the_run(
     # `dskit plot` of this real run: one PNG, the resume at step 5 marked.
     from PIL import Image
 
-    from model_utils import cli, plot
+    from dskit import cli, plot
 
     assert cli.main(["plot", str(log)]) == 0  # the log: its metrics file is read
     with Image.open(log.with_suffix(".png")) as image:
@@ -123,9 +124,9 @@ def test_walltime_stop_then_resume_continues_the_run(
 
 
 def test_metrics_file_location(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(train_utils.LOG_FILE_ENV, raising=False)
-    assert train_utils.metrics_path("none", "logs", "run") is None
-    assert train_utils.metrics_path("auto", "somewhere", "run-1") == Path("somewhere/run-1.metrics.jsonl")
-    monkeypatch.setenv(train_utils.LOG_FILE_ENV, "/x/logs/train_7.out")
-    assert train_utils.metrics_path("auto", "logs", "run") == Path("/x/logs/train_7.metrics.jsonl")
-    assert train_utils.metrics_path("m.jsonl", "logs", "run") == Path("m.jsonl")
+    monkeypatch.delenv(training.LOG_FILE_ENV, raising=False)
+    assert training.metrics_path("none", "logs", "run") is None
+    assert training.metrics_path("auto", "somewhere", "run-1") == Path("somewhere/run-1.metrics.jsonl")
+    monkeypatch.setenv(training.LOG_FILE_ENV, "/x/logs/train_7.out")
+    assert training.metrics_path("auto", "logs", "run") == Path("/x/logs/train_7.metrics.jsonl")
+    assert training.metrics_path("m.jsonl", "logs", "run") == Path("m.jsonl")

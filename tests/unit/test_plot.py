@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from model_utils import cli
-from model_utils.plot import build_series, default_output, load_run, read_metrics
+from dskit import cli
+from dskit.plot import build_series, default_output, load_run, read_metrics
 
 T0 = 1_795_363_200.0
 RUN_ID = "tiny_qwen3-20261122-160000"

@@ -7,38 +7,20 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-pytestmark = pytest.mark.e2e
+from support.torchrun import ENV, REPO, torchrun_cmd, train
 
-REPO = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
 def data_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("data-cache")
-
-
-def torchrun_cmd(args: list[str]) -> list[str]:
-    return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-        str(REPO / "src" / "train_deepspeed.py"), *args,
-    ]  # fmt: skip
-
-
-def train(args: list[str], cwd: Path, timeout: int = 600) -> str:
-    proc = subprocess.run(
-        torchrun_cmd(args), cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout
-    )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
-    return out
 
 
 def metrics(path: Path) -> dict[int, dict]:

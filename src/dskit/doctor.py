@@ -103,7 +103,7 @@ class LaunchContext:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> LaunchContext:
-        from model_utils.render import LaunchValues
+        from dskit.render import LaunchValues
 
         defaults = LaunchValues()
 
@@ -800,8 +800,8 @@ def _check_s3_dataset(uri: str, cache_dir: Path) -> Result:
 
 
 def check_dataset(data: DataArgs) -> Result:
+    from model_utils.assets import CORPUS_PATH
     from model_utils.concat_dataset import EMBEDDED
-    from model_utils.embedded import CORPUS_PATH
 
     name = data.dataset
     if name == EMBEDDED:
@@ -907,7 +907,7 @@ def check_memory(
     """(host RAM, GPU memory): the estimate for this config against this node."""
     import psutil
 
-    from model_utils.estimate import estimate_for_config
+    from dskit.estimate import estimate_for_config
 
     ranks, on_gpus = ranks_per_node(ctx, gpus)
     estimate = estimate_for_config(cfg, model_config, nodes=ctx.nodes, ranks_per_node=ranks, on_gpus=on_gpus)
@@ -979,7 +979,7 @@ def run_checks(cfg: TrainConfig, ctx: LaunchContext) -> list[Result]:
     if model_config is not None:
         cfg.data.seq_length = models.resolve_seq_length(cfg.data.seq_length, model_config)
         try:
-            from model_utils.estimate import model_shape
+            from dskit.estimate import model_shape
 
             # Counted as `dskit estimate` counts them (meta device, tied parameters once).
             n_params = model_shape(model_config, source.name, source.preset is not None).total_params

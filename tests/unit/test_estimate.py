@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from model_utils import cli
-from model_utils import estimate as est
-from model_utils.estimate import GiB, ZeroLayout
+from dskit import cli
+from dskit import estimate as est
+from dskit.estimate import GiB, ZeroLayout
 from model_utils.presets import PRESETS
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # (ZeRO stage, offload) pairs DeepSpeed's estimators cover.
 DS_CASES = [(2, "none"), (2, "optimizer"), (3, "none"), (3, "optimizer"), (3, "optimizer+params")]
 

@@ -1,0 +1,5 @@
+import sys
+
+from dskit.cli import main
+
+sys.exit(main())

@@ -1,0 +1,48 @@
+"""The one way the tests start real multi-rank runs: torchrun (torch.distributed.run) as a subprocess on CPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN_SCRIPT = REPO / "src" / "train_deepspeed.py"
+# Offline and on CPU, whatever the developer's shell says.
+ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+def torchrun_cmd(args: list[str], script: Path | str = TRAIN_SCRIPT, nproc: int = 2) -> list[str]:
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+        str(script), *args,
+    ]  # fmt: skip
+
+
+def run_torchrun(
+    args: list[str],
+    *,
+    script: Path | str = TRAIN_SCRIPT,
+    nproc: int = 2,
+    cwd: Path = REPO,
+    env: dict[str, str] | None = None,
+    timeout: int = 600,
+) -> subprocess.CompletedProcess:
+    """The finished run, whatever its exit status (crash tests expect failures)."""
+    return subprocess.run(
+        torchrun_cmd(args, script, nproc),
+        cwd=cwd,
+        env=env or ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def train(args: list[str], cwd: Path = REPO, **kwargs) -> str:
+    """A run that must succeed; its stdout and stderr together."""
+    proc = run_torchrun(args, cwd=cwd, **kwargs)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    return out
