@@ -11,7 +11,8 @@
 # Bootstraps uv (pip) and the locked environment (uv sync --frozen) on first use.
 # Output is teed to logs/<job name>_<timestamp>.out, so `tail -f logs/*.out` follows the run.
 # Environment overrides: JOB_NAME, MAX_STEPS CHECKPOINT_FREQ DATASET DATASET_CONFIG_NAME LOCAL_DATASET MODEL
-# (training defaults; flags given here win), CUDA_VERSION, GPUS_PER_NODE, CPU_RANKS.
+# (training defaults; flags given here win), CUDA_VERSION, GPUS_PER_NODE, CPU_RANKS, OMP_NUM_THREADS (threads
+# per rank; default: cores / ranks).
 set -euo pipefail
 
 script=$(readlink -f "${BASH_SOURCE[0]}")
@@ -62,7 +63,8 @@ setup_cuda() {
   echo "CUDA toolkit: $home"
 }
 
-# Sets nproc_per_node: every GPU of the node, or CPU_RANKS gloo ranks when it has none (or GPUS_PER_NODE=0).
+# Sets nproc_per_node: every GPU of the node, or CPU_RANKS gloo ranks when it has none (or GPUS_PER_NODE=0);
+# then the ranks' threads (set_rank_threads).
 choose_ranks() {
   if [[ "$gpus" -gt 0 && "$GPUS_PER_NODE" -gt 0 ]]; then
     if [[ "$gpus" -ne "$GPUS_PER_NODE" ]]; then
@@ -77,6 +79,22 @@ choose_ranks() {
     export DS_ACCELERATOR=cpu
     echo "Ranks per node: $nproc_per_node (CPU, no GPU on $(hostname))"
   fi
+  set_rank_threads
+}
+
+# Exports OMP_NUM_THREADS for the ranks unless the caller set it: the cores this job has here (nproc) split
+# between the node's nproc_per_node ranks, at least 1 (torchrun would set 1 and print a banner saying so).
+set_rank_threads() {
+  if [[ -n "${OMP_NUM_THREADS:-}" ]]; then
+    echo "Threads per rank: OMP_NUM_THREADS=$OMP_NUM_THREADS (from the environment)"
+    return
+  fi
+  local cores
+  cores=$(nproc)
+  OMP_NUM_THREADS=$((cores / nproc_per_node))
+  [[ "$OMP_NUM_THREADS" -ge 1 ]] || OMP_NUM_THREADS=1
+  export OMP_NUM_THREADS
+  echo "Threads per rank: OMP_NUM_THREADS=$OMP_NUM_THREADS ($cores cores / $nproc_per_node ranks)"
 }
 
 # `dskit preflight` with this launch's settings (NODES EFA, then the training flags): `dskit doctor` (a table of

@@ -24,10 +24,15 @@ def main(argv: list[str] | None = None) -> int:
         dist = distributed.init_distributed()
         run = preflight.prepare(
             cfg,
+            world_size=dist.world_size,
             run_first=partial(distributed.main_first, info=dist),
             decide_once=partial(distributed.decide_on_main, info=dist),
         )
-        Trainer(cfg, run, dist).fit()
+        trainer = Trainer(run, dist)
+        try:
+            trainer.fit()
+        finally:
+            trainer.close()
     except ConfigError as e:
         error_line(str(e))
         return 2

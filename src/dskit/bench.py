@@ -29,10 +29,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from model_utils import distributed, kernels, metrics, models, preflight, startup
-from model_utils.arguments import AUTO, LIGER_CHOICES, TrainConfig, load_deepspeed_json, parse_args
+from model_utils import distributed, kernels, metrics, preflight, startup
+from model_utils.arguments import AUTO, LIGER_CHOICES, parse_args
 from model_utils.assets import TOKENIZER_DIR
 from model_utils.concat_dataset import BlockSampler, DataPosition
+from model_utils.deepspeed_config import load_deepspeed_json
 from model_utils.errors import CommandParser, ConfigError
 from model_utils.log import print0
 
@@ -146,7 +147,7 @@ def _peak_memory_gib(device: torch.device) -> float:
 class Workload:
     """What every row trains: the same blocks, batch shape and FLOPs accounting."""
 
-    run: preflight.PreparedRun
+    run: preflight.ResolvedRun
     seq_length: int
     accumulation: int
     steps: int
@@ -175,14 +176,15 @@ def _guarded(row: Row, device: torch.device, train: Callable[[Row], None]) -> Ro
     return row
 
 
-def run_reference(work: Workload, cfg: TrainConfig, device: torch.device) -> Row:
+def run_reference(work: Workload, run: preflight.ResolvedRun, device: torch.device) -> Row:
+    cfg = run.config
     compiled = device.type == "cuda"
     fused = device.type == "cuda"
     row = Row(
         name=f"reference: PyTorch, AdamW{' fused' if fused else ''}, bf16 autocast, "
         + ("compiled" if compiled else "eager"),
         kind="reference",
-        micro_batch_size=int(cfg.optim.micro_batch_size),
+        micro_batch_size=int(run.micro_batch_size),
         settings={"compile": compiled, "optimizer": "torch.optim.AdamW" + (" (fused)" if fused else "")},
     )
 
@@ -197,7 +199,7 @@ def run_reference(work: Workload, cfg: TrainConfig, device: torch.device) -> Row
             model.compile()
         optimizer = torch.optim.AdamW(
             model.parameters(),
-            lr=float(cfg.optim.lr or 0.0),
+            lr=run.settings.deepspeed.lr,
             betas=(0.9, 0.95),
             weight_decay=0.1,
             fused=fused,
@@ -280,13 +282,12 @@ def vary_variants(base: str, specs: list[str], out_dir: Path) -> list[Variant]:
     return variants
 
 
-def run_kit(
-    work: Workload, cfg: TrainConfig, run: preflight.PreparedRun, dist: distributed.DistInfo, variant: Variant
-) -> Row:
+def run_kit(work: Workload, run: preflight.ResolvedRun, dist: distributed.DistInfo, variant: Variant) -> Row:
+    cfg = run.config
     row = Row(
         name=f"dskit: {variant.label}, liger {cfg.model.liger}, compile {str(cfg.model.compile).lower()}",
         kind="dskit",
-        micro_batch_size=int(cfg.optim.micro_batch_size),
+        micro_batch_size=int(run.micro_batch_size),
         settings={
             "deepspeed_config": variant.source,
             "changed": variant.changed,
@@ -299,16 +300,17 @@ def run_kit(
         from model_utils.trainer import Trainer
 
         start = time.perf_counter()
-        trainer = Trainer(cfg, run, dist)
+        trainer = Trainer(run, dist)
         setup_s = time.perf_counter() - start
-        row.settings["zero_optimization"] = trainer.ds_config.get("zero_optimization")  # what DeepSpeed got
+        row.settings["zero_optimization"] = run.deepspeed_config().get(
+            "zero_optimization"
+        )  # what DeepSpeed got
         try:
             trainer.engine.train()
             measured = _run_steps(trainer.train_step, dist.device, work.warmup, work.steps)
             work.record(row, start, setup_s, measured, _peak_memory_gib(dist.device))
         finally:
-            trainer.batches.close()
-            trainer.engine.destroy()  # releases DeepSpeed's hooks and buffers before the next row
+            trainer.close()  # releases the engine's hooks and buffers before the next row
 
     return _guarded(row, dist.device, train)
 
@@ -415,20 +417,21 @@ def main(argv: list[str]) -> int:
         configs = [
             parse_args(_training_flags(ns, model, v.path, checkpoint_dir) + list(v.flags)) for v in variants
         ]
+        # Every variant checked by DeepSpeed before any row trains: a value it rejects is one error line.
+        settings = [preflight.resolve_settings(cfg) for cfg in configs]
         # Fail fast on an impossible --liger, before any process group, data or model work.
-        model_type = models.load_model_config(models.resolve_model_source(model)).model_type
-        kernels.plan(configs[0].model, model_type, torch.device(device_type))
+        kernels.plan(configs[0].model, settings[0].model_config.model_type, torch.device(device_type))
         with single_process_group() as dist:
-            runs = [preflight.prepare(cfg) for cfg in configs]  # resolves seq length and an auto micro batch
-            first = configs[0]
-            assert first.data.seq_length is not None
+            # Resolves the sequence length and an auto micro batch.
+            runs = [preflight.prepare(s.config, world_size=dist.world_size, settings=s) for s in settings]
+            first = runs[0]
             work = Workload(
                 run=runs[0],
-                seq_length=first.data.seq_length,
+                seq_length=first.seq_length,
                 accumulation=ns.gradient_accumulation_steps,
                 steps=ns.steps,
                 warmup=ns.warmup_steps,
-                flops_per_token=metrics.flops_per_token(runs[0].model_config, first.data.seq_length),
+                flops_per_token=metrics.flops_per_token(first.model_config, first.seq_length),
                 peak_tflops=metrics.peak_tflops(metrics.device_name(dist.device), ns.peak_tflops),
             )
             print0(
@@ -436,10 +439,7 @@ def main(argv: list[str]) -> int:
                 f"{work.accumulation}, {work.warmup} warm-up + {work.steps} timed steps per row"
             )
             rows = [run_reference(work, first, dist.device)]
-            rows += [
-                run_kit(work, cfg, run, dist, variant)
-                for cfg, run, variant in zip(configs, runs, variants, strict=True)
-            ]
+            rows += [run_kit(work, run, dist, variant) for run, variant in zip(runs, variants, strict=True)]
     reference = rows[0].tokens_per_s
     for r in rows:
         if reference is not None and r.tokens_per_s is not None:

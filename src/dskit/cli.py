@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import sys
@@ -12,10 +13,12 @@ from model_utils.log import error_line
 
 
 def _config(train_args: list[str]) -> int:
+    from model_utils import preflight
     from model_utils.arguments import parse_args
 
-    cfg = parse_args(train_args)
-    print(json.dumps(cfg.to_dict(), indent=2))
+    with contextlib.redirect_stdout(sys.stderr):  # stdout is the JSON alone, for scripts
+        run = preflight.prepare(parse_args(train_args))
+    print(json.dumps(run.to_dict(), indent=2, default=str))
     return 0
 
 
@@ -23,12 +26,11 @@ def _prepare(train_args: list[str]) -> int:
     from model_utils import preflight
     from model_utils.arguments import parse_args
 
-    cfg = parse_args(train_args)
-    run = preflight.prepare(cfg)
+    run = preflight.prepare(parse_args(train_args))
     val = "none" if run.val_blocks is None else f"{len(run.val_blocks)} blocks"
     resume = f"resume from {run.resume.load_dir / run.resume.tag}" if run.resume else "fresh start"
     print(
-        f"ok: {run.source.name}, train {len(run.train_blocks)} blocks x {cfg.data.seq_length} tokens, "
+        f"ok: {run.source.name}, train {len(run.train_blocks)} blocks x {run.seq_length} tokens, "
         f"validation {val}, {resume}"
     )
     return 0
@@ -72,7 +74,10 @@ def _module_main(module: str) -> typing.Callable[[list[str]], int]:
 
 
 COMMANDS = {
-    "config": (_config, "print the resolved training config for these training flags, as JSON"),
+    "config": (
+        _config,
+        "print the resolved run for these training flags (config and derived values), as JSON",
+    ),
     "prepare": (_prepare, "check training flags, model, tokenizer and data, and build the packed-data cache"),
     "preflight": (
         _preflight,

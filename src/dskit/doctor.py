@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from model_utils import startup
-from model_utils.arguments import REPO_ROOT, DataArgs, TrainConfig, parse_args, resolve_deepspeed_config
+from model_utils.arguments import REPO_ROOT, DataArgs, TrainConfig, parse_args
 from model_utils.errors import ConfigError, first_line
 
 USAGE = """\
@@ -573,9 +573,9 @@ def check_disk(cfg: TrainConfig, n_params: int | None, half_precision: bool) -> 
     copies = cfg.checkpoint.keep_checkpoints + 1
     needed = per_checkpoint * copies
     # Tags already there count toward the total: rotation deletes them as new ones arrive.
-    existing = sum(
-        _tree_bytes(t) for t in directory.glob("*") if t.is_dir() and any(t.glob("*model_states.pt"))
-    )
+    from model_utils.checkpoint import is_tag_dir
+
+    existing = sum(_tree_bytes(t) for t in directory.glob("*") if is_tag_dir(t))
     usage = shutil.disk_usage(where)
     available = usage.free + existing
     found = (
@@ -758,9 +758,9 @@ def _check_hub_dataset(data: DataArgs) -> Result:
 def _check_s3_dataset(uri: str, cache_dir: Path) -> Result:
     import boto3
     from botocore.config import Config
-    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+    from botocore.exceptions import BotoCoreError, ClientError
 
-    from model_utils.s3_tier import parse_s3_uri
+    from model_utils.s3_tier import describe_error, error_kind, parse_s3_uri
 
     name = "dataset"
     bucket, prefix = parse_s3_uri(uri)
@@ -774,26 +774,28 @@ def _check_s3_dataset(uri: str, cache_dir: Path) -> Result:
         if count == 0 and prefix:  # s3://bucket/file.jsonl names one object
             client.head_object(Bucket=bucket, Key=prefix)
             count = 1
-    except NoCredentialsError:
-        return Result(
-            name,
-            Status.FAIL,
-            f"no AWS credentials to read {uri}",
-            "set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE, or attach an instance role",
-        )
-    except ClientError as e:
-        code = str(e.response.get("Error", {}).get("Code", ""))
-        if code in ("404", "NoSuchKey"):
+    except (BotoCoreError, ClientError) as e:
+        kind = error_kind(e)
+        if kind == "credentials":
+            return Result(
+                name,
+                Status.FAIL,
+                f"no AWS credentials to read {uri}",
+                "set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE, or attach an instance role",
+            )
+        if kind == "not_found":
             return Result(name, Status.FAIL, f"no objects under {uri}", "check the dataset URI")
-        if code == "NoSuchBucket":
+        if kind == "no_bucket":
             return Result(name, Status.FAIL, f"S3 bucket {bucket} does not exist", "fix the dataset URI")
-        return Result(name, Status.FAIL, f"no access to {uri} ({code})", "check the credentials/role")
-    except BotoCoreError as e:
+        if kind == "unreachable":
+            return Result(
+                name,
+                Status.FAIL,
+                f"cannot reach S3 for {uri} ({describe_error(e)}){cached}",
+                "check the network and AWS_ENDPOINT_URL",
+            )
         return Result(
-            name,
-            Status.FAIL,
-            f"cannot reach S3 for {uri} ({first_line(e)}){cached}",
-            "check the network and AWS_ENDPOINT_URL",
+            name, Status.FAIL, f"no access to {uri} ({describe_error(e)})", "check the credentials/role"
         )
     more = "+" if count >= 10 else ""
     return Result(name, Status.PASS, f"{uri}: {count}{more} objects readable{cached}")
@@ -812,11 +814,10 @@ def check_dataset(data: DataArgs) -> Result:
         return Result("dataset", Status.PASS, f"embedded corpus ({_size(CORPUS_PATH.stat().st_size)})")
     if name.startswith("s3://"):
         return _check_s3_dataset(name, Path(data.data_cache_dir))
+    from model_utils.concat_dataset import is_local_dataset
+
     path = Path(name).expanduser()
-    local = data.local_dataset
-    if local is None:  # as concat_dataset.load_split decides
-        local = path.exists() or name.startswith(("/", ".", "~"))
-    return _check_local_dataset(path, data) if local else _check_hub_dataset(data)
+    return _check_local_dataset(path, data) if is_local_dataset(data) else _check_hub_dataset(data)
 
 
 # --- 8. DeepSpeed's ops ---------------------------------------------------------------------------------
@@ -901,16 +902,14 @@ def check_ops(ctx: LaunchContext, uses_gpus: bool) -> Result:
 # --- 9. memory ------------------------------------------------------------------------------------------
 
 
-def check_memory(
-    cfg: TrainConfig, model_config: Any, ctx: LaunchContext, gpus: GpuProbe
-) -> tuple[Result, Result]:
+def check_memory(settings: Any, ctx: LaunchContext, gpus: GpuProbe) -> tuple[Result, Result]:
     """(host RAM, GPU memory): the estimate for this config against this node."""
     import psutil
 
     from dskit.estimate import estimate_for_config
 
     ranks, on_gpus = ranks_per_node(ctx, gpus)
-    estimate = estimate_for_config(cfg, model_config, nodes=ctx.nodes, ranks_per_node=ranks, on_gpus=on_gpus)
+    estimate = estimate_for_config(settings, nodes=ctx.nodes, ranks_per_node=ranks, on_gpus=on_gpus)
     vm = psutil.virtual_memory()
     need = estimate.host_bytes_per_node
     found = (
@@ -962,27 +961,26 @@ def _guarded(name: str, fn: Callable[[], Result]) -> Result:
 def run_checks(cfg: TrainConfig, ctx: LaunchContext) -> list[Result]:
     import torch
 
-    from model_utils import models
+    from model_utils import deepspeed_config, models, preflight
 
     gpus = probe_gpus()
     _, on_gpus = ranks_per_node(ctx, gpus)
-    ds = resolve_deepspeed_config(cfg, total_steps=cfg.loop.max_steps)
-    half = any(isinstance(ds.get(k), dict) and ds[k].get("enabled") for k in ("bf16", "fp16"))
-    source = models.resolve_model_source(cfg.model.model)  # a misspelt --model is a bad flag: exit 2
-    model_config: Any = None
+    settings: preflight.RunSettings | None = None
     model_error = ""
     try:  # a hub model needs the network or the HF cache: `dskit prepare` reports that in full
-        model_config = models.load_model_config(source)
-    except ConfigError as e:
+        settings = preflight.resolve_settings(cfg)  # a misspelt --model or a bad DeepSpeed config: exit 2
+        half = settings.deepspeed.half_precision
+    except models.ModelUnavailable as e:
         model_error = str(e)
+        half = deepspeed_config.resolve(cfg).half_precision
     n_params: int | None = None
-    if model_config is not None:
-        cfg.data.seq_length = models.resolve_seq_length(cfg.data.seq_length, model_config)
+    if settings is not None:
         try:
             from dskit.estimate import model_shape
 
             # Counted as `dskit estimate` counts them (meta device, tied parameters once).
-            n_params = model_shape(model_config, source.name, source.preset is not None).total_params
+            source = settings.source
+            n_params = model_shape(settings.model_config, source.name, source.preset is not None).total_params
         except Exception as e:  # an architecture transformers cannot build: prepare reports it properly
             model_error = f"{type(e).__name__}: {first_line(e)}"
 
@@ -996,7 +994,7 @@ def run_checks(cfg: TrainConfig, ctx: LaunchContext) -> list[Result]:
         _guarded("dataset", lambda: check_dataset(cfg.data)),
         _guarded("DeepSpeed ops", lambda: check_ops(ctx, on_gpus)),
     ]
-    if model_config is None:
+    if settings is None:
         results.append(
             Result(
                 "host RAM", Status.WARN, f"no estimate: {model_error}", "`dskit prepare` reports the details"
@@ -1004,7 +1002,7 @@ def run_checks(cfg: TrainConfig, ctx: LaunchContext) -> list[Result]:
         )
     else:
         try:
-            results += check_memory(cfg, model_config, ctx, gpus)
+            results += check_memory(settings, ctx, gpus)
         except ConfigError:
             raise
         except Exception as e:

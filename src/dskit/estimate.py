@@ -500,27 +500,25 @@ def resolve_liger(choice: str, model_type: str) -> bool:
 
 
 def _resolve(
-    cfg: Any,
-    model_config: Any,
+    settings: Any,
     nodes: int,
     ranks_per_node: int,
     zero_stage: int | None = None,
     offload: str | None = None,
     on_gpus: bool = True,
 ) -> tuple[ModelShape, ZeroLayout]:
-    from model_utils import models
-    from model_utils.arguments import resolve_deepspeed_config
+    """The shape and layout of a resolved run's settings (preflight.RunSettings)."""
+    from model_utils.arguments import AUTO
 
-    ds = resolve_deepspeed_config(cfg, total_steps=cfg.loop.max_steps)
-    seq_length = models.resolve_seq_length(cfg.data.seq_length, model_config)
+    cfg, ds, model_config = settings.config, settings.deepspeed, settings.model_config
+    # A micro batch of "auto" (probed on the GPU at launch) is estimated at 1, the smallest the probe picks.
+    micro_batch = 1 if ds.micro_batch_size == AUTO else int(ds.micro_batch_size)
     layout = layout_from_deepspeed(
-        ds,
-        cfg.optim.deepspeed_config,
-        # The resolved values: an explicit key in the file, else the flag. A micro batch of "auto" (probed on
-        # the GPU at launch) is resolved to 1 here, the smallest the probe can choose.
-        micro_batch_size=int(ds.get("train_micro_batch_size_per_gpu", 1)),
-        seq_length=seq_length,
-        gradient_accumulation_steps=int(ds.get("gradient_accumulation_steps", 1)),
+        ds.build(micro_batch, total_steps=cfg.loop.max_steps),
+        ds.path,
+        micro_batch_size=micro_batch,
+        seq_length=settings.seq_length,
+        gradient_accumulation_steps=ds.gradient_accumulation_steps,
         nodes=nodes,
         ranks_per_node=ranks_per_node,
         zero_stage=zero_stage,
@@ -532,19 +530,19 @@ def _resolve(
         liger=on_gpus and resolve_liger(cfg.model.liger, str(getattr(model_config, "model_type", ""))),
         compile=bool(cfg.model.compile),
     )
-    source = models.resolve_model_source(cfg.model.model)
+    source = settings.source
     shape = model_shape(model_config, source.name, source.preset is not None, layout.dtype_bytes)
     return shape, layout
 
 
 def estimate_for_config(
-    cfg: Any, model_config: Any, nodes: int, ranks_per_node: int, on_gpus: bool = True
+    settings: Any, nodes: int, ranks_per_node: int, on_gpus: bool = True
 ) -> MemoryEstimate:
-    """The estimate for a training config (a TrainConfig) as it would run on nodes x ranks_per_node ranks.
+    """The estimate for a resolved run's settings as it would run on nodes x ranks_per_node ranks.
 
     The figures are for GPU ranks: with CPU ranks (no GPU) the per-GPU figure lives in host RAM too.
     """
-    shape, layout = _resolve(cfg, model_config, nodes, ranks_per_node, on_gpus=on_gpus)
+    shape, layout = _resolve(settings, nodes, ranks_per_node, on_gpus=on_gpus)
     return estimate(shape, layout)
 
 
@@ -802,7 +800,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    from model_utils import models
+    from model_utils import preflight
     from model_utils.arguments import DataArgs, ModelArgs, OptimArgs, TrainConfig
 
     ns = build_parser().parse_args(argv)
@@ -827,9 +825,9 @@ def main(argv: list[str]) -> int:
         # A flag given explicitly must agree with an explicit key in the DeepSpeed config, as in training.
         explicit=frozenset({"micro_batch_size"} if ns.micro_batch_size is not None else set()),
     )
-    model_config = models.load_model_config(models.resolve_model_source(cfg.model.model))
+    settings = preflight.resolve_settings(cfg)
     ranks = ns.gpus_per_node if ns.gpus_per_node is not None else _default_gpus_per_node()
-    shape, layout = _resolve(cfg, model_config, ns.nodes, ranks, ns.zero_stage, ns.offload)
+    shape, layout = _resolve(settings, ns.nodes, ranks, ns.zero_stage, ns.offload)
     est = estimate(shape, layout)
     cap = machine_capacity(ns.gpu_memory_gib, ns.host_memory_gib)
     rec = recommend(shape, layout, cap)

@@ -27,38 +27,29 @@ from pathlib import Path
 from typing import Any
 
 from model_utils import file_manifest, startup
-from model_utils.checkpoint import HF_CONFIG_DIR
+from model_utils.checkpoint import HF_CONFIG_DIR, is_tag_dir, newest_verified
 from model_utils.errors import CommandParser, ConfigError, first_line
 
 DTYPES = ("bf16", "fp32")
 
 
-def _has_model_states(directory: Path) -> bool:
-    # ZeRO-1/2 save mp_rank_00_model_states.pt, ZeRO-3 one zero_pp_rank_*_mp_rank_00_model_states.pt per rank.
-    return any(directory.glob("*model_states.pt"))
-
-
 def resolve_tag(checkpoint: Path) -> tuple[Path, str]:
-    """(checkpoint dir, tag) for a checkpoint dir (its `latest`) or a tag dir."""
+    """(checkpoint dir, tag) for a tag dir, or for a checkpoint dir the tag a resume would pick: the newest
+    whose manifest verifies (checkpoint.newest_verified), not whatever `latest` names."""
     if not checkpoint.is_dir():
         what = "does not exist" if not checkpoint.exists() else "is not a directory"
         raise ConfigError(
-            f"checkpoint {checkpoint} {what}: pass a checkpoint dir (with 'latest') or one of its tag dirs"
+            f"checkpoint {checkpoint} {what}: pass a checkpoint dir (the run's --checkpoint_dir) or one of its tag dirs"
         )
-    if _has_model_states(checkpoint):
+    if is_tag_dir(checkpoint):
         return checkpoint.parent, checkpoint.name
-    latest = checkpoint / "latest"
-    if not latest.is_file():
+    target = newest_verified(checkpoint)
+    if target is None:
         raise ConfigError(
-            f"{checkpoint} has no 'latest' and is not a checkpoint tag dir (no *model_states.pt): "
+            f"{checkpoint} holds no verified checkpoint and is not a checkpoint tag dir (no *model_states.pt): "
             "pass the --checkpoint_dir of a run or a tag dir inside it"
         )
-    tag = latest.read_text().strip()
-    if not tag or not _has_model_states(checkpoint / tag):
-        raise ConfigError(
-            f"{latest} names {tag!r}, which holds no checkpoint: pass one of the tag dirs in {checkpoint} instead"
-        )
-    return checkpoint, tag
+    return target.load_dir, target.tag
 
 
 def _check_tag(tag_dir: Path) -> Path:
@@ -154,7 +145,8 @@ def _build_model(hf_config: Path, state: dict[str, Any]) -> Any:
 
 
 def export(checkpoint: Path, out_dir: Path, dtype: str = "bf16") -> Path:
-    """Write the checkpoint (a dir with `latest`, or a tag dir) as a Hugging Face model dir; returns out_dir."""
+    """Write the checkpoint (a run's checkpoint dir: its newest verified tag; or a tag dir) as a Hugging Face
+    model dir; returns out_dir."""
     torch_dtype = _torch_dtype(dtype)
     load_dir, tag = resolve_tag(Path(checkpoint))
     _check_out_dir(Path(out_dir))

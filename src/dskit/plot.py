@@ -12,12 +12,12 @@ import argparse
 import json
 import math
 import os
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from model_utils import step_line
 from model_utils.errors import CommandParser, ConfigError, first_line
 
 # Record keys that are plotted, in the metrics JSONL's names.
@@ -32,20 +32,6 @@ PLOTTED = (
 )
 METRICS_SUFFIX = ".metrics.jsonl"
 USAGE_HINT = "pass a run log (logs/NAME.out) or its metrics file (logs/NAME.metrics.jsonl)"
-
-# "2026-11-22 16:00:00 | Step 10/100 | Loss 7.1234 | lr 3.00e-03 | tokens/s 2600 (1300/device) | mem 1.0/2.0 GiB"
-LOG_STEP = re.compile(r"\|\s*Step (\d+)/\d+\s*\|(.*)$")
-LOG_RESUME = re.compile(r"\|\s*Resumed from .+? at step (\d+)")
-LOG_FRESH = re.compile(r"\|\s*No (?:verified )?checkpoint in .*: starting fresh")
-NUMBER = r"([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))"
-LOG_FIELDS: tuple[tuple[re.Pattern[str], tuple[str, ...]], ...] = (
-    (re.compile(rf"^Loss {NUMBER}$"), ("loss",)),
-    (re.compile(rf"^Validation Loss {NUMBER}$"), ("val_loss",)),
-    (re.compile(rf"^lr {NUMBER}$"), ("lr",)),
-    (re.compile(rf"^tokens/s {NUMBER}\b"), ("tokens_per_s",)),
-    (re.compile(rf"^mem {NUMBER}/{NUMBER} GiB$"), ("device_mem_alloc_gib", "device_mem_peak_gib")),
-    (re.compile(rf"^RSS {NUMBER} GiB$"), ("host_rss_gib",)),
-)
 
 
 @dataclass(frozen=True)
@@ -103,20 +89,7 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 def parse_log(path: Path) -> list[dict[str, Any]]:
     """Records in the metrics file's terms from a run log's plain lines (no memory before the log had it)."""
-    records: list[dict[str, Any]] = []
-    for line in path.read_text(errors="replace").splitlines():
-        if match := LOG_STEP.search(line):
-            record: dict[str, Any] = {"step": int(match.group(1))}
-            for part in match.group(2).split("|"):
-                for pattern, keys in LOG_FIELDS:
-                    if found := pattern.match(part.strip()):
-                        record.update(zip(keys, (float(v) for v in found.groups()), strict=True))
-            records.append(record)
-        elif match := LOG_RESUME.search(line):
-            records.append({"event": "start", "step": int(match.group(1)), "resumed_from": "checkpoint"})
-        elif LOG_FRESH.search(line):
-            records.append({"event": "start", "step": 0, "resumed_from": None})
-    return records
+    return step_line.parse_log(path.read_text(errors="replace"))
 
 
 def build_series(records: list[dict[str, Any]]) -> tuple[dict[str, Series], tuple[int, ...], str | None]:

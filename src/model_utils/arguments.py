@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import json
 import sys
 import types
 import typing
@@ -30,7 +29,7 @@ def _flag(help: str, **extra: Any) -> dict[str, Any]:
     return {"help": help, **extra}
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelArgs:
     model: str = field(
         default="tiny-qwen3",
@@ -59,7 +58,7 @@ class ModelArgs:
             raise ConfigError(f"--liger {self.liger!r} is not one of {', '.join(LIGER_CHOICES)}")
 
 
-@dataclass
+@dataclass(frozen=True)
 class DataArgs:
     dataset: str = field(
         default="embedded",
@@ -105,7 +104,7 @@ class DataArgs:
             raise ConfigError(f"--seq_length {self.seq_length} is too small: use at least 2 (e.g. 2048)")
 
 
-@dataclass
+@dataclass(frozen=True)
 class OptimArgs:
     deepspeed_config: str = field(
         default="deepspeed/ds_config.json",
@@ -140,7 +139,7 @@ class OptimArgs:
             raise ConfigError(f"--warmup_steps {self.warmup_steps} must be zero or positive")
 
 
-@dataclass
+@dataclass(frozen=True)
 class LoopArgs:
     max_steps: int = field(default=100, metadata=_flag("optimizer steps to train for (not micro-batches)"))
     epochs: int | None = field(
@@ -161,7 +160,7 @@ class LoopArgs:
             raise ConfigError(f"--epochs {self.epochs} must be at least 1")
 
 
-@dataclass
+@dataclass(frozen=True)
 class CheckpointArgs:
     checkpoint_dir: str = field(
         default="checkpoints",
@@ -212,7 +211,7 @@ class CheckpointArgs:
 REPORT_TO = ("none", "tensorboard", "mlflow")
 
 
-@dataclass
+@dataclass(frozen=True)
 class ReportArgs:
     report_dir: str = field(
         default="logs",
@@ -260,7 +259,7 @@ SECTIONS: dict[str, type] = {
 }
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
     model: ModelArgs = field(default_factory=ModelArgs)
     data: DataArgs = field(default_factory=DataArgs)
@@ -276,9 +275,6 @@ class TrainConfig:
             raise ConfigError("--epochs and --max_steps both given: keep one of them")
         if self.data.validation_split is not None and "validation_fraction" in self.explicit:
             raise ConfigError("--validation_split and --validation_fraction both given: keep one of them")
-        if self.optim.lr is None:
-            preset = PRESETS.get(self.model.model)
-            self.optim.lr = preset.lr if preset else PRETRAINED_LR
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -373,165 +369,4 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     for name, value in given.items():
         per_section[fields[name][0]][name] = value
     sections = {s: SECTIONS[s](**kwargs) for s, kwargs in per_section.items()}
-    cfg = TrainConfig(**sections, explicit=frozenset(given))
-    # Validate the DeepSpeed config now, so a bad file fails before any rank starts.
-    resolve_deepspeed_config(cfg, total_steps=cfg.loop.max_steps)
-    return cfg
-
-
-# --- the DeepSpeed config -------------------------------------------------------------------------------
-
-# (flag, path of the DeepSpeed key). Each flag fills an "auto" key; an explicit key must agree with the flag.
-DS_OVERRIDES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("micro_batch_size", ("train_micro_batch_size_per_gpu",)),
-    ("gradient_accumulation_steps", ("gradient_accumulation_steps",)),
-    ("lr", ("optimizer", "params", "lr")),
-    ("warmup_steps", ("scheduler", "params", "warmup_num_steps")),
-)
-
-
-def load_deepspeed_json(path: str) -> dict[str, Any]:
-    p = Path(path)
-    if not p.is_absolute() and not p.exists():
-        p = REPO_ROOT / p  # the kit's own configs work from any working directory
-    if not p.is_file():
-        raise ConfigError(
-            f"DeepSpeed config {path} not found: pass --deepspeed_config PATH (e.g. deepspeed/ds_config.json)"
-        )
-    try:
-        data = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise ConfigError(
-            f"DeepSpeed config {path} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}"
-        ) from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"DeepSpeed config {path} must hold a JSON object, not {type(data).__name__}")
-    return data
-
-
-def _get(d: dict[str, Any], path: tuple[str, ...]) -> Any:
-    for key in path:
-        if not isinstance(d, dict) or key not in d:
-            return None
-        d = d[key]
-    return d
-
-
-def _set(d: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
-    for key in path[:-1]:
-        d = d.setdefault(key, {})
-    d[path[-1]] = value
-
-
-def resolve_deepspeed_config(cfg: TrainConfig, total_steps: int) -> dict[str, Any]:
-    """Fill the config's "auto" keys from the flags; adopt explicit keys the user did not override by flag.
-
-    Mutates cfg.optim so that the resolved config records what actually trains.
-    """
-    path = cfg.optim.deepspeed_config
-    ds = load_deepspeed_json(path)
-    if "train_batch_size" in ds and ds["train_batch_size"] != AUTO:
-        raise ConfigError(
-            f"{path} sets train_batch_size: remove it (DeepSpeed derives it from micro batch x accumulation x ranks)"
-        )
-    ds.pop("train_batch_size", None)
-    for flag, key_path in DS_OVERRIDES:
-        flag_value = getattr(cfg.optim, flag)
-        key_value = _get(ds, key_path)
-        dotted = ".".join(key_path)
-        if len(key_path) > 1 and not isinstance(ds.get(key_path[0]), dict):
-            # No optimizer/scheduler section: DeepSpeed would not use the value, so the flag cannot apply.
-            if flag in cfg.explicit:
-                raise ConfigError(
-                    f"--{flag} given but {path} has no {key_path[0]!r} section: add one or drop the flag"
-                )
-            continue
-        if key_value is None or key_value == AUTO:
-            # --micro_batch_size auto is probed on the GPU later (preflight); validate the config with 1 now.
-            _set(ds, key_path, 1 if flag_value == AUTO else flag_value)
-        elif flag in cfg.explicit and key_value != flag_value:
-            raise ConfigError(
-                f"--{flag} {flag_value} disagrees with {dotted} = {key_value} in {path}: "
-                f'drop the flag or set the key to "auto"'
-            )
-        else:
-            setattr(cfg.optim, flag, type(flag_value)(key_value) if flag_value is not None else key_value)
-    scheduler = ds.get("scheduler")
-    if isinstance(scheduler, dict) and "total_num_steps" in scheduler.get("params", {}):
-        current = scheduler["params"]["total_num_steps"]
-        if current not in (AUTO, total_steps):
-            raise ConfigError(
-                f"scheduler.params.total_num_steps = {current} in {path} disagrees with {total_steps} training "
-                f'steps: set it to "auto"'
-            )
-        scheduler["params"]["total_num_steps"] = total_steps
-    _check_deepspeed_keys(ds, path)
-    return ds
-
-
-class _RecordingDict(dict):
-    """A dict that records which keys were read, to find keys DeepSpeed would silently ignore."""
-
-    def __init__(self, *args: Any, seen: set[str] | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.seen: set[str] = set() if seen is None else seen
-
-    def __getitem__(self, key: str) -> Any:
-        self.seen.add(key)
-        return super().__getitem__(key)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        self.seen.add(key)
-        return super().get(key, default)
-
-    def __contains__(self, key: object) -> bool:
-        self.seen.add(key)  # type: ignore[arg-type]
-        return super().__contains__(key)
-
-
-def _check_deepspeed_keys(ds: dict[str, Any], path: str) -> None:
-    from model_utils import startup
-
-    startup.import_deepspeed()
-    from deepspeed.runtime.config import DeepSpeedConfig
-
-    recording = _RecordingDict(json.loads(json.dumps(ds)))
-    try:
-        DeepSpeedConfig(recording)
-    except (
-        Exception
-    ) as e:  # DeepSpeed raises many types (pydantic, assert, ValueError); report them as one line
-        first = str(e).strip().splitlines()
-        detail = " ".join(line.strip() for line in first[:3])
-        raise ConfigError(f"DeepSpeed rejects {path}: {detail}") from None
-    _check_scheduler_params(ds, path)
-    unknown = sorted(set(ds) - recording.seen)
-    if unknown:
-        key = unknown[0]
-        close = difflib.get_close_matches(key, sorted(recording.seen), n=1, cutoff=0.6)
-        hint = f"did you mean {close[0]!r}?" if close else "remove it"
-        raise ConfigError(
-            f"unknown key {key!r} in DeepSpeed config {path}: DeepSpeed would ignore it; {hint}"
-        )
-
-
-def _check_scheduler_params(ds: dict[str, Any], path: str) -> None:
-    """DeepSpeed passes scheduler params as keyword arguments unchecked: a misspelt one crashes initialize()."""
-    import inspect
-
-    from deepspeed.runtime import lr_schedules
-
-    scheduler = ds.get("scheduler")
-    if not isinstance(scheduler, dict):
-        return
-    cls = getattr(lr_schedules, str(scheduler.get("type")), None)
-    if cls is None:
-        raise ConfigError(
-            f"unknown scheduler type {scheduler.get('type')!r} in {path}: e.g. WarmupCosineLR, WarmupLR"
-        )
-    accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "optimizer"}
-    for key in scheduler.get("params", {}):
-        if key not in accepted:
-            close = difflib.get_close_matches(key, sorted(accepted), n=1, cutoff=0.5)
-            hint = f"did you mean {close[0]!r}?" if close else f"valid: {', '.join(sorted(accepted))}"
-            raise ConfigError(f"unknown {cls.__name__} parameter {key!r} in {path}: {hint}")
+    return TrainConfig(**sections, explicit=frozenset(given))

@@ -22,15 +22,16 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from model_utils import kernels, startup
-from model_utils.arguments import TrainConfig, load_deepspeed_json
 from model_utils.errors import ConfigError
 from model_utils.log import print0
-from model_utils.models import training_dtype
+
+if TYPE_CHECKING:
+    from model_utils.preflight import RunSettings
 
 HEADROOM = 0.9  # a candidate must peak under this fraction of the GPU's memory
 MAX_MICRO_BATCH = 256  # the probe stops here even when more would fit
@@ -168,9 +169,7 @@ class _GpuProbe:
         torch.cuda.empty_cache()
 
 
-def resolve(
-    cfg: TrainConfig, model_config: Any, n_train_blocks: int, n_val_blocks: int | None, world_size: int
-) -> int:
+def resolve(settings: RunSettings, n_train_blocks: int, n_val_blocks: int | None, world_size: int) -> int:
     """The micro batch for --micro_batch_size auto on this process's device (rank 0 of the run)."""
     startup.import_deepspeed()
     from deepspeed.accelerator import get_accelerator
@@ -180,10 +179,10 @@ def resolve(
         return 1
     from transformers import AutoModelForCausalLM
 
+    cfg, model_config, ds = settings.config, settings.model_config, settings.deepspeed
     device = torch.device("cuda", torch.cuda.current_device())
-    ds_config = load_deepspeed_json(cfg.optim.deepspeed_config)
-    seq_length = cfg.data.seq_length
-    assert seq_length is not None, "resolve the sequence length first"
+    ds_config = ds.build(micro_batch_size=1, total_steps=1)  # the bucket sizes, for the reserve
+    seq_length = settings.seq_length
     chosen = kernels.plan(cfg.model, model_config.model_type, device)
     with torch.device("meta"):  # shapes only: the parameter count, and the class Liger would patch
         skeleton = AutoModelForCausalLM.from_config(model_config)
@@ -195,7 +194,7 @@ def resolve(
         f"{chosen.describe()}|reserve {reserve // 2**20} MiB"
     )
     cache = ProbeCache(Path(cfg.data.data_cache_dir) / CACHE_FILE)
-    probe = _GpuProbe(model_config, training_dtype(ds_config), chosen, seq_length, reserve)
+    probe = _GpuProbe(model_config, ds.torch_dtype(), chosen, seq_length, reserve)
     try:
         with kernels.patches_undone(skeleton):
             found, from_cache = cached_search(
@@ -208,7 +207,7 @@ def resolve(
     finally:
         probe.close()
     # Never more than the data holds: one global batch must fit in the train (and validation) blocks.
-    cap = n_train_blocks // (cfg.optim.gradient_accumulation_steps * world_size)
+    cap = n_train_blocks // (ds.gradient_accumulation_steps * world_size)
     if n_val_blocks is not None:
         cap = min(cap, n_val_blocks // world_size)
     micro_batch = max(1, min(found, cap))

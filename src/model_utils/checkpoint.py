@@ -16,6 +16,7 @@ launched) and dskit_manifest.json, written last.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -31,7 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from model_utils import file_manifest
+from model_utils import file_manifest, launch_env
+from model_utils.engine import Engine
 from model_utils.errors import ConfigError, first_line
 from model_utils.log import error_line, print0, warn0
 
@@ -42,7 +44,7 @@ LAUNCH_FILE = "launch.json"
 STAGING_PREFIX = ".staging-"
 _TAG_RE = re.compile(r"^(?P<name>[^.].*)-(?P<step>\d+)steps$")
 # Fault injection for the crash tests: the process SIGKILLs itself at the named point of a save.
-FAULT_ENV = "DSKIT_FAULT_INJECT"
+FAULT_ENV = launch_env.FAULT_INJECT
 
 
 def checkpoint_tag(model_short_name: str, step: int) -> str:
@@ -80,8 +82,9 @@ class ResumeTarget:
         return self.load_dir / self.tag
 
 
-def _is_tag_dir(path: Path) -> bool:
-    """ZeRO-1/2 write mp_rank_00_model_states.pt, ZeRO-3 zero_pp_rank_*_mp_rank_00_model_states.pt."""
+def is_tag_dir(path: Path) -> bool:
+    """Whether path is one checkpoint (a tag dir), not a dir of them. ZeRO-1/2 write
+    mp_rank_00_model_states.pt, ZeRO-3 zero_pp_rank_*_mp_rank_00_model_states.pt."""
     return path.is_dir() and any(path.glob("*model_states.pt"))
 
 
@@ -124,7 +127,7 @@ def select_resume(checkpoint_dir: str, resume_from: str | None) -> ResumeTarget 
     if resume_from is None:
         return newest_verified(Path(checkpoint_dir))
     path = Path(resume_from)
-    if _is_tag_dir(path):
+    if is_tag_dir(path):
         if (path / file_manifest.MANIFEST).is_file():
             problem = file_manifest.verify(path)
             if problem:
@@ -193,14 +196,9 @@ class SaveRequest:
 
 
 def _write_rank_files(
-    engine: Any, req: SaveRequest, staging: Path, rank: int, model_config: Any, tokenizer: Any
+    engine: Engine, req: SaveRequest, staging: Path, rank: int, model_config: Any, tokenizer: Any
 ) -> None:
-    client_state = {
-        CLIENT_KEY: {"train_state": req.train_state, "config": req.config},
-        # Marks the checkpoint as convertible with deepspeed.checkpoint.ds_to_universal (world-size changes).
-        "universal_checkpoint_info": {},
-    }
-    engine.save_checkpoint(req.checkpoint_dir, tag=staging.name, client_state=client_state, save_latest=False)
+    engine.save(staging, {CLIENT_KEY: {"train_state": req.train_state, "config": req.config}})
     torch.save(_rng_state(), _rng_file(staging, rank))
     if rank == 0:
         model_config.save_pretrained(staging / HF_CONFIG_DIR)
@@ -226,7 +224,7 @@ def _commit(root: Path, staging: Path, req: SaveRequest) -> Path:
     return final
 
 
-def save(engine: Any, req: SaveRequest, rank: int, model_config: Any, tokenizer: Any) -> Path | None:
+def save(engine: Engine, req: SaveRequest, rank: int, model_config: Any, tokenizer: Any) -> Path | None:
     """Crash-safe save on all ranks; returns the verified tag dir on rank 0 (None elsewhere)."""
     started = time.perf_counter()
     root = Path(req.checkpoint_dir)
@@ -238,6 +236,8 @@ def save(engine: Any, req: SaveRequest, rank: int, model_config: Any, tokenizer:
         _write_rank_files(engine, req, staging, rank, model_config, tokenizer)
     except (OSError, RuntimeError) as e:  # torch.save reports ENOSPC as RuntimeError
         reason = first_line(e)
+        if _out_of_space(e, root):
+            reason = f"{os.strerror(errno.ENOSPC)}: {reason}"
         if rank == 0:
             shutil.rmtree(staging, ignore_errors=True)
         error_line(
@@ -255,6 +255,17 @@ def save(engine: Any, req: SaveRequest, rank: int, model_config: Any, tokenizer:
         f"Saved checkpoint {root / req.tag} ({_throughput(root / req.tag, time.perf_counter() - started)})"
     )
     return final
+
+
+def _out_of_space(err: BaseException, root: Path) -> bool:
+    """ENOSPC, also where torch.save hides it ("[enforce fail at inline_container.cc] unexpected pos ..."): the
+    failed write then left the filesystem with less than a few blocks free (the staging dir is not removed yet)."""
+    if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+        return True
+    try:
+        return shutil.disk_usage(root).free < 1 << 16
+    except OSError:
+        return False
 
 
 def _throughput(tag_dir: Path, seconds: float) -> str:
@@ -276,16 +287,11 @@ def rotate(root: Path, keep: int, protect: set[str]) -> list[str]:
 # --- loading --------------------------------------------------------------------------------------------
 
 
-def load(engine: Any, target: ResumeTarget, rank: int, weights_only: bool) -> dict[str, Any]:
+def load(engine: Engine, target: ResumeTarget, rank: int, weights_only: bool) -> dict[str, Any]:
     """Load weights (and, unless weights_only, optimizer and scheduler) plus our client state."""
     started = time.perf_counter()
-    path, client_state = engine.load_checkpoint(
-        str(target.load_dir),
-        tag=target.tag,
-        load_optimizer_states=not weights_only,
-        load_lr_scheduler_states=not weights_only,
-    )
-    if path is None or not client_state or CLIENT_KEY not in client_state:
+    client_state = engine.load(target.path, weights_only)
+    if not client_state or CLIENT_KEY not in client_state:
         raise ConfigError(f"checkpoint {target.path} could not be loaded: it is not a dskit checkpoint")
     print0(f"Loaded checkpoint {target.path} ({_throughput(target.path, time.perf_counter() - started)})")
     rng_file = _rng_file(target.path, rank)

@@ -104,6 +104,14 @@ def _load_hub(name: str, config_name: str | None, split: str) -> Any:
         ) from None
 
 
+def is_local_dataset(data: Any) -> bool:
+    """--dataset names a local path (--local_dataset true, or it exists, or it looks like a path), not a hub
+    dataset. ('embedded' and s3:// URIs are decided before this.)"""
+    if data.local_dataset is not None:
+        return bool(data.local_dataset)
+    return Path(data.dataset).expanduser().exists() or data.dataset.startswith(("/", ".", "~"))
+
+
 def load_split(data: Any, split: str) -> Any:
     """One split of the configured dataset, as a `datasets.Dataset`."""
     from model_utils.assets import CORPUS_PATH
@@ -112,10 +120,7 @@ def load_split(data: Any, split: str) -> Any:
     if name == EMBEDDED:
         return _load_local(CORPUS_PATH, split) if split == "train" else _missing_split(name, split)
     path = Path(name).expanduser()
-    local = data.local_dataset
-    if local is None:
-        local = path.exists() or name.startswith(("/", ".", "~"))
-    if local:
+    if is_local_dataset(data):
         if not path.exists():
             raise ConfigError(
                 f"dataset path {name} does not exist: check --dataset (or --local_dataset false for a hub name)"

@@ -52,7 +52,8 @@ def init_distributed() -> DistInfo:
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
-    deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name())
+    with startup.op_built_lines_dropped():  # each CPU rank's "... built successfully"
+        deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name())
     return DistInfo(
         rank=int(os.environ["RANK"]),
         local_rank=local_rank,

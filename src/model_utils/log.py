@@ -11,7 +11,7 @@ import sys
 import time
 from typing import TextIO
 
-TTY_ENV = "DSKIT_TTY"
+from model_utils import launch_env
 
 
 def _rank() -> int:
@@ -22,7 +22,7 @@ def _terminal() -> TextIO | None:
     """Where the bar is drawn: stdout when it is a terminal, else the launcher's terminal, else nowhere."""
     if sys.stdout.isatty():
         return sys.stdout
-    path = os.environ.get(TTY_ENV)
+    path = os.environ.get(launch_env.TTY)
     if path:
         try:
             stream = open(path, "w")  # noqa: SIM115 (kept open for the life of the process)

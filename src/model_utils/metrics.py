@@ -119,12 +119,6 @@ def memory_gib(device: torch.device) -> tuple[float | None, float | None, float]
     return allocated, peak, rss
 
 
-def format_duration(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
-
-
 def clean(value: Any) -> Any:
     """JSON has no NaN/inf: write null instead, so every line stays parseable by strict readers."""
     if isinstance(value, float) and not math.isfinite(value):

@@ -56,9 +56,13 @@ def resolve_model_source(name: str) -> ModelSource:
     return ModelSource(name=name)
 
 
+class ModelUnavailable(ConfigError):
+    """A model, config or tokenizer that could not be loaded from the hub or the HF cache (offline?)."""
+
+
 def _hub_error(what: str, name: str, err: Exception) -> ConfigError:
     reason = first_line(err)
-    return ConfigError(
+    return ModelUnavailable(
         f"could not load {what} {name!r} ({reason}): check the name and network access, or pass a local directory"
     )
 
@@ -119,17 +123,6 @@ def check_vocab(tokenizer: Any, model_config: Any) -> None:
             f"tokenizer has {len(tokenizer)} tokens but the model's vocabulary is {model_config.vocab_size}: "
             "use the model's own tokenizer"
         )
-
-
-def training_dtype(ds_config: dict[str, Any]) -> Any:
-    """The dtype DeepSpeed trains in (bf16/fp16 sections of its config), the dtype models are built in."""
-    import torch
-
-    if (ds_config.get("bf16") or {}).get("enabled"):
-        return torch.bfloat16
-    if (ds_config.get("fp16") or {}).get("enabled"):
-        return torch.float16
-    return torch.float32
 
 
 def build_model(source: ModelSource, model_config: Any, seed: int, dtype: Any) -> Any:

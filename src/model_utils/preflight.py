@@ -1,7 +1,13 @@
-"""Everything a run needs before the first step, checked in order so bad input fails early and clearly.
+"""The resolved run: everything a run needs before the first step, resolved once and frozen.
+
+`resolve_settings` derives what depends on the config and the model alone (the DeepSpeed settings, the sequence
+length); `prepare` adds what depends on the data, the checkpoints and the ranks (packed blocks, the checkpoint
+to resume, the probed micro batch, max_steps from --epochs). The trainer, `dskit doctor`, `dskit estimate`,
+`dskit bench` and `dskit config` all read these objects; nothing else re-derives them, and the user's config is
+never changed. Checks run in order, so bad input fails early with one line.
 
 Used by the training ranks and by `dskit prepare` (one process, no GPUs), which the launchers run first: it
-reports mistakes as one line and leaves the packed data in the cache, so the ranks start straight from it.
+leaves the packed data in the cache, so the ranks start straight from it.
 """
 
 from __future__ import annotations
@@ -14,29 +20,129 @@ from typing import Any
 
 import numpy as np
 
-from model_utils import checkpoint, concat_dataset, launch_record, models
+from model_utils import checkpoint, concat_dataset, deepspeed_config, launch_record, models
 from model_utils.arguments import AUTO, TrainConfig
+from model_utils.deepspeed_config import DeepSpeedSettings
 from model_utils.errors import ConfigError
 from model_utils.log import print0
 
 
-@dataclass
-class PreparedRun:
+@dataclass(frozen=True)
+class RunSettings:
+    """What the config and the model decide, before any data work."""
+
+    config: TrainConfig  # the user's, as parsed
     source: models.ModelSource
     model_config: Any
+    seq_length: int
+    deepspeed: DeepSpeedSettings
+
+    def to_dict(self) -> dict[str, Any]:
+        ds = self.deepspeed
+        return {
+            "model": self.source.name,
+            "seq_length": self.seq_length,
+            "micro_batch_size": ds.micro_batch_size,
+            "gradient_accumulation_steps": ds.gradient_accumulation_steps,
+            "lr": ds.lr,
+            "warmup_steps": ds.warmup_steps,
+            "precision": ds.precision,
+            "zero_stage": ds.zero_stage,
+        }
+
+
+@dataclass(frozen=True)
+class ResolvedRun:
+    settings: RunSettings
     tokenizer: Any
     train_blocks: np.ndarray
     val_blocks: np.ndarray | None
     resume: checkpoint.ResumeTarget | None
+    world_size: int | None  # None outside the ranks (`dskit prepare`/`config`): per-rank values stay open
+    micro_batch_size: int | str  # AUTO only outside the ranks: rank 0 probes its GPU
+    steps_per_epoch: int | None
+    max_steps: int | None  # --max_steps, or --epochs x steps_per_epoch
+
+    @property
+    def config(self) -> TrainConfig:
+        return self.settings.config
+
+    @property
+    def source(self) -> models.ModelSource:
+        return self.settings.source
+
+    @property
+    def model_config(self) -> Any:
+        return self.settings.model_config
+
+    @property
+    def seq_length(self) -> int:
+        return self.settings.seq_length
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.settings.deepspeed.gradient_accumulation_steps
+
+    @property
+    def global_batch(self) -> int:
+        """Sequences per optimizer step over all ranks."""
+        assert isinstance(self.micro_batch_size, int) and self.world_size is not None
+        return self.micro_batch_size * self.gradient_accumulation_steps * self.world_size
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seq_length
+
+    def deepspeed_config(self) -> dict[str, Any]:
+        """A fresh DeepSpeed dict for deepspeed.initialize (DeepSpeed may change what it is given)."""
+        assert isinstance(self.micro_batch_size, int) and self.max_steps is not None
+        return self.settings.deepspeed.build(self.micro_batch_size, self.max_steps)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved run as `dskit config` prints it."""
+        per_rank_open = "per rank: known when the ranks start"
+        mb_known = isinstance(self.micro_batch_size, int)
+        return {
+            "config": self.config.to_dict(),
+            "resolved": {
+                **self.settings.to_dict(),
+                "micro_batch_size": self.micro_batch_size,
+                "world_size": self.world_size if self.world_size is not None else per_rank_open,
+                "max_steps": self.max_steps if self.max_steps is not None else per_rank_open,
+                "steps_per_epoch": self.steps_per_epoch
+                if self.steps_per_epoch is not None
+                else per_rank_open,
+                "train_blocks": len(self.train_blocks),
+                "validation_blocks": None if self.val_blocks is None else len(self.val_blocks),
+                "resume_from": None if self.resume is None else str(self.resume.path),
+            },
+            "deepspeed": self.deepspeed_config()
+            if self.max_steps is not None and mb_known
+            else per_rank_open,
+        }
+
+
+def resolve_settings(cfg: TrainConfig) -> RunSettings:
+    """The DeepSpeed settings (checked by DeepSpeed) and the model's config and sequence length."""
+    source = models.resolve_model_source(cfg.model.model)
+    ds = deepspeed_config.resolve(cfg)
+    model_config = models.load_model_config(source)
+    seq_length = models.resolve_seq_length(cfg.data.seq_length, model_config)
+    return RunSettings(cfg, source, model_config, seq_length, ds)
 
 
 def _blocks_or_error(
-    docs: Any, tokenizer: Any, cfg: TrainConfig, role: str, run_first: Callable[[Callable[[], Any]], Any]
+    docs: Any,
+    tokenizer: Any,
+    cfg: TrainConfig,
+    seq_length: int,
+    role: str,
+    run_first: Callable[[Callable[[], Any]], Any],
 ) -> np.ndarray:
     data = cfg.data
     cache = Path(data.data_cache_dir)
     blocks = run_first(
-        lambda: concat_dataset.packed_blocks(docs, tokenizer, data.text_field, data.seq_length, cache, role)
+        lambda: concat_dataset.packed_blocks(docs, tokenizer, data.text_field, seq_length, cache, role)
     )
     if len(blocks) == 0:
         hint = (
@@ -45,7 +151,7 @@ def _blocks_or_error(
             else ("use more data or a smaller --seq_length")
         )
         raise ConfigError(
-            f"{role} data of {data.dataset} has fewer tokens than one block of {data.seq_length}: {hint}"
+            f"{role} data of {data.dataset} has fewer tokens than one block of {seq_length}: {hint}"
         )
     return blocks
 
@@ -76,16 +182,20 @@ def _here(fn: Callable[[], Any]) -> Any:
 
 def prepare(
     cfg: TrainConfig,
+    world_size: int | None = None,
     run_first: Callable[[Callable[[], Any]], Any] = _here,
     decide_once: Callable[[Callable[[], Any]], Any] = _here,
-) -> PreparedRun:
-    """Resolve model, tokenizer, sequence length, checkpoint target and packed data.
+    settings: RunSettings | None = None,
+) -> ResolvedRun:
+    """Resolve model, tokenizer, sequence length, DeepSpeed settings, checkpoint target and packed data.
 
-    `run_first` runs a cache-building function on one rank before the others (they then read the cache);
-    `decide_once` runs a decision (which checkpoint verifies) on one rank and shares it.
-    Mutates cfg.data.seq_length to the resolved value.
+    `world_size` is the ranks' (None in one-process tools); `run_first` runs a cache-building function on one
+    rank before the others (they then read the cache); `decide_once` runs a decision (which checkpoint
+    verifies, the probed micro batch) on one rank and shares it. `settings`: resolve_settings(cfg), when the
+    caller has it already.
     """
-    source = models.resolve_model_source(cfg.model.model)
+    settings = settings or resolve_settings(cfg)
+    assert settings.config is cfg
     checkpoint.check_writable(cfg.checkpoint.checkpoint_dir)
     if cfg.report.tracking_uri is not None:
         from model_utils import trackers
@@ -93,12 +203,10 @@ def prepare(
         # Fails in seconds when a tracking server is down, not after MLflow's minutes of retries.
         decide_once(lambda: trackers.check_reachable(cfg.report.tracking_uri))
     resume = decide_once(lambda: _select_resume(cfg))
-    model_config = models.load_model_config(source)
-    cfg.data.seq_length = models.resolve_seq_length(cfg.data.seq_length, model_config)
     if resume is not None:  # refuse another architecture or block length before any data work
-        launch_record.check_resume(resume.path, model_config, cfg.data.seq_length, world_size=None)
-    tokenizer = models.load_tokenizer(source, cfg.model.tokenizer)
-    models.check_vocab(tokenizer, model_config)
+        launch_record.check_resume(resume.path, settings.model_config, settings.seq_length, world_size=None)
+    tokenizer = models.load_tokenizer(settings.source, cfg.model.tokenizer)
+    models.check_vocab(tokenizer, settings.model_config)
     data = cfg.data
     if data.dataset.startswith("s3://"):
         from model_utils import s3_tier
@@ -106,34 +214,59 @@ def prepare(
         local = run_first(lambda: s3_tier.fetch_dataset(data.dataset, Path(data.data_cache_dir)))
         data = dataclasses.replace(data, dataset=str(local), local_dataset=True)
     train_docs, val_docs = concat_dataset.load_documents(data, cfg.loop.seed)
-    train_blocks = _blocks_or_error(train_docs, tokenizer, cfg, "train", run_first)
+    seq = settings.seq_length
+    train_blocks = _blocks_or_error(train_docs, tokenizer, cfg, seq, "train", run_first)
     val_blocks = (
-        None if val_docs is None else _blocks_or_error(val_docs, tokenizer, cfg, "validation", run_first)
+        None if val_docs is None else _blocks_or_error(val_docs, tokenizer, cfg, seq, "validation", run_first)
     )
-    _resolve_auto_micro_batch(cfg, model_config, train_blocks, val_blocks, decide_once)
-    return PreparedRun(source, model_config, tokenizer, train_blocks, val_blocks, resume)
+    micro_batch = _micro_batch(settings, train_blocks, val_blocks, world_size, decide_once)
+    steps_per_epoch = max_steps = None
+    if isinstance(micro_batch, int) and world_size is not None:
+        global_batch = micro_batch * settings.deepspeed.gradient_accumulation_steps * world_size
+        steps_per_epoch = len(train_blocks) // global_batch
+        if steps_per_epoch == 0:
+            raise ConfigError(
+                f"train data has {len(train_blocks)} blocks, fewer than one global batch of {global_batch} "
+                f"(micro batch {micro_batch} x accumulation {settings.deepspeed.gradient_accumulation_steps} x "
+                f"{world_size} ranks): use more data, fewer ranks or a smaller batch"
+            )
+    epochs = cfg.loop.epochs
+    if epochs is None:
+        max_steps = cfg.loop.max_steps
+    elif steps_per_epoch is not None:
+        max_steps = epochs * steps_per_epoch
+    run = ResolvedRun(
+        settings,
+        tokenizer,
+        train_blocks,
+        val_blocks,
+        resume,
+        world_size,
+        micro_batch,
+        steps_per_epoch,
+        max_steps,
+    )
+    if max_steps is not None and isinstance(micro_batch, int):
+        run.deepspeed_config()  # an explicit total_num_steps that disagrees fails here, before any rank trains
+    return run
 
 
-def _resolve_auto_micro_batch(
-    cfg: TrainConfig,
-    model_config: Any,
+def _micro_batch(
+    settings: RunSettings,
     train_blocks: np.ndarray,
     val_blocks: np.ndarray | None,
+    world_size: int | None,
     decide_once: Callable[[Callable[[], Any]], Any],
-) -> None:
-    """--micro_batch_size auto becomes a number on the training ranks (rank 0 probes its GPU) before the
-    DeepSpeed config is resolved; `dskit prepare`, which starts no process group and uses no GPU, leaves it."""
-    if cfg.optim.micro_batch_size != AUTO:
-        return
-    import torch.distributed
-
-    if not torch.distributed.is_initialized():
+) -> int | str:
+    """--micro_batch_size auto becomes a number on the training ranks (rank 0 probes its GPU); `dskit prepare`,
+    which starts no process group and uses no GPU, leaves it open."""
+    chosen = settings.deepspeed.micro_batch_size
+    if chosen != AUTO:
+        return chosen
+    if world_size is None:
         print0("--micro_batch_size auto: probed on the GPU by the training ranks when they start")
-        return
+        return AUTO
     from model_utils import autobatch
 
     n_val = None if val_blocks is None else len(val_blocks)
-    world_size = torch.distributed.get_world_size()
-    cfg.optim.micro_batch_size = decide_once(
-        lambda: autobatch.resolve(cfg, model_config, len(train_blocks), n_val, world_size)
-    )
+    return decide_once(lambda: autobatch.resolve(settings, len(train_blocks), n_val, world_size))

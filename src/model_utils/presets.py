@@ -69,3 +69,9 @@ PRESETS: dict[str, Preset] = {
         ),
     )
 }
+
+
+def default_lr(model: str) -> float:
+    """The peak learning rate when --lr is not given: the preset's own, else PRETRAINED_LR."""
+    preset = PRESETS.get(model)
+    return preset.lr if preset else PRETRAINED_LR

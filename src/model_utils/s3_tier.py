@@ -97,6 +97,30 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc)[:200]}"
 
 
+def error_kind(exc: BaseException) -> str:
+    """What an S3 failure means, the one decision every caller words in its own terms: "credentials" (none
+    found), "no_bucket", "not_found" (no such object), "denied", "unreachable" (network, endpoint) or "other"."""
+    if isinstance(exc, NoCredentialsError):
+        return "credentials"
+    if isinstance(exc, ClientError):
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        if code == "NoSuchBucket":
+            return "no_bucket"
+        if code in ("404", "NoSuchKey") or status == 404:
+            return "not_found"
+        if status == 403 or code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+            return "denied"
+        return "other"
+    if isinstance(exc, BotoCoreError):
+        return "unreachable"
+    return "other"
+
+
+def describe_error(exc: BaseException) -> str:
+    return _describe(exc)
+
+
 def _is_permanent(exc: BaseException) -> bool:
     """A 4xx (other than timeout/throttle) or a local file problem will not go away by retrying."""
     if isinstance(exc, S3UploadFailedError) and isinstance(exc.__context__, ClientError):
@@ -153,26 +177,25 @@ class S3Tier:
         """Fail fast at start-up (before step 1) when the bucket is missing or not ours."""
         try:
             self.client.head_bucket(Bucket=self.bucket)
-        except NoCredentialsError:
-            raise ConfigError(
+        except (BotoCoreError, ClientError) as exc:
+            raise self._access_error(exc) from None
+
+    def _access_error(self, exc: BaseException) -> ConfigError:
+        kind = error_kind(exc)
+        if kind == "credentials":
+            return ConfigError(
                 "no AWS credentials found for --s3_checkpoint_uri: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
                 "AWS_PROFILE or attach an instance role"
-            ) from None
-        except ClientError as exc:
-            raise self._access_error(exc) from None
-        except BotoCoreError as exc:
-            raise ConfigError(
+            )
+        if kind == "unreachable":
+            return ConfigError(
                 f"cannot reach S3 for bucket {self.bucket} ({_describe(exc)}): check the network and AWS_ENDPOINT_URL"
-            ) from None
-
-    def _access_error(self, exc: ClientError) -> ConfigError:
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        code = str(exc.response.get("Error", {}).get("Code", ""))
-        if status == 404 or code in ("404", "NoSuchBucket"):
+            )
+        if kind in ("no_bucket", "not_found"):  # head_bucket answers a missing bucket with a bare 404
             return ConfigError(
                 f"S3 bucket {self.bucket} does not exist: create it or fix --s3_checkpoint_uri"
             )
-        if status == 403 or code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+        if kind == "denied":
             return ConfigError(f"no access to S3 bucket {self.bucket}: check the credentials/role")
         return ConfigError(
             f"S3 bucket {self.bucket} is not usable ({_describe(exc)}): fix --s3_checkpoint_uri"
@@ -418,18 +441,16 @@ def fetch_dataset(uri: str, cache_dir: Path) -> Path:
         with lock_path.open("w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             return _mirror(client, uri, bucket, prefix, dest, state_path)
-    except NoCredentialsError:
-        raise ConfigError(
-            f"no AWS credentials found to read {uri}: set AWS_* env vars or attach a role"
-        ) from None
-    except ClientError as exc:
-        code = exc.response.get("Error", {}).get("Code")
-        if code == "NoSuchBucket":
+    except (BotoCoreError, ClientError) as exc:  # botocore has already retried each request
+        kind = error_kind(exc)
+        if kind == "credentials":
+            raise ConfigError(
+                f"no AWS credentials found to read {uri}: set AWS_* env vars or attach a role"
+            ) from None
+        if kind == "no_bucket":
             raise ConfigError(f"S3 bucket {bucket} does not exist: fix the dataset URI {uri}") from None
-        if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403"):
+        if kind == "denied":
             raise ConfigError(f"no access to {uri}: check the credentials/role") from None
-        raise S3TransferError(f"reading {uri} failed: {_describe(exc)}") from None
-    except BotoCoreError as exc:  # botocore has already retried each request
         raise S3TransferError(f"reading {uri} failed: {_describe(exc)}") from None
 
 

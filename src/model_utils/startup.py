@@ -7,16 +7,48 @@ more. Two parts of it are work for features dskit does not use, measured on a 2-
 - `deepspeed.initialize` with the CPU-offload optimizer calls py-cpuinfo's `get_cpu_info()` three times (the
   Adam op and its builder's arch and SIMD checks); each call starts a Python subprocess (~1.2 s). The answer
   cannot change within a process, so it is computed once.
+
+It also keeps lines out of every rank's log that tell a dskit user nothing they can act on, each matched
+exactly (by logger and message, or by the whole printed line), so that every other warning still shows:
+- torch.utils.cpp_extension's "No CUDA runtime is found, using CUDA_HOME=..." when a CPU run's ops are loaded
+  on a machine with a CUDA toolkit but no GPU (the launcher says the ranks are on the CPU; `dskit doctor`
+  checks torch against the GPUs and the driver).
+- DeepSpeed's "DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully", printed by each CPU
+  rank when its process group starts (`dskit doctor` reports the ops; a failed build still raises).
+- DeepSpeed's "Attempting to get learning rate from scheduler before it has started", which its warm-up
+  schedulers log while they are constructed in `deepspeed.initialize`; the trainer sets the schedule's
+  iteration before the first step.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import io
+import logging
 import os
+import re
 import sys
 from collections.abc import Iterator
 from types import ModuleType
+from typing import TextIO
+
+NO_CUDA_RUNTIME = re.compile(r"No CUDA runtime is found, using CUDA_HOME=.*")
+OP_BUILT = re.compile(r"DeepSpeed [\w.]+ built successfully")
+LR_BEFORE_START = re.compile(
+    re.escape("Attempting to get learning rate from scheduler before it has started")
+)
+
+
+class DropMessages(logging.Filter):
+    """A logger filter that drops the records whose whole message matches `pattern`."""
+
+    def __init__(self, pattern: re.Pattern[str]) -> None:
+        super().__init__()
+        self.pattern = pattern
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.pattern.fullmatch(record.getMessage()) is None
 
 
 def import_deepspeed() -> ModuleType:
@@ -31,6 +63,10 @@ def import_deepspeed() -> ModuleType:
     if not torch.cuda.is_available():
         # DeepSpeed would pick the CPU anyway, but print a warning on stdout of every rank first.
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        # Logged when DeepSpeed loads its CPU ops where a CUDA toolkit is installed (see the module doc).
+        cpp_extension_logger = logging.getLogger("torch.utils.cpp_extension")
+        if not any(isinstance(f, DropMessages) for f in cpp_extension_logger.filters):
+            cpp_extension_logger.addFilter(DropMessages(NO_CUDA_RUNTIME))
     block_mlflow = "mlflow" not in sys.modules
     if block_mlflow:
         sys.modules["mlflow"] = None  # type: ignore[assignment]  # `import mlflow` raises ImportError
@@ -53,3 +89,56 @@ def cpu_info_computed_once() -> Iterator[None]:
         yield
     finally:
         cpuinfo.get_cpu_info = original
+
+
+class _LineFilter(io.TextIOBase):
+    """A text stream that passes each complete line on to `target` unless the whole line matches `drop`."""
+
+    def __init__(self, target: TextIO, drop: re.Pattern[str]) -> None:
+        self.target, self.drop, self.pending = target, drop, ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        lines = (self.pending + text).split("\n")
+        self.pending = lines.pop()
+        for line in lines:
+            if self.drop.fullmatch(line) is None:
+                self.target.write(line + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        self.target.flush()
+
+    def finish(self) -> None:
+        if self.pending:
+            self.target.write(self.pending)
+        self.target.flush()
+
+
+@contextlib.contextmanager
+def op_built_lines_dropped() -> Iterator[None]:
+    """DeepSpeed's "DeepSpeed <op> built successfully" lines (see the module doc) stay off stdout while this
+    is active (around `deepspeed.init_distributed`); every other line goes through as it is printed."""
+    lines = _LineFilter(sys.stdout, OP_BUILT)
+    try:
+        with contextlib.redirect_stdout(lines):
+            yield
+    finally:
+        lines.finish()
+
+
+@contextlib.contextmanager
+def schedule_start_unlogged() -> Iterator[None]:
+    """DeepSpeed's "before it has started" lr warning is not logged while this is active: wrap
+    `deepspeed.initialize` in it, whose warm-up schedulers read their lr at iteration -1 when constructed (see
+    the module doc). The warning still shows when anything reads the lr later, before the schedule starts."""
+    from deepspeed.utils import logger
+
+    drop = DropMessages(LR_BEFORE_START)
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)

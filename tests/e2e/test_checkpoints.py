@@ -124,7 +124,21 @@ def test_launch_manifest_records_how_the_run_was_launched(monkeypatch) -> None:
     assert info["env"] == {"FI_PROVIDER": "efa", "NCCL_DEBUG": "INFO"}
     assert (info["nodes"], info["world_size"], info["cuda_version"]) == ("node[1-2]", 16, "12.9")
     assert info["uv_lock_sha256"] and len(info["uv_lock_sha256"]) == 64
-    assert info["git_commit"] is None or len(info["git_commit"]) == 40
+    # The tests run from a git checkout (CI clones the repo): the record names its exact commit.
+    head = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert len(head) == 40 and info["git_commit"] == head
+
+
+def test_launch_manifest_has_no_commit_outside_a_git_checkout(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(launch_record, "REPO_ROOT", tmp_path)  # the kit unpacked from an archive, say
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))  # no repo above tmp_path either
+    for name in ("GIT_DIR", "GIT_WORK_TREE"):
+        monkeypatch.delenv(name, raising=False)
+    info = launch_record.collect({}, {}, world_size=1)
+    assert info["git_commit"] is None
+    assert info["uv_lock_sha256"] is None  # no uv.lock there either
 
 
 # --- real crashes ---------------------------------------------------------------------------------------
@@ -206,16 +220,26 @@ def test_disk_full_during_save_is_a_clear_error_and_keeps_older_checkpoints(
     mount.mkdir()
     used = sum(p.stat().st_size for p in base.rglob("*") if p.is_file())
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={used + 200_000}", "tmpfs", str(mount)], check=True)
+    ckpt = mount / "ck"
     try:
-        shutil.copytree(base, mount / "ck")
-        proc = torchrun([*args, "--checkpoint_dir", str(mount / "ck")])
-        assert proc.returncode != 0
+        shutil.copytree(base, ckpt)
+        proc = torchrun([*args, "--checkpoint_dir", str(ckpt)])
+        tail = (proc.stdout + proc.stderr)[-3000:]
+        assert proc.returncode != 0, tail
         errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
-        assert len(errors) == 1 and "saving checkpoint tiny_qwen3-6steps" in errors[0], proc.stderr[-3000:]
-        assert "No space left on device" in errors[0] or "failed" in errors[0]
+        assert len(errors) == 1, tail
+        line = errors[0]
+        # Which save, where, why (the device is full, not just "failed"), and that nothing older was lost.
+        assert line.startswith(f"error: saving checkpoint tiny_qwen3-6steps in {ckpt} failed ("), line
+        assert "No space left on device" in line, line
+        assert "older checkpoints are intact" in line, line
         for tag in ("tiny_qwen3-2steps", "tiny_qwen3-4steps"):
-            assert file_manifest.verify(mount / "ck" / tag) is None
-        assert (mount / "ck" / "latest").read_text() == "tiny_qwen3-4steps"
+            assert file_manifest.verify(ckpt / tag) is None
+        assert checkpoint.select_resume(str(ckpt), None) == checkpoint.ResumeTarget(ckpt, "tiny_qwen3-4steps")
+        assert (ckpt / "latest").read_text() == "tiny_qwen3-4steps"
+        # The failed save leaves nothing behind: no .staging-tiny_qwen3-6steps, no tag of step 6.
+        entries = sorted(p.name for p in ckpt.iterdir())
+        assert entries == sorted(p.name for p in base.iterdir()), entries
     finally:
         subprocess.run(["umount", str(mount)], check=False)
 

@@ -1,5 +1,7 @@
-"""The real Trainer in this process (one gloo rank, DeepSpeed ZeRO-2 with CPU Adam): metrics records, the
-walltime reaction, the progress bar and a resumed run continuing the same metrics file and TensorBoard run.
+"""The real Trainer in this process (one gloo rank, DeepSpeed ZeRO-2 with CPU Adam): one shared run that stops
+for the job's time limit at step 5 and is resumed to step 8 (a requeue), asserted feature by feature: the
+walltime reaction, the progress bar, the metrics records, the continued metrics file and TensorBoard run, and
+`dskit plot` of the result.
 
 The walltime *decisions* are scripted here (their arithmetic is tested in test_walltime.py); what is tested is
 what the loop does with them: an early save that keeps training, and a save-and-stop that a requeue resumes.
@@ -7,26 +9,31 @@ what the loop does with them: an early save that keeps training, and a save-and-
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import pty
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from model_utils import preflight
+from model_utils import launch_env, preflight
 from model_utils import trainer as training
 from model_utils.arguments import parse_args
 from model_utils.walltime import Decision, WalltimePlanner
 
+pytestmark = pytest.mark.e2e
+
 
 class ScriptedPlanner(WalltimePlanner):
-    def __init__(self, trainer: training.Trainer, script: dict[int, Decision]) -> None:
+    def __init__(self, max_steps: int, script: dict[int, Decision]) -> None:
         super().__init__(end_time_source=lambda: None)
-        self.trainer, self.script = trainer, script
+        self.max_steps, self.script = max_steps, script
 
     def decide(self, step: int, step_time: float, next_checkpoint_step: int) -> Decision:
-        assert step_time > 0 and step < next_checkpoint_step <= self.trainer.cfg.loop.max_steps
+        assert step_time > 0 and step < next_checkpoint_step <= self.max_steps
         return self.script.get(step, Decision())
 
 
@@ -39,94 +46,177 @@ def make_trainer(tmp_path: Path, dist, max_steps: int, *extra: str) -> training.
             "--report_dir", str(tmp_path / "logs"), "--report_to", "tensorboard", *extra,
         ]
     )  # fmt: skip
-    return training.Trainer(cfg, preflight.prepare(cfg), dist)
+    return training.Trainer(preflight.prepare(cfg, world_size=dist.world_size), dist)
 
 
 def records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_walltime_stop_then_resume_continues_the_run(
-    tmp_path: Path, single_rank, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    log = tmp_path / "logs" / "job_123.out"
-    monkeypatch.setenv(training.LOG_FILE_ENV, str(log))
-    monkeypatch.setenv(training.STOP_REASON_ENV, str(tmp_path / "stop_reason"))
+@dataclass(frozen=True)
+class Requeued:
+    tmp: Path
+    log: Path  # what the launcher's tee would have written
+    first_out: str  # rank 0's stdout of the first job
+    bar: str  # what reached the terminal named in DSKIT_TTY
+    first_state: training.TrainState
+    resumed_state: training.TrainState  # the second job's state right after it resumed
+    flops_per_token: float
+    overhead_s: float
+    first: list[dict]  # the metrics records of the first job
+    second: list[dict]  # ... and of the requeued one
+
+
+@pytest.fixture(scope="module")
+def requeued(tmp_path_factory: pytest.TempPathFactory, single_rank) -> Requeued:
+    tmp = tmp_path_factory.mktemp("trainer")
+    log = tmp / "logs" / "job_123.out"
     primary, replica = pty.openpty()
-    monkeypatch.setenv("DSKIT_TTY", os.ttyname(replica))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(launch_env.LOG_FILE, str(log))
+        mp.setenv(launch_env.STOP_REASON_FILE, str(tmp / "stop_reason"))
+        mp.setenv(launch_env.TTY, os.ttyname(replica))
+        first_out = io.StringIO()
+        with contextlib.redirect_stdout(first_out):
+            trainer = make_trainer(tmp, single_rank, 8)
+            trainer.walltime = ScriptedPlanner(8, {3: Decision(save_now=True), 5: Decision(stop_now=True)})
+            try:
+                first_state = trainer.fit()
+            finally:
+                trainer.close()
+        bar = os.read(primary, 1 << 16).decode()
+        metrics_file = log.with_suffix(".metrics.jsonl")  # next to the launcher's log
+        first = records(metrics_file)
+        # The requeued job: same checkpoint dir, same log; it resumes at step 5 and continues run and file.
+        second_out = io.StringIO()
+        with contextlib.redirect_stdout(second_out):
+            again = make_trainer(tmp, single_rank, 8)
+            resumed_state = training.TrainState.from_dict(again.state.to_dict())
+            try:
+                again.fit()
+            finally:
+                again.close()
+    log.write_text(first_out.getvalue() + second_out.getvalue())
+    return Requeued(
+        tmp=tmp,
+        log=log,
+        first_out=first_out.getvalue(),
+        bar=bar,
+        first_state=first_state,
+        resumed_state=resumed_state,
+        flops_per_token=trainer.flops_per_token,
+        overhead_s=trainer.reporter.overhead_s if trainer.reporter else 0.0,
+        first=first,
+        second=records(metrics_file)[len(first) :],
+    )
 
-    trainer = make_trainer(tmp_path, single_rank, 8)
-    trainer.walltime = ScriptedPlanner(trainer, {3: Decision(save_now=True), 5: Decision(stop_now=True)})
-    state = trainer.fit()
-    out = capsys.readouterr().out
 
-    assert state.step == 5
-    assert (tmp_path / "stop_reason").read_text() == "walltime\n"
-    assert sorted(p.name for p in (tmp_path / "ckpt").glob("tiny_qwen3-*")) == [
+def test_walltime_saves_early_then_stops_and_says_why(requeued: Requeued) -> None:
+    assert requeued.first_state.step == 5
+    assert (requeued.tmp / "stop_reason").read_text() == "walltime\n"
+    assert sorted(p.name for p in (requeued.tmp / "ckpt").glob("tiny_qwen3-*"))[:2] == [
         "tiny_qwen3-3steps",
         "tiny_qwen3-5steps",
     ]
+    out = requeued.first_out
     assert "Saving early at step 3" in out and "Stopped at step 5 before the job's time limit" in out
-    bar = os.read(primary, 1 << 16).decode()
-    assert "] 1/8 (12%) loss" in bar and "ETA" in bar  # the bar went to the terminal...
-    assert "[###" not in out and "] 1/8" not in out  # ...and never into the log
-
-    metrics_file = log.with_suffix(".metrics.jsonl")  # next to the launcher's log
-    first = records(metrics_file)
-    events = [(r["event"], r["step"]) for r in first if "event" in r]
+    events = [(r["event"], r["step"]) for r in requeued.first if "event" in r]
     assert events == [("start", 0), ("checkpoint", 3), ("checkpoint", 5), ("end", 5)]
-    assert first[-1]["reason"] == "walltime"
-    train = [r for r in first if "loss" in r]
+    assert requeued.first[-1]["reason"] == "walltime"
+
+
+def test_progress_bar_goes_to_the_terminal_never_into_the_log(requeued: Requeued) -> None:
+    assert "] 1/8 (12%) loss" in requeued.bar and "ETA" in requeued.bar
+    assert "[###" not in requeued.log.read_text() and "] 1/8" not in requeued.log.read_text()
+
+
+def test_metrics_records_of_the_logged_steps(requeued: Requeued) -> None:
+    train = [r for r in requeued.first if "loss" in r]
     assert [r["step"] for r in train] == [2, 4]
     for r in train:
         assert r["tokens_per_s"] == pytest.approx(r["tokens_per_s_per_device"])  # one rank
         assert r["tflops_per_device"] == pytest.approx(
-            r["tokens_per_s_per_device"] * trainer.flops_per_token / 1e12
+            r["tokens_per_s_per_device"] * requeued.flops_per_token / 1e12
         )
         assert r["mfu"] is None and r["device_mem_alloc_gib"] is None  # CPU: no known peak, no device memory
         assert 0 < r["data_wait_frac"] < 1 and r["host_rss_gib"] > 0.1 and r["step_time_s"] > 0
         assert r["skipped_steps"] == 0 and r["lr"] > 0 and r["grad_norm"] > 0
-    assert [r["step"] for r in first if "val_loss" in r] == [4]
-    assert "Metrics overhead:" in out and trainer.metrics_overhead_s > 0
+        assert r["tokens_seen"] == r["step"] * 64  # 1 rank x micro batch 1 x accumulation 1 x 64 tokens
+    assert [r["step"] for r in requeued.first if "val_loss" in r] == [4]
+    assert "Metrics overhead:" in requeued.first_out and requeued.overhead_s > 0
 
-    # The requeued job: same checkpoint dir, same log; it resumes at step 5 and continues run and file.
-    again = make_trainer(tmp_path, single_rank, 8)
-    assert again.state.step == 5 and again.state.run_id == state.run_id
-    again.fit()
-    log.write_text(out + capsys.readouterr().out)  # what the launcher's tee would have written
-    second = records(metrics_file)[len(first) :]
-    start = second[0]
+
+def test_the_log_line_is_the_record_rendered(requeued: Requeued) -> None:
+    from model_utils import step_line
+
+    lines = {}
+    for line in requeued.log.read_text().splitlines():
+        parsed = step_line.parse(line)
+        if parsed is not None and "loss" in parsed:
+            lines.setdefault(parsed["step"], parsed)
+    for record in (r for r in requeued.first if "loss" in r):
+        shown = lines[record["step"]]
+        assert shown["loss"] == pytest.approx(record["loss"], abs=1e-4)
+        assert shown["lr"] == pytest.approx(record["lr"], rel=1e-2)
+        assert shown["host_rss_gib"] == pytest.approx(record["host_rss_gib"], abs=0.05)
+
+
+def test_requeue_resumes_and_continues_the_run_and_its_metrics_file(requeued: Requeued) -> None:
+    assert requeued.resumed_state.step == 5 and requeued.resumed_state.run_id == requeued.first_state.run_id
+    start = requeued.second[0]
     assert start["event"] == "start" and start["resumed_from"] == "tiny_qwen3-5steps"
-    assert start["run_id"] == state.run_id
-    assert [r["step"] for r in second if "loss" in r] == [6, 8]
-    assert second[-1] == {**second[-1], "event": "end", "reason": "done", "step": 8}
+    assert start["run_id"] == requeued.first_state.run_id
+    assert [r["step"] for r in requeued.second if "loss" in r] == [6, 8]
+    assert requeued.second[-1] == {**requeued.second[-1], "event": "end", "reason": "done", "step": 8}
 
-    # `dskit plot` of this real run: one PNG, the resume at step 5 marked.
+
+def test_plot_of_the_real_run_marks_the_resume(requeued: Requeued) -> None:
     from PIL import Image
 
     from dskit import cli, plot
 
-    assert cli.main(["plot", str(log)]) == 0  # the log: its metrics file is read
-    with Image.open(log.with_suffix(".png")) as image:
+    assert cli.main(["plot", str(requeued.log)]) == 0  # the log: its metrics file is read
+    with Image.open(requeued.log.with_suffix(".png")) as image:
         assert image.format == "PNG" and image.size[0] >= 800
-    plotted = plot.load_run(log)
-    assert plotted.resumes == (5,) and plotted.run_id == state.run_id
+    plotted = plot.load_run(requeued.log)
+    assert plotted.resumes == (5,) and plotted.run_id == requeued.first_state.run_id
     assert plotted.series["loss"].steps == (2, 4, 6, 8)
+    # The log alone (no metrics file next to it) gives the same steps, parsed from the lines.
+    bare = requeued.tmp / "bare.out"
+    bare.write_text(requeued.log.read_text())
+    from_log = plot.load_run(bare)
+    assert from_log.series["loss"].steps == (2, 4, 6, 8) and from_log.resumes == (5,)
 
+
+def test_tensorboard_run_is_continued(requeued: Requeued) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    runs = list((tmp_path / "logs" / "tensorboard").iterdir())
-    assert [p.name for p in runs] == [state.run_id]  # one run, continued
+    runs = list((requeued.tmp / "logs" / "tensorboard").iterdir())
+    assert [p.name for p in runs] == [requeued.first_state.run_id]  # one run, continued
     events = EventAccumulator(str(runs[0])).Reload()
     losses = {e.step: e.value for e in events.Scalars("train/loss")}
     assert sorted(losses) == [2, 4, 6, 8]
-    assert losses[2] == pytest.approx(train[0]["loss"])
+    first_loss = next(r["loss"] for r in requeued.first if "loss" in r)
+    assert losses[2] == pytest.approx(first_loss)
 
 
-def test_metrics_file_location(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(training.LOG_FILE_ENV, raising=False)
-    assert training.metrics_path("none", "logs", "run") is None
-    assert training.metrics_path("auto", "somewhere", "run-1") == Path("somewhere/run-1.metrics.jsonl")
-    monkeypatch.setenv(training.LOG_FILE_ENV, "/x/logs/train_7.out")
-    assert training.metrics_path("auto", "logs", "run") == Path("/x/logs/train_7.metrics.jsonl")
-    assert training.metrics_path("m.jsonl", "logs", "run") == Path("m.jsonl")
+def test_close_after_a_failed_step_ends_the_tracker_and_the_worker(
+    tmp_path: Path, single_rank, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error inside the loop still ends the tracker's run and stops the batch worker (Trainer.close in the
+    entry point's finally)."""
+    trainer = make_trainer(tmp_path, single_rank, 4, "--metrics_file", "none")
+    closed = []
+    monkeypatch.setattr(trainer.reporter.tracker, "close", lambda: closed.append("tracker"))
+    monkeypatch.setattr(
+        trainer.engine, "train_step", lambda batches: (_ for _ in ()).throw(RuntimeError("boom"))
+    )
+    with pytest.raises(RuntimeError, match="boom"):
+        try:
+            trainer.fit()
+        finally:
+            trainer.close()
+    assert closed == ["tracker"]
+    assert trainer.batches is not None and trainer.batches._worker._shutdown
+    assert "engine" not in vars(trainer)  # released
+    trainer.close()  # idempotent

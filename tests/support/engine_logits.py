@@ -10,12 +10,14 @@ rank 0, saves {"input_ids", "logits"} (logits as fp32 copies of the bf16 forward
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import torch
 
-from model_utils import distributed
-from model_utils.arguments import parse_args, resolve_deepspeed_config
-from model_utils.models import build_model, load_model_config, load_tokenizer, resolve_model_source
+from model_utils import distributed, preflight
+from model_utils.arguments import parse_args
+from model_utils.deepspeed_engine import DeepSpeedEngine
+from model_utils.models import build_model, load_tokenizer
 
 TEXTS = (
     "Once upon a time, Lily found a red ball under the tree. She was very happy and ran to show her mom.",
@@ -41,20 +43,17 @@ def main() -> None:
 
     cfg = parse_args(["--model", args.model, "--deepspeed_config", args.deepspeed_config])
     dist = distributed.init_distributed()
-    import deepspeed
-
-    ds_config = resolve_deepspeed_config(cfg, total_steps=cfg.loop.max_steps)
-    source = resolve_model_source(args.model)
-    model = build_model(source, load_model_config(source), cfg.loop.seed, torch.bfloat16)
-    engine, _, _, _ = deepspeed.initialize(
-        model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=ds_config
-    )
-    path, _ = engine.load_checkpoint(args.checkpoint_dir, tag=args.tag)
-    assert path is not None, f"no checkpoint loaded from {args.checkpoint_dir}/{args.tag}"
-    batch = fixed_batch(load_tokenizer(source, None))
+    settings = preflight.resolve_settings(cfg)
+    ds_config = settings.deepspeed.build(micro_batch_size=1, total_steps=cfg.loop.max_steps)
+    model = build_model(settings.source, settings.model_config, cfg.loop.seed, torch.bfloat16)
+    engine = DeepSpeedEngine(model, ds_config)
+    state = engine.load(Path(args.checkpoint_dir) / args.tag, weights_only=False)
+    assert state is not None, f"no checkpoint loaded from {args.checkpoint_dir}/{args.tag}"
+    batch = fixed_batch(load_tokenizer(settings.source, None))
     engine.eval()
     with torch.no_grad():
-        logits = engine(input_ids=batch.to(dist.device)).logits  # every rank: ZeRO-3 gathers collectively
+        # Every rank: ZeRO-3 gathers the partitioned parameters collectively in the module's hooks.
+        logits = engine.module(input_ids=batch.to(dist.device)).logits
     if dist.is_main:
         torch.save({"input_ids": batch, "logits": logits.float().cpu()}, args.out)
     torch.distributed.barrier()

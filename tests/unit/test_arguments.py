@@ -5,20 +5,34 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
 
-from model_utils import arguments
-from model_utils.arguments import TrainConfig, flag_fields, parse_args, resolve_deepspeed_config
+from model_utils import deepspeed_config
+from model_utils.arguments import TrainConfig, flag_fields, parse_args
+from model_utils.deepspeed_config import DeepSpeedSettings
 from model_utils.errors import ConfigError
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 DEFAULT_DS = str(SRC.parent / "deepspeed" / "ds_config.json")
+DOCS = SRC.parent / "docs"
 
 
 def parse(*flags: str) -> TrainConfig:
     return parse_args(["--deepspeed_config", DEFAULT_DS, *flags])
+
+
+def resolve_ds(argv: list[str]) -> DeepSpeedSettings:
+    return deepspeed_config.resolve(parse_args(argv))
+
+
+def ds_dict(cfg: TrainConfig, total_steps: int | None = None) -> dict:
+    """The dict deepspeed.initialize gets (an "auto" micro batch as the probe's smallest, 1)."""
+    settings = deepspeed_config.resolve(cfg)
+    micro_batch = settings.micro_batch_size if isinstance(settings.micro_batch_size, int) else 1
+    return settings.build(micro_batch, total_steps or cfg.loop.max_steps)
 
 
 def write_ds(tmp_path: Path, cfg: dict | str) -> str:
@@ -33,9 +47,12 @@ def test_defaults_are_the_documented_ones() -> None:
     assert cfg.data.dataset == "embedded"
     assert cfg.loop.max_steps == 100 and cfg.checkpoint.checkpoint_freq == 50
     assert cfg.checkpoint.checkpoint_dir == "checkpoints"
-    assert cfg.optim.lr == 3e-3  # the tiny preset's own lr
-    assert parse("--model", "org/some-model").optim.lr == 5e-5
-    ds = resolve_deepspeed_config(cfg, total_steps=100)
+    assert cfg.optim.lr is None  # not given: the resolved settings pick the model's default
+    assert deepspeed_config.resolve(cfg).lr == 3e-3  # the tiny preset's own lr
+    assert deepspeed_config.resolve(parse("--model", "org/some-model")).lr == 5e-5
+    ds = ds_dict(cfg, total_steps=100)
+    # The kit's config leaves these "auto": the flags' defaults fill them.
+    assert ds["train_micro_batch_size_per_gpu"] == 1 and ds["gradient_accumulation_steps"] == 1
     assert ds["zero_optimization"]["stage"] == 2
     assert ds["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
     assert ds["bf16"]["enabled"] is True
@@ -104,7 +121,7 @@ def test_flag_overrides_fill_auto_keys() -> None:
     cfg = parse(
         "--micro_batch_size", "4", "--gradient_accumulation_steps", "3", "--lr", "1e-4", "--warmup_steps", "2"
     )
-    ds = resolve_deepspeed_config(cfg, total_steps=40)
+    ds = ds_dict(cfg, total_steps=40)
     assert ds["train_micro_batch_size_per_gpu"] == 4
     assert ds["gradient_accumulation_steps"] == 3
     assert ds["optimizer"]["params"]["lr"] == 1e-4
@@ -124,8 +141,15 @@ def _explicit_config() -> dict:
 
 def test_explicit_keys_win_when_no_flag_is_given(tmp_path: Path) -> None:
     cfg = parse_args(["--deepspeed_config", write_ds(tmp_path, _explicit_config()), "--model", "org/m"])
-    resolve_deepspeed_config(cfg, total_steps=100)
-    assert cfg.optim.micro_batch_size == 2 and cfg.optim.lr == 5e-5  # the config records what trains
+    settings = deepspeed_config.resolve(cfg)
+    # The file's explicit keys are what trains (micro batch 2, not the flag's default 1), reported back...
+    assert (settings.micro_batch_size, settings.gradient_accumulation_steps) == (2, 1)
+    assert (settings.lr, settings.warmup_steps) == (5e-5, 10)
+    # ...and handed to DeepSpeed.
+    ds = ds_dict(cfg, total_steps=100)
+    assert ds["train_micro_batch_size_per_gpu"] == 2 and ds["gradient_accumulation_steps"] == 1
+    assert ds["optimizer"]["params"]["lr"] == 5e-5
+    assert ds["scheduler"]["params"] == {"warmup_num_steps": 10, "total_num_steps": 100}
 
 
 @pytest.mark.parametrize(
@@ -144,12 +168,16 @@ def test_flag_and_explicit_key_disagreeing_is_an_error(
     tmp_path: Path, flags: list[str], message: str
 ) -> None:
     with pytest.raises(ConfigError, match="disagrees") as err:
-        parse_args(["--deepspeed_config", write_ds(tmp_path, _explicit_config()), *flags])
+        ds_dict(parse_args(["--deepspeed_config", write_ds(tmp_path, _explicit_config()), *flags]))
     assert message in str(err.value)
 
 
 def test_agreeing_flag_and_key_is_fine(tmp_path: Path) -> None:
-    parse_args(["--deepspeed_config", write_ds(tmp_path, _explicit_config()), "--micro_batch_size", "2"])
+    cfg = parse_args(
+        ["--deepspeed_config", write_ds(tmp_path, _explicit_config()), "--micro_batch_size", "2"]
+    )
+    assert deepspeed_config.resolve(cfg).micro_batch_size == 2
+    assert ds_dict(cfg, total_steps=100)["train_micro_batch_size_per_gpu"] == 2
 
 
 @pytest.mark.parametrize(
@@ -171,21 +199,21 @@ def test_agreeing_flag_and_key_is_fine(tmp_path: Path) -> None:
 )
 def test_bad_deepspeed_config(tmp_path: Path, content: str, message: str) -> None:
     with pytest.raises(ConfigError) as err:
-        parse_args(["--deepspeed_config", write_ds(tmp_path, content)])
+        resolve_ds(["--deepspeed_config", write_ds(tmp_path, content)])
     assert message in str(err.value)
     assert "\n" not in str(err.value)
 
 
 def test_override_without_its_section_is_an_error(tmp_path: Path) -> None:
     path = write_ds(tmp_path, {"zero_optimization": {"stage": 1}})
-    parse_args(["--deepspeed_config", path])  # no scheduler and no flag: fine
+    resolve_ds(["--deepspeed_config", path])  # no scheduler and no flag: fine
     with pytest.raises(ConfigError, match=r"--warmup_steps given but .* has no .scheduler. section"):
-        parse_args(["--deepspeed_config", path, "--warmup_steps", "5"])
+        resolve_ds(["--deepspeed_config", path, "--warmup_steps", "5"])
 
 
 def test_missing_deepspeed_config() -> None:
     with pytest.raises(ConfigError, match="not found"):
-        parse_args(["--deepspeed_config", "/nonexistent/ds.json"])
+        resolve_ds(["--deepspeed_config", "/nonexistent/ds.json"])
 
 
 def test_no_flag_is_a_prefix_of_a_torchrun_option() -> None:
@@ -208,8 +236,6 @@ def test_every_flag_is_read_by_the_training_code() -> None:
     for path in [SRC / "train_deepspeed.py", *SRC.joinpath("model_utils").glob("*.py")]:
         if path.name != "arguments.py":
             reads |= _attribute_reads(path)
-    # arguments.py itself reads the DeepSpeed overrides by name (getattr) when resolving the config.
-    reads |= {flag for flag, _ in arguments.DS_OVERRIDES} | {"deepspeed_config"}
     unread = sorted(set(flag_fields()) - reads)
     assert not unread, f"flags parsed but never read: {unread}"
 
@@ -220,19 +246,24 @@ def test_every_field_has_help_and_one_default() -> None:
         assert f.default is not dataclasses.MISSING, f"--{f.name} ({section}) has no default"
 
 
-def test_readme_flag_table_matches_the_parser() -> None:
-    """The README documents exactly the flags that exist (no config the code does not have)."""
-    import re
-
-    readme = (SRC.parent / "README.md").read_text()
-    table = {m for m in re.findall(r"^\| `--([a-z0-9_]+)` \|", readme, flags=re.M)}
+def test_flag_table_matches_the_parser() -> None:
+    """docs/flags.md documents exactly the flags that exist (no config the code does not have)."""
+    table = set(re.findall(r"^\| `--([a-z0-9_]+)` \|", (DOCS / "flags.md").read_text(), flags=re.M))
     assert table == set(flag_fields())
-    mentioned = set(re.findall(r"(?<![\w-])--([a-z][a-z0-9_]+)", readme))
-    assert mentioned - set(flag_fields()) - _other_commands_options() - OTHER_TOOLS_OPTIONS == set()
 
 
-# Options of tools the README shows that are not dskit's: uv's, tensorboard's, mlflow's, SLURM's (sbatch, srun,
-# scancel), and one misspelling the README gives as an example of the error message.
+def test_readme_and_docs_show_only_options_that_exist() -> None:
+    """Every `--option` README.md and docs/*.md show is a training flag, another dskit command's or a tool's."""
+    pages = [SRC.parent / "README.md", *sorted(DOCS.glob("*.md"))]
+    assert DOCS / "flags.md" in pages
+    known = set(flag_fields()) | _other_commands_options() | OTHER_TOOLS_OPTIONS
+    for page in pages:
+        mentioned = set(re.findall(r"(?<![\w-])--([a-z][a-z0-9_]+)", page.read_text()))
+        assert mentioned - known == set(), f"{page.name} shows options that do not exist"
+
+
+# Options of tools the README and docs/ show that are not dskit's: uv's, tensorboard's, mlflow's, SLURM's
+# (sbatch, srun, scancel), and one misspelling docs/flags.md gives as an example of the error message.
 OTHER_TOOLS_OPTIONS = {"frozen", "check", "offline", "logdir", "backend"} | {
     "batch", "kill", "signal", "output", "open", "requeue", "max_step",
 }  # fmt: skip

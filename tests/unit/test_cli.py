@@ -9,9 +9,16 @@ from dskit import cli
 
 def test_config_prints_the_resolved_config(capsys) -> None:
     assert cli.main(["config", "--lr", "1e-3", "--max_steps", "7"]) == 0
-    printed = json.loads(capsys.readouterr().out)
-    assert printed["optim"]["lr"] == 1e-3 and printed["loop"]["max_steps"] == 7
-    assert printed["explicit"] == ["lr", "max_steps"]
+    printed = json.loads(capsys.readouterr().out)  # stdout is the JSON alone
+    config, resolved = printed["config"], printed["resolved"]
+    assert config["optim"]["lr"] == 1e-3 and config["loop"]["max_steps"] == 7
+    assert config["explicit"] == ["lr", "max_steps"]
+    assert config["data"]["seq_length"] is None and config["optim"]["micro_batch_size"] == 1  # as given
+    # Derived once by preflight: the preset's sequence length, the DeepSpeed dict with the schedule's steps.
+    assert resolved["seq_length"] == 256 and resolved["lr"] == 1e-3 and resolved["max_steps"] == 7
+    assert (resolved["precision"], resolved["zero_stage"]) == ("bf16", 2)
+    assert printed["deepspeed"]["scheduler"]["params"]["total_num_steps"] == 7
+    assert printed["deepspeed"]["optimizer"]["params"]["lr"] == 1e-3
 
 
 def test_unknown_command_is_one_line(capsys) -> None:

@@ -337,12 +337,12 @@ def test_verdict_against_this_machine(capsys) -> None:
 
 
 def test_estimate_for_config_reads_the_training_config() -> None:
-    from model_utils import models
+    from model_utils import preflight
     from model_utils.arguments import parse_args
 
     cfg = parse_args(["--model", "tiny-qwen3", "--micro_batch_size", "4", "--seq_length", "128"])
-    model_config = models.load_model_config(models.resolve_model_source(cfg.model.model))
-    e = est.estimate_for_config(cfg, model_config, nodes=2, ranks_per_node=4)
+    settings = preflight.resolve_settings(cfg)  # what doctor and estimate read, as the trainer does
+    e = est.estimate_for_config(settings, nodes=2, ranks_per_node=4)
     lay = e.layout
     assert (lay.stage, lay.offload, lay.micro_batch_size, lay.seq_length) == (2, "optimizer", 4, 128)
     assert (lay.nodes, lay.ranks_per_node, lay.overlap_comm, lay.pin_memory) == (2, 4, True, True)
@@ -350,7 +350,7 @@ def test_estimate_for_config_reads_the_training_config() -> None:
     assert e.host_bytes_per_node == max(e.host_model_build, e.host_offload) + e.host_processes
     # GPU ranks use Liger for a model it covers (--liger auto); CPU ranks never do, so their activations
     # include the full logits.
-    on_cpu = est.estimate_for_config(cfg, model_config, nodes=2, ranks_per_node=4, on_gpus=False)
+    on_cpu = est.estimate_for_config(settings, nodes=2, ranks_per_node=4, on_gpus=False)
     assert (lay.liger, on_cpu.layout.liger) == (True, False)
     assert on_cpu.device_bytes_per_rank > e.device_bytes_per_rank
 

@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from dskit import cli
-from model_utils import autobatch, kernels, preflight
+from model_utils import autobatch, deepspeed_config, kernels, preflight
 from model_utils import trainer as training
-from model_utils.arguments import ModelArgs, parse_args, resolve_deepspeed_config
+from model_utils.arguments import ModelArgs, parse_args
 from model_utils.errors import ConfigError
 from model_utils.presets import PRESETS
 
@@ -142,7 +142,7 @@ def make_trainer(tmp_path: Path, dist, *flags: str) -> training.Trainer:
             "--data_cache_dir", str(tmp_path / "cache"), "--checkpoint_dir", str(tmp_path / "ckpt"), *flags,
         ]
     )  # fmt: skip
-    return training.Trainer(cfg, preflight.prepare(cfg), dist)
+    return training.Trainer(preflight.prepare(cfg, world_size=dist.world_size), dist)
 
 
 def test_compile_trains_like_eager_through_deepspeed(
@@ -162,7 +162,7 @@ def test_compile_trains_like_eager_through_deepspeed(
         assert not any(key.startswith("_orig_mod") for key in module.state_dict())
         trainer.engine.train()
         losses[compiled] = [trainer.train_step() for _ in range(3)]
-        trainer.engine.destroy()
+        trainer.close()
     # Steps 2 and 3 ran after optimizer updates: the compiled module trained exactly as the eager one did.
     assert losses[True] == pytest.approx(losses[False], abs=2e-3)
     assert len(set(losses[True])) == 3
@@ -274,7 +274,7 @@ def test_probe_result_is_cached_per_key(tmp_path: Path) -> None:
 
 
 def test_reserve_follows_the_deepspeed_config() -> None:
-    from model_utils.arguments import load_deepspeed_json
+    from model_utils.deepspeed_config import load_deepspeed_json
 
     n = 600_000_000
     offload = load_deepspeed_json("deepspeed/ds_config.json")
@@ -289,33 +289,40 @@ def test_reserve_follows_the_deepspeed_config() -> None:
 def test_auto_micro_batch_flag_and_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = parse_args(["--micro_batch_size", "auto"])
     assert cfg.optim.micro_batch_size == "auto"
-    assert resolve_deepspeed_config(cfg, 10)["train_micro_batch_size_per_gpu"] == 1  # validated with 1
-    assert cli.main(["config", "--micro_batch_size", "auto"]) == 0
-    assert json.loads(capsys.readouterr().out)["optim"]["micro_batch_size"] == "auto"  # resolved later
+    assert deepspeed_config.resolve(cfg).micro_batch_size == "auto"  # DeepSpeed checked it with 1
+    assert (
+        cli.main(["config", "--micro_batch_size", "auto", "--data_cache_dir", str(tmp_path / "cache")]) == 0
+    )
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["config"]["optim"]["micro_batch_size"] == "auto"
+    assert printed["resolved"]["micro_batch_size"] == "auto"  # probed by the ranks when they start
     explicit = tmp_path / "ds.json"
     explicit.write_text(json.dumps({"train_micro_batch_size_per_gpu": 16, "zero_optimization": {"stage": 2}}))
     with pytest.raises(
         ConfigError, match="--micro_batch_size auto disagrees with train_micro_batch_size_per_gpu"
     ):
-        parse_args(["--micro_batch_size", "auto", "--deepspeed_config", str(explicit)])
+        deepspeed_config.resolve(
+            parse_args(["--micro_batch_size", "auto", "--deepspeed_config", str(explicit)])
+        )
     with pytest.raises(ConfigError, match="expected an integer or 'auto', got 'big'"):
         parse_args(["--micro_batch_size", "big"])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU resolution")
 def test_auto_micro_batch_resolves_on_the_ranks_only(
-    tmp_path: Path, single_rank, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, single_rank, capsys: pytest.CaptureFixture[str]
 ) -> None:
     flags = ["--micro_batch_size", "auto", "--seq_length", "32", "--data_cache_dir", str(tmp_path / "cache")]
     cfg = parse_args([*flags, "--checkpoint_dir", str(tmp_path / "ckpt")])
-    preflight.prepare(cfg)  # a training rank (a process group exists) on CPU
-    assert cfg.optim.micro_batch_size == 1
+    run = preflight.prepare(cfg, world_size=single_rank.world_size)  # a training rank, on CPU
+    assert (
+        run.micro_batch_size == 1 and run.global_batch == 1 and run.steps_per_epoch == len(run.train_blocks)
+    )
+    assert cfg.optim.micro_batch_size == "auto"  # the user's config is not changed
     assert "--micro_batch_size auto: 1 (no CUDA GPU; the memory probe needs one)" in capsys.readouterr().out
-    # `dskit prepare` starts no process group: it leaves the probe to the ranks.
-    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
-    cfg = parse_args([*flags, "--checkpoint_dir", str(tmp_path / "ckpt")])
-    preflight.prepare(cfg)
-    assert cfg.optim.micro_batch_size == "auto"
+    # `dskit prepare` (one process, no ranks): it leaves the probe to the ranks.
+    run = preflight.prepare(cfg)
+    assert run.micro_batch_size == "auto" and run.steps_per_epoch is None
     assert "probed on the GPU by the training ranks" in capsys.readouterr().out
 
 

@@ -134,10 +134,10 @@ def test_plot_of_a_metrics_file_with_a_resume(tmp_path, capsys):
 LOG = """\
 START 2026-11-22T16:00:00+00:00 on vm with 2 ranks (CPU)
 2026-11-22 16:00:00 | No checkpoint in checkpoints: starting fresh
-2026-11-22 16:00:01 | Step 10/60 | Loss 7.5000 | lr 1.50e-03 | grad_norm 1.23 | tokens/s 2600 | s/step 0.280
-2026-11-22 16:00:02 | Step 20/60 | Loss 7.0000 | lr 3.00e-03 | grad_norm 1.10 | tokens/s 2650 | s/step 0.270
+2026-11-22 16:00:01 | Step 10/60 | Loss 7.5000 | lr 1.50e-03 | grad_norm 1.23 | tokens/s 2600 (1300/device) | s/step 0.280
+2026-11-22 16:00:02 | Step 20/60 | Loss 7.0000 | lr 3.00e-03 | grad_norm 1.10 | tokens/s 2650 (1325/device) | s/step 0.270
 2026-11-22 16:00:02 | Step 20/60 | Validation Loss 6.9000 | Perplexity 992.27
-2026-11-22 16:00:03 | Step 30/60 | Loss 9.0000 | lr 3.00e-03 | grad_norm 1.00 | tokens/s 2700 | s/step 0.260
+2026-11-22 16:00:03 | Step 30/60 | Loss 9.0000 | lr 3.00e-03 | grad_norm 1.00 | tokens/s 2700 (1350/device) | s/step 0.260
 END 2026-11-22T16:00:04+00:00 exit status 137
 2026-11-22 16:01:00 | Resumed from checkpoints/tiny_qwen3-20steps at step 20 (world size 2)
 2026-11-22 16:01:01 | Step 30/60 | Loss 6.5000 | lr 2.50e-03 | grad_norm 1.0 | tokens/s 2800 (1400/device) \

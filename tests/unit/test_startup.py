@@ -26,18 +26,21 @@ def run_fresh(code: str, *args: str) -> list[str]:
 
 
 def test_parsing_training_flags_imports_deepspeed_without_mlflow() -> None:
-    """The first deepspeed import of a rank (inside parse_args) skips MLflow, and MLflow still imports
-    afterwards for dskit's own tracker."""
+    """Parsing flags imports no DeepSpeed; the first deepspeed import of a rank (resolving the DeepSpeed
+    settings) skips MLflow, and MLflow still imports afterwards for dskit's own tracker."""
     lines = run_fresh(
         "import sys\n"
         "from model_utils.arguments import parse_args\n"
-        "parse_args([])\n"
+        "cfg = parse_args([])\n"
+        "print('deepspeed' in sys.modules)\n"
+        "from model_utils import deepspeed_config\n"
+        "deepspeed_config.resolve(cfg)\n"
         "from deepspeed.autotuning import autotuner\n"
         "print('deepspeed' in sys.modules, 'mlflow' in sys.modules, autotuner.has_mlflow)\n"
         "import mlflow\n"
         "print(mlflow.__name__, sys.modules['mlflow'] is mlflow)\n"
     )
-    assert lines[-2:] == ["True False False", "mlflow True"], lines
+    assert lines[-3:] == ["False", "True False False", "mlflow True"], lines
 
 
 def test_an_earlier_mlflow_import_is_left_alone() -> None:

@@ -1,0 +1,240 @@
+"""The DeepSpeed config: the JSON file with the training flags merged in, checked by DeepSpeed itself.
+
+The one owner of every decision about DeepSpeed's dict. Each flag of DS_OVERRIDES fills an "auto" key; an
+explicit key the user did not override by flag is adopted (and reported back as the value that trains); an
+explicit key that disagrees with an explicit flag is an error. Keys DeepSpeed would silently ignore are
+refused. The two values known only later (the micro batch, when probed, and the total steps, when --epochs
+depends on the data) are filled by `DeepSpeedSettings.build`, which returns a fresh dict each time.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from model_utils.arguments import AUTO, REPO_ROOT, TrainConfig
+from model_utils.errors import ConfigError
+from model_utils.presets import default_lr
+
+# (flag, path of the DeepSpeed key). Each flag fills an "auto" key; an explicit key must agree with the flag.
+DS_OVERRIDES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("micro_batch_size", ("train_micro_batch_size_per_gpu",)),
+    ("gradient_accumulation_steps", ("gradient_accumulation_steps",)),
+    ("lr", ("optimizer", "params", "lr")),
+    ("warmup_steps", ("scheduler", "params", "warmup_num_steps")),
+)
+MICRO_BATCH_KEY = ("train_micro_batch_size_per_gpu",)
+TOTAL_STEPS_KEY = ("scheduler", "params", "total_num_steps")
+PRECISIONS = ("bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class DeepSpeedSettings:
+    """What trains, after the flags and the DeepSpeed file are merged. Never mutated: `build` copies."""
+
+    path: str
+    micro_batch_size: int | str  # AUTO until rank 0 probes its GPU (preflight on the ranks)
+    gradient_accumulation_steps: int
+    lr: float
+    warmup_steps: int
+    precision: str  # "bf16", "fp16" or "fp32": the dtype weights are built in
+    zero_stage: int
+    _checked: dict[str, Any]  # DeepSpeed-validated, with placeholders for the two late values
+
+    @property
+    def half_precision(self) -> bool:
+        return self.precision != "fp32"
+
+    def torch_dtype(self) -> Any:
+        import torch
+
+        return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[self.precision]
+
+    def build(self, micro_batch_size: int, total_steps: int) -> dict[str, Any]:
+        """A fresh dict for deepspeed.initialize with the micro batch and the schedule's total steps."""
+        assert isinstance(micro_batch_size, int) and micro_batch_size >= 1, micro_batch_size
+        ds = copy.deepcopy(self._checked)
+        _set(ds, MICRO_BATCH_KEY, micro_batch_size)
+        scheduler = ds.get("scheduler")
+        if isinstance(scheduler, dict) and "total_num_steps" in scheduler.get("params", {}):
+            current = scheduler["params"]["total_num_steps"]
+            if current not in (AUTO, total_steps):
+                raise ConfigError(
+                    f"scheduler.params.total_num_steps = {current} in {self.path} disagrees with {total_steps} "
+                    'training steps: set it to "auto"'
+                )
+            scheduler["params"]["total_num_steps"] = total_steps
+        return ds
+
+
+def load_deepspeed_json(path: str) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_absolute() and not p.exists():
+        p = REPO_ROOT / p  # the kit's own configs work from any working directory
+    if not p.is_file():
+        raise ConfigError(
+            f"DeepSpeed config {path} not found: pass --deepspeed_config PATH (e.g. deepspeed/ds_config.json)"
+        )
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(
+            f"DeepSpeed config {path} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}"
+        ) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"DeepSpeed config {path} must hold a JSON object, not {type(data).__name__}")
+    return data
+
+
+def precision_of(ds: dict[str, Any]) -> str:
+    """The training precision a DeepSpeed dict asks for: its enabled bf16 or fp16 section, else fp32."""
+    for name in PRECISIONS:
+        section = ds.get(name)
+        if isinstance(section, dict) and section.get("enabled"):
+            return name
+    return "fp32"
+
+
+def _get(d: dict[str, Any], path: tuple[str, ...]) -> Any:
+    for key in path:
+        if not isinstance(d, dict) or key not in d:
+            return None
+        d = d[key]
+    return d
+
+
+def _set(d: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    for key in path[:-1]:
+        d = d.setdefault(key, {})
+    d[path[-1]] = value
+
+
+def resolve(cfg: TrainConfig) -> DeepSpeedSettings:
+    """Merge the flags into the DeepSpeed file and validate the result with DeepSpeed's own config class."""
+    path = cfg.optim.deepspeed_config
+    ds = load_deepspeed_json(path)
+    if "train_batch_size" in ds and ds["train_batch_size"] != AUTO:
+        raise ConfigError(
+            f"{path} sets train_batch_size: remove it (DeepSpeed derives it from micro batch x accumulation x ranks)"
+        )
+    ds.pop("train_batch_size", None)
+    flags = {
+        "micro_batch_size": cfg.optim.micro_batch_size,
+        "gradient_accumulation_steps": cfg.optim.gradient_accumulation_steps,
+        "lr": cfg.optim.lr if cfg.optim.lr is not None else default_lr(cfg.model.model),
+        "warmup_steps": cfg.optim.warmup_steps,
+    }
+    trains = dict(flags)
+    for flag, key_path in DS_OVERRIDES:
+        flag_value = flags[flag]
+        key_value = _get(ds, key_path)
+        if len(key_path) > 1 and not isinstance(ds.get(key_path[0]), dict):
+            # No optimizer/scheduler section: DeepSpeed would not use the value, so the flag cannot apply.
+            if flag in cfg.explicit:
+                raise ConfigError(
+                    f"--{flag} given but {path} has no {key_path[0]!r} section: add one or drop the flag"
+                )
+            continue
+        if key_value is None or key_value == AUTO:
+            # --micro_batch_size auto is probed on the GPU later (preflight); validate the config with 1 now.
+            _set(ds, key_path, 1 if flag_value == AUTO else flag_value)
+        elif flag in cfg.explicit and key_value != flag_value:
+            raise ConfigError(
+                f"--{flag} {flag_value} disagrees with {'.'.join(key_path)} = {key_value} in {path}: "
+                f'drop the flag or set the key to "auto"'
+            )
+        else:
+            trains[flag] = type(flag_value)(key_value) if flag_value != AUTO else int(key_value)
+    file_total = _get(ds, TOTAL_STEPS_KEY)
+    if file_total is not None:
+        if file_total != AUTO and not (isinstance(file_total, int) and file_total >= 1):
+            raise ConfigError(
+                f'scheduler.params.total_num_steps = {file_total!r} in {path}: set it to "auto" (the kit fills it)'
+            )
+        _set(ds, TOTAL_STEPS_KEY, cfg.loop.max_steps)  # a placeholder for DeepSpeed's check
+    _check_deepspeed_keys(ds, path)
+    if file_total is not None:
+        _set(ds, TOTAL_STEPS_KEY, file_total)  # the file's own value again: `build` fills or checks it
+    zero = ds.get("zero_optimization")
+    return DeepSpeedSettings(
+        path=path,
+        micro_batch_size=trains["micro_batch_size"],
+        gradient_accumulation_steps=int(trains["gradient_accumulation_steps"]),
+        lr=float(trains["lr"]),
+        warmup_steps=int(trains["warmup_steps"]),
+        precision=precision_of(ds),
+        zero_stage=int(zero.get("stage", 0)) if isinstance(zero, dict) else 0,
+        _checked=ds,
+    )
+
+
+class _RecordingDict(dict):
+    """A dict that records which keys were read, to find keys DeepSpeed would silently ignore."""
+
+    def __init__(self, *args: Any, seen: set[str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen: set[str] = set() if seen is None else seen
+
+    def __getitem__(self, key: str) -> Any:
+        self.seen.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.seen.add(key)
+        return super().get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        self.seen.add(key)  # type: ignore[arg-type]
+        return super().__contains__(key)
+
+
+def _check_deepspeed_keys(ds: dict[str, Any], path: str) -> None:
+    from model_utils import startup
+
+    startup.import_deepspeed()
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    recording = _RecordingDict(json.loads(json.dumps(ds)))
+    try:
+        DeepSpeedConfig(recording)
+    except (
+        Exception
+    ) as e:  # DeepSpeed raises many types (pydantic, assert, ValueError); report them as one line
+        first = str(e).strip().splitlines()
+        detail = " ".join(line.strip() for line in first[:3])
+        raise ConfigError(f"DeepSpeed rejects {path}: {detail}") from None
+    _check_scheduler_params(ds, path)
+    unknown = sorted(set(ds) - recording.seen)
+    if unknown:
+        key = unknown[0]
+        close = difflib.get_close_matches(key, sorted(recording.seen), n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}?" if close else "remove it"
+        raise ConfigError(
+            f"unknown key {key!r} in DeepSpeed config {path}: DeepSpeed would ignore it; {hint}"
+        )
+
+
+def _check_scheduler_params(ds: dict[str, Any], path: str) -> None:
+    """DeepSpeed passes scheduler params as keyword arguments unchecked: a misspelt one crashes initialize()."""
+    import inspect
+
+    from deepspeed.runtime import lr_schedules
+
+    scheduler = ds.get("scheduler")
+    if not isinstance(scheduler, dict):
+        return
+    cls = getattr(lr_schedules, str(scheduler.get("type")), None)
+    if cls is None:
+        raise ConfigError(
+            f"unknown scheduler type {scheduler.get('type')!r} in {path}: e.g. WarmupCosineLR, WarmupLR"
+        )
+    accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "optimizer"}
+    for key in scheduler.get("params", {}):
+        if key not in accepted:
+            close = difflib.get_close_matches(key, sorted(accepted), n=1, cutoff=0.5)
+            hint = f"did you mean {close[0]!r}?" if close else f"valid: {', '.join(sorted(accepted))}"
+            raise ConfigError(f"unknown {cls.__name__} parameter {key!r} in {path}: {hint}")

@@ -1,0 +1,83 @@
+"""DeepSpeed behind the engine seam (engine.py): ZeRO stages, offload and precision come from its config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from model_utils import startup
+
+
+class DeepSpeedEngine:
+    def __init__(self, model: torch.nn.Module, ds_config: dict[str, Any]) -> None:
+        deepspeed = startup.import_deepspeed()
+        with startup.cpu_info_computed_once(), startup.schedule_start_unlogged():
+            self._engine, _, _, _ = deepspeed.initialize(
+                model=model,
+                model_parameters=[p for p in model.parameters() if p.requires_grad],
+                config=ds_config,
+            )
+        self.module = self._engine.module
+
+    def train_step(self, micro_batches: list[torch.Tensor]) -> torch.Tensor:
+        losses = []
+        for batch in micro_batches:
+            loss = self._engine(input_ids=batch, labels=batch).loss
+            self._engine.backward(loss)
+            self._engine.step()  # DeepSpeed steps the optimizer only at the accumulation boundary
+            losses.append(loss.detach())
+        return torch.stack(losses).double().mean()
+
+    def eval_loss(self, batch: torch.Tensor) -> float:
+        return self._engine(input_ids=batch, labels=batch).loss.item()
+
+    def train(self) -> None:
+        self._engine.train()
+
+    def eval(self) -> None:
+        self._engine.eval()
+
+    def lr(self) -> float:
+        return float(self._engine.get_lr()[0])
+
+    def grad_norm(self) -> float | None:
+        norm = self._engine.get_global_grad_norm()
+        return None if norm is None else float(norm)
+
+    def optimizer_steps(self) -> int:
+        return int(self._engine.global_steps)
+
+    def skipped_steps(self) -> int:
+        return int(getattr(self._engine, "skipped_steps", 0))
+
+    def start_schedule_at(self, step: int) -> None:
+        # DeepSpeed's warm-up schedulers start at iteration -1, i.e. lr 0 for the first optimizer step; step k
+        # should run at iteration k-1 (the warm-up minimum ratio for step 1).
+        scheduler = self._engine.lr_scheduler
+        if scheduler is not None and hasattr(scheduler, "last_batch_iteration"):
+            scheduler.step(step)
+
+    def save(self, tag_dir: Path, client_state: dict[str, Any]) -> None:
+        state = {
+            **client_state,
+            # Marks the checkpoint as convertible with deepspeed.checkpoint.ds_to_universal (world-size changes).
+            "universal_checkpoint_info": {},
+        }
+        # DeepSpeed's own `latest` (a plain write before its last barrier) is never used: checkpoint.py owns it.
+        self._engine.save_checkpoint(
+            str(tag_dir.parent), tag=tag_dir.name, client_state=state, save_latest=False
+        )
+
+    def load(self, tag_dir: Path, weights_only: bool) -> dict[str, Any] | None:
+        path, client_state = self._engine.load_checkpoint(
+            str(tag_dir.parent),
+            tag=tag_dir.name,
+            load_optimizer_states=not weights_only,
+            load_lr_scheduler_states=not weights_only,
+        )
+        return client_state if path is not None else None
+
+    def close(self) -> None:
+        self._engine.destroy()

@@ -1,0 +1,59 @@
+"""The engine seam: what the trainer and the checkpoint protocol need of a training engine.
+
+DeepSpeed (deepspeed_engine.py) is the one implementation today. The crash-safe checkpoint protocol (staging,
+manifest, atomic rename, `latest`, verified resume, rotation, S3) sits above this seam in checkpoint.py, so
+another engine only has to write and read its own sharded state inside the directory it is given.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+
+class Engine(Protocol):
+    module: torch.nn.Module  # the model being trained (for export and for counting parameters)
+
+    def train_step(self, micro_batches: list[torch.Tensor]) -> torch.Tensor:
+        """Forward and backward over every micro-batch, then one optimizer step (and lr step). Returns the
+        mean loss as a detached device tensor (read it once: each read waits for the device)."""
+        ...
+
+    def eval_loss(self, batch: torch.Tensor) -> float: ...
+
+    def train(self) -> None: ...
+
+    def eval(self) -> None: ...
+
+    def lr(self) -> float:
+        """The lr the next optimizer step runs at."""
+        ...
+
+    def grad_norm(self) -> float | None:
+        """The global gradient norm of the last optimizer step, if the engine computed one."""
+        ...
+
+    def optimizer_steps(self) -> int: ...
+
+    def skipped_steps(self) -> int:
+        """Optimizer steps the engine skipped (fp16 overflow), over the whole run."""
+        ...
+
+    def start_schedule_at(self, step: int) -> None:
+        """Position the lr schedule for optimizer step `step + 1` (fresh starts and weights-only resumes)."""
+        ...
+
+    def save(self, tag_dir: Path, client_state: dict[str, Any]) -> None:
+        """This rank's share of the model, optimizer and scheduler state, plus client_state, into tag_dir."""
+        ...
+
+    def load(self, tag_dir: Path, weights_only: bool) -> dict[str, Any] | None:
+        """Restore from tag_dir (weights only: no optimizer or scheduler state); returns the client state,
+        None when tag_dir holds no state this engine can read."""
+        ...
+
+    def close(self) -> None:
+        """Release the engine's hooks and buffers (another engine may be built in this process next)."""
+        ...

@@ -1,0 +1,167 @@
+"""The reporter: the step clock, the metrics record, the log line, the metrics file and the tracker, in one
+component that the trainer closes on every exit path.
+
+Rank 0 writes; other ranks keep the clock (their numbers enter rank 0's line through one collective) and write
+nowhere. The log line is rendered from the record by step_line.py, which `dskit plot` also parses with.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from model_utils import launch_env, metrics, step_line, trackers
+from model_utils.distributed import DistInfo, mean_and_max
+from model_utils.log import end_progress0, print0, progress0
+
+
+def metrics_path(setting: str, report_dir: str, run_id: str) -> Path | None:
+    """'auto': next to the launcher's log (logs/X.out -> logs/X.metrics.jsonl), else <report_dir>/<run id>."""
+    if setting == "none":
+        return None
+    if setting != "auto":
+        return Path(setting)
+    log = os.environ.get(launch_env.LOG_FILE)
+    if log:
+        return Path(log).with_suffix(".metrics.jsonl")
+    return Path(report_dir) / f"{run_id}.metrics.jsonl"
+
+
+class Reporter:
+    def __init__(
+        self,
+        config: Any,
+        dist: DistInfo,
+        max_steps: int,
+        tokens_per_step: int,
+        flops_per_token: float,
+        peak_tflops: float | None,
+    ) -> None:
+        self.config, self.dist, self.max_steps = config, dist, max_steps
+        self.tokens_per_step = tokens_per_step
+        self.flops_per_token, self.peak_tflops = flops_per_token, peak_tflops
+        self.clock = metrics.StepClock()
+        self.recent_step_s = 0.0  # seconds per step over the last logged interval
+        self.overhead_s = 0.0  # the log lines' own cost, which the clock does not include
+        self.metrics = metrics.MetricsFile(None)
+        self.tracker: trackers.Tracker = trackers.NoTracker()
+
+    def open(self, run_id: str, tracker_state: dict[str, Any], resume_step: int | None) -> dict[str, Any]:
+        """Rank 0's metrics file and tracker; a resumed run appends to the same file and continues its tracker
+        run. Returns the tracker's state, for the checkpoint."""
+        if not self.dist.is_main:
+            return tracker_state
+        report = self.config.report
+        path = metrics_path(report.metrics_file, report.report_dir, run_id)
+        self.tracker, tracker_state = trackers.open_tracker(
+            report.report_to,
+            run_id=run_id,
+            log_dir=Path(report.report_dir),
+            config=self.config.to_dict(),
+            tracking_uri=report.tracking_uri,
+            resume_state=tracker_state or None,
+            resume_step=resume_step,
+        )
+        self.metrics = metrics.MetricsFile(path)
+        print0(
+            f"Run {run_id}: metrics to {path or 'nowhere (--metrics_file none)'}"
+            + ("" if report.report_to == "none" else f", {report.report_to} under {report.report_dir}")
+        )
+        return tracker_state
+
+    # --- the clock ---
+
+    def restart_clock(self) -> None:
+        self.clock = metrics.StepClock()
+
+    def data_waited(self, seconds: float) -> None:
+        self.clock.data_wait_s += seconds
+
+    def step_done(self, loss: float) -> None:
+        self.clock.loss_sum += loss
+        self.clock.steps += 1
+
+    def exclude(self, seconds: float) -> None:
+        """Validation and checkpoint saves: not training throughput."""
+        self.clock.excluded_s += seconds
+
+    def step_time(self) -> float:
+        """Seconds per step: this interval's, else the last logged interval's."""
+        return self.clock.step_time() if self.clock.steps else self.recent_step_s
+
+    # --- output ---
+
+    def log_step(
+        self, state: Any, lr: float, grad_norm: float | None, time_left: float | None
+    ) -> dict[str, Any]:
+        """The log line, the metrics record and the tracker, for the steps since the previous log line."""
+        started = time.perf_counter()
+        clock = self.clock
+        elapsed = clock.elapsed()
+        step_time = clock.step_time()
+        alloc, peak, rss = metrics.memory_gib(self.dist.device)
+        (loss, data_wait), (alloc, peak, rss) = mean_and_max(
+            [clock.loss_sum / clock.steps, clock.data_wait_s / elapsed],
+            [alloc or 0.0, peak or 0.0, rss],
+            self.dist.device,
+        )
+        on_gpu = self.dist.device.type == "cuda"
+        rate = metrics.throughput(
+            self.tokens_per_step * clock.steps,
+            elapsed,
+            self.dist.world_size,
+            self.flops_per_token,
+            self.peak_tflops,
+        )
+        record = {
+            "step": state.step,
+            "loss": loss,
+            "lr": lr,
+            "grad_norm": float("nan") if grad_norm is None else grad_norm,
+            "tokens_per_s": rate.tokens_per_s,
+            "tokens_per_s_per_device": rate.tokens_per_s_per_device,
+            "tflops_per_device": rate.tflops_per_device,
+            "mfu": rate.mfu,
+            "device_mem_alloc_gib": alloc if on_gpu else None,
+            "device_mem_peak_gib": peak if on_gpu else None,
+            "host_rss_gib": rss,
+            "data_wait_frac": data_wait,
+            "step_time_s": step_time,
+            "skipped_steps": state.skipped_steps,
+            "tokens_seen": state.tokens_seen,
+            "epoch": state.position.epoch,
+            "consumed": state.position.consumed,
+            "eta_s": (self.max_steps - state.step) * step_time,
+        }
+        print0(step_line.step_line(record, self.max_steps, time_left))
+        self.metrics.write(record)
+        self.tracker.log_metrics(state.step, record)
+        self.clock = metrics.StepClock()
+        self.recent_step_s = step_time
+        self.overhead_s += time.perf_counter() - started
+        return record
+
+    def progress(self, step: int, loss: float) -> None:
+        clock = self.clock
+        eta = (self.max_steps - step) * clock.step_time() if clock.steps else float("nan")
+        eta_text = step_line.format_duration(eta) if math.isfinite(eta) else "?"
+        progress0(step, self.max_steps, f"loss {loss:.4f} | ETA {eta_text}")
+
+    def log_validation(self, step: int, val_loss: float) -> None:
+        record = {"step": step, "val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 50.0))}
+        print0(step_line.validation_line(record, self.max_steps))
+        self.metrics.write(record)
+        self.tracker.log_metrics(step, {k: v for k, v in record.items() if k != "step"})
+
+    def event(self, record: dict[str, Any]) -> None:
+        """A record in the metrics file only (start, end, checkpoint)."""
+        self.metrics.write(record)
+
+    def close(self) -> None:
+        """Idempotent; runs on every exit path (the tracker's run is ended, the progress bar cleared)."""
+        end_progress0()
+        tracker, self.tracker = self.tracker, trackers.NoTracker()
+        tracker.close()

@@ -1,0 +1,98 @@
+"""A clean log: each line a run of the default launcher writes is the kit's own or a warning to act on.
+
+Runs the rendered ./train-singlenode.sh for a few steps on CPU ranks (its own checkpoint dir, data cache and
+metrics file in tmp_path; the log it writes to logs/ is removed) and checks each line of the log against the
+formats below: a new kind of line from a library shows up here with the line itself.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from support.torchrun import ENV, REPO
+
+pytestmark = pytest.mark.e2e
+
+STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"  # model_utils/log.py print0
+ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d"  # the launcher's `date -Is`
+DS = r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\] \[WARNING\] "  # DeepSpeed's logger
+
+KIT_LINES = {
+    # the trainer and prepare (print0, warn0: the kit's own lines and warnings)
+    "print0": rf"{STAMP} \| \S.*",
+    "prepare": r"ok: \S+, train \d+ blocks x \d+ tokens, validation (none|\d+ blocks), .+",
+    # templates/train-singlenode.sh.j2 and templates/_common.sh.j2
+    "logging to": r"Logging to logs/\S+\.out",
+    "start": rf"START {ISO} on \S+(, running on node \S+ through srun)?",
+    "host": r"Host \S+: training here",
+    "uv bootstrap": r"uv not found: installing it with pip",
+    "versions": r"Versions: python \S+, torch \S+ \(CUDA \S+\), deepspeed \S+",
+    "gpu count": r"WARNING: \S+ has \d+ GPUs, the launch values say \d+: using all \d+",
+    "cuda toolkit": r"CUDA toolkit: /usr/local/cuda-\S+",
+    "ranks": r"Ranks per node: \d+ \((GPUs|CPU, no GPU on \S+)\)",
+    "threads": r"Threads per rank: OMP_NUM_THREADS=\d+ \((\d+ cores / \d+ ranks|from the environment)\)",
+    "end": rf"END {ISO} exit status \d+",
+    # dskit doctor (src/dskit/doctor.py: main, format_table, summary)
+    "doctor header": r"dskit doctor on \S+ \(\d+ nodes?\):",
+    "doctor columns": r"check +status +found +fix",
+    "doctor rule": r"-+  -{6}  -+  -+",
+    "doctor row": r"[A-Za-z][\w ()/.-]*?  +(PASS|WARN|FAIL|SKIP)(  .*)?",
+    "doctor wrapped": r" {20,}\S.*",
+    "doctor summary": r"doctor: \d+ PASS, \d+ WARN, \d+ FAIL, \d+ SKIP: .+",
+}
+
+ACTIONABLE_WARNINGS = {
+    # A warm-up longer than the run (lower --warmup_steps); this test's run warms up for fewer steps.
+    "warmup > steps": rf"{DS}\[lr_schedules\.py:\d+:__init__\] "
+    r"total_num_steps \d+ is less than warmup_num_steps \d+",
+}
+
+ALLOWED = [re.compile(p) for p in (*KIT_LINES.values(), *ACTIONABLE_WARNINGS.values())]
+
+
+def unexplained(lines: list[str]) -> list[str]:
+    return [line for line in lines if line.strip() and not any(p.fullmatch(line) for p in ALLOWED)]
+
+
+def test_every_line_of_a_default_launch_is_the_kits_own_or_actionable(tmp_path: Path) -> None:
+    job = f"clean-log-test-{os.getpid()}"
+    env = {k: v for k, v in ENV.items() if not k.startswith(("DSKIT_", "OMP_NUM_THREADS"))}
+    # CPU ranks on any machine; the launcher sets OMP_NUM_THREADS itself (torchrun would print a banner).
+    env.update(JOB_NAME=job, GPUS_PER_NODE="0", CPU_RANKS="2")
+    cmd = [
+        str(REPO / "train-singlenode.sh"),
+        "--max_steps", "3", "--logging_freq", "1", "--warmup_steps", "2",
+        "--checkpoint_dir", str(tmp_path / "ckpt"), "--data_cache_dir", str(tmp_path / "data"),
+        "--metrics_file", str(tmp_path / "metrics.jsonl"),
+    ]  # fmt: skip
+    started = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        logs = sorted((REPO / "logs").glob(f"{job}_*.out"))
+        log = logs[0].read_text(errors="replace") if logs else ""
+    finally:  # only this test's files: other runs may be writing theirs
+        for path in (REPO / "logs").glob(f"{job}_*"):
+            path.unlink()
+    seconds = time.monotonic() - started
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert len(logs) == 1, logs
+    lines = log.splitlines()
+    assert lines[0].startswith("START ") and lines[-1].endswith("exit status 0"), log[-4000:]
+    assert re.search(rf"^{STAMP} \| Step 3/3 \| Loss ", log, re.M), log[-4000:]
+    assert re.search(rf"^{STAMP} \| Training finished$", log, re.M), log[-4000:]
+
+    # The launcher's stdout is the log (tee) plus "Logging to ...": the log, then what only the terminal saw.
+    in_log = set(lines)
+    terminal_only = [line for line in proc.stdout.splitlines() if line not in in_log]
+    offending = unexplained(lines + terminal_only + proc.stderr.splitlines())
+    assert not offending, (
+        f"{len(offending)} line(s) of the launch ({seconds:.0f} s) are neither the kit's own nor an "
+        "actionable warning: prevent them (launcher environment) or filter them by logger and exact message "
+        "(src/model_utils/startup.py):\n" + "\n".join(offending)
+    )
