@@ -255,6 +255,19 @@ def resolve_values(values_file: str | None = None, sets: list[str] | None = None
     return LaunchValues(**apply_sets(raw, sets or []))
 
 
+# The training variables both launchers read from the environment: (variable, training flag, which is also the
+# render value giving its default). The templates' defaults, the flags they add and their usage text all come
+# from this table.
+TRAINING_ENV: tuple[tuple[str, str], ...] = (
+    ("MAX_STEPS", "max_steps"),
+    ("CHECKPOINT_FREQ", "checkpoint_freq"),
+    ("DATASET", "dataset"),
+    ("DATASET_CONFIG_NAME", "dataset_config_name"),
+    ("LOCAL_DATASET", "local_dataset"),
+    ("MODEL", "model"),
+)
+
+
 def _shell_quote(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -277,7 +290,8 @@ def _environment() -> jinja2.Environment:
 def render_scripts(values: LaunchValues) -> dict[str, str]:
     """Output file name -> script text."""
     env = _environment()
-    context = {"v": values, "regenerate": REGENERATE}
+    training_env = [(var, flag, getattr(values, flag)) for var, flag in TRAINING_ENV]
+    context = {"v": values, "regenerate": REGENERATE, "training_env": training_env}
     return {name: env.get_template(template).render(context) for name, template in SCRIPTS.items()}
 
 

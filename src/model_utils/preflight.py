@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from model_utils import checkpoint, concat_dataset, deepspeed_config, launch_record, models
+from model_utils import checkpoint, concat_dataset, deepspeed_config, launch_record, models, startup
 from model_utils.arguments import AUTO, TrainConfig
 from model_utils.deepspeed_config import DeepSpeedSettings
 from model_utils.errors import ConfigError
@@ -124,6 +124,7 @@ class ResolvedRun:
 
 def resolve_settings(cfg: TrainConfig) -> RunSettings:
     """The DeepSpeed settings (checked by DeepSpeed) and the model's config and sequence length."""
+    startup.import_transformers()  # the first import of transformers in a rank: without what it does not use
     source = models.resolve_model_source(cfg.model.model)
     ds = deepspeed_config.resolve(cfg)
     model_config = models.load_model_config(source)

@@ -8,6 +8,16 @@ more. Two parts of it are work for features dskit does not use, measured on a 2-
   Adam op and its builder's arch and SIMD checks); each call starts a Python subprocess (~1.2 s). The answer
   cannot change within a process, so it is computed once.
 
+- `deepspeed.initialize` (and every ZeRO-1/2 gradient reduction) imports DeepSpeed's Muon optimizer even when
+  it is not the optimizer. Its module decorates three functions with `torch.compile` at import time, which
+  imports torch's dynamo and inductor (~3 s per rank here, and jinja2 with them). `import_deepspeed` imports
+  that module once with those decorators made lazy: each function compiles on its first call, so Muon, when
+  it is used, still runs compiled.
+- Importing transformers imports jinja2 (chat templates, which a training rank never renders) and, through
+  accelerate (which transformers' DeepSpeed integration imports), boto3 for accelerate's SageMaker config
+  command. `import_transformers` holds both back on the first import; dskit's S3 tier imports boto3 itself
+  when it is used.
+
 It also keeps lines out of every rank's log that tell a dskit user nothing they can act on, each matched
 exactly (by logger and message, or by the whole printed line), so that every other warning still shows:
 - torch.utils.cpp_extension's "No CUDA runtime is found, using CUDA_HOME=..." when a CPU run's ops are loaded
@@ -24,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import io
 import logging
 import os
@@ -31,7 +42,7 @@ import re
 import sys
 from collections.abc import Iterator
 from types import ModuleType
-from typing import TextIO
+from typing import Any, TextIO
 
 NO_CUDA_RUNTIME = re.compile(r"No CUDA runtime is found, using CUDA_HOME=.*")
 OP_BUILT = re.compile(r"DeepSpeed [\w.]+ built successfully")
@@ -67,15 +78,77 @@ def import_deepspeed() -> ModuleType:
         cpp_extension_logger = logging.getLogger("torch.utils.cpp_extension")
         if not any(isinstance(f, DropMessages) for f in cpp_extension_logger.filters):
             cpp_extension_logger.addFilter(DropMessages(NO_CUDA_RUNTIME))
-    block_mlflow = "mlflow" not in sys.modules
-    if block_mlflow:
-        sys.modules["mlflow"] = None  # type: ignore[assignment]  # `import mlflow` raises ImportError
-    try:
+    with _held_back(("mlflow",)):  # importable again afterwards, for dskit's own MLflow tracker
         import deepspeed
-    finally:
-        if block_mlflow:
-            del sys.modules["mlflow"]  # importable again, for dskit's own MLflow tracker
+    _import_muon_compiling_lazily()
     return deepspeed
+
+
+MUON_MODULE = "deepspeed.runtime.zero.muon.muon_optimizer"
+
+
+def _lazy_compile(model: Any = None, **options: Any) -> Any:
+    """torch.compile, deferred to the first call (torch.compile(fn) itself imports dynamo and inductor)."""
+    if model is None:
+        return functools.partial(_lazy_compile, **options)
+    compiled = None
+
+    @functools.wraps(model)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        nonlocal compiled
+        if compiled is None:
+            import torch
+
+            compiled = torch.compile(model, **options)
+        return compiled(*args, **kwargs)
+
+    return run
+
+
+def _import_muon_compiling_lazily() -> None:
+    """Import DeepSpeed's Muon module with its `@compiler.compile()` decorators lazy (see the module doc)."""
+    if MUON_MODULE in sys.modules:
+        return
+    from deepspeed.runtime import compiler
+
+    original = compiler.compile
+    compiler.compile = lambda: _lazy_compile
+    try:
+        importlib.import_module(MUON_MODULE)
+    except ImportError:
+        pass  # a DeepSpeed without Muon
+    finally:
+        compiler.compile = original
+
+
+# Optional dependencies of transformers and accelerate that a training rank does not use (see the module doc).
+HELD_BACK_FROM_TRANSFORMERS = ("jinja2", "boto3")
+
+
+@contextlib.contextmanager
+def _held_back(names: tuple[str, ...]) -> Iterator[None]:
+    """While active, `import NAME` raises ImportError and importlib.util.find_spec(NAME) is None, so libraries
+    that probe for an optional dependency skip it. Names already imported are left alone."""
+    held = [name for name in names if name not in sys.modules]
+    for name in held:
+        sys.modules[name] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        for name in held:
+            del sys.modules[name]  # importable again afterwards, by whoever needs it
+
+
+def import_transformers() -> ModuleType:
+    """`import transformers` (and accelerate, which it imports for its DeepSpeed integration) without the
+    optional imports a rank does not use. Call it before any other import of transformers: the first decides.
+    Chat templates (jinja2) are then unavailable in this process."""
+    if "transformers" in sys.modules:
+        return sys.modules["transformers"]
+    with _held_back(HELD_BACK_FROM_TRANSFORMERS):
+        import accelerate  # noqa: F401  (imported here so its boto3 probe runs while boto3 is held back)
+        import transformers
+    return transformers
 
 
 @contextlib.contextmanager

@@ -191,18 +191,43 @@ def test_missing_checkpoint_path(tmp_path: Path, capsys: pytest.CaptureFixture[s
     expect_error(capsys, [str(tmp_path / "nope"), str(out)], out, "does not exist", "pass a checkpoint dir")
 
 
-def test_dir_without_latest_that_is_not_a_tag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_dir_with_no_verified_checkpoint_that_is_not_a_tag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "ck").mkdir()
     (tmp_path / "ck" / "notes.txt").write_text("hi")
     out = tmp_path / "out"
-    expect_error(capsys, [str(tmp_path / "ck"), str(out)], out, "no 'latest'", "not a checkpoint tag dir")
+    expect_error(
+        capsys,
+        [str(tmp_path / "ck"), str(out)],
+        out,
+        "holds no verified checkpoint",
+        "not a checkpoint tag dir",
+    )
 
 
-def test_latest_naming_a_missing_tag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    (tmp_path / "ck").mkdir()
-    (tmp_path / "ck" / "latest").write_text("tiny_qwen3-9steps")
-    out = tmp_path / "out"
-    expect_error(capsys, [str(tmp_path / "ck"), str(out)], out, "tiny_qwen3-9steps", "holds no checkpoint")
+def test_a_checkpoint_dir_exports_what_resume_would_pick_not_latest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The newest tag whose manifest verifies, as checkpoint.select_resume picks it; `latest` naming a
+    missing or a damaged newer tag is reported and ignored."""
+    from dskit.export import resolve_tag
+    from model_utils.checkpoint import select_resume
+
+    root = tmp_path / "ck"
+    good = fake_tag(root)
+    damaged = root / "tiny_qwen3-6steps"
+    damaged.mkdir()
+    (damaged / "mp_rank_00_model_states.pt").write_bytes(b"x" * 10)
+    file_manifest.write(damaged, file_manifest.build(damaged, {}))
+    (damaged / "mp_rank_00_model_states.pt").write_bytes(b"y" * 10)  # same size, another checksum
+    (root / "latest").write_text(damaged.name)
+    assert resolve_tag(root) == (root, good.name)
+    assert select_resume(str(root), None).tag == good.name  # the same choice
+    printed = capsys.readouterr().out
+    assert f"skipping checkpoint {damaged}" in printed and "ignoring it" in printed
+    (root / "latest").write_text("tiny_qwen3-9steps")
+    assert resolve_tag(root) == (root, good.name)
 
 
 def test_tag_without_hf_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,6 +3,7 @@ run against stub commands (no SLURM, no training: tests/slurm/ runs them for rea
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -444,3 +445,20 @@ def test_singlenode_unknown_node_and_missing_slurm_are_clear_errors(tmp_path: Pa
     assert proc.returncode == 2
     assert "SLURM (srun, scontrol) is not installed here" in proc.stderr
     assert stub.recorded("torchrun") == []
+
+
+def test_training_variables_come_from_one_table() -> None:
+    """Each launcher variable of render.TRAINING_ENV is a training flag and a render value, and each rendered
+    launcher passes it on as that flag and lists it in its usage text."""
+    from dskit.render import TRAINING_ENV, LaunchValues
+    from model_utils.arguments import flag_fields
+
+    values = {f.name for f in dataclasses.fields(LaunchValues)}
+    for _, flag in TRAINING_ENV:
+        assert flag in flag_fields() and flag in values, flag
+    names = " ".join(var for var, _ in TRAINING_ENV)
+    for script in ("train.sbatch", "train-singlenode.sh"):
+        text = (REPO / script).read_text()
+        assert f"Environment overrides: {names}" in text or f"overrides: JOB_NAME, {names}" in text, script
+        for var, flag in TRAINING_ENV:
+            assert f'[[ -z "${var}" ]] || train_args+=(--{flag} "${var}")' in text, (script, var)

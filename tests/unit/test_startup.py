@@ -82,3 +82,54 @@ def test_deepspeed_cpu_adam_probes_the_cpu_once_inside_the_context(mode: str, ex
         assert int(calls) >= 2, "DeepSpeed no longer probes the CPU repeatedly: the cache can go"
     else:
         assert f"{calls} {restored}" == expected
+
+
+def test_deepspeed_muon_module_is_imported_without_compiling() -> None:
+    """DeepSpeed's Muon module (imported by every ZeRO-1/2 engine) is in place after import_deepspeed, without
+    torch's inductor, and its compiled functions are still torch.compile'd, on their first call."""
+    lines = run_fresh(
+        "import sys\n"
+        "from model_utils import startup\n"
+        "startup.import_deepspeed()\n"
+        "print(startup.MUON_MODULE in sys.modules, 'torch._inductor.compile_fx' in sys.modules)\n"
+        "from deepspeed.runtime import compiler\n"
+        "from deepspeed.runtime.zero.muon import original_muon\n"
+        "print(compiler.compile() is __import__('torch').compile)\n"  # restored for everyone else
+        "print(original_muon.zeropower_via_newtonschulz5.__name__)\n"
+    )
+    assert lines[-3:] == ["True False", "True", "zeropower_via_newtonschulz5"], lines
+
+
+def test_lazy_compile_compiles_on_the_first_call_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from model_utils import startup
+
+    calls = []
+
+    def fake_compile(fn, **options):
+        calls.append(options)
+        return lambda *a, **k: ("compiled", fn(*a, **k))
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    square = startup._lazy_compile(lambda x: x * x)
+    with_options = startup._lazy_compile(dynamic=False)(lambda x: x + 1)
+    assert calls == []  # decorating compiles nothing
+    assert square(3) == ("compiled", 9) and square(4) == ("compiled", 16)
+    assert with_options(1) == ("compiled", 2)
+    assert calls == [{}, {"dynamic": False}]  # once per function, with its options
+
+
+def test_transformers_import_holds_back_what_ranks_do_not_use() -> None:
+    """jinja2 (chat templates) and boto3 (accelerate's SageMaker command) stay out of a rank; both import
+    normally afterwards (dskit's S3 tier imports boto3 when it is used)."""
+    lines = run_fresh(
+        "import sys\n"
+        "from model_utils import startup\n"
+        "startup.import_transformers()\n"
+        "from transformers import Qwen3Config, Qwen3ForCausalLM\n"
+        "print('jinja2' in sys.modules, 'boto3' in sys.modules, 'transformers' in sys.modules)\n"
+        "import boto3, jinja2\n"
+        "print(boto3.__name__, jinja2.__name__)\n"
+    )
+    assert lines[-2:] == ["False False True", "boto3 jinja2"], lines
