@@ -3,6 +3,9 @@
 Flags are generated from the dataclass fields below, so a flag cannot exist without a field (and a test
 checks that every field is read by the training code). Parsing is strict: an unknown or misspelled flag is an
 error naming the closest valid one, and abbreviations are refused.
+
+The config is the user's, as given, and frozen: what is derived from it (the sequence length, the DeepSpeed
+dict, the micro batch, max_steps from --epochs, the default lr) is resolved once by preflight.py.
 """
 
 from __future__ import annotations

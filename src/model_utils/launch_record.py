@@ -50,11 +50,16 @@ def _lock_hash() -> str | None:
     return hashlib.sha256(lock.read_bytes()).hexdigest() if lock.is_file() else None
 
 
-def collect(config: dict[str, Any], deepspeed_config: dict[str, Any], world_size: int) -> dict[str, Any]:
+def collect(
+    config: dict[str, Any], resolved: dict[str, Any], deepspeed_config: dict[str, Any], world_size: int
+) -> dict[str, Any]:
+    """`config`: the user's, as parsed; `resolved`: what preflight derived from it (sequence length, micro
+    batch, max_steps, ...)."""
     import torch
 
     return {
         "config": config,
+        "resolved": resolved,
         "deepspeed_config": deepspeed_config,
         "git_commit": _git_commit(),
         "uv_lock_sha256": _lock_hash(),
@@ -90,7 +95,8 @@ def check_resume(tag_dir: Path, model_config: Any, seq_length: int, world_size: 
     launch = read(tag_dir)
     if launch is None:
         return False
-    saved_seq = launch["config"]["data"]["seq_length"]
+    # Kits before the resolved run wrote the resolved sequence length into the config itself.
+    saved_seq = launch.get("resolved", {}).get("seq_length", launch["config"]["data"]["seq_length"])
     if saved_seq != seq_length:
         raise ConfigError(
             f"checkpoint {tag_dir} was trained with --seq_length {saved_seq}, not {seq_length}: "

@@ -109,7 +109,9 @@ class Trainer:
                 self.cfg, dist, self.max_steps, run.tokens_per_step, self.flops_per_token, peak_tflops
             )
             self.batches = batches.StepBatches(run.train_blocks, self.sampler, dist.device)
-            self.launch = launch_record.collect(self.cfg.to_dict(), run.deepspeed_config(), dist.world_size)
+            self.launch = launch_record.collect(
+                self.cfg.to_dict(), run.to_dict()["resolved"], run.deepspeed_config(), dist.world_size
+            )
             self.state = self._resume_or_start()
             self.s3 = self._s3_tier()
             self.stop = StopRequest()

@@ -98,7 +98,12 @@ def _launch_tag(tmp_path: Path, world_size: int = 2, seq_length: int = 64) -> tu
     config = PRESETS["tiny-qwen3"].build_config()
     tag = fake_tag(tmp_path, 4)
     config.save_pretrained(tag / "hf_config")
-    launch = {"config": {"data": {"seq_length": seq_length}}, "world_size": world_size}
+    # As a run with the default --seq_length records it: the user's config says None, the resolved run 64.
+    launch = {
+        "config": {"data": {"seq_length": None}},
+        "resolved": {"seq_length": seq_length},
+        "world_size": world_size,
+    }
     (tag / "launch.json").write_text(json.dumps(launch))
     return tag, config
 
@@ -113,6 +118,11 @@ def test_launch_manifest_refuses_another_architecture_or_sequence_length(tmp_pat
         launch_record.check_resume(tag, wider, 64, world_size=2)
     with pytest.raises(ConfigError, match="was trained with --seq_length 64, not 128"):
         launch_record.check_resume(tag, config, 128, world_size=2)
+    # A checkpoint of a kit before the resolved run: the resolved length was written into the config.
+    (tag / "launch.json").write_text(json.dumps({"config": {"data": {"seq_length": 64}}, "world_size": 2}))
+    assert launch_record.check_resume(tag, config, 64, world_size=2) is False
+    with pytest.raises(ConfigError, match="was trained with --seq_length 64, not 128"):
+        launch_record.check_resume(tag, config, 128, world_size=2)
 
 
 def test_launch_manifest_records_how_the_run_was_launched(monkeypatch) -> None:
@@ -120,7 +130,10 @@ def test_launch_manifest_records_how_the_run_was_launched(monkeypatch) -> None:
     monkeypatch.setenv("FI_PROVIDER", "efa")
     monkeypatch.setenv("CUDA_VERSION", "12.9")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "node[1-2]")
-    info = launch_record.collect({"a": 1}, {"zero_optimization": {"stage": 2}}, world_size=16)
+    info = launch_record.collect(
+        {"a": 1}, {"seq_length": 64}, {"zero_optimization": {"stage": 2}}, world_size=16
+    )
+    assert (info["config"], info["resolved"]) == ({"a": 1}, {"seq_length": 64})
     assert info["env"] == {"FI_PROVIDER": "efa", "NCCL_DEBUG": "INFO"}
     assert (info["nodes"], info["world_size"], info["cuda_version"]) == ("node[1-2]", 16, "12.9")
     assert info["uv_lock_sha256"] and len(info["uv_lock_sha256"]) == 64
@@ -136,7 +149,7 @@ def test_launch_manifest_has_no_commit_outside_a_git_checkout(tmp_path: Path, mo
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))  # no repo above tmp_path either
     for name in ("GIT_DIR", "GIT_WORK_TREE"):
         monkeypatch.delenv(name, raising=False)
-    info = launch_record.collect({}, {}, world_size=1)
+    info = launch_record.collect({}, {}, {}, world_size=1)
     assert info["git_commit"] is None
     assert info["uv_lock_sha256"] is None  # no uv.lock there either
 

@@ -38,7 +38,7 @@ KIT_LINES = {
     "ranks": r"Ranks per node: \d+ \((GPUs|CPU, no GPU on \S+)\)",
     "threads": r"Threads per rank: OMP_NUM_THREADS=\d+ \((\d+ cores / \d+ ranks|from the environment)\)",
     "end": rf"END {ISO} exit status \d+",
-    # dskit doctor (src/dskit/doctor.py: main, format_table, summary)
+    # dskit doctor (src/dskit/doctor/: main, format_table, summary)
     "doctor header": r"dskit doctor on \S+ \(\d+ nodes?\):",
     "doctor columns": r"check +status +found +fix",
     "doctor rule": r"-+  -{6}  -+  -+",

@@ -247,7 +247,12 @@ def test_damaged_tag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     tag = fake_tag(tmp_path / "ck")
     (tag / "mp_rank_00_model_states.pt").write_bytes(b"torn")
     out = tmp_path / "out"
-    expect_error(capsys, [str(tmp_path / "ck"), str(out)], out, "incomplete or damaged", "older tag")
+    expect_error(capsys, [str(tag), str(out)], out, "incomplete or damaged", "older tag")
+    # Given the checkpoint dir, the damaged tag is skipped as resume skips it, and nothing else verifies.
+    assert cli.main(["export", str(tmp_path / "ck"), str(out)]) == 2
+    captured = capsys.readouterr()
+    assert f"skipping checkpoint {tag}" in captured.out
+    assert "holds no verified checkpoint" in captured.err and not out.exists()
 
 
 @pytest.mark.parametrize("existing", ["dir", "file"])

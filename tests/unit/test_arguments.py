@@ -70,6 +70,14 @@ def test_defaults_are_the_documented_ones() -> None:
     assert "train_batch_size" not in ds
 
 
+def test_the_parsed_config_is_frozen() -> None:
+    cfg = parse("--seq_length", "64")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.data.seq_length = 128  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.optim = cfg.optim  # type: ignore[misc]
+
+
 def test_user_flag_names_keep_working() -> None:
     cfg = parse(
         "--dataset", "allenai/c4", "--dataset_config_name", "en", "--local_dataset", "false",

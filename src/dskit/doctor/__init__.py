@@ -1,0 +1,129 @@
+"""`dskit doctor [TRAINING FLAGS...]`: is this node ready for this run? A pass/warn/fail table, each with a fix.
+
+It takes the training flags (to know the model, data, checkpoint dir and DeepSpeed config) and the launch context
+the launchers export (GPUS_PER_NODE, CPU_RANKS, CUDA_VERSION, EFA, SLURM_JOB_NUM_NODES, TORCH_EXTENSIONS_DIR;
+defaults from `render.LaunchValues`). Exit status: 1 when a check FAILs, 0 otherwise (WARN does not stop a
+launch), 2 for bad flags. It is quick and changes nothing: no op is built, no dataset is loaded in full, no
+weights are loaded (parameters are counted on the meta device).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from model_utils.arguments import TrainConfig, parse_args
+from model_utils.errors import ConfigError, first_line
+
+from .context import GpuProbe, LaunchContext, probe_gpus, ranks_per_node
+from .cuda import check_driver, check_gpus, check_toolkit, driver_verdict
+from .dataset import check_dataset
+from .environment import check_ops, check_uv
+from .memory import check_memory
+from .network import check_network, efa_devices, nccl_net_plugins
+from .report import Result, Status, _guarded, format_table, summary
+from .storage import check_disk
+
+__all__ = [
+    "USAGE",
+    "GpuProbe",
+    "LaunchContext",
+    "Result",
+    "Status",
+    "check_dataset",
+    "check_disk",
+    "check_driver",
+    "check_gpus",
+    "check_memory",
+    "check_network",
+    "check_ops",
+    "check_toolkit",
+    "check_uv",
+    "driver_verdict",
+    "efa_devices",
+    "format_table",
+    "main",
+    "nccl_net_plugins",
+    "probe_gpus",
+    "ranks_per_node",
+    "run_checks",
+    "summary",
+]
+
+USAGE = """\
+usage: dskit doctor [TRAINING FLAGS...]
+
+Check this node for a training run and print a table: check, PASS/WARN/FAIL/SKIP, what was found, the fix.
+The flags are the training flags (see `dskit config --help`). The launch context comes from the environment:
+GPUS_PER_NODE, CPU_RANKS, CUDA_VERSION, EFA (auto|on|off), SLURM_JOB_NUM_NODES, TORCH_EXTENSIONS_DIR.
+Exit status 1 when any check FAILs, 0 otherwise, 2 for bad flags."""
+
+
+def run_checks(cfg: TrainConfig, ctx: LaunchContext) -> list[Result]:
+    import torch
+
+    from model_utils import deepspeed_config, models, preflight
+
+    gpus = probe_gpus()
+    _, on_gpus = ranks_per_node(ctx, gpus)
+    settings: preflight.RunSettings | None = None
+    model_error = ""
+    try:  # a hub model needs the network or the HF cache: `dskit prepare` reports that in full
+        settings = preflight.resolve_settings(cfg)  # a misspelt --model or a bad DeepSpeed config: exit 2
+        half = settings.deepspeed.half_precision
+    except models.ModelUnavailable as e:
+        model_error = str(e)
+        half = deepspeed_config.resolve(cfg).half_precision
+    n_params: int | None = None
+    if settings is not None:
+        try:
+            from dskit.estimate import model_shape
+
+            # Counted as `dskit estimate` counts them (meta device, tied parameters once).
+            source = settings.source
+            n_params = model_shape(settings.model_config, source.name, source.preset is not None).total_params
+        except Exception as e:  # an architecture transformers cannot build: prepare reports it properly
+            model_error = f"{type(e).__name__}: {first_line(e)}"
+
+    results = [
+        _guarded("uv environment", check_uv),
+        _guarded("torch CUDA vs driver", lambda: check_driver(gpus, torch.version.cuda, torch.__version__)),
+        _guarded("CUDA toolkit", lambda: check_toolkit(ctx, gpus, torch.version.cuda)),
+        _guarded("GPUs", lambda: check_gpus(ctx, gpus)),
+        _guarded("network (EFA)", lambda: check_network(ctx, on_gpus)),
+        _guarded("checkpoint disk", lambda: check_disk(cfg, n_params, half)),
+        _guarded("dataset", lambda: check_dataset(cfg.data)),
+        _guarded("DeepSpeed ops", lambda: check_ops(ctx, on_gpus)),
+    ]
+    if settings is None:
+        results.append(
+            Result(
+                "host RAM", Status.WARN, f"no estimate: {model_error}", "`dskit prepare` reports the details"
+            )
+        )
+    else:
+        try:
+            results += check_memory(settings, ctx, gpus)
+        except ConfigError:
+            raise
+        except Exception as e:
+            results.append(
+                Result("host RAM", Status.WARN, f"no estimate: {type(e).__name__}: {first_line(e)}", "")
+            )
+    return results
+
+
+def main(argv: list[str]) -> int:
+    if any(a in ("-h", "--help") for a in argv):
+        print(USAGE)
+        return 0
+    ctx = LaunchContext.from_env(os.environ)
+    cfg = parse_args(argv)
+    results = run_checks(cfg, ctx)
+    print(
+        f"dskit doctor on {socket.gethostname()} ({ctx.nodes} node{'s' if ctx.nodes > 1 else ''}):",
+        flush=True,
+    )
+    print(format_table(results))
+    print(summary(results), flush=True)
+    return 1 if any(r.status is Status.FAIL for r in results) else 0
