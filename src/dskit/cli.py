@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import os
 import sys
 import typing
+from typing import Any
 
 from model_utils.errors import ConfigError
 from model_utils.log import error_line
@@ -26,7 +28,10 @@ def _prepare(train_args: list[str]) -> int:
     from model_utils import preflight
     from model_utils.arguments import parse_args
 
-    run = preflight.prepare(parse_args(train_args))
+    return _prepared(preflight.prepare(parse_args(train_args)))
+
+
+def _prepared(run: Any) -> int:
     val = "none" if run.val_blocks is None else f"{len(run.val_blocks)} blocks"
     resume = f"resume from {run.resume.load_dir / run.resume.tag}" if run.resume else "fresh start"
     print(
@@ -52,10 +57,16 @@ def _preflight(train_args: list[str]) -> int:
     if any(a in ("-h", "--help") for a in train_args):
         print(PREFLIGHT_USAGE)
         return 0
-    status = doctor.main(train_args)
+    from model_utils import preflight
+    from model_utils.arguments import parse_args
+
+    cfg = parse_args(train_args)
+    ctx = doctor.LaunchContext.from_env(os.environ)
+    results, settings = doctor.diagnose(cfg, ctx)
+    status = doctor.report(results, ctx)
     if status != 0:
         return status  # 1: a FAIL row (its fix is in the table above): the launch stops before prepare
-    return _prepare(train_args)
+    return _prepared(preflight.prepare(cfg, settings=settings))  # the settings the doctor resolved
 
 
 def _render(args: list[str]) -> int:

@@ -1,17 +1,20 @@
 """Checkpoints that never lie: crash-safe saves, verified resume with fallback, and rotation.
 
+The protocol sits above the engine seam (engine.py): an engine writes and reads only its own sharded state
+inside the directory it is handed, so every engine gets the same guarantees.
+
 Save: every rank writes into a staging dir `.staging-<tag>`; after a barrier rank 0 writes a manifest of every
 file's size and checksum, renames the staging dir to `<tag>` (atomic), and only then replaces `latest` (temp file,
-fsync, rename). DeepSpeed's own `latest` write (a plain open() before its last barrier) is never used, so a crash
+fsync, rename). An engine's own `latest` (DeepSpeed's is a plain open() before its last barrier) is never used, so a crash
 at any point leaves the previous checkpoints and a `latest` that names a complete one.
 
 Resume: the newest tag whose manifest verifies (sizes and checksums). A tag with a missing, short or corrupt file,
 or without a manifest, is skipped with a warning naming it; a `latest` that is empty, truncated or names a bad tag
 is reported and ignored the same way.
 
-Layout of a tag: DeepSpeed's files (mp_rank_00_model_states.pt with our client state, one optimizer shard per
-rank), rng_state_rank<R>.pt, hf_config/ (model config and tokenizer, for export), launch.json (how the run was
-launched) and dskit_manifest.json, written last.
+Layout of a tag: the engine's files (DeepSpeed: mp_rank_00_model_states.pt with our client state, one optimizer
+shard per rank), rng_state_rank<R>.pt, hf_config/ (model config and tokenizer, for export), launch.json (how the
+run was launched, and the resolved run) and dskit_manifest.json, written last.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import Any
 
 from model_utils.arguments import TrainConfig, parse_args
 from model_utils.errors import ConfigError, first_line
@@ -39,6 +40,7 @@ __all__ = [
     "check_ops",
     "check_toolkit",
     "check_uv",
+    "diagnose",
     "driver_verdict",
     "efa_devices",
     "format_table",
@@ -46,6 +48,7 @@ __all__ = [
     "nccl_net_plugins",
     "probe_gpus",
     "ranks_per_node",
+    "report",
     "run_checks",
     "summary",
 ]
@@ -60,6 +63,12 @@ Exit status 1 when any check FAILs, 0 otherwise, 2 for bad flags."""
 
 
 def run_checks(cfg: TrainConfig, ctx: LaunchContext) -> list[Result]:
+    return diagnose(cfg, ctx)[0]
+
+
+def diagnose(cfg: TrainConfig, ctx: LaunchContext) -> tuple[list[Result], Any]:
+    """The check results, and the run's settings (preflight.RunSettings) when the model could be loaded: `dskit
+    preflight` hands them on to prepare, so they are resolved once."""
     import torch
 
     from model_utils import deepspeed_config, models, preflight
@@ -110,16 +119,11 @@ def run_checks(cfg: TrainConfig, ctx: LaunchContext) -> list[Result]:
             results.append(
                 Result("host RAM", Status.WARN, f"no estimate: {type(e).__name__}: {first_line(e)}", "")
             )
-    return results
+    return results, settings
 
 
-def main(argv: list[str]) -> int:
-    if any(a in ("-h", "--help") for a in argv):
-        print(USAGE)
-        return 0
-    ctx = LaunchContext.from_env(os.environ)
-    cfg = parse_args(argv)
-    results = run_checks(cfg, ctx)
+def report(results: list[Result], ctx: LaunchContext) -> int:
+    """Print the table and the summary; the exit status (1 when a check FAILs)."""
     print(
         f"dskit doctor on {socket.gethostname()} ({ctx.nodes} node{'s' if ctx.nodes > 1 else ''}):",
         flush=True,
@@ -127,3 +131,11 @@ def main(argv: list[str]) -> int:
     print(format_table(results))
     print(summary(results), flush=True)
     return 1 if any(r.status is Status.FAIL for r in results) else 0
+
+
+def main(argv: list[str]) -> int:
+    if any(a in ("-h", "--help") for a in argv):
+        print(USAGE)
+        return 0
+    ctx = LaunchContext.from_env(os.environ)
+    return report(run_checks(parse_args(argv), ctx), ctx)
