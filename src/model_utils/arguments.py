@@ -130,6 +130,10 @@ class OptimArgs:
         ),
     )
     warmup_steps: int = field(default=10, metadata=_flag("linear warm-up optimizer steps of WarmupCosineLR"))
+    no_decay_embeddings: bool = field(
+        default=False,
+        metadata=_flag("exempt the embeddings from weight decay too (norm gains and biases never get it)"),
+    )
 
     def __post_init__(self) -> None:
         for name in ("micro_batch_size", "gradient_accumulation_steps"):
@@ -185,6 +189,13 @@ class CheckpointArgs:
             "verified checkpoints to keep; older ones are deleted (never the newest or the resumed one)"
         ),
     )
+    keep_every_steps: int | None = field(
+        default=None,
+        metadata=_flag(
+            "also keep, permanently, every verified checkpoint whose step is a multiple of this (beside the "
+            "rolling --keep_checkpoints)"
+        ),
+    )
     checkpoint_interval_minutes: float | None = field(
         default=None, metadata=_flag("also checkpoint when this many minutes have passed since the last save")
     )
@@ -199,6 +210,8 @@ class CheckpointArgs:
         for name in ("checkpoint_freq", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name} {getattr(self, name)} must be at least 1")
+        if self.keep_every_steps is not None and self.keep_every_steps < 1:
+            raise ConfigError(f"--keep_every_steps {self.keep_every_steps} must be at least 1, e.g. 1000")
         if self.checkpoint_interval_minutes is not None and not self.checkpoint_interval_minutes > 0:
             raise ConfigError(
                 f"--checkpoint_interval_minutes {self.checkpoint_interval_minutes} must be positive, e.g. 30"

@@ -276,9 +276,12 @@ def _throughput(tag_dir: Path, seconds: float) -> str:
     return f"{size / 1e9:.3f} GB in {seconds:.2f} s, {size / 1e9 / max(seconds, 1e-9):.2f} GB/s"
 
 
-def rotate(root: Path, keep: int, protect: set[str]) -> list[str]:
-    """Delete all but the newest `keep` complete tags; never a protected one (e.g. the one resumed from)."""
+def rotate(root: Path, keep: int, protect: set[str], keep_every: int | None = None) -> list[str]:
+    """Delete all but the newest `keep` complete tags; never a protected one (e.g. the one resumed from), nor,
+    with `keep_every`, one whose step is a multiple of it (kept permanently)."""
     complete = [t for t in _tags_newest_first(root) if (root / t / file_manifest.MANIFEST).is_file()]
+    if keep_every is not None:
+        protect = protect | {t for t in complete if (tag_step(t) or 0) % keep_every == 0}
     doomed = [t for t in complete[keep:] if t not in protect]
     for tag in doomed:
         shutil.rmtree(root / tag, ignore_errors=True)

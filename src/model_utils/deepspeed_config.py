@@ -28,6 +28,7 @@ DS_OVERRIDES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("warmup_steps", ("scheduler", "params", "warmup_num_steps")),
 )
 MICRO_BATCH_KEY = ("train_micro_batch_size_per_gpu",)
+WARMUP_KEY = ("scheduler", "params", "warmup_num_steps")
 TOTAL_STEPS_KEY = ("scheduler", "params", "total_num_steps")
 PRECISIONS = ("bf16", "fp16")
 
@@ -43,6 +44,7 @@ class DeepSpeedSettings:
     warmup_steps: int
     precision: str  # "bf16", "fp16" or "fp32": the dtype weights are built in
     zero_stage: int
+    weight_decay: float | None  # optimizer.params.weight_decay; None: the optimizer's default
     _checked: dict[str, Any]  # DeepSpeed-validated, with placeholders for the two late values
 
     @property
@@ -54,11 +56,21 @@ class DeepSpeedSettings:
 
         return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[self.precision]
 
+    def warmup_steps_for(self, total_steps: int) -> int | None:
+        """The schedule's warm-up for a run of total_steps: never longer than the run (a 3-step smoke test warms
+        up over its 3 steps); None when the schedule has no warm-up."""
+        if _get(self._checked, WARMUP_KEY) is None:
+            return None
+        return min(self.warmup_steps, total_steps)
+
     def build(self, micro_batch_size: int, total_steps: int) -> dict[str, Any]:
         """A fresh dict for deepspeed.initialize with the micro batch and the schedule's total steps."""
         assert isinstance(micro_batch_size, int) and micro_batch_size >= 1, micro_batch_size
         ds = copy.deepcopy(self._checked)
         _set(ds, MICRO_BATCH_KEY, micro_batch_size)
+        warmup = self.warmup_steps_for(total_steps)
+        if warmup is not None:
+            _set(ds, WARMUP_KEY, warmup)
         scheduler = ds.get("scheduler")
         if isinstance(scheduler, dict) and "total_num_steps" in scheduler.get("params", {}):
             current = scheduler["params"]["total_num_steps"]
@@ -97,6 +109,11 @@ def precision_of(ds: dict[str, Any]) -> str:
         if isinstance(section, dict) and section.get("enabled"):
             return name
     return "fp32"
+
+
+def _weight_decay(ds: dict[str, Any]) -> float | None:
+    value = _get(ds, ("optimizer", "params", "weight_decay"))
+    return None if value is None else float(value)
 
 
 def _get(d: dict[str, Any], path: tuple[str, ...]) -> Any:
@@ -168,6 +185,7 @@ def resolve(cfg: TrainConfig) -> DeepSpeedSettings:
         warmup_steps=int(trains["warmup_steps"]),
         precision=precision_of(ds),
         zero_stage=int(zero.get("stage", 0)) if isinstance(zero, dict) else 0,
+        weight_decay=_weight_decay(ds),
         _checked=ds,
     )
 

@@ -11,12 +11,19 @@ from model_utils import startup
 
 
 class DeepSpeedEngine:
-    def __init__(self, model: torch.nn.Module, ds_config: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        ds_config: dict[str, Any],
+        param_groups: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """`param_groups`: the optimizer's parameter groups (param_groups.py); default: one group of every
+        trainable parameter."""
         deepspeed = startup.import_deepspeed()
         with startup.cpu_info_computed_once(), startup.schedule_start_unlogged():
             self._engine, _, _, _ = deepspeed.initialize(
                 model=model,
-                model_parameters=[p for p in model.parameters() if p.requires_grad],
+                model_parameters=param_groups or [p for p in model.parameters() if p.requires_grad],
                 config=ds_config,
             )
         self.module = self._engine.module

@@ -79,9 +79,16 @@ def read(tag_dir: Path) -> dict[str, Any] | None:
         return None
 
 
-def check_resume(tag_dir: Path, model_config: Any, seq_length: int, world_size: int | None) -> bool:
-    """Raise on an incompatible resume; return True when only the weights can be loaded (world size changed;
-    None: not known yet, as in `dskit prepare`)."""
+def check_resume(
+    tag_dir: Path,
+    model_config: Any,
+    seq_length: int,
+    world_size: int | None,
+    optimizer_groups: list[list[int]] | None = None,
+) -> str | None:
+    """Raise on an incompatible resume. Return why only the weights can be loaded (another world size, or
+    another layout of the optimizer's parameter groups), else None. world_size and optimizer_groups None: not
+    known yet, as in `dskit prepare`."""
     saved_config_path = tag_dir / "hf_config" / "config.json"
     if saved_config_path.is_file():
         saved = json.loads(saved_config_path.read_text())
@@ -94,12 +101,19 @@ def check_resume(tag_dir: Path, model_config: Any, seq_length: int, world_size: 
                 )
     launch = read(tag_dir)
     if launch is None:
-        return False
+        return None
+    resolved = launch.get("resolved", {})
     # Kits before the resolved run wrote the resolved sequence length into the config itself.
-    saved_seq = launch.get("resolved", {}).get("seq_length", launch["config"]["data"]["seq_length"])
+    saved_seq = resolved.get("seq_length", launch["config"]["data"]["seq_length"])
     if saved_seq != seq_length:
         raise ConfigError(
             f"checkpoint {tag_dir} was trained with --seq_length {saved_seq}, not {seq_length}: "
             f"resume with --seq_length {saved_seq}, or use a new --checkpoint_dir"
         )
-    return world_size is not None and launch["world_size"] != world_size
+    if world_size is not None and launch["world_size"] != world_size:
+        return f"world size changed from {launch['world_size']} to {world_size}"
+    saved_groups = resolved.get("optimizer_groups")
+    if optimizer_groups is not None and saved_groups != optimizer_groups:
+        before = "one group (a kit before weight-decay groups)" if saved_groups is None else str(saved_groups)
+        return f"the optimizer's parameter groups changed from {before} to {optimizer_groups}"
+    return None

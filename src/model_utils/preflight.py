@@ -249,6 +249,11 @@ def prepare(
     )
     if max_steps is not None and isinstance(micro_batch, int):
         run.deepspeed_config()  # an explicit total_num_steps that disagrees fails here, before any rank trains
+    ds = settings.deepspeed
+    if max_steps is not None and ds.warmup_steps_for(max_steps) not in (None, ds.warmup_steps):
+        print0(
+            f"Warm-up of {ds.warmup_steps} steps is longer than the run: warming up over its {max_steps} steps"
+        )
     return run
 
 

@@ -16,7 +16,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from model_utils import batches, checkpoint, kernels, launch_env, launch_record, metrics, step_line, walltime
+from model_utils import (
+    batches,
+    checkpoint,
+    kernels,
+    launch_env,
+    launch_record,
+    metrics,
+    param_groups,
+    step_line,
+    walltime,
+)
 from model_utils.concat_dataset import BlockSampler, DataPosition, validation_indices
 from model_utils.distributed import DistInfo, all_reduce_mean, any_rank, decide_on_main
 from model_utils.engine import Engine
@@ -66,16 +76,18 @@ def new_run_id(short_name: str) -> str:
     return f"{short_name}-{time.strftime('%Y%m%d-%H%M%S')}" + (f"-job{job}" if job else "")
 
 
-def create_engine(run: ResolvedRun, dist: DistInfo) -> Engine:
-    """The model in the training dtype, with the planned kernels, inside the engine."""
+def create_engine(run: ResolvedRun, dist: DistInfo) -> tuple[Engine, param_groups.DecayGroups]:
+    """The model in the training dtype, with the planned kernels, inside the engine; and its decay groups."""
     from model_utils.deepspeed_engine import DeepSpeedEngine
 
     cfg = run.config
     # Weights are identical on every rank (one seed); data order and dropout differ per rank.
     model = build_model(run.source, run.model_config, cfg.loop.seed, run.settings.deepspeed.torch_dtype())
     model = kernels.optimize_model(model, cfg.model, dist.device)
+    groups = param_groups.split_for_weight_decay(model, cfg.optim.no_decay_embeddings)
+    print0(groups.describe(run.settings.deepspeed.weight_decay, cfg.optim.no_decay_embeddings))
     torch.manual_seed(cfg.loop.seed + dist.rank)
-    return DeepSpeedEngine(model, run.deepspeed_config())
+    return DeepSpeedEngine(model, run.deepspeed_config(), groups.optimizer_groups()), groups
 
 
 class Trainer:
@@ -100,7 +112,7 @@ class Trainer:
         assert self.sampler.steps_per_epoch == run.steps_per_epoch, "one owner of steps per epoch: preflight"
         try:
             self.val_idx = self._validation_indices()
-            self.engine = create_engine(run, dist)
+            self.engine, self.decay_groups = create_engine(run, dist)
             self.flops_per_token = metrics.flops_per_token(
                 run.model_config, run.seq_length, metrics.matmul_parameters(self.engine.module)
             )
@@ -109,8 +121,9 @@ class Trainer:
                 self.cfg, dist, self.max_steps, run.tokens_per_step, self.flops_per_token, peak_tflops
             )
             self.batches = batches.StepBatches(run.train_blocks, self.sampler, dist.device)
+            resolved = {**run.to_dict()["resolved"], "optimizer_groups": self.decay_groups.layout()}
             self.launch = launch_record.collect(
-                self.cfg.to_dict(), run.to_dict()["resolved"], run.deepspeed_config(), dist.world_size
+                self.cfg.to_dict(), resolved, run.deepspeed_config(), dist.world_size
             )
             self.state = self._resume_or_start()
             self.s3 = self._s3_tier()
@@ -151,15 +164,19 @@ class Trainer:
             return TrainState(
                 run_id=decide_on_main(lambda: new_run_id(self.run.source.short_name), self.dist)
             )
-        weights_only = launch_record.check_resume(
-            target.path, self.run.model_config, self.run.seq_length, self.dist.world_size
+        why_weights_only = launch_record.check_resume(
+            target.path,
+            self.run.model_config,
+            self.run.seq_length,
+            self.dist.world_size,
+            self.decay_groups.layout(),
         )
+        weights_only = why_weights_only is not None
         state = TrainState.from_dict(checkpoint.load(self.engine, target, self.dist.rank, weights_only))
         if weights_only:
-            saved = launch_record.read(target.path) or {}
             warn0(
-                f"world size changed from {saved.get('world_size')} to {self.dist.world_size}: loaded the weights "
-                "only (optimizer state starts fresh; the lr schedule and data position continue)"
+                f"{why_weights_only}: loaded the weights only (optimizer state starts fresh; the lr schedule and "
+                "data position continue)"
             )
             self.engine.start_schedule_at(state.step)
         assert self.engine.optimizer_steps() == state.step, (self.engine.optimizer_steps(), state.step)
@@ -235,7 +252,8 @@ class Trainer:
                 self.s3.upload_async(final)  # in the background: training does not wait
             protect = {self.run.resume.tag} if self.run.resume else set()
             protect |= set(self.s3.pending()) if self.s3 is not None else set()
-            checkpoint.rotate(final.parent, self.cfg.checkpoint.keep_checkpoints, protect)
+            ckpt = self.cfg.checkpoint
+            checkpoint.rotate(final.parent, ckpt.keep_checkpoints, protect, ckpt.keep_every_steps)
         seconds = time.perf_counter() - started
         if self.walltime is not None:
             self.walltime.record_save(seconds)

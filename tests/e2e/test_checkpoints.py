@@ -94,6 +94,20 @@ def test_rotation_keeps_the_newest_and_the_protected(tmp_path: Path) -> None:
     assert left == ["tiny_qwen3-10steps", "tiny_qwen3-40steps", "tiny_qwen3-50steps", "tiny_qwen3-60steps"]
 
 
+def test_rotation_keeps_every_nth_step_permanently(tmp_path: Path) -> None:
+    for step in (10, 20, 30, 40, 50, 60):
+        fake_tag(tmp_path, step)
+    deleted = checkpoint.rotate(tmp_path, keep=1, protect=set(), keep_every=20)
+    assert sorted(deleted) == ["tiny_qwen3-10steps", "tiny_qwen3-30steps", "tiny_qwen3-50steps"]
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == ["tiny_qwen3-20steps", "tiny_qwen3-40steps", "tiny_qwen3-60steps"]
+    fake_tag(tmp_path, 70)
+    assert checkpoint.rotate(tmp_path, keep=1, protect=set(), keep_every=20) == []  # 60 is a multiple of 20
+    assert checkpoint.rotate(tmp_path, keep=1, protect=set(), keep_every=None) == [
+        "tiny_qwen3-60steps", "tiny_qwen3-40steps", "tiny_qwen3-20steps"
+    ]  # fmt: skip
+
+
 def _launch_tag(tmp_path: Path, world_size: int = 2, seq_length: int = 64) -> tuple[Path, object]:
     config = PRESETS["tiny-qwen3"].build_config()
     tag = fake_tag(tmp_path, 4)
@@ -110,8 +124,14 @@ def _launch_tag(tmp_path: Path, world_size: int = 2, seq_length: int = 64) -> tu
 
 def test_launch_manifest_refuses_another_architecture_or_sequence_length(tmp_path: Path) -> None:
     tag, config = _launch_tag(tmp_path)
-    assert launch_record.check_resume(tag, config, 64, world_size=2) is False
-    assert launch_record.check_resume(tag, config, 64, world_size=1) is True  # weights only
+    assert launch_record.check_resume(tag, config, 64, world_size=2) is None
+    # Weights only: another world size, or optimizer groups this checkpoint was not saved with.
+    assert launch_record.check_resume(tag, config, 64, world_size=1) == "world size changed from 2 to 1"
+    why = launch_record.check_resume(tag, config, 64, world_size=2, optimizer_groups=[[3, 100], [2, 8]])
+    assert (
+        why
+        == "the optimizer's parameter groups changed from one group (a kit before weight-decay groups) to [[3, 100], [2, 8]]"
+    )
     wider = PRESETS["tiny-qwen3"].build_config()
     wider.hidden_size = 128
     with pytest.raises(ConfigError, match="has hidden_size=64 but the model now has hidden_size=128"):
@@ -120,7 +140,7 @@ def test_launch_manifest_refuses_another_architecture_or_sequence_length(tmp_pat
         launch_record.check_resume(tag, config, 128, world_size=2)
     # A checkpoint of a kit before the resolved run: the resolved length was written into the config.
     (tag / "launch.json").write_text(json.dumps({"config": {"data": {"seq_length": 64}}, "world_size": 2}))
-    assert launch_record.check_resume(tag, config, 64, world_size=2) is False
+    assert launch_record.check_resume(tag, config, 64, world_size=2) is None
     with pytest.raises(ConfigError, match="was trained with --seq_length 64, not 128"):
         launch_record.check_resume(tag, config, 128, world_size=2)
 

@@ -206,6 +206,9 @@ def test_close_after_a_failed_step_ends_the_tracker_and_the_worker(
     """An error inside the loop still ends the tracker's run and stops the batch worker (Trainer.close in the
     entry point's finally)."""
     trainer = make_trainer(tmp_path, single_rank, 4, "--metrics_file", "none")
+    # The optimizer DeepSpeed built (ZeRO-2, CPU Adam) got the decay groups: norms and biases undecayed.
+    decays = [group["weight_decay"] for group in trainer.engine._engine.optimizer.param_groups]
+    assert decays == [0.1, 0.0], decays
     closed = []
     monkeypatch.setattr(trainer.reporter.tracker, "close", lambda: closed.append("tracker"))
     monkeypatch.setattr(
