@@ -233,10 +233,20 @@ def build_parser() -> argparse.ArgumentParser:
         "source", metavar="RUN_LOG_OR_METRICS", help="logs/NAME.out or logs/NAME.metrics.jsonl"
     )
     parser.add_argument("-o", "--output", metavar="OUT.png", help="default: beside the input, NAME.png")
+    parser.add_argument(
+        "--schedules",
+        action="store_true",
+        help="first argument: draw the four lr schedules (cosine, wsd, linear, constant) for the training flags "
+        "that follow instead of a run: dskit plot --schedules [TRAINING FLAGS] [-o OUT.png]",
+    )
     return parser
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--schedules"]:
+        from dskit import schedule_plot
+
+        return schedule_plot.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     source = Path(args.source)

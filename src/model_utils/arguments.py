@@ -22,6 +22,7 @@ from typing import Any
 
 from model_utils.errors import ConfigError
 from model_utils.presets import PRESETS, PRETRAINED_LR
+from model_utils.schedules import DECAY_TYPES, SCHEDULES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 AUTO = "auto"
@@ -129,7 +130,31 @@ class OptimArgs:
             f"peak learning rate; default: the preset's (tiny-qwen3 3e-3), else {PRETRAINED_LR:g}"
         ),
     )
-    warmup_steps: int = field(default=10, metadata=_flag("linear warm-up optimizer steps of WarmupCosineLR"))
+    lr_schedule: str = field(
+        default="cosine",
+        metadata=_flag(
+            "cosine (DeepSpeed's WarmupCosineLR), wsd (warmup-stable-decay), linear (decay to --min_lr_ratio) or "
+            "constant (DeepSpeed's WarmupLR); each warms up first"
+        ),
+    )
+    warmup_steps: int = field(default=10, metadata=_flag("linear warm-up optimizer steps"))
+    warmup_ratio: float | None = field(
+        default=None,
+        metadata=_flag("warm up over this share of the run instead of --warmup_steps, e.g. 0.01"),
+    )
+    min_lr_ratio: float = field(
+        default=0.1, metadata=_flag("the lr the decay ends at, as a share of the peak (cosine, wsd, linear)")
+    )
+    decay_fraction: float = field(
+        default=0.2, metadata=_flag("wsd: the share of the run spent decaying, at its end")
+    )
+    decay_type: str = field(
+        default="linear", metadata=_flag("wsd: the decay's shape: linear, cosine or sqrt")
+    )
+    decay_from_step: int | None = field(
+        default=None,
+        metadata=_flag("wsd: start the decay at this step (cool down from here) instead of --decay_fraction"),
+    )
     no_decay_embeddings: bool = field(
         default=False,
         metadata=_flag("exempt the embeddings from weight decay too (norm gains and biases never get it)"),
@@ -144,6 +169,22 @@ class OptimArgs:
             raise ConfigError(f"--lr {self.lr} must be positive, e.g. 5e-5")
         if self.warmup_steps < 0:
             raise ConfigError(f"--warmup_steps {self.warmup_steps} must be zero or positive")
+        if self.lr_schedule not in SCHEDULES:
+            close = difflib.get_close_matches(self.lr_schedule, SCHEDULES, n=1)
+            hint = f"did you mean {close[0]}?" if close else f"use one of {', '.join(SCHEDULES)}"
+            raise ConfigError(f"--lr_schedule {self.lr_schedule!r} is not a schedule: {hint}")
+        if self.decay_type not in DECAY_TYPES:
+            raise ConfigError(f"--decay_type {self.decay_type!r} is not one of {', '.join(DECAY_TYPES)}")
+        if self.warmup_ratio is not None and not 0 <= self.warmup_ratio < 1:
+            raise ConfigError(f"--warmup_ratio {self.warmup_ratio} is outside [0, 1): use e.g. 0.01 for 1%")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError(f"--min_lr_ratio {self.min_lr_ratio} is outside [0, 1]: use e.g. 0.1")
+        if not 0 < self.decay_fraction <= 1:
+            raise ConfigError(
+                f"--decay_fraction {self.decay_fraction} is outside (0, 1]: use e.g. 0.2 for 20%"
+            )
+        if self.decay_from_step is not None and self.decay_from_step < 0:
+            raise ConfigError(f"--decay_from_step {self.decay_from_step} must be zero or positive")
 
 
 @dataclass(frozen=True)
@@ -289,6 +330,15 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if {"epochs", "max_steps"} <= self.explicit:
             raise ConfigError("--epochs and --max_steps both given: keep one of them")
+        if {"warmup_steps", "warmup_ratio"} <= self.explicit:
+            raise ConfigError("--warmup_steps and --warmup_ratio both given: keep one of them")
+        wsd_only = sorted(
+            f"--{f}" for f in ("decay_fraction", "decay_type", "decay_from_step") if f in self.explicit
+        )
+        if wsd_only and self.optim.lr_schedule != "wsd":
+            raise ConfigError(
+                f"{' and '.join(wsd_only)} apply to --lr_schedule wsd only: add it or drop them"
+            )
         if self.data.validation_split is not None and "validation_fraction" in self.explicit:
             raise ConfigError("--validation_split and --validation_fraction both given: keep one of them")
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from model_utils import schedules
 from model_utils.arguments import AUTO, REPO_ROOT, TrainConfig
 from model_utils.errors import ConfigError
 from model_utils.presets import default_lr
@@ -31,6 +32,17 @@ MICRO_BATCH_KEY = ("train_micro_batch_size_per_gpu",)
 WARMUP_KEY = ("scheduler", "params", "warmup_num_steps")
 TOTAL_STEPS_KEY = ("scheduler", "params", "total_num_steps")
 PRECISIONS = ("bf16", "fp16")
+COSINE_TYPE = "WarmupCosineLR"
+COSINE_SECTION = {
+    "type": COSINE_TYPE,
+    "params": {
+        "warmup_min_ratio": schedules.WARMUP_MIN_RATIO,
+        "warmup_num_steps": AUTO,
+        "cos_min_ratio": AUTO,
+        "warmup_type": "linear",
+        "total_num_steps": AUTO,
+    },
+}
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,14 @@ class DeepSpeedSettings:
     precision: str  # "bf16", "fp16" or "fp32": the dtype weights are built in
     zero_stage: int
     weight_decay: float | None  # optimizer.params.weight_decay; None: the optimizer's default
+    schedule: (
+        str  # cosine, wsd, linear, constant (schedules.py), a DeepSpeed scheduler type of the file, or none
+    )
+    warmup_ratio: float | None
+    min_lr_ratio: float
+    decay_fraction: float
+    decay_type: str
+    decay_from_step: int | None
     _checked: dict[str, Any]  # DeepSpeed-validated, with placeholders for the two late values
 
     @property
@@ -57,11 +77,60 @@ class DeepSpeedSettings:
         return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[self.precision]
 
     def warmup_steps_for(self, total_steps: int) -> int | None:
-        """The schedule's warm-up for a run of total_steps: never longer than the run (a 3-step smoke test warms
-        up over its 3 steps); None when the schedule has no warm-up."""
-        if _get(self._checked, WARMUP_KEY) is None:
+        """The schedule's warm-up for a run of total_steps (--warmup_ratio of it, or --warmup_steps): never
+        longer than the run (a 3-step smoke test warms up over its 3 steps); None: the schedule has none."""
+        if self.schedule not in schedules.CLIENT_SCHEDULES and _get(self._checked, WARMUP_KEY) is None:
             return None
+        if self.warmup_ratio is not None:
+            return round(self.warmup_ratio * total_steps)
         return min(self.warmup_steps, total_steps)
+
+    def client_schedule(self, total_steps: int) -> schedules.Schedule | None:
+        """The schedule the kit runs itself (wsd, linear), None for DeepSpeed's own."""
+        if self.schedule not in schedules.CLIENT_SCHEDULES:
+            return None
+        if self.decay_from_step is not None and self.decay_from_step > total_steps:
+            raise ConfigError(
+                f"--decay_from_step {self.decay_from_step} is beyond the run's {total_steps} steps: "
+                "use a step before --max_steps"
+            )
+        warmup = self.warmup_steps_for(total_steps)
+        assert warmup is not None
+        return schedules.client_schedule(
+            self.schedule,
+            total_steps,
+            warmup,
+            self.min_lr_ratio,
+            self.decay_fraction,
+            self.decay_type,
+            self.decay_from_step,
+        )
+
+    def describe_schedule(self, total_steps: int) -> str:
+        client = self.client_schedule(total_steps)
+        if client is not None:
+            return client.describe()
+        warmup = self.warmup_steps_for(total_steps)
+        if self.schedule == "cosine":
+            return (
+                f"lr schedule cosine (DeepSpeed WarmupCosineLR): warm-up {warmup} steps, cosine decay to "
+                f"{_get(self._checked, ('scheduler', 'params', 'cos_min_ratio')):g} x peak by step {total_steps}"
+            )
+        if self.schedule == "constant":
+            return f"lr schedule constant (DeepSpeed WarmupLR): warm-up {warmup} steps, then the peak lr"
+        if self.schedule == "none":
+            return f"lr constant: {self.path} has no scheduler"
+        return f"lr schedule: {self.schedule} from {self.path}"
+
+    def lr_at(self, total_steps: int, steps: list[int]) -> list[float]:
+        """The lr each optimizer step (1-based) runs at, computed by the scheduler that trains."""
+        client = self.client_schedule(total_steps)
+        if client is not None:
+            return [self.lr * client.ratio(step - 1) for step in steps]
+        section = self.build(1, total_steps).get("scheduler")
+        if not isinstance(section, dict):
+            return [self.lr] * len(steps)
+        return schedules.deepspeed_lr_at(section, self.lr, [step - 1 for step in steps])
 
     def build(self, micro_batch_size: int, total_steps: int) -> dict[str, Any]:
         """A fresh dict for deepspeed.initialize with the micro batch and the schedule's total steps."""
@@ -69,7 +138,7 @@ class DeepSpeedSettings:
         ds = copy.deepcopy(self._checked)
         _set(ds, MICRO_BATCH_KEY, micro_batch_size)
         warmup = self.warmup_steps_for(total_steps)
-        if warmup is not None:
+        if warmup is not None and _get(ds, WARMUP_KEY) is not None:  # DeepSpeed's scheduler warms up
             _set(ds, WARMUP_KEY, warmup)
         scheduler = ds.get("scheduler")
         if isinstance(scheduler, dict) and "total_num_steps" in scheduler.get("params", {}):
@@ -145,10 +214,17 @@ def resolve(cfg: TrainConfig) -> DeepSpeedSettings:
         "lr": cfg.optim.lr if cfg.optim.lr is not None else default_lr(cfg.model.model),
         "warmup_steps": cfg.optim.warmup_steps,
     }
+    schedule = _choose_schedule(cfg, ds, path, float(flags["lr"]))
+    overrides = list(DS_OVERRIDES)
+    if schedule == "cosine":
+        flags["min_lr_ratio"] = cfg.optim.min_lr_ratio
+        overrides.append(("min_lr_ratio", ("scheduler", "params", "cos_min_ratio")))
     trains = dict(flags)
-    for flag, key_path in DS_OVERRIDES:
+    for flag, key_path in overrides:
         flag_value = flags[flag]
         key_value = _get(ds, key_path)
+        if key_path[0] == "scheduler" and schedule in schedules.CLIENT_SCHEDULES:
+            continue  # the kit's own scheduler reads the flags
         if len(key_path) > 1 and not isinstance(ds.get(key_path[0]), dict):
             # No optimizer/scheduler section: DeepSpeed would not use the value, so the flag cannot apply.
             if flag in cfg.explicit:
@@ -186,8 +262,53 @@ def resolve(cfg: TrainConfig) -> DeepSpeedSettings:
         precision=precision_of(ds),
         zero_stage=int(zero.get("stage", 0)) if isinstance(zero, dict) else 0,
         weight_decay=_weight_decay(ds),
+        schedule=schedule,
+        warmup_ratio=cfg.optim.warmup_ratio,
+        min_lr_ratio=float(trains.get("min_lr_ratio", cfg.optim.min_lr_ratio)),
+        decay_fraction=cfg.optim.decay_fraction,
+        decay_type=cfg.optim.decay_type,
+        decay_from_step=cfg.optim.decay_from_step,
         _checked=ds,
     )
+
+
+def _choose_schedule(cfg: TrainConfig, ds: dict[str, Any], path: str, lr: float) -> str:
+    """--lr_schedule against the file's scheduler section, which is changed in place to what runs.
+
+    The kit's configs hold its cosine schedule (WarmupCosineLR); another --lr_schedule replaces it. A file with a
+    scheduler of its own keeps it, and an explicit --lr_schedule beside it is an error.
+    """
+    kind, explicit = cfg.optim.lr_schedule, "lr_schedule" in cfg.explicit
+    section = ds.get("scheduler")
+    file_type = section.get("type") if isinstance(section, dict) else None
+    if file_type not in (None, COSINE_TYPE):
+        if explicit:
+            raise ConfigError(
+                f"--lr_schedule {kind} given but {path} has its own scheduler {file_type}: drop the flag or the "
+                "scheduler section"
+            )
+        return str(file_type)
+    if kind == "constant" and "min_lr_ratio" in cfg.explicit:
+        raise ConfigError("--min_lr_ratio does not apply to --lr_schedule constant: drop it")
+    if kind == "cosine":
+        if section is None:
+            if not explicit:
+                return "none"  # a config without a scheduler trains at a constant lr, as before
+            ds["scheduler"] = copy.deepcopy(COSINE_SECTION)
+        return "cosine"
+    if kind == "constant":
+        ds["scheduler"] = {
+            "type": "WarmupLR",
+            "params": {
+                "warmup_min_lr": lr * schedules.WARMUP_MIN_RATIO,
+                "warmup_max_lr": lr,
+                "warmup_num_steps": AUTO,
+                "warmup_type": "linear",
+            },
+        }
+        return "constant"
+    ds.pop("scheduler", None)  # wsd, linear: a torch scheduler handed to deepspeed.initialize
+    return kind
 
 
 class _RecordingDict(dict):

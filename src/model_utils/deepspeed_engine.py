@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.optim.lr_scheduler import LambdaLR
 
 from model_utils import startup
 
@@ -16,15 +18,18 @@ class DeepSpeedEngine:
         model: torch.nn.Module,
         ds_config: dict[str, Any],
         param_groups: list[dict[str, Any]] | None = None,
+        lr_scheduler: Callable[[Any], Any] | None = None,
     ) -> None:
         """`param_groups`: the optimizer's parameter groups (param_groups.py); default: one group of every
-        trainable parameter."""
+        trainable parameter. `lr_scheduler`: optimizer -> scheduler, for a schedule DeepSpeed has none of (the
+        config then has no scheduler section)."""
         deepspeed = startup.import_deepspeed()
         with startup.cpu_info_computed_once(), startup.schedule_start_unlogged():
             self._engine, _, _, _ = deepspeed.initialize(
                 model=model,
                 model_parameters=param_groups or [p for p in model.parameters() if p.requires_grad],
                 config=ds_config,
+                lr_scheduler=lr_scheduler,
             )
         self.module = self._engine.module
 
@@ -65,6 +70,16 @@ class DeepSpeedEngine:
         scheduler = self._engine.lr_scheduler
         if scheduler is not None and hasattr(scheduler, "last_batch_iteration"):
             scheduler.step(step)
+        elif isinstance(scheduler, LambdaLR) and scheduler.last_epoch != step:
+            # A torch scheduler counts completed steps from 0; step k+1 runs at its ratio for k.
+            scheduler.last_epoch = step
+            lrs = [
+                base * ratio(step)
+                for base, ratio in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)
+            ]
+            for group, lr in zip(scheduler.optimizer.param_groups, lrs, strict=True):
+                group["lr"] = lr
+            scheduler._last_lr = lrs
 
     def save(self, tag_dir: Path, client_state: dict[str, Any]) -> None:
         state = {

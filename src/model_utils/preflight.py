@@ -98,6 +98,20 @@ class ResolvedRun:
         assert isinstance(self.micro_batch_size, int) and self.max_steps is not None
         return self.settings.deepspeed.build(self.micro_batch_size, self.max_steps)
 
+    def _schedule(self) -> dict[str, Any]:
+        if self.max_steps is None:
+            return {}
+        ds, total = self.settings.deepspeed, self.max_steps
+        steps = {1, 2, total // 4, total // 2, 3 * total // 4, total - 1, total}
+        warmup = ds.warmup_steps_for(total)
+        if warmup:
+            steps |= {warmup, warmup + 1}
+        shown = sorted(s for s in steps if 1 <= s <= total)
+        return {
+            "lr_schedule": ds.describe_schedule(total),
+            "lr_at_step": dict(zip(shown, ds.lr_at(total, shown), strict=True)),
+        }
+
     def to_dict(self) -> dict[str, Any]:
         """The resolved run as `dskit config` prints it."""
         per_rank_open = "per rank: known when the ranks start"
@@ -115,6 +129,7 @@ class ResolvedRun:
                 "train_blocks": len(self.train_blocks),
                 "validation_blocks": None if self.val_blocks is None else len(self.val_blocks),
                 "resume_from": None if self.resume is None else str(self.resume.path),
+                **self._schedule(),
             },
             "deepspeed": self.deepspeed_config()
             if self.max_steps is not None and mb_known
@@ -250,10 +265,12 @@ def prepare(
     if max_steps is not None and isinstance(micro_batch, int):
         run.deepspeed_config()  # an explicit total_num_steps that disagrees fails here, before any rank trains
     ds = settings.deepspeed
-    if max_steps is not None and ds.warmup_steps_for(max_steps) not in (None, ds.warmup_steps):
-        print0(
-            f"Warm-up of {ds.warmup_steps} steps is longer than the run: warming up over its {max_steps} steps"
-        )
+    if max_steps is not None:
+        ds.client_schedule(max_steps)  # a --decay_from_step beyond the run fails here, before any rank trains
+        if ds.warmup_ratio is None and ds.warmup_steps_for(max_steps) not in (None, ds.warmup_steps):
+            print0(
+                f"Warm-up of {ds.warmup_steps} steps is longer than the run: warming up over its {max_steps} steps"
+            )
     return run
 
 

@@ -84,10 +84,20 @@ def create_engine(run: ResolvedRun, dist: DistInfo) -> tuple[Engine, param_group
     # Weights are identical on every rank (one seed); data order and dropout differ per rank.
     model = build_model(run.source, run.model_config, cfg.loop.seed, run.settings.deepspeed.torch_dtype())
     model = kernels.optimize_model(model, cfg.model, dist.device)
+    ds = run.settings.deepspeed
     groups = param_groups.split_for_weight_decay(model, cfg.optim.no_decay_embeddings)
-    print0(groups.describe(run.settings.deepspeed.weight_decay, cfg.optim.no_decay_embeddings))
+    print0(groups.describe(ds.weight_decay, cfg.optim.no_decay_embeddings))
+    assert run.max_steps is not None
+    print0(ds.describe_schedule(run.max_steps))
+    client = ds.client_schedule(run.max_steps)
     torch.manual_seed(cfg.loop.seed + dist.rank)
-    return DeepSpeedEngine(model, run.deepspeed_config(), groups.optimizer_groups()), groups
+    engine = DeepSpeedEngine(
+        model,
+        run.deepspeed_config(),
+        groups.optimizer_groups(),
+        lr_scheduler=None if client is None else client.lambda_lr,
+    )
+    return engine, groups
 
 
 class Trainer:

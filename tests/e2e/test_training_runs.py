@@ -133,3 +133,31 @@ def test_train_singlenode_trains_the_embedded_default_and_resumes(tmp_path: Path
         for path in set((REPO / "logs").glob("*.out")) - logs_before:
             if str(ckpt) in path.read_text(errors="replace"):
                 path.unlink()
+
+
+def test_wsd_resume_continues_the_exact_lr_and_a_new_world_size_repositions_it(
+    tmp_path: Path, data_cache: Path
+) -> None:
+    """The kit's own torch scheduler (WSD) is in the checkpoint: a 2-rank resume at step 4 continues the same
+    lr and loss as the uninterrupted run; a 1-rank resume (weights only) starts its schedule at step 4 too."""
+    wsd = ["--lr_schedule", "wsd", "--warmup_steps", "2", "--decay_fraction", "0.5"]
+    straight = tmp_path / "straight"
+    out = train([*common(data_cache, straight, tmp_path / "straight.jsonl"), *wsd], tmp_path)
+    assert "lr schedule wsd: warm-up 2 steps, stable to step 4, linear decay to 0.1 x peak by step 8" in out
+    full = metrics(tmp_path / "straight.jsonl")
+    peak = full[3]["lr"]
+    assert full[4]["lr"] == peak and full[5]["lr"] < peak and full[8]["lr"] == pytest.approx(0.1 * peak)
+    for ranks, name in ((2, "resumed"), (1, "one-rank")):
+        ckpt = tmp_path / name
+        ckpt.mkdir()
+        shutil.copytree(straight / "tiny_qwen3-4steps", ckpt / "tiny_qwen3-4steps")
+        out = train([*common(data_cache, ckpt, tmp_path / f"{name}.jsonl"), *wsd], tmp_path, nproc=ranks)
+        again = metrics(tmp_path / f"{name}.jsonl")
+        assert sorted(again) == [5, 6, 7, 8]
+        for step in again:
+            assert again[step]["lr"] == pytest.approx(full[step]["lr"], rel=1e-6), (name, step)
+        if ranks == 2:
+            for step in again:
+                assert abs(again[step]["loss"] - full[step]["loss"]) < 1e-4, (step, again[step], full[step])
+        else:
+            assert "world size changed from 2 to 1: loaded the weights only" in out

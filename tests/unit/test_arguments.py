@@ -157,7 +157,8 @@ def test_explicit_keys_win_when_no_flag_is_given(tmp_path: Path) -> None:
     ds = ds_dict(cfg, total_steps=100)
     assert ds["train_micro_batch_size_per_gpu"] == 2 and ds["gradient_accumulation_steps"] == 1
     assert ds["optimizer"]["params"]["lr"] == 5e-5
-    assert ds["scheduler"]["params"] == {"warmup_num_steps": 10, "total_num_steps": 100}
+    # The key the file leaves out is filled from its flag (--min_lr_ratio), as every absent key is.
+    assert ds["scheduler"]["params"] == {"warmup_num_steps": 10, "total_num_steps": 100, "cos_min_ratio": 0.1}
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,167 @@
+"""--lr_schedule cosine|wsd|linear|constant: the shapes, what DeepSpeed gets, and bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from model_utils import deepspeed_config, schedules
+from model_utils.arguments import parse_args
+from model_utils.errors import ConfigError
+
+W0 = schedules.WARMUP_MIN_RATIO
+
+
+def settings(*flags: str) -> deepspeed_config.DeepSpeedSettings:
+    return deepspeed_config.resolve(parse_args(["--lr", "1.0", *flags]))
+
+
+def test_wsd_warms_up_holds_then_decays_to_the_floor() -> None:
+    s = schedules.client_schedule("wsd", 100, 10, 0.1, 0.2, "linear", None)
+    assert s.decay_start == 80
+    assert s.ratio(0) == W0 and s.ratio(5) == pytest.approx(W0 + (1 - W0) * 0.5)
+    assert [s.ratio(i) for i in (10, 50, 79)] == [1.0, 1.0, 1.0]
+    assert s.ratio(80) == pytest.approx(1 - 0.9 / 20)  # the first decay step
+    assert s.ratio(89) == pytest.approx(1 - 0.9 * 0.5)
+    assert s.ratio(99) == pytest.approx(0.1) and s.ratio(150) == pytest.approx(0.1)  # stays at the floor
+    assert (
+        s.describe()
+        == "lr schedule wsd: warm-up 10 steps, stable to step 80, linear decay to 0.1 x peak by step 100"
+    )
+
+
+@pytest.mark.parametrize(
+    ("decay_type", "halfway"), [("linear", 0.5), ("cosine", 0.5), ("sqrt", math.sqrt(0.5))]
+)
+def test_wsd_decay_shapes(decay_type: str, halfway: float) -> None:
+    s = schedules.client_schedule("wsd", 100, 0, 0.0, 0.5, decay_type, None)
+    assert s.ratio(49) == 1.0 and s.ratio(99) == pytest.approx(0.0)
+    assert s.ratio(74) == pytest.approx(1 - halfway)  # progress 25/50
+    if decay_type == "cosine":
+        assert s.ratio(51) > 1 - (52 - 50) / 50  # slower than linear at the start
+
+
+def test_decay_from_step_cools_down_from_there_and_linear_decays_after_warm_up() -> None:
+    s = schedules.client_schedule("wsd", 1000, 10, 0.1, 0.2, "linear", decay_from_step=300)
+    assert s.decay_start == 300 and s.ratio(299) == 1.0 and s.ratio(999) == pytest.approx(0.1)
+    linear = schedules.client_schedule("linear", 110, 10, 0.0, 0.2, "linear", None)
+    assert linear.ratio(9) < 1 and linear.ratio(59) == pytest.approx(0.5) and linear.ratio(109) == 0.0
+
+
+def test_what_deepspeed_gets_per_schedule() -> None:
+    cosine = settings("--min_lr_ratio", "0.05").build(1, 100)["scheduler"]
+    assert cosine["type"] == "WarmupCosineLR" and cosine["params"]["cos_min_ratio"] == 0.05
+    constant = settings("--lr_schedule", "constant").build(1, 100)["scheduler"]
+    assert constant == {
+        "type": "WarmupLR",
+        "params": {
+            "warmup_min_lr": W0,
+            "warmup_max_lr": 1.0,
+            "warmup_num_steps": 10,
+            "warmup_type": "linear",
+        },
+    }
+    for kind in ("wsd", "linear"):  # DeepSpeed has no such scheduler: a torch LambdaLR runs it
+        s = settings("--lr_schedule", kind)
+        assert "scheduler" not in s.build(1, 100) and s.client_schedule(100) is not None
+    assert settings().client_schedule(100) is None
+
+
+def test_lr_at_is_what_the_scheduler_that_trains_gives() -> None:
+    steps = [1, 5, 10, 11, 55, 100]
+    cos = settings("--warmup_steps", "10").lr_at(100, steps)
+    assert cos[0] == pytest.approx(W0) and cos[-1] == pytest.approx(0.1)  # DeepSpeed's WarmupCosineLR
+    assert cos[3] == pytest.approx(1.0, abs=1e-3)
+    const = settings("--lr_schedule", "constant").lr_at(100, steps)
+    assert const[0] == pytest.approx(W0) and const[3:] == [1.0, 1.0, 1.0]
+    wsd = settings("--lr_schedule", "wsd").lr_at(100, steps)
+    assert wsd[:3] == pytest.approx(cos[:3]) and wsd[3] == 1.0  # one warm-up for every schedule
+    assert wsd[4] == 1.0 and wsd[-1] == pytest.approx(0.1)
+
+
+def test_warmup_ratio_and_a_warmup_longer_than_the_run() -> None:
+    s = settings("--warmup_ratio", "0.05")
+    assert (
+        s.warmup_steps_for(1000) == 50 and s.build(1, 1000)["scheduler"]["params"]["warmup_num_steps"] == 50
+    )
+    short = settings()  # warm-up 10
+    assert (
+        short.warmup_steps_for(3) == 3 and short.build(1, 3)["scheduler"]["params"]["warmup_num_steps"] == 3
+    )
+
+
+def test_config_prints_the_schedule_and_the_lr_at_a_few_steps(tmp_path: Path, capsys) -> None:
+    from dskit import cli
+
+    flags = ["--lr_schedule", "wsd", "--max_steps", "100", "--lr", "1e-3", "--data_cache_dir", str(tmp_path)]
+    assert cli.main(["config", *flags, "--checkpoint_dir", str(tmp_path / "ck")]) == 0
+    resolved = json.loads(capsys.readouterr().out)["resolved"]
+    assert resolved["lr_schedule"].startswith("lr schedule wsd: warm-up 10 steps, stable to step 80")
+    lrs = {int(step): lr for step, lr in resolved["lr_at_step"].items()}
+    assert (
+        lrs[1] == pytest.approx(1e-3 * W0)
+        and lrs[50] == pytest.approx(1e-3)
+        and lrs[100] == pytest.approx(1e-4)
+    )
+
+
+def test_plot_of_the_four_schedules(tmp_path: Path, capsys) -> None:
+    from dskit import cli
+    from dskit.schedule_plot import curves
+
+    out = tmp_path / "s.png"
+    flags = ["--max_steps", "40", "--warmup_steps", "4", "--decay_fraction", "0.5"]
+    assert cli.main(["plot", "--schedules", *flags, "-o", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    total, lrs = curves(flags)
+    assert total == 40 and list(lrs) == ["cosine", "wsd", "linear", "constant"]
+    assert (
+        lrs["wsd"][19] == lrs["constant"][19] and lrs["wsd"][-1] < lrs["wsd"][19]
+    )  # decays over the last 20
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--lr_schedule", "wds"], "--lr_schedule 'wds' is not a schedule: did you mean wsd?"),
+        (["--lr_schedule", "wsd", "--decay_fraction", "0"], "--decay_fraction 0.0 is outside (0, 1]"),
+        (["--lr_schedule", "wsd", "--decay_fraction", "1.5"], "is outside (0, 1]"),
+        (
+            ["--lr_schedule", "wsd", "--decay_type", "exp"],
+            "--decay_type 'exp' is not one of linear, cosine, sqrt",
+        ),
+        (["--decay_fraction", "0.3"], "--decay_fraction apply to --lr_schedule wsd only"),
+        (["--warmup_steps", "5", "--warmup_ratio", "0.1"], "--warmup_steps and --warmup_ratio both given"),
+        (["--min_lr_ratio", "1.5"], "--min_lr_ratio 1.5 is outside [0, 1]"),
+        (["--lr_schedule", "wsd", "--decay_from_step", "-1"], "must be zero or positive"),
+    ],
+)
+def test_bad_schedule_flags_are_one_line(flags: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_args(flags)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_bad_schedule_combinations_found_when_resolving(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not apply to --lr_schedule constant"):
+        settings("--lr_schedule", "constant", "--min_lr_ratio", "0.2")
+    own = tmp_path / "ds.json"
+    own.write_text(
+        json.dumps(
+            {
+                "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
+                "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 5}},
+            }
+        )
+    )
+    with pytest.raises(
+        ConfigError, match="has its own scheduler WarmupLR: drop the flag or the scheduler section"
+    ):
+        settings("--deepspeed_config", str(own), "--lr_schedule", "wsd")
+    assert settings("--deepspeed_config", str(own)).schedule == "WarmupLR"  # the file's own, without the flag
+    s = settings("--lr_schedule", "wsd", "--decay_from_step", "150")
+    with pytest.raises(ConfigError, match="--decay_from_step 150 is beyond the run's 100 steps"):
+        s.client_schedule(100)
