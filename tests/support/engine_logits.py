@@ -47,7 +47,8 @@ def main() -> None:
     ds_config = settings.deepspeed.build(micro_batch_size=1, total_steps=cfg.loop.max_steps)
     model = build_model(settings.source, settings.model_config, cfg.loop.seed, torch.bfloat16)
     engine = DeepSpeedEngine(model, ds_config)
-    state = engine.load(Path(args.checkpoint_dir) / args.tag, weights_only=False)
+    # Weights only: the logits need no optimizer state (whose parameter groups this engine does not share).
+    state = engine.load(Path(args.checkpoint_dir) / args.tag, weights_only=True)
     assert state is not None, f"no checkpoint loaded from {args.checkpoint_dir}/{args.tag}"
     batch = fixed_batch(load_tokenizer(settings.source, None))
     engine.eval()
