@@ -202,14 +202,19 @@ def render(run: RunSeries, out: Path) -> None:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         fig.suptitle(f"{run.run_id} ({run.source.name})" if run.run_id else run.source.name)
         fig.tight_layout()
-        partial = out.with_name(f".{out.name}.partial")
-        try:
-            fig.savefig(partial, format="png", dpi=100)
-            os.replace(partial, out)
-        finally:
-            partial.unlink(missing_ok=True)
+        save_png(fig, out)
     finally:
         plt.close(fig)
+
+
+def save_png(fig: Any, out: Path) -> None:
+    """Through a temp file and a rename: a failed write leaves any earlier plot at `out` as it was."""
+    partial = out.with_name(f".{out.name}.partial")
+    try:
+        fig.savefig(partial, format="png", dpi=100)
+        os.replace(partial, out)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def _check_output(out: Path, inputs: tuple[Path, ...]) -> None:

@@ -6,9 +6,9 @@ cosine and constant, the kit's for wsd and linear): the same values `dskit confi
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from dskit.plot import save_png
 from model_utils import deepspeed_config
 from model_utils.arguments import parse_args
 from model_utils.errors import ConfigError, first_line
@@ -81,16 +81,12 @@ def main(argv: list[str]) -> int:
         ax.set_title("dskit lr schedules: " + (" ".join(flags) or "default flags"))
         ax.legend()
         fig.tight_layout()
-        partial = out.with_name(f".{out.name}.partial")
         try:
-            fig.savefig(partial, format="png", dpi=100)
-            os.replace(partial, out)
+            save_png(fig, out)
         except OSError as err:
             raise ConfigError(
                 f"cannot write {out}: {first_line(err)}: choose a writable output (-o)"
             ) from err
-        finally:
-            partial.unlink(missing_ok=True)
     finally:
         plt.close(fig)
     print(f"wrote {out}: {', '.join(lrs)} over {total} steps")

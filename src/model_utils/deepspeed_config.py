@@ -139,6 +139,11 @@ class DeepSpeedSettings:
         _set(ds, MICRO_BATCH_KEY, micro_batch_size)
         warmup = self.warmup_steps_for(total_steps)
         if warmup is not None and _get(ds, WARMUP_KEY) is not None:  # DeepSpeed's scheduler warms up
+            if warmup < 1:  # DeepSpeed's warm-up schedulers raise on 0 inside deepspeed.initialize
+                raise ConfigError(
+                    f"a warm-up of {warmup} steps: DeepSpeed's {ds['scheduler'].get('type')} needs at least 1: "
+                    "raise --warmup_steps or --warmup_ratio, or use --lr_schedule wsd or linear"
+                )
             _set(ds, WARMUP_KEY, warmup)
         scheduler = ds.get("scheduler")
         if isinstance(scheduler, dict) and "total_num_steps" in scheduler.get("params", {}):
@@ -242,6 +247,7 @@ def resolve(cfg: TrainConfig) -> DeepSpeedSettings:
             )
         else:
             trains[flag] = type(flag_value)(key_value) if flag_value != AUTO else int(key_value)
+    _check_schedule_flags_apply(cfg, ds, path, schedule)
     file_total = _get(ds, TOTAL_STEPS_KEY)
     if file_total is not None:
         if file_total != AUTO and not (isinstance(file_total, int) and file_total >= 1):
@@ -272,6 +278,19 @@ def resolve(cfg: TrainConfig) -> DeepSpeedSettings:
     )
 
 
+def _check_schedule_flags_apply(cfg: TrainConfig, ds: dict[str, Any], path: str, schedule: str) -> None:
+    """A schedule flag the chosen schedule would not read is an error, never silently ignored."""
+    where = {
+        "constant": "--lr_schedule constant",
+        "none": f"{path}, which has no scheduler",
+    }.get(schedule, f"{path}'s own scheduler {schedule}")
+    if "min_lr_ratio" in cfg.explicit and schedule not in ("cosine", *schedules.CLIENT_SCHEDULES):
+        raise ConfigError(f"--min_lr_ratio does not apply to {where}: drop it")
+    has_warmup = schedule in schedules.CLIENT_SCHEDULES or _get(ds, WARMUP_KEY) is not None
+    if "warmup_ratio" in cfg.explicit and not has_warmup:
+        raise ConfigError(f"--warmup_ratio does not apply to {where} (no warm-up): drop it")
+
+
 def _choose_schedule(cfg: TrainConfig, ds: dict[str, Any], path: str, lr: float) -> str:
     """--lr_schedule against the file's scheduler section, which is changed in place to what runs.
 
@@ -288,8 +307,6 @@ def _choose_schedule(cfg: TrainConfig, ds: dict[str, Any], path: str, lr: float)
                 "scheduler section"
             )
         return str(file_type)
-    if kind == "constant" and "min_lr_ratio" in cfg.explicit:
-        raise ConfigError("--min_lr_ratio does not apply to --lr_schedule constant: drop it")
     if kind == "cosine":
         if section is None:
             if not explicit:

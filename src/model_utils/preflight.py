@@ -103,11 +103,12 @@ class ResolvedRun:
             return {}
         ds, total = self.settings.deepspeed, self.max_steps
         steps = {1, 2, total // 4, total // 2, 3 * total // 4, total - 1, total}
-        warmup = ds.warmup_steps_for(total)
+        warmup = ds.warmup_steps_for(total)  # what runs: --warmup_ratio of the run, at most the run
         if warmup:
             steps |= {warmup, warmup + 1}
         shown = sorted(s for s in steps if 1 <= s <= total)
         return {
+            "warmup_steps": warmup,
             "lr_schedule": ds.describe_schedule(total),
             "lr_at_step": dict(zip(shown, ds.lr_at(total, shown), strict=True)),
         }

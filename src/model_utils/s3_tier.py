@@ -86,7 +86,7 @@ def _folder(prefix: str) -> str:
     return f"{prefix}/" if prefix else ""
 
 
-def _describe(exc: BaseException) -> str:
+def describe_error(exc: BaseException) -> str:
     """A short, secret-free reason: the S3 error code and message, never the request or the client."""
     if isinstance(exc, S3UploadFailedError) and isinstance(exc.__context__, ClientError):
         exc = exc.__context__
@@ -115,10 +115,6 @@ def error_kind(exc: BaseException) -> str:
     if isinstance(exc, BotoCoreError):
         return "unreachable"
     return "other"
-
-
-def describe_error(exc: BaseException) -> str:
-    return _describe(exc)
 
 
 def _is_permanent(exc: BaseException) -> bool:
@@ -189,7 +185,7 @@ class S3Tier:
             )
         if kind == "unreachable":
             return ConfigError(
-                f"cannot reach S3 for bucket {self.bucket} ({_describe(exc)}): check the network and AWS_ENDPOINT_URL"
+                f"cannot reach S3 for bucket {self.bucket} ({describe_error(exc)}): check the network and AWS_ENDPOINT_URL"
             )
         if kind in ("no_bucket", "not_found"):  # head_bucket answers a missing bucket with a bare 404
             return ConfigError(
@@ -198,7 +194,7 @@ class S3Tier:
         if kind == "denied":
             return ConfigError(f"no access to S3 bucket {self.bucket}: check the credentials/role")
         return ConfigError(
-            f"S3 bucket {self.bucket} is not usable ({_describe(exc)}): fix --s3_checkpoint_uri"
+            f"S3 bucket {self.bucket} is not usable ({describe_error(exc)}): fix --s3_checkpoint_uri"
         )
 
     # ---------------------------------------------------------------- retries
@@ -208,11 +204,11 @@ class S3Tier:
                 return fn()
             except (BotoCoreError, ClientError, S3UploadFailedError, OSError) as exc:
                 if attempt == self.file_attempts or _is_permanent(exc):
-                    raise S3TransferError(f"{what} failed: {_describe(exc)}") from None
+                    raise S3TransferError(f"{what} failed: {describe_error(exc)}") from None
                 # exponential backoff with jitter, so N nodes retrying do not hit S3 in lockstep
                 delay = self.backoff_s * 2 ** (attempt - 1) * random.uniform(0.5, 1.0)
                 warn0(
-                    f"{what} failed ({_describe(exc)}); retry {attempt}/{self.file_attempts - 1} in {delay:.1f}s"
+                    f"{what} failed ({describe_error(exc)}); retry {attempt}/{self.file_attempts - 1} in {delay:.1f}s"
                 )
                 time.sleep(delay)
         raise AssertionError("unreachable")
@@ -268,7 +264,7 @@ class S3Tier:
             except Exception as exc:  # the thread must survive to upload the next tag
                 with self._cond:
                     self.failed_tags.append(tag_dir.name)
-                warn0(f"S3 upload of checkpoint {tag_dir.name} failed: {_describe(exc)}")
+                warn0(f"S3 upload of checkpoint {tag_dir.name} failed: {describe_error(exc)}")
             finally:
                 with self._cond:
                     self._pending.remove(tag_dir.name)
@@ -451,7 +447,7 @@ def fetch_dataset(uri: str, cache_dir: Path) -> Path:
             raise ConfigError(f"S3 bucket {bucket} does not exist: fix the dataset URI {uri}") from None
         if kind == "denied":
             raise ConfigError(f"no access to {uri}: check the credentials/role") from None
-        raise S3TransferError(f"reading {uri} failed: {_describe(exc)}") from None
+        raise S3TransferError(f"reading {uri} failed: {describe_error(exc)}") from None
 
 
 def _mirror(client: Any, uri: str, bucket: str, prefix: str, dest: Path, state_path: Path) -> Path:

@@ -165,3 +165,24 @@ def test_bad_schedule_combinations_found_when_resolving(tmp_path: Path) -> None:
     s = settings("--lr_schedule", "wsd", "--decay_from_step", "150")
     with pytest.raises(ConfigError, match="--decay_from_step 150 is beyond the run's 100 steps"):
         s.client_schedule(100)
+
+
+def test_schedule_flags_a_config_without_a_scheduler_would_ignore_are_errors(tmp_path: Path) -> None:
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps({"optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}))
+    assert settings("--deepspeed_config", str(bare)).schedule == "none"
+    for flag, value in (("--min_lr_ratio", "0.2"), ("--warmup_ratio", "0.1")):
+        with pytest.raises(
+            ConfigError, match=f"{flag} does not apply to .*bare.json, which has no scheduler"
+        ):
+            settings("--deepspeed_config", str(bare), flag, value)
+
+
+def test_a_zero_warmup_under_deepspeeds_scheduler_is_one_line() -> None:
+    """DeepSpeed's WarmupCosineLR raises on a 0-step warm-up inside deepspeed.initialize; the kit says so first.
+    Its own schedules need none."""
+    with pytest.raises(
+        ConfigError, match="a warm-up of 0 steps: DeepSpeed's WarmupCosineLR needs at least 1"
+    ):
+        settings("--warmup_ratio", "0.001").build(1, 100)
+    assert settings("--lr_schedule", "wsd", "--warmup_steps", "0").lr_at(10, [1]) == [1.0]
