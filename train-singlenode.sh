@@ -24,7 +24,8 @@ die() {
   exit 2
 }
 
-# The locked environment (uv sync --frozen), bootstrapping uv with pip on first use.
+# The locked environment (uv sync --frozen), bootstrapping uv with pip on first use. Several jobs may sync at
+# once: uv locks the environment, so they take turns.
 sync_env() {
   local uv_cmd
   if command -v uv >/dev/null 2>&1; then

@@ -9,6 +9,8 @@ it would time). It runs first: Liger patches transformers' modeling code for the
 
 One process, one device. Numbers are from this machine and these steps only; on CPU the table shows that the
 path works, not how fast a GPU is.
+
+`--data SOURCE` (or `--make_corpus PATH`) runs the data benchmark of data_bench.py instead.
 """
 
 from __future__ import annotations
@@ -82,7 +84,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--peak_tflops", type=float, help="the device's dense bf16 peak for MFU (default: known GPUs)"
     )
     p.add_argument("--json", metavar="OUT", help="also write the table as JSON to OUT")
+    data = p.add_argument_group("data benchmark, instead of training (dskit bench --data SOURCE --help)")
+    data.add_argument(
+        "--data",
+        metavar="SOURCE",
+        help="time `dskit prepare-data SOURCE` at 1, 2 and N processes and the read path from its shards",
+    )
+    data.add_argument(
+        "--make_corpus", metavar="PATH", help="write a benchmark corpus of Python sources as JSON lines"
+    )
     return p
+
+
+# The flags that make `dskit bench` the data benchmark: it has its own parser and never imports DeepSpeed.
+DATA_BENCH_FLAGS = ("--data", "--make_corpus")
 
 
 @dataclass
@@ -395,6 +410,10 @@ def format_table(rows: list[Row]) -> str:
 
 
 def main(argv: list[str]) -> int:
+    if any(arg.split("=", 1)[0] in DATA_BENCH_FLAGS for arg in argv):
+        from dskit import data_bench
+
+        return data_bench.main(argv)
     ns = build_parser().parse_args(argv)
     startup.import_deepspeed()
     from deepspeed.accelerator import get_accelerator

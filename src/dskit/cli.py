@@ -89,14 +89,21 @@ COMMANDS = {
         _config,
         "print the resolved run for these training flags (config and derived values), as JSON",
     ),
-    "prepare": (_prepare, "check training flags, model, tokenizer and data, and build the packed-data cache"),
+    "prepare": (
+        _prepare,
+        "check training flags, model, tokenizer and data, and prepare a small dataset into the cache",
+    ),
+    "prepare-data": (
+        _module_main("prepare_data"),
+        "tokenize a dataset once, in parallel, into token shards for --dataset (OUT --dataset SOURCE)",
+    ),
     "preflight": (
         _preflight,
         "dskit doctor, then dskit prepare, in one process: what the launchers run before the ranks start",
     ),
     "render": (
         _render,
-        "write train.sbatch and train-singlenode.sh from templates/ (--values FILE, --set k=v)",
+        "write train.sbatch, train-singlenode.sh and prepare-data.sbatch from templates/ (--values FILE, --set k=v)",
     ),
     "export": (
         _module_main("export"),

@@ -1,10 +1,11 @@
-"""`dskit render`: write train.sbatch and train-singlenode.sh from templates/ and one set of launch values.
+"""`dskit render`: write train.sbatch, train-singlenode.sh and prepare-data.sbatch from templates/ and one set of
+launch values.
 
 Values come from the defaults in `LaunchValues`, then an optional values file (YAML or TOML), then
 `--set key=value` overrides. Every value that reaches the shell goes through the `sq` filter (shlex.quote), and
 values that land in `#SBATCH` lines (which sbatch parses without a shell) are restricted to safe characters, so a
-hostile value cannot run anything. Both scripts are rendered before either is written: bad input never leaves a
-half-updated pair behind.
+hostile value cannot run anything. Every script is rendered before any is written: bad input never leaves a
+half-updated set behind.
 """
 
 from __future__ import annotations
@@ -29,8 +30,12 @@ from model_utils.errors import CommandParser, ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE_DIR = REPO_ROOT / "templates"
-# output file name -> template name
+# output file name -> template name. SCRIPTS: the training launchers (each runs `dskit preflight`, then torchrun).
 SCRIPTS = {"train.sbatch": "train.sbatch.j2", "train-singlenode.sh": "train-singlenode.sh.j2"}
+# The SLURM array job that tokenizes a dataset on CPU nodes (`dskit prepare-data`) for the launchers to train on.
+DATA_SCRIPTS = {"prepare-data.sbatch": "prepare-data.sbatch.j2"}
+# Everything `dskit render` writes.
+RENDERED = {**SCRIPTS, **DATA_SCRIPTS}
 REGENERATE = ".venv/bin/dskit render [--values FILE] [--set key=value ...]"
 
 # Values written into #SBATCH lines are parsed by sbatch, not by a shell: keep them to characters that need no
@@ -44,6 +49,14 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 EFA_MODES = ("auto", "on", "off")
 # --signal=B:USR1@N takes at most 65535 seconds
 MAX_SIGNAL_LEAD_S = 65535
+# prepare-data flags not taken in prepare_args: the array's share (set by the script) and those with their own value
+PREPARE_ARGS_OWNED = {
+    "--task_index": "each array task sets its own: drop it",
+    "--num_tasks": "the array's size sets it: use prepare_tasks",
+    "--dataset": "use prepare_dataset",
+    "--model": "use model (training's too, so both use one tokenizer)",
+    "--tokenizer": "use prepare_tokenizer",
+}
 
 
 @dataclass(frozen=True)
@@ -72,7 +85,18 @@ class LaunchValues:
     dataset: str | None = None
     dataset_config_name: str | None = None
     local_dataset: bool | None = None
+    # also the model whose tokenizer prepare-data.sbatch tokenizes with, so the prepared data fits the training
     model: str | None = None
+    # prepare-data.sbatch: an array job on CPU nodes that tokenizes prepare_dataset into prepared_dir
+    prepare_partition: str | None = None  # the CPU nodes' partition (None: the cluster's default partition)
+    prepare_tasks: int = 4  # the array's size: each task tokenizes every prepare_tasks-th unit of the source
+    prepare_cpus_per_task: int = 8  # one tokenizer process per CPU
+    prepare_time_limit: str | None = None
+    prepare_dataset: str | None = None  # the source (None: prepare-data's default, the embedded corpus)
+    prepared_dir: str = "data/prepared"  # the output: train on it with dataset (or DATASET=) set to this
+    prepare_tokenizer: str | None = None  # None: the model's tokenizer
+    # more prepare-data flags, as shell words, e.g. "--unit_mb 64 --text_field content"
+    prepare_args: str | None = None
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -90,14 +114,16 @@ class LaunchValues:
             raise ConfigError(
                 f"job_name {self.job_name!r} must be letters, digits, '.', '_' or '-' (it names the log files)"
             )
-        for name in ("partition", "account"):
+        for name in ("partition", "account", "prepare_partition"):
             value = getattr(self, name)
             if value is not None and not _SLURM_LIST.fullmatch(value):
                 raise ConfigError(f"{name} {value!r} must be letters, digits, '.', '_', '-' or ','")
-        if self.time_limit is not None and not _TIME.fullmatch(self.time_limit):
-            raise ConfigError(
-                f"time_limit {self.time_limit!r} is not a SLURM time: use e.g. 90, 12:00:00 or 2-00:00:00"
-            )
+        for name in ("time_limit", "prepare_time_limit"):
+            value = getattr(self, name)
+            if value is not None and not _TIME.fullmatch(value):
+                raise ConfigError(
+                    f"{name} {value!r} is not a SLURM time: use e.g. 90, 12:00:00 or 2-00:00:00"
+                )
         if not _CUDA.fullmatch(self.cuda_version):
             raise ConfigError(f"cuda_version {self.cuda_version!r} must look like 12.8")
         if self.efa not in EFA_MODES:
@@ -118,13 +144,37 @@ class LaunchValues:
                 raise ConfigError(
                     f"{name} = {value}: use at least 1, or leave it out for the trainer's default"
                 )
+        for name in ("prepare_tasks", "prepare_cpus_per_task"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} = {getattr(self, name)}: use at least 1")
         for name in ("container_image", "dataset", "dataset_config_name", "model"):
+            value = getattr(self, name)
+            if value is not None and not value.strip():
+                raise ConfigError(f"{name} is empty: give a value or leave the key out")
+        for name in ("prepare_dataset", "prepared_dir", "prepare_tokenizer", "prepare_args"):
             value = getattr(self, name)
             if value is not None and not value.strip():
                 raise ConfigError(f"{name} is empty: give a value or leave the key out")
         for name, value in self.strings():
             if any(ord(c) < 32 for c in value):
                 raise ConfigError(f"{name} contains a control character (newline, tab, ...): remove it")
+        self.prepare_arg_words()
+
+    def prepare_arg_words(self) -> list[str]:
+        """prepare_args as the words the shell would see (each rendered quoted, so nothing in them runs)."""
+        if self.prepare_args is None:
+            return []
+        try:
+            words = shlex.split(self.prepare_args)
+        except ValueError as e:
+            raise ConfigError(
+                f"prepare_args {self.prepare_args!r} is not valid shell words ({e}): fix its quoting"
+            ) from None
+        for word in words:
+            flag = word.partition("=")[0]
+            if flag in PREPARE_ARGS_OWNED:
+                raise ConfigError(f"prepare_args sets {flag}: {PREPARE_ARGS_OWNED[flag]}")
+        return words
 
     def strings(self) -> list[tuple[str, str]]:
         out = [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
@@ -291,8 +341,13 @@ def render_scripts(values: LaunchValues) -> dict[str, str]:
     """Output file name -> script text."""
     env = _environment()
     training_env = [(var, flag, getattr(values, flag)) for var, flag in TRAINING_ENV]
-    context = {"v": values, "regenerate": REGENERATE, "training_env": training_env}
-    return {name: env.get_template(template).render(context) for name, template in SCRIPTS.items()}
+    context = {
+        "v": values,
+        "regenerate": REGENERATE,
+        "training_env": training_env,
+        "prepare_args": values.prepare_arg_words(),
+    }
+    return {name: env.get_template(template).render(context) for name, template in RENDERED.items()}
 
 
 def write_scripts(scripts: dict[str, str], out_dir: Path) -> list[Path]:
@@ -317,7 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
     keys = ", ".join(f"{n} (default {FIELDS[n].default!r})" for n in FIELDS if n != "env")
     parser = CommandParser(
         prog="dskit render",
-        description="Write train.sbatch and train-singlenode.sh from templates/ and launch values.",
+        description="Write train.sbatch, train-singlenode.sh and prepare-data.sbatch from templates/ and launch "
+        "values.",
         epilog=f"keys: {keys}, env.NAME (extra environment for the ranks)",
     )
     parser.add_argument(

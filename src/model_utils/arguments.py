@@ -67,8 +67,9 @@ class DataArgs:
     dataset: str = field(
         default="embedded",
         metadata=_flag(
-            "'embedded' (the shipped corpus), a local save_to_disk dir, a local .txt/.json/.jsonl/.parquet file "
-            "or dir of them, or a Hugging Face hub dataset name"
+            "a dir made by `dskit prepare-data`, 'embedded' (the shipped corpus), a local save_to_disk dir, a "
+            "local .txt/.json/.jsonl/.parquet/.csv file or dir of them, an s3:// prefix, or a Hugging Face hub "
+            "dataset name"
         ),
     )
     dataset_config_name: str | None = field(
@@ -98,8 +99,19 @@ class DataArgs:
     data_cache_dir: str = field(
         default=".cache/data", metadata=_flag("where tokenized and packed data is cached between runs")
     )
+    unprepared_limit_mb: int = field(
+        default=256,
+        metadata=_flag(
+            "largest dataset (MB of source) tokenized by the launch itself; a larger one must be prepared "
+            "first with `dskit prepare-data`, in parallel, instead of on the batch host while the GPUs wait"
+        ),
+    )
 
     def __post_init__(self) -> None:
+        if self.unprepared_limit_mb < 0:
+            raise ConfigError(
+                f"--unprepared_limit_mb {self.unprepared_limit_mb} is negative: use a size in MB"
+            )
         if not 0.0 <= self.validation_fraction < 1.0:
             raise ConfigError(
                 f"--validation_fraction {self.validation_fraction} is outside [0, 1): use e.g. 0.02 for 2%"
@@ -412,6 +424,13 @@ def build_parser(prog: str = "train_deepspeed.py") -> argparse.ArgumentParser:
                 help=f"{f.metadata['help']} (default: {default})",
             )
     return parser
+
+
+def field_help(cls: type, name: str) -> dict[str, Any]:
+    """argparse keywords for a config field reused by a `dskit` command: its type and help, unset by default."""
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    hint = typing.get_type_hints(cls)[name]
+    return {"type": _converter(hint), "help": f"{f.metadata['help']} (default: {f.default})"}
 
 
 def _reject_unknown_flags(argv: list[str], known: set[str]) -> None:

@@ -1,6 +1,6 @@
 """A step's micro-batches on the device, gathered one step ahead so the device never waits for data.
 
-The packed blocks are a memory-mapped array (concat_dataset.packed_blocks), so a batch is a gather of rows: no
+The blocks are read from memory-mapped token shards (token_shards.TokenBlocks), so a batch is a gather of rows: no
 tokenization or collation is left to do at training time, and one background thread is enough of a
 "DataLoader worker" to keep the next step's rows read (from the page cache or a shared filesystem) while the
 device computes. On CUDA the rows land in pinned host memory and are copied without blocking, so the copy

@@ -1,9 +1,10 @@
-"""Documents -> tokens -> fixed-length blocks, and the sharded, resumable order in which ranks read them.
+"""The token blocks a run reads, and the sharded, resumable order in which ranks read them.
 
-Packing: every document is tokenized (fast tokenizer, batched `datasets.map`), gets an EOS appended, and the
-documents are concatenated into one stream cut into blocks of `seq_length` tokens. Nothing is padded and no
-document is truncated; only the stream's final partial block is dropped. Packed blocks are cached on disk, keyed
-by the dataset's fingerprint, the tokenizer and the block length, so a second run neither tokenizes nor packs.
+Which blocks: a dataset prepared by `dskit prepare-data` (token shards + manifest, see token_shards.py) is read
+as it is; any other dataset small enough (--unprepared_limit_mb) is prepared the same way, in this process, into
+--data_cache_dir, keyed by its content, the tokenizer and the options, so a second run neither reads nor
+tokenizes it again. Documents are concatenated with an EOS after each and cut into blocks of --seq_length
+tokens: nothing is padded, no document truncated, only the final partial block of the stream is unused.
 
 Order: each epoch is a permutation of the blocks, seeded by (seed, epoch). An optimizer step consumes one global
 batch (micro batch x accumulation x data-parallel ranks) of consecutive permuted blocks; rank r reads its own
@@ -14,226 +15,148 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
+import shlex
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from model_utils.errors import ConfigError, first_line
+from model_utils import documents, token_shards
+from model_utils.documents import EMBEDDED
+from model_utils.errors import ConfigError
 from model_utils.log import print0
+from model_utils.token_shards import PreparedDataset, TokenizerSpec
 
-PACKING_VERSION = 1  # bump when the packed layout changes, so stale caches are not reused
-_TEXT_SUFFIXES = {".txt": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
-EMBEDDED = "embedded"
-
-
-# --- loading documents ----------------------------------------------------------------------------------
+# --- which blocks ---------------------------------------------------------------------------------------
 
 
-def _datasets() -> Any:
-    """The datasets module, with its progress bars off: they flood log files; we print one summary line."""
+def _prepared_dir(data: Any) -> Path | None:
+    if data.dataset in (EMBEDDED,) or data.dataset.startswith("s3://") or not documents.is_local(data):
+        return None
+    path = Path(data.dataset).expanduser()
+    return path if path.is_dir() and token_shards.state(path) is not None else None
+
+
+def _prepare_command(data: Any, tokenizer_name: str) -> str:
+    args = ["dskit", "prepare-data", "PREPARED_DIR", "--dataset", data.dataset, "--tokenizer", tokenizer_name]
+    for flag in ("dataset_config_name", "text_field", "validation_split"):
+        if getattr(data, flag) is not None and getattr(data, flag) != "text":
+            args += [f"--{flag}", str(getattr(data, flag))]
+    return shlex.join(args)
+
+
+def _hub_size(data: Any) -> int | None:
     import datasets
 
-    datasets.disable_progress_bars()
-    return datasets
-
-
-def _is_saved_dataset(path: Path) -> bool:
-    return (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
-
-
-def _files_builder(path: Path) -> tuple[str, list[str]]:
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix in _TEXT_SUFFIXES)
-    suffixes = {p.suffix for p in files}
-    if not files or not suffixes <= set(_TEXT_SUFFIXES):
-        raise ConfigError(
-            f"dataset {path} is not a save_to_disk dir nor .txt/.json/.jsonl/.parquet/.csv data: "
-            "point --dataset at one of those"
-        )
-    builders = {_TEXT_SUFFIXES[s] for s in suffixes}
-    if len(builders) > 1:
-        raise ConfigError(
-            f"dataset dir {path} mixes file types {sorted(suffixes)}: keep one kind per dataset"
-        )
-    return builders.pop(), [str(p) for p in files]
-
-
-def _load_local(path: Path, split: str) -> Any:
-    datasets = _datasets()
-
-    if path.is_dir() and _is_saved_dataset(path):
-        loaded = datasets.load_from_disk(str(path))
-        if isinstance(loaded, datasets.DatasetDict):
-            if split not in loaded:
-                raise ConfigError(
-                    f"dataset {path} has no split {split!r} (splits: {', '.join(loaded)}): "
-                    "pass --train_split/--validation_split"
-                )
-            return loaded[split]
-        if split != "train":
-            raise ConfigError(f"dataset {path} is a single split, so split {split!r} does not exist")
-        return loaded
-    builder, files = _files_builder(path)
-    if split != "train":
-        raise ConfigError(f"local files {path} form a single split, so split {split!r} does not exist")
-    if all(Path(f).stat().st_size == 0 for f in files):
-        raise ConfigError(f"dataset {path} is empty: point --dataset at files with documents")
-    # Plain text: blank-line separated paragraphs are the documents (one line each would cut sentences apart).
-    extra = {"sample_by": "paragraph"} if builder == "text" else {}
     try:
-        return datasets.load_dataset(builder, data_files=files, split="train", **extra)
-    except (ValueError, TypeError, StopIteration, datasets.exceptions.DatasetGenerationError) as e:
-        reason = first_line(e)
-        raise ConfigError(
-            f"could not read dataset {path} as {builder} ({reason}): check the file format"
-        ) from None
+        info = datasets.load_dataset_builder(data.dataset, data.dataset_config_name).info
+    except Exception:
+        return None
+    split = (info.splits or {}).get(data.train_split)
+    return getattr(split, "num_bytes", None) or info.dataset_size
 
 
-def _load_hub(name: str, config_name: str | None, split: str) -> Any:
-    datasets = _datasets()
-
-    try:
-        return datasets.load_dataset(name, config_name, split=split)
-    except (ValueError, OSError, ConnectionError) as e:  # datasets wraps network and missing-split errors so
-        reason = first_line(e)
-        raise ConfigError(
-            f"could not load dataset {name!r} split {split!r} from the Hugging Face hub ({reason}): "
-            "check the name and network access, or give a local path with --local_dataset true"
-        ) from None
-
-
-def is_local_dataset(data: Any) -> bool:
-    """--dataset names a local path (--local_dataset true, or it exists, or it looks like a path), not a hub
-    dataset. ('embedded' and s3:// URIs are decided before this.)"""
-    if data.local_dataset is not None:
-        return bool(data.local_dataset)
-    return Path(data.dataset).expanduser().exists() or data.dataset.startswith(("/", ".", "~"))
-
-
-def load_split(data: Any, split: str) -> Any:
-    """One split of the configured dataset, as a `datasets.Dataset`."""
-    from model_utils.assets import CORPUS_PATH
-
+def _check_size(data: Any, tokenizer_name: str) -> None:
+    """Refuse to tokenize a large dataset on the batch host while the GPU nodes wait: that is prepare-data's job."""
+    limit = data.unprepared_limit_mb * 2**20
     name = data.dataset
     if name == EMBEDDED:
-        return _load_local(CORPUS_PATH, split) if split == "train" else _missing_split(name, split)
-    path = Path(name).expanduser()
-    if is_local_dataset(data):
-        if not path.exists():
+        return
+    if name.startswith("s3://"):
+        from model_utils import s3_tier
+
+        size: int | None = sum(size for _, size, _ in s3_tier.list_objects(name)[1])
+    elif documents.is_local(data):
+        path = Path(name).expanduser()
+        size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else None
+        size = path.stat().st_size if path.is_file() else size
+        if size is None:
+            return  # missing: planning says so
+    else:
+        size = _hub_size(data)
+    command = _prepare_command(data, tokenizer_name)
+    if size is None:
+        raise ConfigError(
+            f"hub dataset {name}: its size is unknown before reading it, so it is not tokenized here: prepare it "
+            f"once with `{command}` and pass --dataset PREPARED_DIR (or raise --unprepared_limit_mb past its size)"
+        )
+    if size > limit:
+        raise ConfigError(
+            f"dataset {name} is {size / 2**20:,.0f} MB, over --unprepared_limit_mb {data.unprepared_limit_mb}: "
+            f"prepare it once, in parallel, with `{command}` and pass --dataset PREPARED_DIR"
+        )
+
+
+def _cache_key(record: dict[str, Any]) -> str:
+    identity = {k: v for k, v in record.items() if k not in ("kit_version", "units")}
+    identity["tokenizer"] = record["tokenizer"]["fingerprint"]
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
+
+
+# What a prepared dir fixed when it was made: giving these with one would be silently ignored.
+_FIXED_AT_PREPARATION = (
+    "dataset_config_name",
+    "text_field",
+    "train_split",
+    "validation_split",
+    "validation_fraction",
+    "unprepared_limit_mb",
+)
+
+
+def prepared(
+    data: Any,
+    explicit: frozenset[str],
+    tokenizer: Any,
+    tokenizer_name: str,
+    run_first: Callable[[Callable[[], Any]], Any],
+) -> PreparedDataset:
+    """The prepared dataset a run reads: --dataset itself, or the cache of a small unprepared dataset."""
+    spec = TokenizerSpec.of(tokenizer, tokenizer_name)
+    given = _prepared_dir(data)
+    if given is not None:
+        fixed = sorted(f"--{f}" for f in _FIXED_AT_PREPARATION if f in explicit)
+        if fixed:
             raise ConfigError(
-                f"dataset path {name} does not exist: check --dataset (or --local_dataset false for a hub name)"
+                f"{' and '.join(fixed)} apply when data is prepared, and {given} is prepared already: "
+                "drop them (or give them to `dskit prepare-data` for a new preparation)"
             )
-        return _load_local(path, split)
-    return _load_hub(name, data.dataset_config_name, split)
+        dataset = token_shards.open_prepared(given)
+        if dataset.tokenizer_fingerprint != spec.fingerprint:
+            made_with = dataset.manifest["tokenizer"]["name"]
+            raise ConfigError(
+                f"prepared data {given} was tokenized with another tokenizer ({made_with}, not {tokenizer_name}): "
+                "train with that tokenizer (--tokenizer), or prepare the data again with this one"
+            )
+        return dataset
+    _check_size(data, tokenizer_name)
 
+    def build() -> PreparedDataset:
+        local = data
+        if data.dataset.startswith("s3://"):  # mirrored: a save_to_disk dir in S3 works like a local one
+            import dataclasses
 
-def _missing_split(name: str, split: str) -> Any:
-    raise ConfigError(f"dataset {name!r} has only a train split, so {split!r} does not exist")
+            from model_utils import s3_tier
 
+            path = s3_tier.fetch_dataset(data.dataset, Path(data.data_cache_dir))
+            local = dataclasses.replace(data, dataset=str(path), local_dataset=True)
+        plan = documents.plan(local)
+        record = token_shards.plan_record(local, plan, spec, None)
+        out = Path(data.data_cache_dir) / "prepared" / _cache_key(record)
+        if token_shards.state(out) != "prepared":
+            manifest = token_shards.prepare_in_process(out, record, spec)
+            print0(
+                f"Data: tokenized {sum(manifest['documents'].values()):,} documents of {data.dataset} into "
+                f"{manifest['tokens']['train']:,} train and {manifest['tokens']['validation']:,} validation "
+                f"tokens in {out}"
+            )
+        else:
+            print0(f"Data: {data.dataset} prepared in {out}")
+        return token_shards.open_prepared(out)
 
-def load_documents(data: Any, seed: int) -> tuple[Any, Any | None]:
-    """(train documents, validation documents or None), split at the document level so nothing leaks."""
-    train = load_split(data, data.train_split)
-    if data.text_field not in train.column_names:
-        raise ConfigError(
-            f"dataset {data.dataset} has no column {data.text_field!r} (columns: {', '.join(train.column_names)}): "
-            "pass --text_field"
-        )
-    if len(train) == 0:
-        raise ConfigError(
-            f"dataset {data.dataset} split {data.train_split!r} is empty: point --dataset at data"
-        )
-    if data.validation_split is not None:
-        return train, load_split(data, data.validation_split)
-    if data.validation_fraction == 0:
-        return train, None
-    if len(train) < 2:
-        raise ConfigError(
-            f"dataset {data.dataset} has one document, too few to hold out validation: pass --validation_fraction 0"
-        )
-    parts = train.train_test_split(test_size=data.validation_fraction, seed=seed, shuffle=True)
-    return parts["train"], parts["test"]
-
-
-# --- tokenizing and packing -----------------------------------------------------------------------------
-
-
-def tokenizer_fingerprint(tokenizer: Any) -> str:
-    payload = tokenizer.backend_tokenizer.to_str() + f"|eos={tokenizer.eos_token_id}"
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
-
-
-@dataclass(frozen=True)
-class PackKey:
-    dataset_fingerprint: str
-    tokenizer_fingerprint: str
-    text_field: str
-    seq_length: int
-    version: int = PACKING_VERSION
-
-    def digest(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:20]
-
-
-def tokenize(docs: Any, tokenizer: Any, text_field: str, cache_dir: Path) -> Any:
-    """Batched fast tokenization with EOS appended; the result is cached by datasets under cache_dir."""
-    eos = tokenizer.eos_token_id
-
-    def encode(batch: dict[str, list[Any]]) -> dict[str, list[list[int]]]:
-        texts = [t if isinstance(t, str) else "" for t in batch[text_field]]
-        ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
-        return {"input_ids": [[*x, eos] for x in ids]}
-
-    cache_file = (
-        cache_dir / f"tokens-{docs._fingerprint}-{tokenizer_fingerprint(tokenizer)}-{text_field}.arrow"
-    )
-    return docs.map(
-        encode,
-        batched=True,
-        batch_size=1000,
-        remove_columns=docs.column_names,
-        cache_file_name=str(cache_file),
-        desc="tokenizing",
-    )
-
-
-def pack(token_docs: Any, seq_length: int) -> np.ndarray:
-    """Concatenate every document's tokens and cut the stream into [n_blocks, seq_length]."""
-    import pyarrow.compute as pc
-
-    column = token_docs.data.column("input_ids")
-    flat = [pc.list_flatten(chunk).to_numpy(zero_copy_only=False) for chunk in column.chunks]
-    stream = np.concatenate(flat) if flat else np.zeros(0, dtype=np.int64)
-    n_blocks = len(stream) // seq_length
-    return stream[: n_blocks * seq_length].astype(np.int32).reshape(n_blocks, seq_length)
-
-
-def _atomic_save(path: Path, array: np.ndarray) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        np.save(f, array)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def packed_blocks(
-    docs: Any, tokenizer: Any, text_field: str, seq_length: int, cache_dir: Path, role: str
-) -> np.ndarray:
-    """The packed blocks of `docs`, from the cache when a previous run built them."""
-    key = PackKey(docs._fingerprint, tokenizer_fingerprint(tokenizer), text_field, seq_length)
-    path = cache_dir / f"blocks-{key.digest()}.npy"
-    if path.is_file():
-        blocks = np.load(path, mmap_mode="r")
-        print0(f"Data ({role}): {len(blocks)} blocks of {seq_length} tokens from cache {path}")
-        return blocks
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    blocks = pack(tokenize(docs, tokenizer, text_field, cache_dir), seq_length)
-    _atomic_save(path, blocks)
-    print0(f"Data ({role}): tokenized {len(docs)} documents into {len(blocks)} blocks of {seq_length} tokens")
-    return np.load(path, mmap_mode="r")
+    return run_first(build)
 
 
 # --- the sharded, resumable order -----------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,8 @@ def fsync_dir(directory: Path) -> None:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # Host and pid: processes on several nodes may write the same file on a shared filesystem.
+    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
     with tmp.open("w") as f:
         f.write(text)
         f.flush()

@@ -12,15 +12,20 @@ leaves the packed data in the cache, so the ranks start straight from it.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from model_utils import checkpoint, concat_dataset, deepspeed_config, launch_record, models, startup
+from model_utils import (
+    checkpoint,
+    concat_dataset,
+    deepspeed_config,
+    launch_record,
+    models,
+    startup,
+    token_shards,
+)
 from model_utils.arguments import AUTO, TrainConfig
 from model_utils.deepspeed_config import DeepSpeedSettings
 from model_utils.errors import ConfigError
@@ -55,8 +60,8 @@ class RunSettings:
 class ResolvedRun:
     settings: RunSettings
     tokenizer: Any
-    train_blocks: np.ndarray
-    val_blocks: np.ndarray | None
+    train_blocks: token_shards.TokenBlocks
+    val_blocks: token_shards.TokenBlocks | None
     resume: checkpoint.ResumeTarget | None
     world_size: int | None  # None outside the ranks (`dskit prepare`/`config`): per-rank values stay open
     micro_batch_size: int | str  # AUTO only outside the ranks: rank 0 probes its GPU
@@ -149,26 +154,18 @@ def resolve_settings(cfg: TrainConfig) -> RunSettings:
 
 
 def _blocks_or_error(
-    docs: Any,
-    tokenizer: Any,
-    cfg: TrainConfig,
-    seq_length: int,
-    role: str,
-    run_first: Callable[[Callable[[], Any]], Any],
-) -> np.ndarray:
-    data = cfg.data
-    cache = Path(data.data_cache_dir)
-    blocks = run_first(
-        lambda: concat_dataset.packed_blocks(docs, tokenizer, data.text_field, seq_length, cache, role)
-    )
+    dataset: token_shards.PreparedDataset, split: str, cfg: TrainConfig, seq_length: int
+) -> token_shards.TokenBlocks:
+    blocks = dataset.blocks(split, seq_length)
     if len(blocks) == 0:
         hint = (
             "raise --validation_fraction, or set it to 0 to skip validation"
-            if role == "validation"
+            if split == "validation"
             else ("use more data or a smaller --seq_length")
         )
         raise ConfigError(
-            f"{role} data of {data.dataset} has fewer tokens than one block of {seq_length}: {hint}"
+            f"{split} data of {cfg.data.dataset} has {dataset.tokens(split)} tokens, fewer than one block of "
+            f"{seq_length}: {hint}"
         )
     return blocks
 
@@ -224,18 +221,11 @@ def prepare(
         launch_record.check_resume(resume.path, settings.model_config, settings.seq_length, world_size=None)
     tokenizer = models.load_tokenizer(settings.source, cfg.model.tokenizer)
     models.check_vocab(tokenizer, settings.model_config)
-    data = cfg.data
-    if data.dataset.startswith("s3://"):
-        from model_utils import s3_tier
-
-        local = run_first(lambda: s3_tier.fetch_dataset(data.dataset, Path(data.data_cache_dir)))
-        data = dataclasses.replace(data, dataset=str(local), local_dataset=True)
-    train_docs, val_docs = concat_dataset.load_documents(data, cfg.loop.seed)
+    tokenizer_name = cfg.model.tokenizer or settings.source.name
+    dataset = concat_dataset.prepared(cfg.data, cfg.explicit, tokenizer, tokenizer_name, run_first)
     seq = settings.seq_length
-    train_blocks = _blocks_or_error(train_docs, tokenizer, cfg, seq, "train", run_first)
-    val_blocks = (
-        None if val_docs is None else _blocks_or_error(val_docs, tokenizer, cfg, seq, "validation", run_first)
-    )
+    train_blocks = _blocks_or_error(dataset, "train", cfg, seq)
+    val_blocks = _blocks_or_error(dataset, "validation", cfg, seq) if dataset.holds_validation else None
     micro_batch = _micro_batch(settings, train_blocks, val_blocks, world_size, decide_once)
     steps_per_epoch = max_steps = None
     if isinstance(micro_batch, int) and world_size is not None:
@@ -277,8 +267,8 @@ def prepare(
 
 def _micro_batch(
     settings: RunSettings,
-    train_blocks: np.ndarray,
-    val_blocks: np.ndarray | None,
+    train_blocks: token_shards.TokenBlocks,
+    val_blocks: token_shards.TokenBlocks | None,
     world_size: int | None,
     decide_once: Callable[[Callable[[], Any]], Any],
 ) -> int | str:

@@ -433,11 +433,17 @@ def fetch_dataset(uri: str, cache_dir: Path) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     state_path = dest.with_name(dest.name + _STATE_SUFFIX)
     lock_path = dest.with_name(dest.name + ".lock")
+    with lock_path.open("w") as lock, _dataset_errors(uri, bucket):
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _mirror(client, uri, bucket, prefix, dest, state_path)
+
+
+@contextlib.contextmanager
+def _dataset_errors(uri: str, bucket: str) -> Iterator[None]:
+    """S3 failures reading a dataset, as one line each (botocore has already retried each request)."""
     try:
-        with lock_path.open("w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            return _mirror(client, uri, bucket, prefix, dest, state_path)
-    except (BotoCoreError, ClientError) as exc:  # botocore has already retried each request
+        yield
+    except (BotoCoreError, ClientError) as exc:
         kind = error_kind(exc)
         if kind == "credentials":
             raise ConfigError(
@@ -450,9 +456,10 @@ def fetch_dataset(uri: str, cache_dir: Path) -> Path:
         raise S3TransferError(f"reading {uri} failed: {describe_error(exc)}") from None
 
 
-def _mirror(client: Any, uri: str, bucket: str, prefix: str, dest: Path, state_path: Path) -> Path:
+def _list(client: Any, uri: str, bucket: str, prefix: str) -> tuple[dict[str, dict[str, Any]], bool]:
+    """relpath -> {"etag", "size", "key"} of the objects under the prefix, and whether the URI names one object."""
     listing_prefix = _folder(prefix)
-    objects: dict[str, dict[str, Any]] = {}  # relpath -> {"etag", "size", "key"}
+    objects: dict[str, dict[str, Any]] = {}
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=listing_prefix):
         for obj in page.get("Contents", []):
             rel = obj["Key"][len(listing_prefix) :]
@@ -472,7 +479,25 @@ def _mirror(client: Any, uri: str, bucket: str, prefix: str, dest: Path, state_p
         raise ConfigError(
             f"no objects under {uri}: check the dataset URI (s3://bucket/prefix of the data files)"
         )
+    return objects, single
 
+
+def list_objects(uri: str) -> tuple[str, list[tuple[str, int, str]]]:
+    """(bucket, [(key, size, etag), ...] sorted by key) of the objects a dataset URI names."""
+    bucket, prefix = parse_s3_uri(uri)
+    with _dataset_errors(uri, bucket):
+        objects, _ = _list(_client(), uri, bucket, prefix)
+    return bucket, sorted((o["key"], o["size"], o["etag"]) for o in objects.values())
+
+
+def download_object(bucket: str, key: str, path: Path) -> None:
+    uri = f"s3://{bucket}/{key}"
+    with _dataset_errors(uri, bucket):
+        _client().download_file(bucket, key, str(path), Config=_TRANSFER)
+
+
+def _mirror(client: Any, uri: str, bucket: str, prefix: str, dest: Path, state_path: Path) -> Path:
+    objects, single = _list(client, uri, bucket, prefix)
     try:
         old: dict[str, dict[str, Any]] = json.loads(state_path.read_text())
     except (OSError, json.JSONDecodeError):

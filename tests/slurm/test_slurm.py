@@ -7,9 +7,12 @@ Off Debian or without root the tests skip, except under CI=true, where a skip wo
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import random
 import re
+import string
 import subprocess
 import time
 from collections.abc import Callable
@@ -207,6 +210,103 @@ def test_node_failure_ends_job_and_requeued_run_resumes(cluster, tmp_path: Path,
     assert state == "COMPLETED", log
     assert "SLURM_RESTART_COUNT=1" in log
     assert "Done: step 80/80" in log, log
+
+
+def job_records(job_id: str) -> list[dict[str, str]]:
+    """`scontrol show job` of a job, one dict per record (an array job has one per task once they are split)."""
+    out = subprocess.run(
+        ["scontrol", "show", "job", job_id], capture_output=True, text=True, check=True
+    ).stdout
+    return [dict(re.findall(r"\b(\w+)=(\S*)", block)) for block in re.split(r"\n\s*\n", out.strip())]
+
+
+def slurm_time(value: str) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(value)
+
+
+def write_corpus(path: Path, megabytes: float) -> None:
+    """JSON lines of made-up words: enough bytes for several --unit_mb 1 units, tokenized in seconds."""
+    rng = random.Random(0)
+    words = ["".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 9))) for _ in range(3000)]
+    with path.open("w") as f:
+        while f.tell() < megabytes * 2**20:
+            f.write(json.dumps({"text": " ".join(rng.choices(words, k=rng.randint(100, 400)))}) + "\n")
+
+
+def test_prepare_data_array_then_training_on_it(cluster, tmp_path: Path, timing) -> None:
+    """prepare-data.sbatch as an array of 2 tasks (2 CPUs each, so one per node), then a 2-node training job
+    that depends on it (afterok) and trains on what it prepared."""
+    corpus, out = tmp_path / "corpus.jsonl", tmp_path / "prepared"
+    write_corpus(corpus, 3.5)  # 4 units of 1 MB: 2 per task
+    scripts = tmp_path / "scripts"  # not tmp_path: Job renders its own scripts there
+    scripts.mkdir()
+    values = render.LaunchValues(
+        job_name="dskit-test", prepare_tasks=2, prepare_cpus_per_task=2, prepare_dataset=str(corpus),
+        prepared_dir=str(out), prepare_args="--unit_mb 1",
+    )  # fmt: skip
+    render.write_scripts(render.render_scripts(values), scripts)
+    submitted = time.monotonic()
+    array_id = subprocess.run(
+        ["sbatch", "--parsable", f"--output={tmp_path}/%x_%A_%a.out", str(scripts / "prepare-data.sbatch")],
+        cwd=REPO, env=JOB_ENV, capture_output=True, text=True, check=True,
+    ).stdout.strip().split(";")[0]  # fmt: skip
+    job = Job(
+        tmp_path, "--dataset", str(out), "--max_steps", "10",
+        sbatch_args=(f"--dependency=afterok:{array_id}", "--kill-on-invalid-dep=yes"),
+    )  # fmt: skip
+    (pending,) = job_records(job.id)
+    assert pending["JobState"] == "PENDING" and f"afterok:{array_id}" in pending["Dependency"], pending
+
+    def array_done() -> list[dict[str, str]] | None:
+        tasks = job_records(array_id)
+        return tasks if len(tasks) == 2 and all(t["JobState"] in DONE_STATES for t in tasks) else None
+
+    tasks = wait_for(f"array job {array_id} to finish", 300, array_done, every=1)
+    timing(
+        "prepare-data array, 2 tasks x 2 CPUs, 3.5 MB (submit to both tasks done)",
+        time.monotonic() - submitted,
+    )
+    array_end = max(slurm_time(t["EndTime"]) for t in tasks)  # type: ignore[union-attr]
+    logs = [tmp_path / f"dskit-test-prepare-data_{array_id}_{i}.out" for i in range(2)]
+    texts = [read(log) for log in logs]
+    assert [t["JobState"] for t in tasks] == ["COMPLETED"] * 2, "\n".join(texts)  # type: ignore[index]
+
+    # Each task tokenized its own share of the units (task i: units i, i+2, ...), with one process per CPU.
+    units = len(json.loads((out / "plan.json").read_text())["units"])
+    assert units == 4, units
+    for i, text in enumerate(texts):
+        assert text.startswith("START ") and f"task {i} of 2 on node" in text and ", 2 CPUs" in text, text
+        share = f"prepare-data: task {i}/2: 2 of 4 units of {corpus} to tokenize with 2 processes into {out}"
+        assert share in text, text
+        assert re.search(r"^END .* exit status 0$", text, re.MULTILINE), text
+    # The one that finished the last unit wrote the manifest (both may, finishing at once: same manifest).
+    assert any(f"prepared {out}: " in text for text in texts), texts
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["units"] == 4 and len(list((out / "units").glob("*.json"))) == 4
+    train_tokens, val_tokens = manifest["tokens"]["train"], manifest["tokens"]["validation"]
+    assert train_tokens > 0 and val_tokens > 0
+
+    state = job.wait_done(timeout=420)
+    timing(
+        "training job after the array (submit to end, incl. waiting for it)", time.monotonic() - job.started
+    )
+    (record,) = job_records(job.id)
+    started, ended = slurm_time(record["StartTime"]), slurm_time(record["EndTime"])
+    timing(
+        "2-node training on the prepared data, 10 steps (job start to end)", (ended - started).total_seconds()
+    )
+    log = job.text()
+    assert state == "COMPLETED", log
+    assert started >= array_end, (started, array_end)  # afterok: not before the last task ended
+    # It read the prepared shards (block counts from the manifest's tokens) and tokenized nothing itself.
+    ok = re.search(r"^ok: \S+, train (\d+) blocks x (\d+) tokens, validation (\d+) blocks", log, re.MULTILINE)
+    assert ok, log
+    seq = int(ok.group(2))
+    assert (int(ok.group(1)), int(ok.group(3))) == (train_tokens // seq, val_tokens // seq), log
+    assert "Data: tokenized" not in log
+    assert "Node node1 (SLURM_NODEID=0)" in log and "Node node2 (SLURM_NODEID=1)" in log, log
+    assert "Done: step 10/10" in log, log
+    assert re.search(r"^END .* exit status 0$", log, re.MULTILINE), log
 
 
 def test_singlenode_runs_on_the_named_node(cluster, tmp_path: Path, timing) -> None:

@@ -274,15 +274,16 @@ def test_readme_and_docs_show_only_options_that_exist() -> None:
 # Options of tools the README and docs/ show that are not dskit's: uv's, tensorboard's, mlflow's, SLURM's
 # (sbatch, srun, scancel), and one misspelling docs/flags.md gives as an example of the error message.
 OTHER_TOOLS_OPTIONS = {"frozen", "check", "offline", "logdir", "backend"} | {
-    "batch", "kill", "signal", "output", "open", "requeue", "max_step",
+    "batch", "kill", "signal", "output", "open", "requeue", "max_step", "dependency", "parsable", "array", "cpus",
 }  # fmt: skip
 
 
 def _other_commands_options() -> set[str]:
     """The options of the other `dskit` commands, read from their own parsers."""
-    from dskit import bench, estimate, export, plot, render
+    from dskit import bench, data_bench, estimate, export, plot, prepare_data, render
 
-    parsers = [module.build_parser() for module in (bench, estimate, export, plot, render)]
+    commands = (bench, data_bench, estimate, export, plot, prepare_data, render)
+    parsers = [module.build_parser() for module in commands]
     return {
         option[2:].split("=")[0]
         for parser in parsers

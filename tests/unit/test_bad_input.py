@@ -48,11 +48,14 @@ def checkpoint_with(t: Path, hidden_size: int = 64, seq_length: int = 256) -> st
 
 CASES = {
     "missing dataset path": (lambda t: ["--dataset", str(t / "nope")], "does not exist"),
-    "no text field": (lambda t: ["--dataset", jsonl(t / "d.jsonl", [{"body": "x"}] * 3)], "no column 'text'"),
+    "no text field": (
+        lambda t: ["--dataset", jsonl(t / "d.jsonl", [{"body": "x"}] * 3)],
+        "has no field 'text'",
+    ),
     "empty dataset": (lambda t: ["--dataset", jsonl(t / "d.jsonl", [])], "is empty"),
     "fewer tokens than a block": (
         lambda t: ["--dataset", jsonl(t / "d.jsonl", [{"text": "hi"}] * 3), "--validation_fraction", "0"],
-        "fewer tokens than one block",
+        "fewer than one block",
     ),
     "invalid json config": (
         lambda t: ["--deepspeed_config", str((t / "ds.json").write_text("{") and t / "ds.json")],

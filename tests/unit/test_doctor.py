@@ -488,6 +488,19 @@ def test_local_datasets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     saved = check(str(tmp_path / "saved"))
     assert saved.status is Status.PASS and "3 rows" in saved.found
     assert check(str(tmp_path / "saved"), train_split="validation").status is Status.FAIL
+    from dskit import prepare_data
+
+    assert prepare_data.main([str(tmp_path / "prepared"), "--dataset", str(tmp_path / "good.jsonl")]) == 0
+    prepared = check(str(tmp_path / "prepared"))
+    assert (
+        prepared.status is Status.PASS
+        and "prepared dataset" in prepared.found
+        and "tiny-qwen3" in prepared.found
+    )
+    (tmp_path / "prepared" / "manifest.json").unlink()  # as a killed preparation leaves it
+    unfinished = check(str(tmp_path / "prepared"))
+    assert unfinished.status is Status.FAIL and "unfinished preparation" in unfinished.found
+    assert "re-run the same `dskit prepare-data`" in unfinished.fix
 
 
 def test_hub_dataset_offline_says_what_it_can(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

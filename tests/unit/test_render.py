@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,7 +17,9 @@ from dskit import cli, render
 from model_utils.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPTS = tuple(render.SCRIPTS)
+# Every rendered script; the training launchers among them (prepare-data.sbatch runs no training).
+SCRIPTS = tuple(render.RENDERED)
+LAUNCHERS = tuple(render.SCRIPTS)
 
 P5_YAML = """\
 # A p5.48xlarge-like cluster: 8 H100 per node, EFA, Pyxis image
@@ -39,6 +43,13 @@ dataset: allenai/c4
 dataset_config_name: en
 local_dataset: false
 model: Qwen/Qwen3-8B
+prepare_partition: c7i
+prepare_tasks: 16
+prepare_cpus_per_task: 48
+prepare_time_limit: "6:00:00"
+prepare_dataset: /fsx/corpus
+prepared_dir: /fsx/prepared/corpus-qwen3
+prepare_args: --unit_mb 128 --text_field content
 """
 
 CPU_TOML = """\
@@ -51,6 +62,10 @@ efa = "off"
 time_limit = "30"
 dataset = "/data/corpus.jsonl"
 local_dataset = true
+prepare_tasks = 1
+prepare_cpus_per_task = 2
+prepare_dataset = "/data/corpus.jsonl"
+prepare_tokenizer = "Qwen/Qwen3-0.6B"
 """
 
 
@@ -120,6 +135,36 @@ def test_values_file_then_set_overrides(tmp_path: Path) -> None:
         assert line in text, line
 
 
+def test_prepare_data_values_render_into_the_array_job(tmp_path: Path) -> None:
+    (tmp_path / "p5.yaml").write_text(P5_YAML)
+    text = render.render_scripts(render.resolve_values(str(tmp_path / "p5.yaml")))["prepare-data.sbatch"]
+    for line in [
+        "#SBATCH --job-name=qwen3-8b-pretrain-prepare-data",
+        "#SBATCH --array=0-15",
+        "#SBATCH --cpus-per-task=48",
+        "#SBATCH --partition=c7i",  # the CPU nodes', not training's p5
+        "#SBATCH --account=ml-team",
+        "#SBATCH --time=6:00:00",
+        "#SBATCH --output=logs/%x_%A_%a.out",
+        "default_source_dataset=/fsx/corpus",
+        "default_prepared_dir=/fsx/prepared/corpus-qwen3",
+        "default_model=Qwen/Qwen3-8B",  # training's model: the prepared tokens fit its tokenizer
+        "TOKENIZER=${TOKENIZER:-}",
+        "prepare_args+=(--unit_mb 128 --text_field content)",
+        "export NCCL_DEBUG=INFO",
+        "--container-image='nvcr.io#nvidia/pytorch:25.01-py3'",
+        # how to chain the training job, with its dataset pointing at the output
+        "DATASET=/fsx/prepared/corpus-qwen3 sbatch --dependency=afterok:$jid --kill-on-invalid-dep=yes "
+        "train.sbatch",
+    ]:
+        assert line in text, line
+    assert "#SBATCH --partition=p5" not in text and "#SBATCH --exclusive" not in text
+    defaults = (REPO / "prepare-data.sbatch").read_text()
+    for line in ["#SBATCH --array=0-3", "#SBATCH --cpus-per-task=8", "default_prepared_dir=data/prepared"]:
+        assert line in defaults, line
+    assert "#SBATCH --partition" not in defaults  # the cluster's default partition
+
+
 def test_cpu_values_render_no_exclusive_and_cpu_ranks(tmp_path: Path) -> None:
     (tmp_path / "cpu.toml").write_text(CPU_TOML)
     text = render.render_scripts(render.resolve_values(str(tmp_path / "cpu.toml")))["train.sbatch"]
@@ -154,6 +199,19 @@ BAD_INPUT = {
     "signal lead": (["--set", "signal_lead_s=0"], "signal_lead_s = 0: use 1..65535"),
     "bad cuda version": (["--set", "cuda_version=12"], "cuda_version '12' must look like 12.8"),
     "zero max_steps": (["--set", "max_steps=0"], "max_steps = 0: use at least 1"),
+    "no array tasks": (["--set", "prepare_tasks=0"], "prepare_tasks = 0: use at least 1"),
+    "no cpus per task": (["--set", "prepare_cpus_per_task=0"], "prepare_cpus_per_task = 0: use at least 1"),
+    "cpu partition with shell": (["--set", "prepare_partition=cpu;x"], "prepare_partition 'cpu;x' must be"),
+    "bad prepare time": (["--set", "prepare_time_limit=1h"], "prepare_time_limit '1h' is not a SLURM time"),
+    "empty prepared dir": (["--set", "prepared_dir= "], "prepared_dir is empty"),
+    "unbalanced prepare_args": (
+        ["--set", "prepare_args=--text_field 'x"],
+        'prepare_args "--text_field \'x" is not valid shell words',
+    ),
+    "prepare_args sets the share": (
+        ["--set", "prepare_args=--unit_mb 8 --task_index=1"],
+        "prepare_args sets --task_index: each array task sets its own",
+    ),
     "unknown option": (["--nodes", "3"], "unrecognized arguments: --nodes 3"),
     "out is not a dir": (["--out", "{tmp}/nope"], "--out {tmp}/nope is not a directory"),
 }
@@ -276,15 +334,27 @@ class Stubbed:
             "SLURM_JOB_NODELIST": "n[1-2]",
             "SLURM_JOB_NUM_NODES": "2",
         }
+        if script == "prepare-data.sbatch":  # task 1 of an array of 2, 4 CPUs
+            slurm = {
+                "SLURM_SUBMIT_DIR": str(self.repo),
+                "SLURM_JOB_ID": "12346",
+                "SLURM_JOB_NAME": "test-prepare-data",
+                "SLURM_ARRAY_JOB_ID": "12345",
+                "SLURM_ARRAY_TASK_ID": "1",
+                "SLURM_ARRAY_TASK_MIN": "0",
+                "SLURM_ARRAY_TASK_MAX": "1",
+                "SLURM_ARRAY_TASK_COUNT": "2",
+                "SLURM_CPUS_PER_TASK": "4",
+            }
         full_env = {
             "PATH": path or f"{self.bin}:{os.environ['PATH']}",
             "HOME": os.environ.get("HOME", "/root"),
             "STUB_CALLS": str(self.calls),
-            **(slurm if script == "train.sbatch" else {}),
+            **(slurm if script.endswith(".sbatch") else {}),
             **(env or {}),
         }
         # sbatch runs a copy of the script from its spool dir: do the same, to prove it finds the repo anyway.
-        if script == "train.sbatch":
+        if script.endswith(".sbatch"):
             spool = self.repo.parent / "spool"
             spool.mkdir(exist_ok=True)
             shutil.copy(self.repo / script, spool / "slurm_script")
@@ -306,7 +376,7 @@ class Stubbed:
 HOSTILE = 'x\'; touch {marker} #"$(touch {marker})"`touch {marker}`'
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("script", LAUNCHERS)
 def test_hostile_values_are_inert(tmp_path: Path, script: str) -> None:
     marker = tmp_path / "pwned"
     hostile = HOSTILE.format(marker=marker)
@@ -390,7 +460,7 @@ def test_sbatch_efa_on_without_efa_is_an_error(tmp_path: Path) -> None:
 
 def test_gpu_node_without_cuda_toolkit_is_an_error(tmp_path: Path) -> None:
     stub = Stubbed(tmp_path)
-    for script in SCRIPTS:
+    for script in LAUNCHERS:
         proc = stub.run(script, env={"STUB_GPUS": "8", "CUDA_VERSION": "99.9"})
         assert proc.returncode == 2, proc.stdout + proc.stderr
         assert "error: CUDA toolkit 99.9 not found at /usr/local/cuda-99.9" in proc.stderr + proc.stdout
@@ -462,3 +532,117 @@ def test_training_variables_come_from_one_table() -> None:
         assert f"Environment overrides: {names}" in text or f"overrides: JOB_NAME, {names}" in text, script
         for var, flag in TRAINING_ENV:
             assert f'[[ -z "${var}" ]] || train_args+=(--{flag} "${var}")' in text, (script, var)
+
+
+# --- prepare-data.sbatch, against stub commands ----------------------------------------------------------
+
+
+def prepare_call(stub: Stubbed) -> list[str]:
+    """The arguments of the one `python -m dskit.cli prepare-data` the script ran."""
+    (call,) = [
+        c
+        for c in stub.recorded("python") + stub.recorded("python3")
+        if c[:3] == ["-m", "dskit.cli", "prepare-data"]
+    ]
+    return call[3:]
+
+
+def test_prepare_data_runs_this_tasks_share(tmp_path: Path) -> None:
+    stub = Stubbed(
+        tmp_path,
+        *("--set", "prepare_dataset=/data/c.jsonl", "--set", "model=tiny-qwen3"),
+        *("--set", "prepare_args=--unit_mb 8 --text_field 'body text'", "--set", "env.HF_HOME=/fsx/hf"),
+    )
+    proc = stub.run("prepare-data.sbatch", "--max_tokens", "1000", env={"PREPARED_DIR": "/fsx/out"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # The rendered defaults, the environment's overrides, the launch values' flags, the script's flags; then the
+    # array's share, which nothing overrides; the output after `--`.
+    assert prepare_call(stub) == [
+        *("--dataset", "/data/c.jsonl", "--model", "tiny-qwen3", "--num_proc", "4"),
+        *("--unit_mb", "8", "--text_field", "body text", "--max_tokens", "1000"),
+        *("--task_index", "1", "--num_tasks", "2", "--", "/fsx/out"),
+    ]
+    assert ["sync", "--frozen", "--quiet", "--compile-bytecode"] in stub.recorded("uv")
+    assert proc.stdout.startswith("START ") and "job 12345_1 (test-prepare-data)" in proc.stdout
+    assert "task 1 of 2 on " in proc.stdout and ", 4 CPUs" in proc.stdout
+    assert proc.stdout.rstrip().endswith("exit status 0")
+
+
+def test_prepare_data_array_offsets_and_environment(tmp_path: Path) -> None:
+    """--array=4-6: tasks 0..2 of 3; SOURCE_DATASET/MODEL/TOKENIZER override the rendered defaults."""
+    stub = Stubbed(tmp_path)
+    array = {"SLURM_ARRAY_TASK_ID": "6", "SLURM_ARRAY_TASK_MIN": "4", "SLURM_ARRAY_TASK_MAX": "6"}
+    array |= {"SLURM_ARRAY_TASK_COUNT": "3", "SOURCE_DATASET": "s3://b/c", "TOKENIZER": "tok", "MODEL": "m"}
+    proc = stub.run("prepare-data.sbatch", env=array)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert prepare_call(stub) == [
+        *("--dataset", "s3://b/c", "--model", "m", "--tokenizer", "tok", "--num_proc", "4"),
+        *("--task_index", "2", "--num_tasks", "3", "--", "data/prepared"),
+    ]
+
+
+def test_prepare_data_refuses_an_array_with_gaps(tmp_path: Path) -> None:
+    stub = Stubbed(tmp_path)
+    # --array=0-6:2 is 4 tasks over indices 0..6: task index 6 - 0 would be past --num_tasks 4
+    gaps = {"SLURM_ARRAY_TASK_ID": "6", "SLURM_ARRAY_TASK_MAX": "6", "SLURM_ARRAY_TASK_COUNT": "4"}
+    proc = stub.run("prepare-data.sbatch", env=gaps)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "are not a contiguous range of 4 tasks: submit with --array=0-3" in proc.stderr
+    assert stub.recorded("python") == []
+
+
+def test_prepare_data_status_and_manifest_line(tmp_path: Path) -> None:
+    stub = Stubbed(tmp_path)
+    # The stub python records and succeeds: no manifest yet (another task finishes the last unit).
+    proc = stub.run("prepare-data.sbatch")
+    assert proc.returncode == 0 and "Prepared " not in proc.stdout
+    (stub.repo / "data" / "prepared").mkdir(parents=True)
+    (stub.repo / "data" / "prepared" / "manifest.json").write_text("{}")
+    proc = stub.run("prepare-data.sbatch")
+    assert "Prepared data/prepared: train on it with DATASET=data/prepared" in proc.stdout
+    # prepare-data's own failure is the task's status (afterok then never starts the training job)
+    (stub.repo / ".venv" / "bin" / "python").unlink()
+    (stub.repo / ".venv" / "bin" / "python").write_text("#!/usr/bin/env bash\nexit 2\n")
+    (stub.repo / ".venv" / "bin" / "python").chmod(0o755)
+    proc = stub.run("prepare-data.sbatch")
+    assert proc.returncode == 2
+    assert re.search(r"^END .* exit status 2$", proc.stdout, re.MULTILINE), proc.stdout
+
+
+def test_prepare_data_in_a_container(tmp_path: Path) -> None:
+    stub = Stubbed(tmp_path, "--set", "container_image=img#x:1")
+    proc = stub.run("prepare-data.sbatch")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert stub.recorded("uv") == []  # the image holds the environment
+    (srun,) = stub.recorded("srun")
+    assert srun[:3] == ["--ntasks=1", "--cpus-per-task=4", "--container-image=img#x:1"]
+    assert srun[srun.index("python3") + 1 :][:3] == ["-m", "dskit.cli", "prepare-data"]
+    assert prepare_call(stub)[-2:] == ["--", "data/prepared"]
+
+
+def test_prepare_data_hostile_values_are_inert(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    hostile = HOSTILE.format(marker=marker)
+    stub = Stubbed(
+        tmp_path,
+        *("--set", f"prepare_dataset={hostile}", "--set", f"prepared_dir={hostile}"),
+        *("--set", f"prepare_tokenizer={hostile}", "--set", f"model={hostile}"),
+        *(
+            "--set",
+            f"prepare_args=--text_field {shlex.quote(hostile)}",
+            "--set",
+            f"env.NCCL_HOSTILE={hostile}",
+        ),
+    )
+    text = (stub.repo / "prepare-data.sbatch").read_text()
+    subprocess.run(["bash", "-n", str(stub.repo / "prepare-data.sbatch")], check=True)
+    proc = stub.run("prepare-data.sbatch")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not marker.exists(), f"a rendered value ran a command:\n{text}"
+    (call,) = [
+        c for c in stub.recorded("python", with_env=True) if c[:3] == ["-m", "dskit.cli", "prepare-data"]
+    ]
+    # Each value arrives as one argument (and one environment value), byte for byte.
+    for flag in ("--dataset", "--model", "--tokenizer", "--text_field", "--"):
+        assert call[call.index(flag) + 1] == hostile, flag
+    assert f"ENV NCCL_HOSTILE={hostile}" in call

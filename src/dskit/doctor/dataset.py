@@ -43,8 +43,29 @@ def _peek_columns(path: Path, builder: str) -> list[str] | None:
     return list(record) if isinstance(record, dict) else None
 
 
+def _check_prepared(path: Path, found: str) -> Result:
+    from model_utils import token_shards
+
+    if found == "unfinished":
+        left = len(token_shards.missing_units(path))
+        return Result(
+            "dataset",
+            Status.FAIL,
+            f"{path} is an unfinished preparation ({left} units not done)",
+            "re-run the same `dskit prepare-data` command to finish it",
+        )
+    manifest = token_shards.open_prepared(path).manifest
+    tokens = manifest["tokens"]
+    return Result(
+        "dataset",
+        Status.PASS,
+        f"prepared dataset {path}: {tokens['train']:,} train, {tokens['validation']:,} validation tokens "
+        f"({manifest['tokenizer']['name']} tokenizer)",
+    )
+
+
 def _check_local_dataset(path: Path, data: DataArgs) -> Result:
-    from model_utils import concat_dataset
+    from model_utils import documents, token_shards
 
     name = "dataset"
     if not path.exists():
@@ -56,7 +77,9 @@ def _check_local_dataset(path: Path, data: DataArgs) -> Result:
         )
     if not os.access(path, os.R_OK):
         return Result(name, Status.FAIL, f"{path} is not readable", f"fix the permissions of {path}")
-    if path.is_dir() and concat_dataset._is_saved_dataset(path):
+    if path.is_dir() and (found := token_shards.state(path)) is not None:
+        return _check_prepared(path, found)
+    if path.is_dir() and documents.is_saved_dataset(path):
         import datasets
 
         try:  # memory-mapped Arrow: opening it reads no rows
@@ -89,7 +112,8 @@ def _check_local_dataset(path: Path, data: DataArgs) -> Result:
                 "drop --train_split",
             )
         try:
-            builder, files = concat_dataset._files_builder(path)
+            files = documents.data_files(path)
+            builder = documents.TEXT_FORMATS[files[0].suffix]
         except ConfigError as e:
             return Result(name, Status.FAIL, str(e).split(":")[0], "point --dataset at supported data")
         sizes = [Path(f).stat().st_size for f in files]
@@ -219,7 +243,7 @@ def _check_s3_dataset(uri: str, cache_dir: Path) -> Result:
 
 def check_dataset(data: DataArgs) -> Result:
     from model_utils.assets import CORPUS_PATH
-    from model_utils.concat_dataset import EMBEDDED
+    from model_utils.documents import EMBEDDED
 
     name = data.dataset
     if name == EMBEDDED:
@@ -230,7 +254,7 @@ def check_dataset(data: DataArgs) -> Result:
         return Result("dataset", Status.PASS, f"embedded corpus ({_size(CORPUS_PATH.stat().st_size)})")
     if name.startswith("s3://"):
         return _check_s3_dataset(name, Path(data.data_cache_dir))
-    from model_utils.concat_dataset import is_local_dataset
+    from model_utils.documents import is_local
 
     path = Path(name).expanduser()
-    return _check_local_dataset(path, data) if is_local_dataset(data) else _check_hub_dataset(data)
+    return _check_local_dataset(path, data) if is_local(data) else _check_hub_dataset(data)

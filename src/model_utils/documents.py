@@ -1,0 +1,493 @@
+"""Where documents come from: a source (local files, a save_to_disk dir, S3 objects, a hub dataset) planned as
+work units, each read as a stream of texts in bounded memory.
+
+A unit is a piece of the source that one process tokenizes into one pair of shards: a byte range of a JSON
+lines file, a run of parquet row groups, one Arrow file of a save_to_disk dataset, one CSV/text file, one S3
+object, or one shard of a streamed hub dataset. Units are listed in a fixed order, so the prepared token stream
+is the same whichever process (or SLURM array task) tokenizes which unit. Nothing here holds more than one
+batch of documents at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import gzip
+import hashlib
+import io
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from model_utils.errors import ConfigError, first_line
+
+EMBEDDED = "embedded"
+TEXT_FORMATS = {".txt": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+# Compressed corpora as they are published (C4, Dolma): read as a stream, so one file is one unit.
+TEXT_FORMATS |= {".json.gz": "json.gz", ".jsonl.gz": "json.gz", ".txt.gz": "text.gz", ".csv.gz": "csv.gz"}
+BATCH_DOCS = 1000  # documents read at a time
+# Text tokenized per call: the tokenizer's output is ~50x the text (ids, tokens, masks per token), so this, not
+# the document count, is what bounds a worker's memory (1,000 source files of 15 kB each held 1.4 GB).
+BATCH_TEXT = 2**20
+DEFAULT_UNIT_BYTES = 64 * 2**20  # a JSON lines file is split into byte ranges of about this size
+
+TRAIN, VALIDATION, SPLIT = (
+    "train",
+    "validation",
+    "split",
+)  # a unit's role: all train, all validation, or held out
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One piece of work. `location`: a file path, an S3 key or a hub dataset name; `start`/`end`: a byte range
+    (json), row-group range (parquet) or shard index (hub); `size`: bytes of source it covers, for progress."""
+
+    kind: str  # json | text | csv | parquet | arrow | hub
+    location: str
+    start: int
+    end: int
+    size: int
+    role: str
+    s3_bucket: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Unit:
+        return cls(**d)
+
+    def describe(self) -> str:
+        where = f"s3://{self.s3_bucket}/{self.location}" if self.s3_bucket else self.location
+        return f"{where} [{self.start}:{self.end}]"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The units of a source, in order, and what identifies the source's content."""
+
+    units: tuple[Unit, ...]
+    fingerprint: str
+    total_bytes: int | None  # None for a hub dataset: its size is known only after reading it
+
+    @property
+    def description(self) -> str:
+        return f"{len(self.units)} units"
+
+
+def _digest(items: list[Any]) -> str:
+    return hashlib.sha256(json.dumps(items, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+# --- planning -------------------------------------------------------------------------------------------
+
+
+def format_suffix(name: str) -> str:
+    """'.jsonl' of 'a.jsonl', '.jsonl.gz' of 'a.jsonl.gz': the key into TEXT_FORMATS (or an unknown one)."""
+    suffixes = Path(name).suffixes
+    return "".join(suffixes[-2:]) if suffixes[-1:] == [".gz"] else "".join(suffixes[-1:])
+
+
+def data_files(path: Path) -> list[Path]:
+    files = (
+        [path]
+        if path.is_file()
+        else sorted(p for p in path.rglob("*") if format_suffix(p.name) in TEXT_FORMATS)
+    )
+    suffixes = {format_suffix(p.name) for p in files}
+    if not files or not suffixes <= set(TEXT_FORMATS):
+        raise ConfigError(
+            f"dataset {path} is not a save_to_disk dir nor .txt/.json/.jsonl/.parquet/.csv data: "
+            "point --dataset at one of those"
+        )
+    kinds = {TEXT_FORMATS[s] for s in suffixes}
+    if len(kinds) > 1:
+        raise ConfigError(
+            f"dataset dir {path} mixes file types {sorted(suffixes)}: keep one kind per dataset"
+        )
+    return files
+
+
+def is_saved_dataset(path: Path) -> bool:
+    return (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
+
+
+def _json_is_array(path: Path) -> bool:
+    with path.open("rb") as f:
+        head = f.read(4096).lstrip()
+    return head.startswith(b"[")
+
+
+def _file_units(path: Path, role: str, unit_bytes: int) -> list[Unit]:
+    kind = TEXT_FORMATS[format_suffix(path.name)]
+    size = path.stat().st_size
+    if size == 0:
+        return []
+    if kind.endswith(".gz"):  # no seeking into a compressed stream: end -1 = to its end
+        return [Unit(kind, str(path), 0, -1, size, role)]
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        meta = pq.ParquetFile(path).metadata
+        units, first, acc = [], 0, 0
+        for g in range(meta.num_row_groups):
+            acc += meta.row_group(g).total_byte_size
+            if acc >= unit_bytes or g == meta.num_row_groups - 1:
+                units.append(Unit(kind, str(path), first, g + 1, acc, role))
+                first, acc = g + 1, 0
+        return units
+    if kind == "json" and not _json_is_array(path):
+        return [
+            Unit(kind, str(path), a, min(a + unit_bytes, size), min(unit_bytes, size - a), role)
+            for a in range(0, size, unit_bytes)
+        ]
+    if kind == "json" and size > unit_bytes:
+        raise ConfigError(
+            f"{path} is one JSON array of {size / 2**20:.0f} MB, read whole into memory: "
+            "write it as JSON lines (one object per line)"
+        )
+    return [Unit("jsonarray" if kind == "json" else kind, str(path), 0, size, size, role)]
+
+
+def _saved_split_dir(path: Path, split: str) -> Path:
+    if (path / "dataset_dict.json").is_file():
+        splits = json.loads((path / "dataset_dict.json").read_text())["splits"]
+        if split not in splits:
+            raise ConfigError(
+                f"dataset {path} has no split {split!r} (splits: {', '.join(splits)}): "
+                "pass --train_split/--validation_split"
+            )
+        return path / split
+    if split != TRAIN:
+        raise ConfigError(f"dataset {path} is a single split, so split {split!r} does not exist")
+    return path
+
+
+def _saved_units(path: Path, split: str, role: str) -> list[Unit]:
+    folder = _saved_split_dir(path, split)
+    state = json.loads((folder / "state.json").read_text())
+    files = [folder / f["filename"] for f in state["_data_files"]]
+    return [Unit("arrow", str(f), 0, 0, f.stat().st_size, role) for f in files if f.stat().st_size]
+
+
+def _local_units(path: Path, split: str, role: str, unit_bytes: int) -> tuple[list[Unit], list[Any]]:
+    if not path.exists():
+        raise ConfigError(
+            f"dataset path {path} does not exist: check --dataset (or --local_dataset false for a hub name)"
+        )
+    if path.is_dir() and is_saved_dataset(path):
+        units = _saved_units(path, split, role)
+    else:
+        if split != TRAIN:
+            raise ConfigError(f"local files {path} form a single split, so split {split!r} does not exist")
+        units = [u for f in data_files(path) for u in _file_units(f, role, unit_bytes)]
+    identity = [[u.location, os.stat(u.location).st_size, os.stat(u.location).st_mtime_ns] for u in units]
+    return units, identity
+
+
+def _s3_units(uri: str, role: str) -> tuple[list[Unit], list[Any]]:
+    from model_utils import s3_tier
+
+    bucket, objects = s3_tier.list_objects(uri)
+    units = []
+    for key, size, _etag in objects:
+        suffix = format_suffix(key)
+        if suffix not in TEXT_FORMATS:
+            continue
+        kind = TEXT_FORMATS[suffix]
+        if kind == "parquet" or kind.endswith(".gz"):  # end -1: all its row groups, or to its end
+            units.append(Unit(kind, key, 0, -1, size, role, bucket))
+        else:
+            units.append(Unit("jsonl-or-array" if kind == "json" else kind, key, 0, size, size, role, bucket))
+    if not units:
+        raise ConfigError(
+            f"no .txt/.json/.jsonl/.parquet/.csv objects under {uri}: check the URI (it is a prefix)"
+        )
+    return units, [list(o) for o in objects]
+
+
+def _hub_dataset(name: str, config_name: str | None, split: str) -> Any:
+    import datasets
+
+    datasets.disable_progress_bars()
+    try:
+        return datasets.load_dataset(name, config_name, split=split, streaming=True)
+    except (ValueError, OSError, ConnectionError) as e:  # datasets wraps network and missing-split errors
+        raise ConfigError(
+            f"could not open dataset {name!r} split {split!r} from the Hugging Face hub ({first_line(e)}): "
+            "check the name and network access, or give a local path with --local_dataset true"
+        ) from None
+
+
+def _hub_units(name: str, config_name: str | None, split: str, role: str) -> tuple[list[Unit], list[Any]]:
+    stream = _hub_dataset(name, config_name, split)
+    n = max(1, stream.num_shards)
+    location = json.dumps([name, config_name, split])
+    return [Unit("hub", location, i, n, 0, role) for i in range(n)], [name, config_name, split, n]
+
+
+def is_local(data: Any) -> bool:
+    """--dataset names a local path (--local_dataset true, or it exists, or it looks like a path), not a hub
+    dataset. ('embedded' and s3:// URIs are decided before this.)"""
+    if data.local_dataset is not None:
+        return bool(data.local_dataset)
+    return Path(data.dataset).expanduser().exists() or data.dataset.startswith(("/", ".", "~"))
+
+
+def _split_units(data: Any, split: str, role: str, unit_bytes: int) -> tuple[list[Unit], list[Any]]:
+    from model_utils.assets import CORPUS_PATH
+
+    name = data.dataset
+    if name == EMBEDDED:
+        if split != TRAIN:
+            raise ConfigError(f"dataset {name!r} has only a train split, so {split!r} does not exist")
+        return _local_units(CORPUS_PATH, split, role, unit_bytes)
+    if name.startswith("s3://"):
+        if split != TRAIN:
+            raise ConfigError(f"S3 data {name} forms a single split, so split {split!r} does not exist")
+        return _s3_units(name, role)
+    if is_local(data):
+        return _local_units(Path(name).expanduser(), split, role, unit_bytes)
+    return _hub_units(name, data.dataset_config_name, split, role)
+
+
+def plan(data: Any, unit_bytes: int = DEFAULT_UNIT_BYTES) -> Plan:
+    """The units of the configured dataset: its train split (with --validation_fraction held out of each unit)
+    and, with --validation_split, the validation split's units after them."""
+    train_role = SPLIT if data.validation_split is None and data.validation_fraction > 0 else TRAIN
+    units, identity = _split_units(data, data.train_split, train_role, unit_bytes)
+    if not units:
+        raise ConfigError(f"dataset {data.dataset} is empty: point --dataset at files with documents")
+    if data.validation_split is not None:
+        val_units, val_identity = _split_units(data, data.validation_split, VALIDATION, unit_bytes)
+        units, identity = units + val_units, identity + val_identity
+    sizes = [u.size for u in units]
+    total = None if any(u.kind == "hub" for u in units) else sum(sizes)
+    return Plan(tuple(units), _digest([data.dataset, data.dataset_config_name, identity]), total)
+
+
+# --- reading --------------------------------------------------------------------------------------------
+
+
+class MissingField(ConfigError):
+    pass
+
+
+def _missing(field: str, where: str, present: Any) -> MissingField:
+    columns = ", ".join(map(str, present)) if present else "none"
+    return MissingField(f"{where} has no field {field!r} (fields: {columns}): pass --text_field")
+
+
+@contextlib.contextmanager
+def _binary(path: str, kind: str) -> Iterator[tuple[BinaryIO, Callable[[], int]]]:
+    """The file's bytes (decompressed for .gz) and the position read so far in the file itself (progress)."""
+    with open(path, "rb") as raw:
+        yield (gzip.GzipFile(fileobj=raw) if kind.endswith(".gz") else raw), raw.tell  # type: ignore[misc]
+
+
+@contextlib.contextmanager
+def _text(path: str, kind: str, **options: Any) -> Iterator[tuple[io.TextIOWrapper, Callable[[], int]]]:
+    with _binary(path, kind) as (f, position):
+        text = io.TextIOWrapper(f, encoding="utf-8", errors="replace", **options)
+        try:
+            yield text, position
+        finally:
+            text.detach()  # the file is closed by _binary, and its position is read until then
+
+
+def _json_lines(unit: Unit, path: str, field: str) -> Iterator[tuple[list[Any], int]]:
+    """Lines whose first byte lies in [start, end): a line straddling `start` belongs to the unit before."""
+    batch: list[Any] = []
+    end = unit.end if unit.end >= 0 else sys.maxsize
+    with _binary(path, unit.kind) as (f, position):
+        pos = unit.start
+        if pos > 0:
+            f.seek(pos - 1)
+            pos += len(f.readline()) - 1  # the rest of the line that began before this unit
+        reported = position()
+        while pos < end:
+            line = f.readline()
+            if not line:
+                break
+            pos += len(line)
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ConfigError(
+                    f"{path} at byte {pos - len(line)} is not valid JSON ({e.msg}): check the file format"
+                ) from None
+            if not isinstance(record, dict) or field not in record:
+                raise _missing(field, f"record at byte {pos - len(line)} of {path}", list(record)[:8])
+            batch.append(record[field])
+            if len(batch) >= BATCH_DOCS:
+                yield batch, position() - reported
+                batch, reported = [], position()
+        yield batch, min(position(), unit.start + unit.size) - reported
+
+
+def _json_array(unit: Unit, path: str, field: str) -> Iterator[tuple[list[Any], int]]:
+    try:
+        records = json.loads(Path(path).read_bytes())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path} is not valid JSON ({e.msg}): check the file format") from None
+    if not isinstance(records, list):
+        raise ConfigError(f"{path} is one JSON object, not documents: write one JSON object per line")
+    texts = []
+    for i, r in enumerate(records):
+        if not isinstance(r, dict) or field not in r:
+            raise _missing(field, f"record {i} of {path}", list(r)[:8] if isinstance(r, dict) else [])
+        texts.append(r[field])
+    for i in range(0, len(texts), BATCH_DOCS):
+        yield texts[i : i + BATCH_DOCS], unit.size if i + BATCH_DOCS >= len(texts) else 0
+
+
+def _paragraphs(unit: Unit, path: str) -> Iterator[tuple[list[Any], int]]:
+    """Plain text: blank-line separated paragraphs are the documents (one line each would cut sentences)."""
+    batch: list[str] = []
+    lines: list[str] = []
+    with _text(path, unit.kind) as (f, position):
+        reported = 0
+        for line in f:
+            if line.strip():
+                lines.append(line.rstrip("\n"))
+                continue
+            if lines:
+                batch.append("\n".join(lines))
+                lines = []
+            if len(batch) >= BATCH_DOCS:
+                yield batch, position() - reported
+                batch, reported = [], position()
+        if lines:
+            batch.append("\n".join(lines))
+        yield batch, position() - reported
+
+
+def _csv_rows(unit: Unit, path: str, field: str) -> Iterator[tuple[list[Any], int]]:
+    csv.field_size_limit(sys.maxsize)  # documents are long
+    with _text(path, unit.kind, newline="") as (f, position):
+        reader = csv.DictReader(f)
+        if reader.fieldnames is None or field not in reader.fieldnames:
+            raise _missing(field, f"CSV file {path}", reader.fieldnames)
+        batch: list[Any] = []
+        reported = 0
+        for row in reader:
+            batch.append(row[field])
+            if len(batch) >= BATCH_DOCS:
+                yield batch, position() - reported
+                batch, reported = [], position()
+        yield batch, position() - reported
+
+
+def _record_batches(unit: Unit, path: str, field: str) -> Iterator[tuple[list[Any], int]]:
+    import pyarrow as pa
+
+    if unit.kind == "parquet":
+        import pyarrow.parquet as pq
+
+        parquet = pq.ParquetFile(path)
+        if field not in parquet.schema_arrow.names:
+            raise _missing(field, f"parquet file {path}", parquet.schema_arrow.names)
+        groups = list(range(parquet.num_row_groups if unit.end < 0 else unit.end))[unit.start :]
+        rows = sum(parquet.metadata.row_group(g).num_rows for g in groups) or 1
+        batches = parquet.iter_batches(batch_size=BATCH_DOCS, row_groups=groups, columns=[field])
+    else:  # a save_to_disk Arrow file (IPC stream format)
+        reader = pa.ipc.open_stream(pa.memory_map(path))
+        if field not in reader.schema.names:
+            raise _missing(field, f"Arrow file {path}", reader.schema.names)
+        rows = None
+        batches = (b.select([field]) for b in reader)
+    seen = 0
+    for record_batch in batches:
+        column = record_batch.column(0)
+        for i in range(0, len(column), BATCH_DOCS):
+            part = column.slice(i, BATCH_DOCS).to_pylist()
+            seen += len(part)
+            yield part, (unit.size * len(part) // rows) if rows else 0
+    if rows is None:
+        yield [], unit.size
+
+
+def _hub_rows(unit: Unit, field: str) -> Iterator[tuple[list[Any], int]]:
+    name, config_name, split = json.loads(unit.location)
+    shard = _hub_dataset(name, config_name, split)
+    if shard.num_shards > 1:
+        shard = shard.shard(num_shards=unit.end, index=unit.start)
+    batch: list[Any] = []
+    size = 0
+    for row in shard:
+        if field not in row:
+            raise _missing(field, f"hub dataset {name} shard {unit.start}", list(row))
+        text = row[field]
+        batch.append(text)
+        size += len(text) if isinstance(text, str) else 0
+        if len(batch) >= BATCH_DOCS:
+            yield batch, size
+            batch, size = [], 0
+    yield batch, size
+
+
+def _local_texts(unit: Unit, path: str, field: str) -> Iterator[tuple[list[Any], int]]:
+    kind = unit.kind
+    if kind == "jsonl-or-array":  # an S3 object: which JSON layout it has is known once it is here
+        kind = "jsonarray" if _json_is_array(Path(path)) else "json"
+        unit = Unit(kind, unit.location, 0, unit.size, unit.size, unit.role)
+    if kind in ("json", "json.gz"):
+        return _json_lines(unit, path, field)
+    if kind == "jsonarray":
+        return _json_array(unit, path, field)
+    if kind in ("text", "text.gz"):
+        return _paragraphs(unit, path)
+    if kind in ("csv", "csv.gz"):
+        return _csv_rows(unit, path, field)
+    return _record_batches(unit, path, field)
+
+
+def _bounded(batches: Iterator[tuple[list[Any], int]]) -> Iterator[tuple[list[Any], int]]:
+    """Batches of at most BATCH_TEXT characters (or one longer document); the progress goes with the last part."""
+    for batch, nbytes in batches:
+        part: list[Any] = []
+        size = 0
+        for text in batch:
+            length = len(text) if isinstance(text, str) else 0
+            if part and size + length > BATCH_TEXT:
+                yield part, 0
+                part, size = [], 0
+            part.append(text)
+            size += length
+        yield part, nbytes
+
+
+def read(unit: Unit, field: str, scratch_dir: Path) -> Iterator[tuple[list[Any], int]]:
+    """The unit's documents in batches of bounded size, each with how many bytes of the unit it covered.
+
+    An S3 object is downloaded into `scratch_dir` for the time it is read, then deleted: disk use is one
+    object per process, whatever the dataset's size.
+    """
+    return _bounded(_read(unit, field, scratch_dir))
+
+
+def _read(unit: Unit, field: str, scratch_dir: Path) -> Iterator[tuple[list[Any], int]]:
+    if unit.kind == "hub":
+        yield from _hub_rows(unit, field)
+        return
+    if unit.s3_bucket is None:
+        yield from _local_texts(unit, unit.location, field)
+        return
+    from model_utils import s3_tier
+
+    scratch_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=scratch_dir, suffix=format_suffix(unit.location))
+    os.close(fd)
+    try:
+        s3_tier.download_object(unit.s3_bucket, unit.location, Path(tmp))
+        yield from _local_texts(unit, tmp, field)
+    finally:
+        Path(tmp).unlink(missing_ok=True)

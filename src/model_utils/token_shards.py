@@ -1,0 +1,486 @@
+"""The prepared-dataset format: token shards plus a manifest, written crash-safely, read by memory map.
+
+    DIR/plan.json          what is being prepared (source, tokenizer, options, units); a re-run must match it
+    DIR/units/NNNNN.json   a finished unit: its shards' token and document counts and checksums (commit point)
+    DIR/train/NNNNN.bin    the unit's training tokens: documents each followed by EOS, uint16 or uint32
+    DIR/validation/NNNNN.bin  the documents of the unit held out for validation
+    DIR/manifest.json      written last, when every unit is done: only then is DIR a prepared dataset
+
+A shard is written under DIR/.staging and renamed into place when complete, then its unit record is written
+atomically, so a killed preparation leaves finished units and nothing that looks finished but is not; a re-run
+tokenizes only the units without a record. Blocks are cut at read time, so one preparation serves any
+--seq_length: the shards in unit order form one token stream, block b is tokens [b*seq, (b+1)*seq) of it, and
+only the stream's final partial block is unused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from model_utils import documents
+from model_utils.documents import SPLIT, TRAIN, VALIDATION, Plan, Unit
+from model_utils.errors import ConfigError
+from model_utils.file_manifest import atomic_write_text
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+PLAN = "plan.json"
+SPLITS = (TRAIN, VALIDATION)
+_STAGING = ".staging"
+
+
+class DiskFull(ConfigError):
+    pass
+
+
+# --- the tokenizer as the workers see it ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """What tokenizing needs, picklable for worker processes: the Rust tokenizer's JSON and the EOS id."""
+
+    name: str
+    json: str
+    eos_id: int
+    vocab_size: int
+
+    @classmethod
+    def of(cls, tokenizer: Any, name: str) -> TokenizerSpec:
+        backend = tokenizer.backend_tokenizer
+        return cls(name, backend.to_str(), int(tokenizer.eos_token_id), backend.get_vocab_size(True))
+
+    @property
+    def fingerprint(self) -> str:
+        return hashlib.sha256(f"{self.json}|eos={self.eos_id}".encode()).hexdigest()[:16]
+
+    @property
+    def dtype(self) -> str:
+        return "uint16" if max(self.vocab_size, self.eos_id + 1) <= 2**16 else "uint32"
+
+
+def fingerprint_of(tokenizer: Any) -> str:
+    return TokenizerSpec.of(tokenizer, "").fingerprint
+
+
+class _Encoder:
+    def __init__(self, spec: TokenizerSpec) -> None:
+        from tokenizers import Tokenizer
+
+        self.tokenizer = Tokenizer.from_str(spec.json)
+        self.eos = spec.eos_id
+        self.dtype = np.dtype(spec.dtype)
+
+    def encode(self, texts: list[str]) -> list[np.ndarray]:
+        """Each text's ids with EOS appended, as the training tokenizer gives them (no special tokens added)."""
+        encodings = self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+        return [
+            np.fromiter(itertools.chain(e.ids, (self.eos,)), self.dtype, len(e.ids) + 1) for e in encodings
+        ]
+
+
+_encoders: dict[str, _Encoder] = {}
+
+
+def _encoder(spec: TokenizerSpec) -> _Encoder:
+    """One per process and tokenizer: a large tokenizer's JSON takes a while to load, and a worker runs many units."""
+    if spec.fingerprint not in _encoders:
+        _encoders[spec.fingerprint] = _Encoder(spec)
+    return _encoders[spec.fingerprint]
+
+
+# --- the plan record ------------------------------------------------------------------------------------
+
+
+def kit_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dskit")
+    except PackageNotFoundError:  # run from a source tree without installing
+        return "unknown"
+
+
+def plan_record(data: Any, source: Plan, spec: TokenizerSpec, max_tokens: int | None) -> dict[str, Any]:
+    """What a preparation is of: a re-run into the same directory must produce exactly this again."""
+    validation: dict[str, Any] = (
+        {"split": data.validation_split}
+        if data.validation_split is not None
+        else {"fraction": data.validation_fraction}
+    )
+    return {
+        "format_version": FORMAT_VERSION,
+        "kit_version": kit_version(),
+        "source": {
+            "dataset": data.dataset,
+            "config_name": data.dataset_config_name,
+            "train_split": data.train_split,
+            "fingerprint": source.fingerprint,
+            "bytes": source.total_bytes,
+        },
+        "tokenizer": {
+            "name": spec.name,
+            "fingerprint": spec.fingerprint,
+            "eos_id": spec.eos_id,
+            "vocab_size": spec.vocab_size,
+        },
+        "dtype": spec.dtype,
+        "seq_length": None,  # blocks are cut at read time
+        "text_field": data.text_field,
+        "validation": validation,
+        "max_tokens": max_tokens,
+        "units": [u.to_dict() for u in source.units],
+    }
+
+
+def _differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    keys = ("source", "tokenizer", "text_field", "validation", "max_tokens", "units", "format_version")
+    return [k for k in keys if a.get(k) != b.get(k)]
+
+
+def begin(out: Path, record: dict[str, Any]) -> None:
+    """Claim `out` for this preparation, or check that the one already there is the same. SLURM array tasks
+    call this at the same moment: the plan is created with link(), which exactly one of them wins."""
+    out.mkdir(parents=True, exist_ok=True)
+    plan_path = out / PLAN
+    if not plan_path.is_file():
+        content = [p for p in out.iterdir() if not p.name.startswith(".") and p.name != PLAN]
+        # (what another task wrote right after winning the plan counts as a plan: look again)
+        if content and not plan_path.is_file():
+            raise ConfigError(f"{out} is not empty and holds no preparation: pass an empty or new output dir")
+        tmp = out / f".{PLAN}.{socket.gethostname()}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(record, indent=1))
+        try:
+            os.link(tmp, plan_path)
+        except FileExistsError:
+            pass  # another task's plan won: compared below
+        finally:
+            tmp.unlink()
+    found = json.loads(plan_path.read_text())
+    changed = _differences(found, record)
+    if changed:
+        raise ConfigError(
+            f"{out} holds a preparation of other data or options (differs in: {', '.join(changed)}): "
+            "pass another output dir, or delete it to start over"
+        )
+
+
+def _unit_name(index: int) -> str:
+    return f"{index:05d}"
+
+
+def _record_path(out: Path, index: int) -> Path:
+    return out / "units" / f"{_unit_name(index)}.json"
+
+
+def unit_done(out: Path, index: int) -> dict[str, Any] | None:
+    """The unit's record when it finished and its shards are there at their recorded size; else None."""
+    path = _record_path(out, index)
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    for shard in record["shards"].values():
+        file = out / shard["file"]
+        if not file.is_file() or file.stat().st_size != shard["bytes"]:
+            return None
+    return record
+
+
+# --- writing one unit -----------------------------------------------------------------------------------
+
+
+class _ShardFile:
+    """One shard being written under .staging: appended to, checksummed as it goes, renamed when complete."""
+
+    def __init__(self, out: Path, split: str, index: int) -> None:
+        self.rel = f"{split}/{_unit_name(index)}.bin"
+        self.final = out / self.rel
+        self.staging = _staging_dir(out) / f"{split}-{_unit_name(index)}.bin"
+        self.staging.parent.mkdir(parents=True, exist_ok=True)
+        self.file = self.staging.open("wb")
+        self.hash = xxhash.xxh3_64()
+        self.tokens = 0
+        self.documents = 0
+
+    def write(self, arrays: list[np.ndarray]) -> None:
+        if not arrays:
+            return
+        data = np.concatenate(arrays).tobytes()
+        self.file.write(data)
+        self.hash.update(data)
+        self.tokens += sum(len(a) for a in arrays)
+        self.documents += len(arrays)
+
+    def commit(self) -> dict[str, Any]:
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        self.final.parent.mkdir(parents=True, exist_ok=True)
+        self.staging.replace(self.final)
+        return {
+            "file": self.rel,
+            "tokens": self.tokens,
+            "documents": self.documents,
+            "bytes": self.final.stat().st_size,
+            "xxh3": self.hash.hexdigest(),
+        }
+
+    def discard(self) -> None:
+        self.file.close()
+        self.staging.unlink(missing_ok=True)
+
+
+def _staging_dir(out: Path) -> Path:
+    """This process's own: another task's finish() or failure never touches a shard it is writing."""
+    return out / _STAGING / f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _held_out(index: int, fraction: float, phase: float) -> bool:
+    """Document `index` of a unit goes to validation: evenly spread, round(n x fraction) of any n in a row."""
+    return int((index + 1) * fraction + phase) > int(index * fraction + phase)
+
+
+def _phase(unit: Unit) -> float:
+    digest = hashlib.sha256(json.dumps(unit.to_dict(), sort_keys=True).encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def _disk_full(out: Path, what: str) -> DiskFull:
+    free = shutil.disk_usage(out).free / 2**30
+    return DiskFull(
+        f"disk full writing {what} in {out} ({free:.1f} GiB free): free space or pass another output dir; "
+        "a re-run keeps the units already finished"
+    )
+
+
+def write_unit(
+    out: Path,
+    index: int,
+    unit: Unit,
+    spec: TokenizerSpec,
+    text_field: str,
+    validation_fraction: float,
+    max_tokens: int | None,
+    progress: Callable[[int, int], None] = lambda nbytes, tokens: None,
+) -> dict[str, Any]:
+    """Tokenize one unit into its shards and commit its record. Memory: one batch of documents."""
+    encoder = _encoder(spec)
+    shards = {split: _ShardFile(out, split, index) for split in SPLITS}
+    phase = _phase(unit)
+    empty = 0
+    doc_index = 0
+    try:
+        for texts, nbytes in documents.read(unit, text_field, _staging_dir(out)):
+            kept = [t for t in texts if isinstance(t, str) and t]
+            empty += len(texts) - len(kept)
+            ids = encoder.encode(kept) if kept else []
+            if unit.role == SPLIT:
+                to_val = [_held_out(doc_index + i, validation_fraction, phase) for i in range(len(ids))]
+                shards[TRAIN].write([a for a, v in zip(ids, to_val, strict=True) if not v])
+                shards[VALIDATION].write([a for a, v in zip(ids, to_val, strict=True) if v])
+            else:
+                shards[unit.role].write(ids)
+            doc_index += len(ids)
+            progress(nbytes, sum(len(a) for a in ids))
+            if max_tokens is not None and shards[TRAIN].tokens >= max_tokens:
+                break  # a prefix: later units are not needed either, and the manifest cuts this one
+        committed = {split: shard.commit() for split, shard in shards.items()}
+    except OSError as e:
+        for shard in shards.values():
+            shard.discard()
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise _disk_full(out, f"unit {index}") from None
+        raise
+    except BaseException:
+        for shard in shards.values():
+            shard.discard()
+        raise
+    record = {"unit": unit.to_dict(), "shards": committed, "empty_documents": empty}
+    path = _record_path(out, index)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        atomic_write_text(path, json.dumps(record, indent=1))
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise _disk_full(out, f"the record of unit {index}") from None
+        raise
+    return record
+
+
+# --- finishing: the manifest ----------------------------------------------------------------------------
+
+
+def finish(out: Path) -> dict[str, Any] | None:
+    """Write the manifest when every unit needed is done (with --max_tokens: the units of the prefix); return
+    it, or None while units are missing. Safe to call from several processes: they write the same manifest."""
+    plan = json.loads((out / PLAN).read_text())
+    max_tokens = plan["max_tokens"]
+    shards: dict[str, list[dict[str, Any]]] = {TRAIN: [], VALIDATION: []}
+    train_tokens = used = 0
+    for index in range(len(plan["units"])):
+        if max_tokens is not None and train_tokens >= max_tokens:
+            break
+        used += 1
+        record = unit_done(out, index)
+        if record is None:
+            return None
+        for split in SPLITS:
+            shard = dict(record["shards"][split])
+            shard["file_tokens"] = shard["tokens"]
+            if split == TRAIN and max_tokens is not None:
+                shard["tokens"] = min(shard["tokens"], max_tokens - train_tokens)
+            if shard["tokens"]:
+                shards[split].append(shard)
+        train_tokens += record["shards"][TRAIN]["tokens"]
+    manifest = {key: value for key, value in plan.items() if key != "units"}
+    manifest |= {
+        "units": len(plan["units"]),
+        "shards": shards,
+        "tokens": {split: sum(s["tokens"] for s in shards[split]) for split in SPLITS},
+        "documents": {split: sum(s["documents"] for s in shards[split]) for split in SPLITS},
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=1))
+    if used == len(plan["units"]):  # nobody writes any more (killed writers' leftovers go too)
+        shutil.rmtree(out / _STAGING, ignore_errors=True)
+    else:  # a prefix: other tasks may still be writing units past it; they find the manifest and stop
+        with contextlib.suppress(OSError):
+            _staging_dir(out).rmdir()
+    return manifest
+
+
+def missing_units(out: Path) -> list[int]:
+    plan = json.loads((out / PLAN).read_text())
+    return [i for i in range(len(plan["units"])) if unit_done(out, i) is None]
+
+
+# --- reading --------------------------------------------------------------------------------------------
+
+
+def state(path: Path) -> str | None:
+    """ "prepared" (a manifest), "unfinished" (a plan without one), or None: not a prepared-dataset dir."""
+    if (path / MANIFEST).is_file():
+        return "prepared"
+    if (path / PLAN).is_file():
+        return "unfinished"
+    return None
+
+
+class TokenBlocks:
+    """Blocks of `seq_length` tokens over a split's shards, read by memory map: len() and rows by index."""
+
+    def __init__(self, arrays: list[np.ndarray], seq_length: int) -> None:
+        self.arrays = [a for a in arrays if len(a)]
+        self.starts = np.cumsum([0] + [len(a) for a in self.arrays])
+        self.seq_length = seq_length
+        self.count = int(self.starts[-1]) // seq_length
+        self.dtype = self.arrays[0].dtype if self.arrays else np.dtype(np.uint16)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def _span(self, start: int) -> np.ndarray:
+        end = start + self.seq_length
+        shard = int(np.searchsorted(self.starts, start, side="right")) - 1
+        offset = start - int(self.starts[shard])
+        array = self.arrays[shard]
+        if offset + self.seq_length <= len(array):
+            return array[offset : offset + self.seq_length]
+        pieces = []  # a block that runs across shards (documents continue across them, like across blocks)
+        while start < end:
+            take = min(end, int(self.starts[shard + 1])) - start
+            pieces.append(self.arrays[shard][offset : offset + take])
+            start, shard, offset = start + take, shard + 1, 0
+        return np.concatenate(pieces)
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        indices = np.asarray(index, dtype=np.int64)
+        flat = indices.reshape(-1)
+        if flat.size and (flat.min() < 0 or flat.max() >= self.count):
+            raise IndexError(f"block index out of range [0, {self.count})")
+        rows = np.empty((flat.size, self.seq_length), dtype=self.dtype)
+        for row, block in enumerate(flat.tolist()):
+            rows[row] = self._span(block * self.seq_length)
+        return rows.reshape(*indices.shape, self.seq_length)
+
+
+@dataclass(frozen=True)
+class PreparedDataset:
+    path: Path
+    manifest: dict[str, Any]
+
+    @property
+    def tokenizer_fingerprint(self) -> str:
+        return self.manifest["tokenizer"]["fingerprint"]
+
+    @property
+    def holds_validation(self) -> bool:
+        """Documents were held out (a validation split or a fraction above 0), whether or not any fell out."""
+        return self.manifest["validation"] != {"fraction": 0.0} and self.manifest["validation"] != {
+            "fraction": 0
+        }
+
+    def tokens(self, split: str) -> int:
+        return int(self.manifest["tokens"][split])
+
+    def blocks(self, split: str, seq_length: int) -> TokenBlocks:
+        dtype = np.dtype(self.manifest["dtype"])
+        arrays = []
+        for shard in self.manifest["shards"][split]:
+            file = self.path / shard["file"]
+            if not file.is_file() or file.stat().st_size < shard["tokens"] * dtype.itemsize:
+                raise ConfigError(
+                    f"prepared data {self.path}: shard {shard['file']} is missing or shorter than its manifest "
+                    "says: prepare the data again"
+                )
+            arrays.append(np.memmap(file, dtype=dtype, mode="r", shape=(shard["tokens"],)))
+        return TokenBlocks(arrays, seq_length)
+
+
+def open_prepared(path: Path) -> PreparedDataset:
+    found = state(path)
+    if found == "unfinished":
+        left = len(missing_units(path))
+        raise ConfigError(
+            f"{path} is an unfinished preparation ({left} units not done): re-run the same "
+            "`dskit prepare-data` command to finish it"
+        )
+    if found is None:
+        raise ConfigError(f"{path} is not a prepared dataset (no {MANIFEST}): run `dskit prepare-data`")
+    manifest = json.loads((path / MANIFEST).read_text())
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise ConfigError(
+            f"{path} was prepared in format {manifest.get('format_version')}, this kit reads {FORMAT_VERSION}: "
+            "prepare it again"
+        )
+    return PreparedDataset(path, manifest)
+
+
+def prepare_in_process(out: Path, record: dict[str, Any], spec: TokenizerSpec) -> dict[str, Any]:
+    """Prepare (or finish preparing) `out` in this process: the small-data path of the preflight."""
+    begin(out, record)
+    units = [Unit.from_dict(u) for u in record["units"]]
+    fraction = record["validation"].get("fraction", 0.0)
+    for index in missing_units(out):
+        write_unit(out, index, units[index], spec, record["text_field"], fraction, record["max_tokens"])
+        if (manifest := finish(out)) is not None:  # with --max_tokens the prefix may end before the last unit
+            return manifest
+    manifest = finish(out)
+    assert manifest is not None, "every unit is done"
+    return manifest
