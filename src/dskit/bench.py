@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dskit import columns
 from model_utils import distributed, kernels, metrics, preflight, startup
 from model_utils.arguments import AUTO, LIGER_CHOICES, parse_args
 from model_utils.assets import TOKENIZER_DIR
@@ -399,14 +400,7 @@ def format_table(rows: list[Row]) -> str:
                 "-" if r.vs_reference is None else f"{r.vs_reference:.2f}x",
             )
         )
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(
-            cell.ljust(w) if i == 0 else cell.rjust(w)
-            for i, (cell, w) in enumerate(zip(line, widths, strict=True))
-        )
-        for line in lines
-    )
+    return columns.align(lines)
 
 
 def main(argv: list[str]) -> int:

@@ -39,7 +39,7 @@ from typing import Any
 
 import psutil
 
-from dskit import prepare_data
+from dskit import columns, prepare_data
 from model_utils import documents, token_shards
 from model_utils.arguments import DataArgs, ModelArgs, field_help
 from model_utils.errors import CommandParser, ConfigError
@@ -458,17 +458,6 @@ def need_line(read: ReadPath, need: Need | None) -> str:
 # --- output ---------------------------------------------------------------------------------------------
 
 
-def _table(lines: list[tuple[str, ...]]) -> str:
-    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    return "\n".join(
-        "  ".join(
-            cell.ljust(w) if i == 0 else cell.rjust(w)
-            for i, (cell, w) in enumerate(zip(line, widths, strict=True))
-        )
-        for line in lines
-    )
-
-
 def format_prep_table(runs: list[PrepRun]) -> str:
     header = (
         "procs",
@@ -502,7 +491,7 @@ def format_prep_table(runs: list[PrepRun]) -> str:
                 r.shards_digest[:8],
             )
         )
-    return _table(lines)
+    return columns.align(lines)
 
 
 def format_read_table(read: ReadPath) -> str:
@@ -516,7 +505,7 @@ def format_read_table(read: ReadPath) -> str:
         f"{read.tokens_per_s:,.0f}",
         f"{1000 * read.seconds / read.steps:.3f}",
     )
-    return _table([header, row])
+    return columns.align([header, row])
 
 
 # --- the command ----------------------------------------------------------------------------------------

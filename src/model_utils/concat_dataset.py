@@ -27,23 +27,36 @@ from model_utils import documents, token_shards
 from model_utils.documents import EMBEDDED
 from model_utils.errors import ConfigError
 from model_utils.log import print0
+from model_utils.presets import PRESETS
 from model_utils.token_shards import PreparedDataset, TokenizerSpec
 
 # --- which blocks ---------------------------------------------------------------------------------------
 
 
 def _prepared_dir(data: Any) -> Path | None:
-    if data.dataset in (EMBEDDED,) or data.dataset.startswith("s3://") or not documents.is_local(data):
+    if data.dataset == EMBEDDED or data.dataset.startswith("s3://") or not documents.is_local(data):
         return None
     path = Path(data.dataset).expanduser()
     return path if path.is_dir() and token_shards.state(path) is not None else None
 
 
 def _prepare_command(data: Any, tokenizer_name: str) -> str:
-    args = ["dskit", "prepare-data", "PREPARED_DIR", "--dataset", data.dataset, "--tokenizer", tokenizer_name]
-    for flag in ("dataset_config_name", "text_field", "validation_split"):
-        if getattr(data, flag) is not None and getattr(data, flag) != "text":
-            args += [f"--{flag}", str(getattr(data, flag))]
+    """The `dskit prepare-data` command for this run's data: its data flags that differ from the defaults."""
+    tokenizer_flag = "--model" if tokenizer_name in PRESETS else "--tokenizer"  # a preset names its tokenizer
+    args = [
+        "dskit",
+        "prepare-data",
+        "PREPARED_DIR",
+        "--dataset",
+        data.dataset,
+        tokenizer_flag,
+        tokenizer_name,
+    ]
+    defaults = type(data)()
+    for flag in _PREPARATION_FLAGS:
+        value = getattr(data, flag)
+        if value != getattr(defaults, flag):
+            args += [f"--{flag}", str(value).lower() if isinstance(value, bool) else str(value)]
     return shlex.join(args)
 
 
@@ -52,7 +65,7 @@ def _hub_size(data: Any) -> int | None:
 
     try:
         info = datasets.load_dataset_builder(data.dataset, data.dataset_config_name).info
-    except Exception:
+    except Exception:  # offline, unknown, gated, a loading script's error: the size is then unknown
         return None
     split = (info.splits or {}).get(data.train_split)
     return getattr(split, "num_bytes", None) or info.dataset_size
@@ -95,15 +108,11 @@ def _cache_key(record: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
 
 
-# What a prepared dir fixed when it was made: giving these with one would be silently ignored.
-_FIXED_AT_PREPARATION = (
-    "dataset_config_name",
-    "text_field",
-    "train_split",
-    "validation_split",
-    "validation_fraction",
-    "unprepared_limit_mb",
-)
+# The data flags a preparation reads (besides --dataset), and those a prepared dir fixed when it was made: giving
+# one of the latter with a prepared dir would be silently ignored. (--local_dataset true may point at one.)
+_PREPARATION_FLAGS = ("dataset_config_name", "local_dataset", "text_field", "train_split")
+_PREPARATION_FLAGS += ("validation_split", "validation_fraction")
+_FIXED_AT_PREPARATION = (*(f for f in _PREPARATION_FLAGS if f != "local_dataset"), "unprepared_limit_mb")
 
 
 def prepared(

@@ -76,10 +76,6 @@ class Plan:
     fingerprint: str
     total_bytes: int | None  # None for a hub dataset: its size is known only after reading it
 
-    @property
-    def description(self) -> str:
-        return f"{len(self.units)} units"
-
 
 def _digest(items: list[Any]) -> str:
     return hashlib.sha256(json.dumps(items, sort_keys=True, default=str).encode()).hexdigest()[:20]
@@ -275,13 +271,9 @@ def plan(data: Any, unit_bytes: int = DEFAULT_UNIT_BYTES) -> Plan:
 # --- reading --------------------------------------------------------------------------------------------
 
 
-class MissingField(ConfigError):
-    pass
-
-
-def _missing(field: str, where: str, present: Any) -> MissingField:
+def _missing(field: str, where: str, present: Any) -> ConfigError:
     columns = ", ".join(map(str, present)) if present else "none"
-    return MissingField(f"{where} has no field {field!r} (fields: {columns}): pass --text_field")
+    return ConfigError(f"{where} has no field {field!r} (fields: {columns}): pass --text_field")
 
 
 @contextlib.contextmanager

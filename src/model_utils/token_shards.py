@@ -44,10 +44,6 @@ SPLITS = (TRAIN, VALIDATION)
 _STAGING = ".staging"
 
 
-class DiskFull(ConfigError):
-    pass
-
-
 # --- the tokenizer as the workers see it ----------------------------------------------------------------
 
 
@@ -72,10 +68,6 @@ class TokenizerSpec:
     @property
     def dtype(self) -> str:
         return "uint16" if max(self.vocab_size, self.eos_id + 1) <= 2**16 else "uint32"
-
-
-def fingerprint_of(tokenizer: Any) -> str:
-    return TokenizerSpec.of(tokenizer, "").fingerprint
 
 
 class _Encoder:
@@ -252,7 +244,7 @@ def _staging_dir(out: Path) -> Path:
 
 
 def _held_out(index: int, fraction: float, phase: float) -> bool:
-    """Document `index` of a unit goes to validation: evenly spread, round(n x fraction) of any n in a row."""
+    """Document `index` of a unit goes to validation: evenly spread, n x fraction (+-1) of any n in a row."""
     return int((index + 1) * fraction + phase) > int(index * fraction + phase)
 
 
@@ -261,9 +253,9 @@ def _phase(unit: Unit) -> float:
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
-def _disk_full(out: Path, what: str) -> DiskFull:
+def _disk_full(out: Path, what: str) -> ConfigError:
     free = shutil.disk_usage(out).free / 2**30
-    return DiskFull(
+    return ConfigError(
         f"disk full writing {what} in {out} ({free:.1f} GiB free): free space or pass another output dir; "
         "a re-run keeps the units already finished"
     )

@@ -8,6 +8,7 @@ import gzip
 import json
 import os
 import re
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -356,14 +357,22 @@ def test_a_field_missing_in_one_file_names_it(tmp_path: Path, tokenizer) -> None
 
 def test_a_large_unprepared_dataset_is_refused_with_the_command(tmp_path: Path, tokenizer) -> None:
     path = write_jsonl(tmp_path / "big.jsonl", ["x" * 1000] * 1200)  # 1.2 MB
-    data = DataArgs(dataset=str(path), unprepared_limit_mb=1, data_cache_dir=str(tmp_path / "c"))
+    data = DataArgs(
+        dataset=str(path), unprepared_limit_mb=1, text_field="text", data_cache_dir=str(tmp_path / "c")
+    )
     with pytest.raises(ConfigError) as refused:
         run_data(data, tokenizer)
     line = str(refused.value)
-    assert (
-        "over --unprepared_limit_mb 1" in line and f"dskit prepare-data PREPARED_DIR --dataset {path}" in line
+    assert "is 1 MB, over --unprepared_limit_mb 1" in line and "\n" not in line
+    assert not (tmp_path / "c").exists()  # nothing tokenized, nothing written
+    # The command it gives runs as it is, and the run then trains on what it prepared.
+    command = shlex.split(re.search(r"`(dskit prepare-data [^`]+)`", line).group(1))
+    assert command[:4] == ["dskit", "prepare-data", "PREPARED_DIR", "--dataset"]
+    assert prepare_data.main([str(tmp_path / "prepared"), *command[3:]]) == 0
+    dataset = run_data(DataArgs(dataset=str(tmp_path / "prepared")), tokenizer)
+    assert dataset.tokens("train") + dataset.tokens("validation") == 1200 * len(
+        ids_of(tokenizer, ["x" * 1000])
     )
-    assert "\n" not in line and not (tmp_path / "c").exists()  # nothing tokenized, nothing written
 
 
 def test_hub_streaming_path_reads_shards(tmp_path: Path, tokenizer) -> None:
