@@ -31,8 +31,8 @@ warm: env
 	$(PY) -c "from model_utils import kernels; kernels.warm_deepspeed_ops(['ShareMemCommBuilder', 'CPUAdamBuilder'])"
 
 lint: env
-	.venv/bin/ruff format --check src tests
-	.venv/bin/ruff check src tests
+	.venv/bin/ruff format --check src tests examples
+	.venv/bin/ruff check src tests examples
 
 test: warm lint
 	$(PY) -m pytest tests -q

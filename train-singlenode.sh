@@ -10,7 +10,7 @@
 #   CUDA_VERSION=12.9 ./train-singlenode.sh node7 --max_steps 200
 # Bootstraps uv (pip) and the locked environment (uv sync --frozen) on first use.
 # Output is teed to logs/<job name>_<timestamp>.out, so `tail -f logs/*.out` follows the run.
-# Environment overrides: JOB_NAME, MAX_STEPS CHECKPOINT_FREQ DATASET DATASET_CONFIG_NAME LOCAL_DATASET MODEL
+# Environment overrides: JOB_NAME, CONFIG MAX_STEPS CHECKPOINT_FREQ DATASET DATASET_CONFIG_NAME LOCAL_DATASET MODEL
 # (training defaults; flags given here win), CUDA_VERSION, GPUS_PER_NODE, CPU_RANKS, OMP_NUM_THREADS (threads
 # per rank; default: cores / ranks).
 set -euo pipefail
@@ -129,6 +129,7 @@ train_here() {
 
   # Training defaults: an empty value leaves the trainer's own default. Flags given on the command line come
   # after these, and the last occurrence of a flag wins.
+  CONFIG=${CONFIG:-}
   MAX_STEPS=${MAX_STEPS:-}
   CHECKPOINT_FREQ=${CHECKPOINT_FREQ:-}
   DATASET=${DATASET:-}
@@ -136,6 +137,7 @@ train_here() {
   LOCAL_DATASET=${LOCAL_DATASET:-}
   MODEL=${MODEL:-}
   train_args=()
+  [[ -z "$CONFIG" ]] || train_args+=(--config "$CONFIG")
   [[ -z "$MAX_STEPS" ]] || train_args+=(--max_steps "$MAX_STEPS")
   [[ -z "$CHECKPOINT_FREQ" ]] || train_args+=(--checkpoint_freq "$CHECKPOINT_FREQ")
   [[ -z "$DATASET" ]] || train_args+=(--dataset "$DATASET")

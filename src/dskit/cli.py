@@ -14,13 +14,23 @@ from model_utils.errors import ConfigError
 from model_utils.log import error_line
 
 
-def _config(train_args: list[str]) -> int:
+def _config(args: list[str]) -> int:
     from model_utils import preflight
     from model_utils.arguments import parse_args
 
-    with contextlib.redirect_stdout(sys.stderr):  # stdout is the JSON alone, for scripts
-        run = preflight.prepare(parse_args(train_args))
-    print(json.dumps(run.to_dict(), indent=2, default=str))
+    output = "json"
+    if args[:1] == ["--format"]:  # before the training flags, which pass through verbatim
+        if len(args) < 2 or args[1] not in ("json", "yaml"):
+            raise ConfigError("dskit config --format takes json or yaml (dskit config --format yaml [FLAGS])")
+        output, args = args[1], args[2:]
+    with contextlib.redirect_stdout(sys.stderr):  # stdout is the JSON (or YAML) alone, for scripts
+        run = preflight.prepare(parse_args(args))
+    if output == "yaml":
+        from dskit import run_yaml
+
+        print(run_yaml.dump(run), end="")
+    else:
+        print(json.dumps(run.to_dict(), indent=2, default=str))
     return 0
 
 
@@ -87,7 +97,8 @@ def _module_main(module: str) -> typing.Callable[[list[str]], int]:
 COMMANDS = {
     "config": (
         _config,
-        "print the resolved run for these training flags (config and derived values), as JSON",
+        "print the resolved run for these training flags (config and derived values), as JSON, or with "
+        "--format yaml first as a run file for --config",
     ),
     "prepare": (
         _prepare,

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from model_utils import startup
+from model_utils.activation_checkpointing import NONE, checkpointed_layers, every_n_layers
 from model_utils.errors import CommandParser, ConfigError, first_line
 
 GiB = 2**30
@@ -58,6 +59,10 @@ class ModelShape:
     # Bytes per parameter of the model each process builds on the CPU before deepspeed.initialize: presets are
     # built with from_config (fp32); pretrained models load directly in the training dtype (models.build_model).
     build_bytes_per_param: int
+    # LoRA (--lora_r): the parameters that train (adapters and --lora_modules_to_save), and the largest of them.
+    # Only these have gradients and optimizer states; the frozen base is parameters alone. None: all train.
+    trainable_params: int | None = None
+    largest_trainable_param: int | None = None
 
 
 def model_shape(model_config: Any, name: str, built_from_config: bool, dtype_bytes: int = 2) -> ModelShape:
@@ -121,9 +126,11 @@ class ZeroLayout:
     contiguous_gradients: bool = True
     liger: bool = False  # Liger's Triton kernels (--liger), which keep fewer activations
     compile: bool = False  # torch.compile (--compile)
+    activation_checkpointing: str = "none"  # --activation_checkpointing: none, full or every_N
 
     def __post_init__(self) -> None:
         check_zero(self.stage, self.offload_optimizer, self.offload_params)
+        every_n_layers(self.activation_checkpointing)  # a ConfigError naming the accepted forms
         for name in ("nodes", "ranks_per_node", "micro_batch_size", "gradient_accumulation_steps"):
             if getattr(self, name) < 1:
                 flag = "gpus_per_node" if name == "ranks_per_node" else name
@@ -150,6 +157,12 @@ class ZeroLayout:
         }[self.offload]
         pinned = " (pinned)" if self.pin_memory and self.offload != "none" else ""
         return f"ZeRO-{self.stage}, {where}{pinned}, micro batch {self.micro_batch_size}"
+
+    def describe_recommended(self) -> str:
+        """describe(), with the activation checkpointing the recommendation needs (the header shows it apart)."""
+        if every_n_layers(self.activation_checkpointing) is None:
+            return self.describe()
+        return f"{self.describe()}, --activation_checkpointing {self.activation_checkpointing}"
 
 
 @dataclass(frozen=True)
@@ -251,7 +264,8 @@ def flce_chunk_rows(tokens: int, m: ModelShape) -> int:
 
 
 def _activations(m: ModelShape, lay: ZeroLayout) -> tuple[int, int, str, str]:
-    """(layers' bytes, logits' bytes, how each is counted) at the peak, the start of backward."""
+    """(layers' bytes, logits' bytes, how each is counted); their sum is the peak: the start of backward, or with
+    activation checkpointing possibly the top layer's backward (and its recompute)."""
     tokens = lay.micro_batch_size * lay.seq_length
     b, h = lay.dtype_bytes, m.hidden_size
     # Under torch.compile inductor keeps no more than eager does, so the eager count is the bound there.
@@ -260,12 +274,10 @@ def _activations(m: ModelShape, lay: ZeroLayout) -> tuple[int, int, str, str]:
     fused_loss = lay.liger and lay.stage != 3
     per_layer = layer_bytes_per_token(m, b, liger_layers)
     final_norm = b * h + 4 if liger_layers else (4 + b) * h
-    layers = tokens * (m.num_layers * per_layer + final_norm)
     kernels = (
         "Liger kernels" if liger_layers else "eager" + (", compiled: at most this" if lay.compile else "")
     )
     batch = f"{lay.micro_batch_size} x {lay.seq_length} tokens"
-    layers_how = f"{m.num_layers} layers x {batch} x {per_layer / 1024:.1f} KiB ({kernels}), no checkpointing"
     if fused_loss:
         # The gradient of the last hidden state and a fp32 loss per token, computed in the forward; the
         # logits exist one chunk at a time. Its lm_head weight gradient is the largest gradient in buffers.
@@ -277,6 +289,30 @@ def _activations(m: ModelShape, lay: ZeroLayout) -> tuple[int, int, str, str]:
         logits_how = (
             f"{batch} x {m.vocab_size} vocab x {LOGITS_PEAK_BYTES} B (fp32 log-softmax and its gradients)"
         )
+    L, value = m.num_layers, lay.activation_checkpointing
+    every, recomputed = every_n_layers(value), checkpointed_layers(L, value)
+    if every is None:
+        layers = tokens * (L * per_layer + final_norm)
+        layers_how = f"{L} layers x {batch} x {per_layer / 1024:.1f} KiB ({kernels}), no checkpointing"
+    else:
+        # A checkpointed layer keeps only its input, the bf16 hidden states (the checkpoint holds them for the
+        # recompute). The backward pass recomputes one checkpointed layer at a time; below the top layer that fits
+        # in what the layers above it have freed by then. The top layer's backward comes after the loss's has
+        # freed the logits and the final norm, and holds the layer's own temporaries (the gradients of the MLP's
+        # intermediate tensors and of a few hidden states, measured) -- and, when the top layer itself is
+        # checkpointed (full, or L-1 a multiple of N), its recomputed activations: the peak is the larger of
+        # the two moments. Within 5% of a traced forward and backward (tests/unit/test_activation_checkpointing.py).
+        kept = tokens * ((L - recomputed) * per_layer + recomputed * b * h)
+        top_recomputed = (L - 1) % every == 0
+        at_start = tokens * final_norm  # with the logits, at the start of backward
+        backward = 4 * b * m.intermediate_size + 3 * b * h + (per_layer if top_recomputed else 0)
+        at_top_backward = tokens * backward - logits  # the logits freed by then
+        layers = kept + max(at_start, at_top_backward)
+        layers_how = (
+            f"{batch} x ({L - recomputed} layers x {per_layer / 1024:.1f} KiB + {recomputed} checkpointed x "
+            f"{b * h / 1024:.1f} KiB input) ({kernels}), checkpointing {value}"
+            + (", the top layer's backward at the peak" if at_top_backward > at_start else "")
+        )
     return layers, logits, layers_how, logits_how
 
 
@@ -285,6 +321,14 @@ def estimate(m: ModelShape, lay: ZeroLayout) -> MemoryEstimate:
     part = _ceil_div(P, N)  # each rank's partition of the flat parameter buffer
     L, big = m.largest_layer_params, m.largest_param
     off_opt = lay.offload_optimizer
+    # The parameters that hold gradients and optimizer states: all, or under LoRA the adapters alone (the frozen
+    # base reaches no optimizer group). Parameters themselves (the bf16 base) count in full either way.
+    lora = m.trainable_params is not None
+    full_params, full_part = P, part
+    if lora:
+        assert m.trainable_params is not None and m.largest_trainable_param is not None
+        P, part = m.trainable_params, _ceil_div(m.trainable_params, N)
+        L, big = min(L, P), m.largest_trainable_param  # a layer's gradient: at most the trainable ones
 
     # --- parameters, gradients, optimizer states on the GPU ---
     # Optimizer states are the fp32 master weights and Adam's m and v: 12 bytes per parameter of the partition.
@@ -293,7 +337,7 @@ def estimate(m: ModelShape, lay: ZeroLayout) -> MemoryEstimate:
     if lay.stage == 3:
         # Parameters under stage3_param_persistence_threshold (norms) stay whole on every rank: well under 1%
         # of a real model, and left out as DeepSpeed's estimator leaves them out.
-        params = (0 if lay.offload_params else b * part) + b * L
+        params = (0 if lay.offload_params else b * full_part) + b * m.largest_layer_params
         params_how = f"{'' if lay.offload_params else '1/' + str(N) + ' partition + '}largest layer gathered"
         # The fp32 copy of the partition's gradients exists only during the step, when no layer is gathered,
         # so the larger of the two counts. DeepSpeed's estimator counts 18 bytes per partitioned parameter and
@@ -301,7 +345,7 @@ def estimate(m: ModelShape, lay: ZeroLayout) -> MemoryEstimate:
         grads = (0 if off_opt else b * part) + max(b * L, 0 if off_opt else 4 * part)
         grads_how = "largest layer's" + ("" if off_opt else f" or the fp32 step copy, + 1/{N} partition")
     else:
-        params, params_how = b * P, "whole model on every GPU"
+        params, params_how = b * full_params, "whole model on every GPU"
         if lay.stage == 0:
             grads, grads_how = (b + 4) * P, "whole model, bf16 and fp32"
         elif lay.stage == 1:
@@ -355,6 +399,7 @@ def estimate(m: ModelShape, lay: ZeroLayout) -> MemoryEstimate:
     )
 
     # --- host RAM per node ---
+    P = full_params  # the build holds the whole model
     ranks = lay.ranks_per_node
     pin = lay.pin_memory
     # DeepSpeed's estimators assume the fp32 model built on the CPU in every process (their "4 * n_gpus"),
@@ -379,7 +424,7 @@ def estimate(m: ModelShape, lay: ZeroLayout) -> MemoryEstimate:
             per_rank += 12 * part + _pinned_subgroups(part, 4, sub, pin) + _pinned(b * part, pin)
             offload_how = "fp32 master, Adam m and v, fp32 and bf16 grads"
         if lay.offload_params:
-            per_rank += _pinned(b * part, pin)
+            per_rank += _pinned(b * full_part, pin)
             offload_how += (", " if offload_how else "") + "bf16 parameters"
     offload = ranks * per_rank
     processes = ranks * PROCESS_BASELINE_BYTES
@@ -529,10 +574,31 @@ def _resolve(
         # CPU ranks never use Liger (kernels.plan): no need to import it to find out which models it covers.
         liger=on_gpus and resolve_liger(cfg.model.liger, str(getattr(model_config, "model_type", ""))),
         compile=bool(cfg.model.compile),
+        activation_checkpointing=cfg.model.activation_checkpointing,
     )
     source = settings.source
     shape = model_shape(model_config, source.name, source.preset is not None, layout.dtype_bytes)
+    if cfg.lora.enabled:
+        shape = with_lora(shape, model_config, cfg.lora)
     return shape, layout
+
+
+def with_lora(shape: ModelShape, model_config: Any, lora_args: Any) -> ModelShape:
+    """The shape of the model with --lora_r's adapters: counted on the meta device with peft, as training
+    builds it (lora.apply); its total includes the adapters, and only they (and --lora_modules_to_save) train."""
+    import torch
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from model_utils import lora
+
+    with torch.device("meta"):
+        model = get_peft_model(AutoModelForCausalLM.from_config(model_config), lora.peft_config(lora_args))
+    trainable, total = lora.parameter_counts(model)
+    largest = max(p.numel() for p in model.parameters() if p.requires_grad)
+    return dataclasses.replace(
+        shape, total_params=total, trainable_params=trainable, largest_trainable_param=largest
+    )
 
 
 def estimate_for_config(
@@ -613,34 +679,48 @@ class Recommendation:
     reason: str
 
 
-def _candidates() -> list[tuple[str, int]]:
-    """(offload, stage) from fastest to slowest: no offload before offload, then a lower stage before a higher.
+# Activation checkpointing the recommendation tries, least recompute first (every_N: about 1/N of full's).
+CHECKPOINTING_LEVELS = (NONE, "every_4", "every_2", "full")
 
+
+def _candidates(num_layers: int) -> list[tuple[str, str, int]]:
+    """(offload, activation checkpointing, stage) from fastest to slowest: no offload before offload; within
+    each, no checkpointing before checkpointing (least recompute first), then a lower stage before a higher.
+
+    Checkpointing comes before offload: its recompute costs at most one more forward of the decoder (about a third
+    more compute), while CPU offload runs Adam on the CPU every step and the GPU mostly waits (docs/speed.md).
     Stage 0 (plain data parallel) is left out: ZeRO-1 trains as fast with a fraction of the optimizer memory.
     """
+    levels: list[str] = []
+    for level in CHECKPOINTING_LEVELS:  # every_4 and every_2 of a 2-layer model are the same one layer
+        if not levels or checkpointed_layers(num_layers, level) > checkpointed_layers(num_layers, levels[-1]):
+            levels.append(level)
     out = []
     for offload in OFFLOADS:
-        for stage in (1, 2, 3):
-            if offload == "optimizer+params" and stage != 3:
-                continue
-            out.append((offload, stage))
+        for level in levels:
+            for stage in (1, 2, 3):
+                if offload == "optimizer+params" and stage != 3:
+                    continue
+                out.append((offload, level, stage))
     return out
 
 
 def recommend(shape: ModelShape, layout: ZeroLayout, cap: Capacity) -> Recommendation:
-    """The fastest (offload, stage) that fits at micro batch 1, at its largest power-of-two micro batch."""
+    """The fastest (offload, activation checkpointing, stage) that fits at micro batch 1, at its largest
+    power-of-two micro batch."""
     if cap.gpu_bytes is None:
         return Recommendation(
             None, "pass --gpu_memory_gib (e.g. 80 for an H100) to get a configuration that fits"
         )
     batches = [2**k for k in range(int(math.log2(MAX_MICRO_BATCH)) + 1)]
     nearest_faster: str | None = None  # why the layout just faster than the chosen one does not fit
-    for offload, stage in _candidates():
+    for offload, checkpointing, stage in _candidates(shape.num_layers):
         base = dataclasses.replace(
             layout,
             stage=stage,
             offload_optimizer=offload != "none",
             offload_params=offload == "optimizer+params",
+            activation_checkpointing=checkpointing,
         )
         smallest = estimate(shape, dataclasses.replace(base, micro_batch_size=1))
         if not fits(smallest, cap):
@@ -662,10 +742,23 @@ def recommend(shape: ModelShape, layout: ZeroLayout, cap: Capacity) -> Recommend
         )
         if best != layout.micro_batch_size:
             reason += " (change --gradient_accumulation_steps to keep the global batch)"
+        if checkpointing != NONE:
+            without = estimate(shape, dataclasses.replace(smallest.layout, activation_checkpointing=NONE))
+            reason += (
+                f"; activation checkpointing {checkpointing} is what makes it fit (without it "
+                f"{_shortfall(without, cap)})"
+            )
         return Recommendation(chosen, reason)
     slowest = estimate(
         shape,
-        dataclasses.replace(layout, stage=3, offload_optimizer=True, offload_params=True, micro_batch_size=1),
+        dataclasses.replace(
+            layout,
+            stage=3,
+            offload_optimizer=True,
+            offload_params=True,
+            micro_batch_size=1,
+            activation_checkpointing="full",
+        ),
     )
     if _status(slowest.device_bytes_per_rank, cap.gpu_bytes) != "fits":
         fix = "use a shorter --seq_length or GPUs with more memory"
@@ -679,6 +772,8 @@ def recommend(shape: ModelShape, layout: ZeroLayout, cap: Capacity) -> Recommend
 def _shortfall(est: MemoryEstimate, cap: Capacity) -> str:
     lay = est.layout
     name = f"ZeRO-{lay.stage} with {'no offload' if lay.offload == 'none' else lay.offload + ' offload'}"
+    if every_n_layers(lay.activation_checkpointing) is not None:
+        name += f" and activation checkpointing {lay.activation_checkpointing}"
     if _status(est.device_bytes_per_rank, cap.gpu_bytes) != "fits":
         assert cap.gpu_bytes is not None
         limit = FIT_FRACTION * cap.gpu_bytes / GiB
@@ -693,8 +788,12 @@ def _shortfall(est: MemoryEstimate, cap: Capacity) -> str:
 
 def _kernels(lay: ZeroLayout) -> str:
     if lay.liger:
-        return "Liger kernels" + (" (fused loss only) + torch.compile" if lay.compile else "")
-    return "torch.compile" if lay.compile else "eager (no Liger)"
+        kernels = "Liger kernels" + (" (fused loss only) + torch.compile" if lay.compile else "")
+    else:
+        kernels = "torch.compile" if lay.compile else "eager (no Liger)"
+    if every_n_layers(lay.activation_checkpointing) is not None:
+        kernels += f", activation checkpointing {lay.activation_checkpointing}"
+    return kernels
 
 
 def render(est: MemoryEstimate) -> str:
@@ -702,7 +801,12 @@ def render(est: MemoryEstimate) -> str:
     precision = {2: "bf16", 4: "fp32"}[lay.dtype_bytes]
     header = [
         f"{m.name}: {m.total_params / 1e6:.2f}M parameters (largest layer {m.largest_layer_params / 1e6:.2f}M), "
-        f"{m.num_layers} layers, vocab {m.vocab_size}",
+        f"{m.num_layers} layers, vocab {m.vocab_size}"
+        + (
+            ""
+            if m.trainable_params is None
+            else f"; LoRA: {m.trainable_params / 1e6:.2f}M train (gradients and optimizer states), the rest frozen"
+        ),
         f"{lay.nodes} node{'s' if lay.nodes > 1 else ''} x {lay.ranks_per_node} GPUs, {lay.describe()} x "
         f"{lay.seq_length} tokens, {precision}, {_kernels(lay)}",
     ]
@@ -780,10 +884,21 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default: {ModelArgs.liger})",
     )
     parser.add_argument(
+        "--activation_checkpointing",
+        default=ModelArgs.activation_checkpointing,
+        help="none, full or every_N (every N-th decoder layer), as training would use it; the recommendation "
+        f"adds it when only that fits (default: {ModelArgs.activation_checkpointing})",
+    )
+    parser.add_argument(
         "--deepspeed_config",
         default=OptimArgs.deepspeed_config,
         help=f"DeepSpeed JSON config (default: {OptimArgs.deepspeed_config})",
     )
+    from model_utils.arguments import LoraArgs, field_help
+
+    # LoRA as training would apply it: gradients and optimizer states for the adapters only.
+    for name in ("lora_r", "lora_target_modules", "lora_modules_to_save"):
+        parser.add_argument(f"--{name}", **field_help(LoraArgs, name))
     parser.add_argument(
         "--gpu_memory_gib",
         type=float,
@@ -801,7 +916,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     from model_utils import preflight
-    from model_utils.arguments import DataArgs, ModelArgs, OptimArgs, TrainConfig
+    from model_utils.arguments import DataArgs, LoraArgs, ModelArgs, OptimArgs, TrainConfig
 
     ns = build_parser().parse_args(argv)
     for flag in ("gpu_memory_gib", "host_memory_gib"):
@@ -819,9 +934,16 @@ def main(argv: list[str]) -> int:
     if ns.micro_batch_size is not None:
         optim["micro_batch_size"] = ns.micro_batch_size
     cfg = TrainConfig(
-        model=ModelArgs(model=ns.model, liger=ns.liger),
+        model=ModelArgs(model=ns.model, liger=ns.liger, activation_checkpointing=ns.activation_checkpointing),
         data=DataArgs(seq_length=ns.seq_length),
         optim=OptimArgs(**optim),
+        lora=LoraArgs(
+            **{
+                name: getattr(ns, name)
+                for name in ("lora_r", "lora_target_modules", "lora_modules_to_save")
+                if getattr(ns, name) is not None
+            }
+        ),
         # A flag given explicitly must agree with an explicit key in the DeepSpeed config, as in training.
         explicit=frozenset({"micro_batch_size"} if ns.micro_batch_size is not None else set()),
     )
@@ -837,5 +959,5 @@ def main(argv: list[str]) -> int:
     if rec.estimate is None:
         print(f"recommend: {rec.reason}")
     else:
-        print(f"recommend: {rec.estimate.layout.describe()} — {rec.reason}")
+        print(f"recommend: {rec.estimate.layout.describe_recommended()} — {rec.reason}")
     return 0

@@ -16,6 +16,13 @@ Memory (P = parameter count; "copies" are of the full weights):
   * The model is built on the meta device and the state dict is assigned into it (no second copy), and
     safetensors writes straight from the tensors' memory. The mapped shard pages count in RSS while mapped,
     but they are page cache the kernel can drop, not allocations.
+  * LoRA (--lora_r; launch.json's `lora` section): the frozen base comes from the shards' frozen parameters
+    (DeepSpeed saves them beside the adapters' fp32 masters), every tensor in fp32, so the merge W + B A alpha/r
+    is rounded to the output dtype once: 4 B/P at peak plus the output.
+
+Every tensor is checked to hold its full shape's elements before anything is written: a ZeRO-3 parameter
+saved while partitioned (what a plain save_pretrained of a live ZeRO-3 PeftModel writes: 0-element adapters)
+is refused, not exported.
 """
 
 from __future__ import annotations
@@ -26,7 +33,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from model_utils import file_manifest, startup
+from model_utils import file_manifest, launch_record, lora, startup
+from model_utils.arguments import LoraArgs
 from model_utils.checkpoint import HF_CONFIG_DIR, is_tag_dir, newest_verified
 from model_utils.errors import CommandParser, ConfigError, first_line
 
@@ -115,7 +123,27 @@ def _state_dict(load_dir: Path, tag: str, dtype: Any) -> dict[str, Any]:
     return state
 
 
-def _build_model(hf_config: Path, state: dict[str, Any]) -> Any:
+def _lora_args(tag_dir: Path) -> LoraArgs | None:
+    """The run's LoRA flags (launch.json's config), or None for a run without LoRA."""
+    section = ((launch_record.read(tag_dir) or {}).get("config") or {}).get("lora")
+    if not section or section.get("lora_r") is None:
+        return None
+    return LoraArgs(**section)
+
+
+def _check_complete(model: Any, state: dict[str, Any], tag_dir: Path) -> None:
+    """Every tensor holds as many elements as its full shape (the model on the meta device knows it)."""
+    for name, expected in model.state_dict().items():
+        got = state.get(name)
+        if got is not None and got.numel() != expected.numel():
+            raise ConfigError(
+                f"checkpoint {tag_dir} holds {name} with {got.numel()} of its {expected.numel()} elements (a "
+                "partitioned ZeRO-3 parameter, not the whole tensor): nothing was written; export another tag"
+            )
+
+
+def _build_model(hf_config: Path, state: dict[str, Any], lora_args: LoraArgs | None, tag_dir: Path) -> Any:
+    """The model (a PeftModel for a LoRA run) with the checkpoint's weights assigned."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -123,6 +151,12 @@ def _build_model(hf_config: Path, state: dict[str, Any]) -> Any:
     # Meta device: no memory for weights that are about to be replaced by `assign`.
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
+        if lora_args is not None:
+            from peft import get_peft_model
+
+            # The run's adapters around the same module tree: its parameter names are the checkpoint's.
+            model = get_peft_model(model, lora.peft_config(lora_args))
+    _check_complete(model, state, tag_dir)
     try:
         model.load_state_dict(state, strict=True, assign=True)
     except RuntimeError as e:
@@ -132,7 +166,7 @@ def _build_model(hf_config: Path, state: dict[str, Any]) -> Any:
             "export with the config the run trained"
         ) from None
     # assign=True gives each name its own Parameter; tie them again so save_pretrained stores one tensor.
-    model.tie_weights()
+    lora.hf_model(model).tie_weights()
     meta = [name for name, p in model.named_parameters() if p.is_meta]
     # Non-persistent buffers (RoPE inv_freq) stay on meta: save_pretrained does not write them and
     # from_pretrained recomputes them.
@@ -140,17 +174,24 @@ def _build_model(hf_config: Path, state: dict[str, Any]) -> Any:
     if (hf_config / "generation_config.json").is_file():
         from transformers import GenerationConfig
 
-        model.generation_config = GenerationConfig.from_pretrained(hf_config)
+        lora.hf_model(model).generation_config = GenerationConfig.from_pretrained(hf_config)
     return model
 
 
-def export(checkpoint: Path, out_dir: Path, dtype: str = "bf16") -> Path:
+def export(checkpoint: Path, out_dir: Path, dtype: str = "bf16", adapter_only: bool = False) -> Path:
     """Write the checkpoint (a run's checkpoint dir: its newest verified tag; or a tag dir) as a Hugging Face
-    model dir; returns out_dir."""
+    model dir, a LoRA run's adapters merged; with adapter_only, a LoRA run's adapter dir (PeftModel loads it
+    on the base model). Returns out_dir."""
     torch_dtype = _torch_dtype(dtype)
     load_dir, tag = resolve_tag(Path(checkpoint))
     _check_out_dir(Path(out_dir))
     hf_config = _check_tag(load_dir / tag)
+    lora_args = _lora_args(load_dir / tag)
+    if adapter_only and lora_args is None:
+        raise ConfigError(
+            f"checkpoint {load_dir / tag} was trained without LoRA (--lora_r): it has no adapter to write; "
+            "drop --adapter_only to export the whole model"
+        )
 
     from transformers import AutoTokenizer
 
@@ -161,7 +202,19 @@ def export(checkpoint: Path, out_dir: Path, dtype: str = "bf16") -> Path:
         raise ConfigError(
             f"no usable tokenizer in {hf_config} ({reason}): copy the run's tokenizer files there"
         ) from None
-    model = _build_model(hf_config, _state_dict(load_dir, tag, torch_dtype))
+    import torch
+
+    # LoRA: fp32 until the merge (or the adapter's cast), so the merged weights are rounded once.
+    load_dtype = torch.float32 if lora_args is not None else torch_dtype
+    model = _build_model(hf_config, _state_dict(load_dir, tag, load_dtype), lora_args, load_dir / tag)
+    if lora_args is not None:
+        if adapter_only:
+            base = ((launch_record.read(load_dir / tag) or {}).get("config") or {}).get("model", {})
+            model.peft_config["default"].base_model_name_or_path = base.get("model")
+        else:
+            model = model.merge_and_unload()
+            model.tie_weights()
+        model = model.to(torch_dtype)
 
     # Write into a temp sibling and rename at the end: a failed export leaves no half-written out_dir.
     out_dir = Path(out_dir)
@@ -193,13 +246,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("checkpoint", help="a checkpoint dir (its 'latest' tag is exported) or a tag dir")
     parser.add_argument("out_dir", help="new (or empty) directory for the model")
     parser.add_argument("--dtype", choices=DTYPES, default="bf16", help="weight dtype (default: bf16)")
+    parser.add_argument(
+        "--adapter_only",
+        action="store_true",
+        help="a LoRA run: write the adapter (PeftModel.from_pretrained on the base model) instead of the merged model",
+    )
     return parser
 
 
 def main(argv: list[str]) -> int:
-    """`dskit export CHECKPOINT[/TAG] OUT_DIR [--dtype bf16|fp32]`."""
+    """`dskit export CHECKPOINT[/TAG] OUT_DIR [--dtype bf16|fp32] [--adapter_only]`."""
     ns = build_parser().parse_args(argv)
-    out = export(Path(ns.checkpoint), Path(ns.out_dir), ns.dtype)
+    out = export(Path(ns.checkpoint), Path(ns.out_dir), ns.dtype, ns.adapter_only)
     load_dir, tag = resolve_tag(Path(ns.checkpoint))
-    print(f"exported {load_dir / tag} to {out} ({ns.dtype})")
+    what = ", the LoRA adapter only" if ns.adapter_only else ""
+    print(f"exported {load_dir / tag} to {out} ({ns.dtype}{what})")
     return 0

@@ -21,14 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from model_utils import documents, models, token_shards
-from model_utils.arguments import DataArgs, ModelArgs, field_help
+from model_utils.arguments import ONE_OF, DataArgs, ModelArgs, field_help
 from model_utils.documents import Unit
 from model_utils.errors import CommandParser, ConfigError
 from model_utils.token_shards import TokenizerSpec
 
 # The training flags that say what to prepare; the rest of a training config does not apply here.
 DATA_FLAGS = ("dataset", "dataset_config_name", "local_dataset", "text_field", "train_split")
-DATA_FLAGS += ("validation_split", "validation_fraction")
+DATA_FLAGS += ("validation_split", "validation_dataset", "validation_fraction")
 
 
 def default_num_proc() -> int:
@@ -240,8 +240,9 @@ def prepare(args: argparse.Namespace) -> int:
     _check(args)
     given = {name: getattr(args, name) for name in DATA_FLAGS if getattr(args, name) is not None}
     explicit = set(given)
-    if "validation_split" in explicit and "validation_fraction" in explicit:
-        raise ConfigError("--validation_split and --validation_fraction both given: keep one of them")
+    for pair in ONE_OF:
+        if set(pair) <= explicit:
+            raise ConfigError(f"--{pair[0]} and --{pair[1]} both given: keep one of them")
     data = DataArgs(**given)
     model = args.model or ModelArgs().model
     tokenizer = models.load_tokenizer(models.resolve_model_source(model), args.tokenizer)

@@ -85,6 +85,7 @@ class LaunchValues:
     dataset: str | None = None
     dataset_config_name: str | None = None
     local_dataset: bool | None = None
+    config: str | None = None  # a run file (YAML) the launchers pass as --config
     # also the model whose tokenizer prepare-data.sbatch tokenizes with, so the prepared data fits the training
     model: str | None = None
     # prepare-data.sbatch: an array job on CPU nodes that tokenizes prepare_dataset into prepared_dir
@@ -147,7 +148,7 @@ class LaunchValues:
         for name in ("prepare_tasks", "prepare_cpus_per_task"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} = {getattr(self, name)}: use at least 1")
-        for name in ("container_image", "dataset", "dataset_config_name", "model"):
+        for name in ("container_image", "dataset", "dataset_config_name", "model", "config"):
             value = getattr(self, name)
             if value is not None and not value.strip():
                 raise ConfigError(f"{name} is empty: give a value or leave the key out")
@@ -309,6 +310,7 @@ def resolve_values(values_file: str | None = None, sets: list[str] | None = None
 # render value giving its default). The templates' defaults, the flags they add and their usage text all come
 # from this table.
 TRAINING_ENV: tuple[tuple[str, str], ...] = (
+    ("CONFIG", "config"),  # a run file (--config); the other variables and the flags override it
     ("MAX_STEPS", "max_steps"),
     ("CHECKPOINT_FREQ", "checkpoint_freq"),
     ("DATASET", "dataset"),

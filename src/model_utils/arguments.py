@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import json
 import sys
 import types
 import typing
@@ -20,12 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from model_utils import activation_checkpointing
 from model_utils.errors import ConfigError
 from model_utils.presets import PRESETS, PRETRAINED_LR
 from model_utils.schedules import DECAY_TYPES, SCHEDULES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 AUTO = "auto"
+CONFIG = "config"  # --config RUN.yaml: the run file (run_file.py), not a field: it sets the fields
 LIGER_CHOICES = (AUTO, "on", "off")
 
 
@@ -54,12 +57,20 @@ class ModelArgs:
     compile: bool = field(
         default=False, metadata=_flag("torch.compile the model (compiles on the first step of each rank)")
     )
+    activation_checkpointing: str = field(
+        default="none",
+        metadata=_flag(
+            "recompute decoder layers' activations in backward instead of keeping them: 'none', 'full' (every "
+            "layer) or 'every_N' (every N-th layer, e.g. every_2)"
+        ),
+    )
 
     def __post_init__(self) -> None:
         if not self.model.strip():
             raise ConfigError("--model is empty: give a preset name, a hub id or a local directory")
         if self.liger not in LIGER_CHOICES:
             raise ConfigError(f"--liger {self.liger!r} is not one of {', '.join(LIGER_CHOICES)}")
+        activation_checkpointing.every_n_layers(self.activation_checkpointing)  # a ConfigError if malformed
 
 
 @dataclass(frozen=True)
@@ -85,6 +96,13 @@ class DataArgs:
     train_split: str = field(default="train", metadata=_flag("split to train on"))
     validation_split: str | None = field(
         default=None, metadata=_flag("split holding validation data; default: hold out --validation_fraction")
+    )
+    validation_dataset: str | None = field(
+        default=None,
+        metadata=_flag(
+            "a separate dataset of validation documents (a path, s3:// prefix or hub name, read like --dataset); "
+            "default: hold out --validation_fraction"
+        ),
     )
     validation_fraction: float = field(
         default=0.02,
@@ -277,6 +295,57 @@ class CheckpointArgs:
                 )
 
 
+LORA_TARGETS_DEFAULT = "q_proj,k_proj,v_proj,o_proj"
+
+
+def names_list(text: str | None) -> tuple[str, ...]:
+    """A comma-separated flag value as names: 'q_proj, v_proj' -> ('q_proj', 'v_proj'); None -> ()."""
+    return tuple(n.strip() for n in (text or "").split(",") if n.strip())
+
+
+@dataclass(frozen=True)
+class LoraArgs:
+    lora_r: int | None = field(
+        default=None,
+        metadata=_flag(
+            "LoRA rank: train low-rank adapters (peft) on a frozen pretrained model instead of every weight; "
+            "default: off (full fine-tuning)"
+        ),
+    )
+    lora_alpha: float = field(
+        default=32.0, metadata=_flag("LoRA scaling numerator: the adapter's update is scaled by alpha / r")
+    )
+    lora_dropout: float = field(default=0.0, metadata=_flag("dropout on the LoRA adapters' input, in [0, 1)"))
+    lora_target_modules: str = field(
+        default=LORA_TARGETS_DEFAULT,
+        metadata=_flag("comma-separated names of the linear layers that get adapters (e.g. q_proj,v_proj)"),
+    )
+    lora_modules_to_save: str | None = field(
+        default=None,
+        metadata=_flag(
+            "comma-separated names of modules trained in full beside the adapters (e.g. lm_head); default: none"
+        ),
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return self.lora_r is not None
+
+    def __post_init__(self) -> None:
+        if self.lora_r is not None and self.lora_r < 1:
+            raise ConfigError(f"--lora_r {self.lora_r} must be at least 1, e.g. 16")
+        if not self.lora_alpha > 0:
+            raise ConfigError(f"--lora_alpha {self.lora_alpha} must be positive, e.g. 32 (twice --lora_r)")
+        if not 0 <= self.lora_dropout < 1:
+            raise ConfigError(f"--lora_dropout {self.lora_dropout} is outside [0, 1): use e.g. 0.05")
+        if not names_list(self.lora_target_modules):
+            raise ConfigError(
+                f"--lora_target_modules is empty: name linear layers, e.g. {LORA_TARGETS_DEFAULT}"
+            )
+        if self.lora_modules_to_save is not None and not names_list(self.lora_modules_to_save):
+            raise ConfigError("--lora_modules_to_save is empty: name modules (e.g. lm_head) or drop the flag")
+
+
 REPORT_TO = ("none", "tensorboard", "mlflow")
 
 
@@ -304,6 +373,36 @@ class ReportArgs:
         default=None,
         metadata=_flag("the device's dense bf16 peak TFLOP/s for MFU; default: from a table of known GPUs"),
     )
+    mlflow_parent_run_id: str | None = field(
+        default=None,
+        metadata=_flag(
+            "MLflow: log to one child run of this run (in its experiment), continued across resumes and "
+            "requeues; default: a top-level run in experiment dskit"
+        ),
+    )
+    profile_steps: str | None = field(
+        default=None,
+        metadata=_flag(
+            "A:B: a torch profiler trace (Chrome trace, rank 0) of optimizer steps A to B, next to the metrics "
+            "file; an MLflow artifact with --report_to mlflow"
+        ),
+    )
+
+    def profile_window(self) -> tuple[int, int] | None:
+        """--profile_steps as (first, last) optimizer step, both included; None when not profiling."""
+        if self.profile_steps is None:
+            return None
+        first, sep, last = self.profile_steps.partition(":")
+        if not (sep and first.strip().isdigit() and last.strip().isdigit()):
+            raise ConfigError(
+                f"--profile_steps {self.profile_steps!r} is not A:B: give the first and last optimizer step, e.g. 10:12"
+            )
+        window = int(first), int(last)
+        if not 1 <= window[0] <= window[1]:
+            raise ConfigError(
+                f"--profile_steps {self.profile_steps} must be A:B with 1 <= A <= B (steps count from 1), e.g. 10:12"
+            )
+        return window
 
     def __post_init__(self) -> None:
         if self.report_to not in REPORT_TO:
@@ -316,6 +415,13 @@ class ReportArgs:
             raise ConfigError(f"--peak_tflops {self.peak_tflops} must be positive, e.g. 989 for an H100 SXM")
         if not self.metrics_file.strip():
             raise ConfigError("--metrics_file is empty: give a path, 'auto' or 'none'")
+        self.profile_window()  # a ConfigError if malformed
+        if self.mlflow_parent_run_id is not None and self.report_to != "mlflow":
+            raise ConfigError(
+                "--mlflow_parent_run_id is for MLflow: add --report_to mlflow or drop --mlflow_parent_run_id"
+            )
+        if self.mlflow_parent_run_id is not None and not self.mlflow_parent_run_id.strip():
+            raise ConfigError("--mlflow_parent_run_id is empty: give the parent run's id (32 hex characters)")
 
 
 SECTIONS: dict[str, type] = {
@@ -325,6 +431,7 @@ SECTIONS: dict[str, type] = {
     "loop": LoopArgs,
     "checkpoint": CheckpointArgs,
     "report": ReportArgs,
+    "lora": LoraArgs,
 }
 
 
@@ -336,8 +443,12 @@ class TrainConfig:
     loop: LoopArgs = field(default_factory=LoopArgs)
     checkpoint: CheckpointArgs = field(default_factory=CheckpointArgs)
     report: ReportArgs = field(default_factory=ReportArgs)
-    # Flags the user gave explicitly: they must agree with explicit DeepSpeed keys.
+    lora: LoraArgs = field(default_factory=LoraArgs)
+    # Flags the user gave explicitly (on the command line or in the run file): they must agree with explicit
+    # DeepSpeed keys.
     explicit: frozenset[str] = frozenset()
+    # The run file's embedded `deepspeed:` mapping, as JSON text (frozen), used instead of --deepspeed_config.
+    deepspeed_inline: str | None = None
 
     def __post_init__(self) -> None:
         if {"epochs", "max_steps"} <= self.explicit:
@@ -353,6 +464,12 @@ class TrainConfig:
             )
         if self.data.validation_split is not None and "validation_fraction" in self.explicit:
             raise ConfigError("--validation_split and --validation_fraction both given: keep one of them")
+        if self.data.validation_dataset is not None and (
+            self.data.validation_split is not None or "validation_fraction" in self.explicit
+        ):
+            raise ConfigError(
+                "--validation_dataset and --validation_split/--validation_fraction both given: keep one of them"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -412,6 +529,11 @@ def build_parser(prog: str = "train_deepspeed.py") -> argparse.ArgumentParser:
         argument_default=argparse.SUPPRESS,
         description="Train a causal LM with DeepSpeed ZeRO. Every default lives in model_utils/arguments.py.",
     )
+    parser.add_argument(
+        f"--{CONFIG}",
+        metavar="RUN.yaml",
+        help="a run file: the flags as YAML sections, and an embedded `deepspeed:` config; flags override it",
+    )
     for section, cls in SECTIONS.items():
         group = parser.add_argument_group(section)
         hints = typing.get_type_hints(cls)
@@ -445,13 +567,39 @@ def _reject_unknown_flags(argv: list[str], known: set[str]) -> None:
         raise ConfigError(f"unknown flag --{name}: {hint}")
 
 
+# Pairs of which one decides: a flag given for one drops the other from the run file, rather than clash with it.
+ONE_OF = (
+    ("epochs", "max_steps"),
+    ("warmup_steps", "warmup_ratio"),
+    ("validation_split", "validation_fraction"),
+    ("validation_dataset", "validation_fraction"),
+    ("validation_dataset", "validation_split"),
+)
+
+
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
+    """Defaults, then the run file (--config), then the flags: each later one overrides."""
     argv = list(sys.argv[1:] if argv is None else argv)
     fields = flag_fields()
-    _reject_unknown_flags(argv, set(fields))
+    _reject_unknown_flags(argv, {*fields, CONFIG})
     given = vars(build_parser().parse_args(argv))
+    values: dict[str, Any] = {}
+    inline = None
+    config_path = given.pop(CONFIG, None)
+    if config_path is not None:
+        from model_utils import run_file
+
+        loaded = run_file.load(config_path, SECTIONS)
+        values = dict(loaded.values)
+        for pair in ONE_OF:
+            for flag, other in (pair, pair[::-1]):
+                if flag in given and other in values and other not in given:
+                    del values[other]
+        if loaded.deepspeed is not None and "deepspeed_config" not in given:
+            inline = json.dumps(loaded.deepspeed, sort_keys=True)
+    values |= given
     per_section: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
-    for name, value in given.items():
+    for name, value in values.items():
         per_section[fields[name][0]][name] = value
     sections = {s: SECTIONS[s](**kwargs) for s, kwargs in per_section.items()}
-    return TrainConfig(**sections, explicit=frozenset(given))
+    return TrainConfig(**sections, explicit=frozenset(values), deepspeed_inline=inline)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from model_utils import kernels, startup
+from model_utils import activation_checkpointing, kernels, startup
 from model_utils.errors import ConfigError
 from model_utils.log import print0
 
@@ -125,9 +125,16 @@ class _GpuProbe:
     """fits(batch) for search_micro_batch: builds the model on the GPU on first use (a cache hit never does)."""
 
     def __init__(
-        self, model_config: Any, dtype: torch.dtype, chosen: kernels.Plan, seq_length: int, reserve: int
+        self,
+        model_config: Any,
+        dtype: torch.dtype,
+        chosen: kernels.Plan,
+        seq_length: int,
+        reserve: int,
+        checkpointing: str = activation_checkpointing.NONE,
     ) -> None:
         self.model_config, self.dtype, self.chosen = model_config, dtype, chosen
+        self.checkpointing = checkpointing  # --activation_checkpointing, as training will use it
         self.seq_length, self.reserve = seq_length, reserve
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.limit = int(HEADROOM * torch.cuda.get_device_properties(self.device).total_memory)
@@ -141,6 +148,7 @@ class _GpuProbe:
                 self.model_config, attn_implementation="sdpa", dtype=self.dtype
             )
         model.train()
+        activation_checkpointing.apply(model, self.checkpointing, announce=False)
         return kernels.apply_plan(model, self.chosen, compile_model=False)  # the kernels training will use
 
     def __call__(self, batch: int) -> bool:
@@ -152,7 +160,7 @@ class _GpuProbe:
             ballast = torch.empty(self.reserve, dtype=torch.uint8, device=self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             ids = torch.randint(0, self.model_config.vocab_size, (batch, self.seq_length), device=self.device)
-            self.model(input_ids=ids, labels=ids).loss.backward()
+            self.model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
             torch.cuda.synchronize(self.device)
             peak = torch.cuda.max_memory_reserved(self.device)
         except torch.OutOfMemoryError:
@@ -193,8 +201,11 @@ def resolve(settings: RunSettings, n_train_blocks: int, n_val_blocks: int | None
         f"{cfg.model.model}|{_architecture_hash(model_config)}|{gpu}|seq {seq_length}|"
         f"{chosen.describe()}|reserve {reserve // 2**20} MiB"
     )
+    checkpointing = cfg.model.activation_checkpointing
+    if checkpointing != activation_checkpointing.NONE:  # keys of runs without it stay as they were
+        key += f"|activation checkpointing {checkpointing}"
     cache = ProbeCache(Path(cfg.data.data_cache_dir) / CACHE_FILE)
-    probe = _GpuProbe(model_config, ds.torch_dtype(), chosen, seq_length, reserve)
+    probe = _GpuProbe(model_config, ds.torch_dtype(), chosen, seq_length, reserve, checkpointing)
     try:
         with kernels.patches_undone(skeleton):
             found, from_cache = cached_search(

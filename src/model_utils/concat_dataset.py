@@ -111,7 +111,7 @@ def _cache_key(record: dict[str, Any]) -> str:
 # The data flags a preparation reads (besides --dataset), and those a prepared dir fixed when it was made: giving
 # one of the latter with a prepared dir would be silently ignored. (--local_dataset true may point at one.)
 _PREPARATION_FLAGS = ("dataset_config_name", "local_dataset", "text_field", "train_split")
-_PREPARATION_FLAGS += ("validation_split", "validation_fraction")
+_PREPARATION_FLAGS += ("validation_split", "validation_dataset", "validation_fraction")
 _FIXED_AT_PREPARATION = (*(f for f in _PREPARATION_FLAGS if f != "local_dataset"), "unprepared_limit_mb")
 
 

@@ -206,8 +206,11 @@ def _set(d: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
 
 def resolve(cfg: TrainConfig) -> DeepSpeedSettings:
     """Merge the flags into the DeepSpeed file and validate the result with DeepSpeed's own config class."""
-    path = cfg.optim.deepspeed_config
-    ds = load_deepspeed_json(path)
+    if cfg.deepspeed_inline is not None:
+        path, ds = "the run file's deepspeed section", json.loads(cfg.deepspeed_inline)
+    else:
+        path = cfg.optim.deepspeed_config
+        ds = load_deepspeed_json(path)
     if "train_batch_size" in ds and ds["train_batch_size"] != AUTO:
         raise ConfigError(
             f"{path} sets train_batch_size: remove it (DeepSpeed derives it from micro batch x accumulation x ranks)"

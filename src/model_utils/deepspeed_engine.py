@@ -11,6 +11,10 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from model_utils import startup
 
+# DeepSpeed's global timers (deepspeed.utils.timer): summed over the micro-batches of one optimizer step, and
+# reset at its accumulation boundary. Its *_microstep timers hold the last micro-batch only.
+WALL_CLOCK_TIMERS = ("fwd", "bwd", "bwd_inner", "bwd_allreduce", "step")
+
 
 class DeepSpeedEngine:
     def __init__(
@@ -36,14 +40,16 @@ class DeepSpeedEngine:
     def train_step(self, micro_batches: list[torch.Tensor]) -> torch.Tensor:
         losses = []
         for batch in micro_batches:
-            loss = self._engine(input_ids=batch, labels=batch).loss
+            loss = self._engine(
+                input_ids=batch, labels=batch, use_cache=False
+            ).loss  # no KV cache in training
             self._engine.backward(loss)
             self._engine.step()  # DeepSpeed steps the optimizer only at the accumulation boundary
             losses.append(loss.detach())
         return torch.stack(losses).double().mean()
 
     def eval_loss(self, batch: torch.Tensor) -> float:
-        return self._engine(input_ids=batch, labels=batch).loss.item()
+        return self._engine(input_ids=batch, labels=batch, use_cache=False).loss.item()
 
     def train(self) -> None:
         self._engine.train()
@@ -63,6 +69,14 @@ class DeepSpeedEngine:
 
     def skipped_steps(self) -> int:
         return int(getattr(self._engine, "skipped_steps", 0))
+
+    def wall_clock_ms(self) -> dict[str, float]:
+        if not self._engine.wall_clock_breakdown():
+            return {}
+        # DeepSpeed caches its timers in every engine.step() before it logs and resets the global ones at the
+        # boundary: read after the boundary step, the cache holds this optimizer step's totals.
+        cache = self._engine.get_wall_clock_timers()
+        return {name: float(cache[name]) for name in WALL_CLOCK_TIMERS if name in cache}
 
     def start_schedule_at(self, step: int) -> None:
         # DeepSpeed's warm-up schedulers start at iteration -1, i.e. lr 0 for the first optimizer step; step k

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import gzip
 import hashlib
 import io
@@ -255,13 +256,20 @@ def _split_units(data: Any, split: str, role: str, unit_bytes: int) -> tuple[lis
 
 def plan(data: Any, unit_bytes: int = DEFAULT_UNIT_BYTES) -> Plan:
     """The units of the configured dataset: its train split (with --validation_fraction held out of each unit)
-    and, with --validation_split, the validation split's units after them."""
-    train_role = SPLIT if data.validation_split is None and data.validation_fraction > 0 else TRAIN
+    and, with --validation_split or --validation_dataset, the validation documents' units after them."""
+    separate = data.validation_split is not None or data.validation_dataset is not None
+    train_role = SPLIT if not separate and data.validation_fraction > 0 else TRAIN
     units, identity = _split_units(data, data.train_split, train_role, unit_bytes)
     if not units:
         raise ConfigError(f"dataset {data.dataset} is empty: point --dataset at files with documents")
-    if data.validation_split is not None:
-        val_units, val_identity = _split_units(data, data.validation_split, VALIDATION, unit_bytes)
+    if separate:
+        if data.validation_dataset is not None:  # another dataset, read whole (its train split) as validation
+            source = dataclasses.replace(data, dataset=data.validation_dataset, local_dataset=None)
+            val_units, val_identity = _split_units(source, TRAIN, VALIDATION, unit_bytes)
+        else:
+            val_units, val_identity = _split_units(data, data.validation_split, VALIDATION, unit_bytes)
+        if not val_units:
+            raise ConfigError(f"the validation data of {data.dataset} is empty: point it at documents")
         units, identity = units + val_units, identity + val_identity
     sizes = [u.size for u in units]
     total = None if any(u.kind == "hub" for u in units) else sum(sizes)

@@ -41,6 +41,11 @@ class Engine(Protocol):
         """Optimizer steps the engine skipped (fp16 overflow), over the whole run."""
         ...
 
+    def wall_clock_ms(self) -> dict[str, float]:
+        """Milliseconds the last optimizer step spent per phase (forward, backward, optimizer step, ...) when
+        the engine measures them (DeepSpeed: `wall_clock_breakdown`); empty when it does not."""
+        ...
+
     def start_schedule_at(self, step: int) -> None:
         """Position the lr schedule for optimizer step `step + 1` (fresh starts and weights-only resumes)."""
         ...

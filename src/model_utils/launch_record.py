@@ -57,10 +57,11 @@ def collect(
     batch, max_steps, ...)."""
     import torch
 
+    run = {"config": config, "resolved": resolved, "deepspeed_config": deepspeed_config}
     return {
-        "config": config,
-        "resolved": resolved,
-        "deepspeed_config": deepspeed_config,
+        **run,
+        # Two launches trained the same run (flags, run file, DeepSpeed dict, resolved values) iff these match.
+        "run_sha256": hashlib.sha256(json.dumps(run, sort_keys=True, default=str).encode()).hexdigest(),
         "git_commit": _git_commit(),
         "uv_lock_sha256": _lock_hash(),
         "nodes": os.environ.get("SLURM_JOB_NODELIST") or socket.gethostname(),

@@ -82,6 +82,7 @@ class StepClock:
     steps: int = 0
     loss_sum: float = 0.0
     excluded_s: float = 0.0  # validation and checkpoint saves: not training throughput
+    phase_ms: dict[str, float] = field(default_factory=dict)  # the engine's wall-clock breakdown, summed
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started - self.excluded_s

@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from model_utils import (
+    activation_checkpointing,
     checkpoint,
     concat_dataset,
     deepspeed_config,
     launch_record,
+    lora,
     models,
     startup,
     token_shards,
@@ -53,6 +55,9 @@ class RunSettings:
             "warmup_steps": ds.warmup_steps,
             "precision": ds.precision,
             "zero_stage": ds.zero_stage,
+            "activation_checkpointing": activation_checkpointing.describe(
+                self.config.model.activation_checkpointing, int(self.model_config.num_hidden_layers)
+            ),
         }
 
 
@@ -150,6 +155,9 @@ def resolve_settings(cfg: TrainConfig) -> RunSettings:
     ds = deepspeed_config.resolve(cfg)
     model_config = models.load_model_config(source)
     seq_length = models.resolve_seq_length(cfg.data.seq_length, model_config)
+    lora.check(
+        cfg.lora, source, model_config
+    )  # a preset, or modules the model lacks: before anything is built
     return RunSettings(cfg, source, model_config, seq_length, ds)
 
 
@@ -216,9 +224,12 @@ def prepare(
 
         # Fails in seconds when a tracking server is down, not after MLflow's minutes of retries.
         decide_once(lambda: trackers.check_reachable(cfg.report.tracking_uri))
+    _check_mlflow_parent(cfg, decide_once)
+    _check_profile_steps(cfg, cfg.loop.max_steps if cfg.loop.epochs is None else None)
     resume = decide_once(lambda: _select_resume(cfg))
     if resume is not None:  # refuse another architecture or block length before any data work
         launch_record.check_resume(resume.path, settings.model_config, settings.seq_length, world_size=None)
+        lora.check_resume(resume.path, cfg.lora)
     tokenizer = models.load_tokenizer(settings.source, cfg.model.tokenizer)
     models.check_vocab(tokenizer, settings.model_config)
     tokenizer_name = cfg.model.tokenizer or settings.source.name
@@ -242,6 +253,7 @@ def prepare(
         max_steps = cfg.loop.max_steps
     elif steps_per_epoch is not None:
         max_steps = epochs * steps_per_epoch
+    _check_profile_steps(cfg, max_steps)  # with --epochs, max_steps is known only now
     run = ResolvedRun(
         settings,
         tokenizer,
@@ -263,6 +275,28 @@ def prepare(
                 f"Warm-up of {ds.warmup_steps} steps is longer than the run: warming up over its {max_steps} steps"
             )
     return run
+
+
+def _check_profile_steps(cfg: TrainConfig, max_steps: int | None) -> None:
+    window = cfg.report.profile_window()
+    if window is not None and max_steps is not None and window[1] > max_steps:
+        raise ConfigError(
+            f"--profile_steps {cfg.report.profile_steps} ends after the run's last step {max_steps}: profile "
+            f"steps up to {max_steps}"
+        )
+
+
+def _check_mlflow_parent(cfg: TrainConfig, decide_once: Callable[[Callable[[], Any]], Any]) -> None:
+    """MLFLOW_RUN_ID agrees with --mlflow_parent_run_id (every rank drops it), and the store has the parent."""
+    report = cfg.report
+    if report.report_to != "mlflow":
+        return
+    from model_utils import trackers
+
+    parent = report.mlflow_parent_run_id
+    trackers.take_env_run_id(parent)
+    if parent is not None:
+        decide_once(lambda: trackers.check_parent_run(report.tracking_uri, Path(report.report_dir), parent))
 
 
 def _micro_batch(

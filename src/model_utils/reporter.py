@@ -48,6 +48,7 @@ class Reporter:
         self.overhead_s = 0.0  # the log lines' own cost, which the clock does not include
         self.metrics = metrics.MetricsFile(None)
         self.tracker: trackers.Tracker = trackers.NoTracker()
+        self.output_base: Path | None = None  # rank 0: where the run's files go (the metrics file's path)
 
     def open(self, run_id: str, tracker_state: dict[str, Any], resume_step: int | None) -> dict[str, Any]:
         """Rank 0's metrics file and tracker; a resumed run appends to the same file and continues its tracker
@@ -64,8 +65,11 @@ class Reporter:
             tracking_uri=report.tracking_uri,
             resume_state=tracker_state or None,
             resume_step=resume_step,
+            parent_run_id=report.mlflow_parent_run_id,
         )
         self.metrics = metrics.MetricsFile(path)
+        # A profiler trace goes next to the metrics file, or where the file would be when it is off.
+        self.output_base = path or metrics_path("auto", report.report_dir, run_id)
         print0(
             f"Run {run_id}: metrics to {path or 'nowhere (--metrics_file none)'}"
             + ("" if report.report_to == "none" else f", {report.report_to} under {report.report_dir}")
@@ -80,9 +84,11 @@ class Reporter:
     def data_waited(self, seconds: float) -> None:
         self.clock.data_wait_s += seconds
 
-    def step_done(self, loss: float) -> None:
+    def step_done(self, loss: float, phase_ms: dict[str, float] | None = None) -> None:
         self.clock.loss_sum += loss
         self.clock.steps += 1
+        for name, ms in (phase_ms or {}).items():
+            self.clock.phase_ms[name] = self.clock.phase_ms.get(name, 0.0) + ms
 
     def exclude(self, seconds: float) -> None:
         """Validation and checkpoint saves: not training throughput."""
@@ -135,7 +141,10 @@ class Reporter:
             "epoch": state.position.epoch,
             "consumed": state.position.consumed,
             "eta_s": (self.max_steps - state.step) * step_time,
+            "ppl": math.exp(min(loss, 50.0)),  # of the interval's mean loss, as val_ppl is of val_loss
         }
+        # DeepSpeed's wall-clock breakdown (rank 0's), per optimizer step: e.g. ds_fwd_ms, ds_step_ms.
+        record.update({f"ds_{name}_ms": ms / clock.steps for name, ms in clock.phase_ms.items()})
         print0(step_line.step_line(record, self.max_steps, time_left))
         self.metrics.write(record)
         self.tracker.log_metrics(state.step, record)
@@ -159,6 +168,10 @@ class Reporter:
     def event(self, record: dict[str, Any]) -> None:
         """A record in the metrics file only (start, end, checkpoint)."""
         self.metrics.write(record)
+
+    def artifact(self, path: Path, folder: str) -> None:
+        """A file the run wrote (the profiler trace), kept with the tracker's run when it keeps files."""
+        self.tracker.log_artifact(path, folder)
 
     def close(self) -> None:
         """Idempotent; runs on every exit path (the tracker's run is ended, the progress bar cleared)."""

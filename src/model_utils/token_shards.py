@@ -110,11 +110,12 @@ def kit_version() -> str:
 
 def plan_record(data: Any, source: Plan, spec: TokenizerSpec, max_tokens: int | None) -> dict[str, Any]:
     """What a preparation is of: a re-run into the same directory must produce exactly this again."""
-    validation: dict[str, Any] = (
-        {"split": data.validation_split}
-        if data.validation_split is not None
-        else {"fraction": data.validation_fraction}
-    )
+    if data.validation_dataset is not None:
+        validation: dict[str, Any] = {"dataset": data.validation_dataset}
+    elif data.validation_split is not None:
+        validation = {"split": data.validation_split}
+    else:
+        validation = {"fraction": data.validation_fraction}
     return {
         "format_version": FORMAT_VERSION,
         "kit_version": kit_version(),

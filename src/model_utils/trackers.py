@@ -3,6 +3,11 @@
 Rank 0 opens one tracker. `open_tracker` also returns a small JSON-able resume state that the trainer keeps in
 every checkpoint and hands back after a resume or requeue, so the job continues the same TensorBoard run dir and
 the same MLflow run instead of starting a new one. mlflow is imported only when it is selected (~5 s).
+
+With `--mlflow_parent_run_id` the MLflow run is a child of that run (tag mlflow.parentRunId, in the parent's
+experiment), created once and continued like any other. The kit talks to MLflow through `MlflowClient` with
+explicit run ids; the environment's MLFLOW_RUN_ID, which makes MLflow's fluent API resume that run instead of
+starting (or nesting) one, is checked against the parent and then removed from the ranks' environment.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
 import socket
 import time
@@ -20,12 +26,15 @@ from urllib.parse import urlparse
 
 from model_utils.arguments import REPORT_TO
 from model_utils.errors import ConfigError, first_line
-from model_utils.log import warn0
+from model_utils.log import print0, warn0
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
 DEFAULT_EXPERIMENT = "dskit"
+# MLflow's fluent API resumes the run this names (mlflow run, orchestrators' child processes set it).
+MLFLOW_RUN_ID_ENV = "MLFLOW_RUN_ID"
+PARENT_TAG = "mlflow.parentRunId"
 
 # The metrics records' keys (docs: metrics JSONL schema) grouped the way TensorBoard and MLflow show them: one
 # section per concern. Keys not listed keep their name when it has a group ("a/b"), else go under "train/".
@@ -36,6 +45,7 @@ METRIC_NAMES: dict[str, str] = {
     "skipped_steps": "train/skipped_steps",
     "val_loss": "val/loss",
     "val_ppl": "val/ppl",
+    "ppl": "train/ppl",
     "tokens_per_s": "perf/tokens_per_s",
     "tokens_per_s_per_device": "perf/tokens_per_s_per_device",
     "tflops_per_device": "perf/tflops_per_device",
@@ -49,6 +59,12 @@ METRIC_NAMES: dict[str, str] = {
     "epoch": "progress/epoch",
     "consumed": "progress/consumed",
     "save_s": "checkpoint/save_s",
+    # DeepSpeed's wall-clock breakdown (deepspeed_engine.WALL_CLOCK_TIMERS), ms per optimizer step
+    "ds_fwd_ms": "perf/ds_fwd_ms",
+    "ds_bwd_ms": "perf/ds_bwd_ms",
+    "ds_bwd_inner_ms": "perf/ds_bwd_inner_ms",
+    "ds_bwd_allreduce_ms": "perf/ds_bwd_allreduce_ms",
+    "ds_step_ms": "perf/ds_step_ms",
 }
 # Record fields that are coordinates, not measurements.
 NOT_METRICS = frozenset({"step", "time"})
@@ -59,6 +75,10 @@ HTTP_CONNECT_TIMEOUT_S = 10.0
 
 class Tracker(Protocol):
     def log_metrics(self, step: int, metrics: dict[str, float | int | None]) -> None: ...
+
+    def log_artifact(self, path: Path, folder: str) -> None:
+        """Keep a file with the run (the profiler trace); trackers without artifacts keep nothing."""
+        ...
 
     def close(self) -> None: ...
 
@@ -81,6 +101,9 @@ class NoTracker:
     """`--report_to none`: the metrics file and the log are the only record."""
 
     def log_metrics(self, step: int, metrics: dict[str, float | int | None]) -> None:
+        pass
+
+    def log_artifact(self, path: Path, folder: str) -> None:
         pass
 
     def close(self) -> None:
@@ -108,6 +131,9 @@ class TensorBoardTracker:
             self.writer.add_scalar(name, value, global_step=step, walltime=walltime)
         # Logging steps are seconds apart; flushing each keeps a preempted or killed job's last points.
         self.writer.flush()
+
+    def log_artifact(self, path: Path, folder: str) -> None:
+        pass  # the file stays where it was written, next to the metrics file
 
     def close(self) -> None:
         self.writer.close()
@@ -137,6 +163,13 @@ class MlflowTracker:
         else:
             self.failing = False
 
+    def log_artifact(self, path: Path, folder: str) -> None:
+        # Like the metrics: a store that fails now costs the artifact (the file stays on disk), not the run.
+        try:
+            self.client.log_artifact(self.mlflow_run_id, str(path), artifact_path=folder)
+        except Exception as err:
+            warn0(f"MLflow: could not upload {path} ({first_line(err)}); it stays on disk")
+
     def close(self) -> None:
         try:
             self.client.set_terminated(self.mlflow_run_id, status="FINISHED")
@@ -160,12 +193,14 @@ def open_tracker(
     resume_state: dict[str, Any] | None,
     resume_step: int | None = None,
     experiment: str = DEFAULT_EXPERIMENT,
+    parent_run_id: str | None = None,
 ) -> tuple[Tracker, dict[str, Any]]:
     """Open the tracker for `report_to`, continuing the run in `resume_state` when there is one.
 
     Returns the tracker and the resume state to keep in checkpoints: `resume_state` with this tracker's entry
     added, so switching trackers between requeues keeps the other one's run too. `resume_step` is the step the
-    job resumed at; TensorBoard then hides what the interrupted job logged after it.
+    job resumed at; TensorBoard then hides what the interrupted job logged after it. `parent_run_id` (MLflow):
+    the run is a child of that one, in its experiment.
     """
     check_report_to(report_to)
     state = dict(resume_state or {})
@@ -175,7 +210,9 @@ def open_tracker(
     if report_to == "tensorboard":
         tracker, state["tensorboard"] = _open_tensorboard(run_id, log_dir, config, previous, resume_step)
         return tracker, state
-    tracker, state["mlflow"] = _open_mlflow(run_id, log_dir, config, tracking_uri, previous, experiment)
+    tracker, state["mlflow"] = _open_mlflow(
+        run_id, log_dir, config, tracking_uri, previous, experiment, parent_run_id
+    )
     return tracker, state
 
 
@@ -237,6 +274,76 @@ def check_reachable(uri: str) -> None:
         ) from err
 
 
+def take_env_run_id(parent_run_id: str | None) -> None:
+    """Every rank, before training with MLflow: MLFLOW_RUN_ID agrees with --mlflow_parent_run_id, then goes.
+
+    Set, it makes MLflow's fluent API log into that run instead of starting or nesting one. The kit's own
+    client ignores it, so the only safe reading is the one `mlflow run` and orchestrators mean: the run that
+    launched this job, i.e. the parent. Equal to the parent it is fine, different it is an error, without a
+    parent it is ignored with a warning; either way it is removed so no library in a rank resumes that run.
+    """
+    env_run = os.environ.get(MLFLOW_RUN_ID_ENV, "").strip()
+    if not env_run:
+        os.environ.pop(MLFLOW_RUN_ID_ENV, None)  # set but empty: nothing to resume, nothing to say
+        return
+    if parent_run_id is not None and env_run != parent_run_id:
+        raise ConfigError(
+            f"MLFLOW_RUN_ID={env_run} is set and --mlflow_parent_run_id is {parent_run_id}: MLflow would log into "
+            "that run instead of a child of the parent: unset MLFLOW_RUN_ID or pass it as the parent"
+        )
+    if parent_run_id is None:
+        warn0(
+            f"MLFLOW_RUN_ID={env_run} is ignored: dskit logs to its own MLflow run; pass "
+            f"--mlflow_parent_run_id {env_run} to make that run its parent"
+        )
+    del os.environ[MLFLOW_RUN_ID_ENV]
+
+
+def check_parent_run(tracking_uri: str | None, log_dir: Path, parent_run_id: str) -> None:
+    """Fail before training, in one line, when the tracking store has no such parent run (rank 0, once)."""
+    uri = tracking_uri or default_tracking_uri(log_dir)
+    if tracking_uri is None and not (log_dir / "mlflow.db").is_file():
+        raise ConfigError(
+            f"--mlflow_parent_run_id {parent_run_id}: there is no MLflow store at {uri} to hold it: set "
+            "--tracking_uri to the parent's store or --report_dir to the log dir that has it"
+        )
+    check_reachable(uri)
+    _quiet_mlflow()
+    from mlflow.tracking import MlflowClient
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            _parent_run(MlflowClient(tracking_uri=uri), parent_run_id, uri)
+    except ConfigError:
+        raise
+    except Exception as err:
+        raise ConfigError(
+            f"cannot open MLflow tracking URI {redacted(uri)}: {first_line(err)}: fix --tracking_uri"
+        ) from err
+
+
+def _parent_run(client: MlflowClient, parent_run_id: str, uri: str) -> Any:
+    """The parent run, or a ConfigError naming the fix when this store does not have it (live)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        parent = client.get_run(parent_run_id)
+    except MlflowException as err:
+        if err.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            raise
+        raise ConfigError(
+            f"--mlflow_parent_run_id {parent_run_id}: no such run in {redacted(uri)}: copy the id from the "
+            "parent's run page, or point --tracking_uri at the store that has it"
+        ) from err
+    if parent.info.lifecycle_stage == "deleted":
+        raise ConfigError(
+            f"--mlflow_parent_run_id {parent_run_id} is a deleted run: restore it (mlflow runs restore) or choose "
+            "another parent"
+        )
+    return parent
+
+
 def flatten_params(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
     """Nested config -> {"a.b": "value"} with keys and values MLflow accepts."""
     params: dict[str, str] = {}
@@ -282,10 +389,20 @@ def _experiment_id(client: MlflowClient, name: str, artifact_location: str | Non
         return found.experiment_id
 
 
-def _reopen(client: MlflowClient, previous: dict[str, Any], uri: str) -> str | None:
-    """The previous MLflow run's id when this store still has it, else None (with the reason logged)."""
+def _reopen(
+    client: MlflowClient, previous: dict[str, Any], uri: str, parent_run_id: str | None
+) -> str | None:
+    """The previous MLflow run's id when this store still has it, under the same parent, else None (with the
+    reason logged)."""
     from mlflow.exceptions import MlflowException
 
+    if previous.get("parent_run_id") != parent_run_id:
+        was = previous.get("parent_run_id") or "no parent"
+        warn0(
+            f"MLflow: run {previous.get('run_id')} was under {was}, the parent is now {parent_run_id or 'none'}: "
+            "starting a new run"
+        )
+        return None
     if previous.get("tracking_uri") != redacted(uri):
         warn0(
             f"MLflow: the run was tracked at {previous.get('tracking_uri')}, now at {redacted(uri)}: "
@@ -314,6 +431,7 @@ def _open_mlflow(
     tracking_uri: str | None,
     previous: dict[str, Any] | None,
     experiment: str,
+    parent_run_id: str | None,
 ) -> tuple[MlflowTracker, dict[str, Any]]:
     uri = tracking_uri or default_tracking_uri(log_dir)
     check_reachable(uri)
@@ -327,10 +445,19 @@ def _open_mlflow(
             # SQLAlchemy deprecations inside MLflow's store are MLflow's business, not the training log's.
             warnings.simplefilter("ignore", DeprecationWarning)
             client = MlflowClient(tracking_uri=uri)
-            mlflow_run_id = _reopen(client, previous, uri) if previous else None
-            if mlflow_run_id is None:
-                experiment_id = _experiment_id(client, experiment, artifact_location)
-                run = client.create_run(experiment_id, run_name=run_id, tags={"dskit.run_id": run_id})
+            mlflow_run_id = _reopen(client, previous, uri, parent_run_id) if previous else None
+            if mlflow_run_id is not None:
+                experiment = previous.get("experiment", experiment) if previous else experiment
+            else:
+                tags = {"dskit.run_id": run_id}
+                if parent_run_id is None:
+                    experiment_id = _experiment_id(client, experiment, artifact_location)
+                else:
+                    # A child lives in its parent's experiment: MLflow's UI nests runs within one experiment.
+                    experiment_id = _parent_run(client, parent_run_id, uri).info.experiment_id
+                    experiment = client.get_experiment(experiment_id).name
+                    tags[PARENT_TAG] = parent_run_id
+                run = client.create_run(experiment_id, run_name=run_id, tags=tags)
                 mlflow_run_id = run.info.run_id
                 _log_params(client, mlflow_run_id, config)
     except ConfigError:
@@ -341,4 +468,9 @@ def _open_mlflow(
             "http(s):// tracking server, or leave --tracking_uri unset for a local store under the log dir"
         ) from err
     state = {"run_id": mlflow_run_id, "tracking_uri": redacted(uri), "experiment": experiment}
+    if parent_run_id is not None:
+        state["parent_run_id"] = parent_run_id
+    # One line an orchestrator (dskit.api) reads the run from.
+    child = f", child of {parent_run_id}" if parent_run_id is not None else ""
+    print0(f"MLflow run {mlflow_run_id} in experiment {experiment!r} at {redacted(uri)}{child}")
     return MlflowTracker(client, mlflow_run_id), state

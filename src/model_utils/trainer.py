@@ -17,13 +17,16 @@ import numpy as np
 import torch
 
 from model_utils import (
+    activation_checkpointing,
     batches,
     checkpoint,
     kernels,
     launch_env,
     launch_record,
+    lora,
     metrics,
     param_groups,
+    profiling,
     step_line,
     walltime,
 )
@@ -83,7 +86,13 @@ def create_engine(run: ResolvedRun, dist: DistInfo) -> tuple[Engine, param_group
     cfg = run.config
     # Weights are identical on every rank (one seed); data order and dropout differ per rank.
     model = build_model(run.source, run.model_config, cfg.loop.seed, run.settings.deepspeed.torch_dtype())
-    model = kernels.optimize_model(model, cfg.model, dist.device)
+    # Before Liger swaps modules and compile traces: the per-layer switch is set once on the plain model.
+    activation_checkpointing.apply(model, cfg.model.activation_checkpointing)
+    # Adapters after the checkpointing switch and before the kernels, which go on the inner Hugging Face model
+    # (Liger knows no PeftModel; compile traces the tree with the adapters): see lora.py. The base is frozen, so
+    # the decay groups below (trainable parameters only) hold the adapters alone.
+    model = lora.apply(model, cfg.lora, cfg.loop.seed)
+    kernels.optimize_model(lora.hf_model(model), cfg.model, dist.device)
     ds = run.settings.deepspeed
     groups = param_groups.split_for_weight_decay(model, cfg.optim.no_decay_embeddings)
     print0(groups.describe(ds.weight_decay, cfg.optim.no_decay_embeddings))
@@ -111,6 +120,7 @@ class Trainer:
         self.reporter: Reporter | None = None
         self.batches: batches.StepBatches | None = None
         self.s3: Any = None
+        self.profiler: profiling.StepProfiler | None = None
         self.sampler = BlockSampler(
             len(run.train_blocks),
             run.micro_batch_size,
@@ -144,6 +154,11 @@ class Trainer:
             self.state.tracker_state = self.reporter.open(
                 self.state.run_id, self.state.tracker_state, resumed_at
             )
+            window = self.cfg.report.profile_window()
+            if window is not None and self.reporter.output_base is not None:  # rank 0
+                self.profiler = profiling.StepProfiler(
+                    window, self.reporter.output_base, dist.device, self.state.step
+                )
         except BaseException:
             self.close()  # the batch worker and a tracker run opened before the error
             raise
@@ -212,6 +227,8 @@ class Trainer:
         fetch_started = time.perf_counter()
         micro_batches = self.batches.at(self.state.position)
         self.reporter.data_waited(time.perf_counter() - fetch_started)
+        if self.profiler is not None:
+            self.profiler.step_starting(self.state.step + 1)
         mean_loss = self.engine.train_step(micro_batches)
         self.state.step += 1
         assert self.engine.optimizer_steps() == self.state.step, (
@@ -222,8 +239,18 @@ class Trainer:
         self.state.position = self.sampler.advance(self.state.position)
         self.state.skipped_steps = self.engine.skipped_steps()
         loss = mean_loss.item()  # one wait for the device per step, not one per micro-batch
-        self.reporter.step_done(loss)
+        self.reporter.step_done(loss, self.engine.wall_clock_ms())
+        if self.profiler is not None:
+            self._profiled(self.profiler)
         return loss
+
+    def _profiled(self, profiler: profiling.StepProfiler) -> None:
+        assert self.reporter is not None
+        started = time.perf_counter()
+        trace = profiler.step_done(self.state.step)
+        if trace is not None:
+            self.reporter.artifact(trace, "profiler")
+            self.reporter.exclude(time.perf_counter() - started)  # writing the trace is not training
 
     @torch.no_grad()
     def validate(self) -> float:
@@ -302,6 +329,8 @@ class Trainer:
         Idempotent."""
         if self.batches is not None:
             self.batches.close()
+        if self.profiler is not None:
+            self.profiler.close()
         if self.reporter is not None:
             self.reporter.close()
         engine = self.__dict__.pop("engine", None)  # a closed trainer has no engine

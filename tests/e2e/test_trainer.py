@@ -10,10 +10,13 @@ what the loop does with them: an early save that keeps training, and a save-and-
 from __future__ import annotations
 
 import contextlib
+import gzip
 import io
 import json
+import math
 import os
 import pty
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,6 +145,8 @@ def test_metrics_records_of_the_logged_steps(requeued: Requeued) -> None:
         assert 0 < r["data_wait_frac"] < 1 and r["host_rss_gib"] > 0.1 and r["step_time_s"] > 0
         assert r["skipped_steps"] == 0 and r["lr"] > 0 and r["grad_norm"] > 0
         assert r["tokens_seen"] == r["step"] * 64  # 1 rank x micro batch 1 x accumulation 1 x 64 tokens
+        assert r["ppl"] == pytest.approx(math.exp(r["loss"]))
+        assert "ds_fwd_ms" not in r  # DeepSpeed's wall_clock_breakdown is off in the kit's config
     assert [r["step"] for r in requeued.first if "val_loss" in r] == [4]
     assert "Metrics overhead:" in requeued.first_out and requeued.overhead_s > 0
 
@@ -198,6 +203,112 @@ def test_tensorboard_run_is_continued(requeued: Requeued) -> None:
     assert sorted(losses) == [2, 4, 6, 8]
     first_loss = next(r["loss"] for r in requeued.first if "loss" in r)
     assert losses[2] == pytest.approx(first_loss)
+
+
+@dataclass(frozen=True)
+class NestedRun:
+    tmp: Path
+    parent: str  # the MLflow run the job was a child of
+    experiment_id: str
+    first_state: training.TrainState
+    second_state: training.TrainState
+    first_out: str
+    records: list[dict]  # both jobs' metrics records
+    env_run_id_after_prepare: str | None
+
+
+@pytest.fixture(scope="module")
+def nested(tmp_path_factory: pytest.TempPathFactory, single_rank) -> NestedRun:
+    """A 4-step MLflow run nested under a parent run, with DeepSpeed's wall-clock breakdown on, profiling steps
+    2-3; the first job stops for the time limit at step 2 (inside the window), the requeued one finishes."""
+    from mlflow.tracking import MlflowClient
+
+    tmp = tmp_path_factory.mktemp("nested")
+    (tmp / "logs").mkdir()
+    with warnings.catch_warnings():  # SQLAlchemy's deprecations inside MLflow, creating the store
+        warnings.simplefilter("ignore", DeprecationWarning)
+        client = MlflowClient(tracking_uri=f"sqlite:///{tmp / 'logs' / 'mlflow.db'}")
+        experiment_id = client.create_experiment("sweep", artifact_location=(tmp / "artifacts").as_uri())
+    parent = client.create_run(experiment_id, run_name="sweep-1").info.run_id
+    ds = json.loads(Path("deepspeed/ds_config.json").read_text())
+    (tmp / "ds.json").write_text(json.dumps({**ds, "wall_clock_breakdown": True}))
+    flags = ["--report_to", "mlflow", "--mlflow_parent_run_id", parent, "--profile_steps", "2:3"]
+    flags += ["--deepspeed_config", str(tmp / "ds.json"), "--logging_freq", "1"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(launch_env.LOG_FILE, str(tmp / "logs" / "job_9.out"))
+        mp.setenv("MLFLOW_RUN_ID", parent)  # as `mlflow run` sets it: the same run as the parent is fine
+        first_out = io.StringIO()
+        with contextlib.redirect_stdout(first_out):
+            trainer = make_trainer(tmp, single_rank, 4, *flags)
+            env_run_id = os.environ.get("MLFLOW_RUN_ID")
+            trainer.walltime = ScriptedPlanner(4, {2: Decision(stop_now=True)})
+            try:
+                first_state = trainer.fit()
+            finally:
+                trainer.close()
+        with contextlib.redirect_stdout(io.StringIO()):
+            again = make_trainer(tmp, single_rank, 4, *flags)
+            try:
+                second_state = again.fit()
+            finally:
+                again.close()
+    return NestedRun(
+        tmp=tmp,
+        parent=parent,
+        experiment_id=experiment_id,
+        first_state=first_state,
+        second_state=second_state,
+        first_out=first_out.getvalue(),
+        records=records(tmp / "logs" / "job_9.metrics.jsonl"),
+        env_run_id_after_prepare=env_run_id,
+    )
+
+
+def test_nested_mlflow_child_run_is_continued_by_the_requeued_job(nested: NestedRun) -> None:
+    from mlflow.tracking import MlflowClient
+
+    assert nested.env_run_id_after_prepare is None  # the ranks dropped MLFLOW_RUN_ID
+    assert nested.first_state.step == 2 and nested.second_state.step == 4
+    child = nested.first_state.tracker_state["mlflow"]["run_id"]
+    assert nested.second_state.tracker_state["mlflow"]["run_id"] == child
+    client = MlflowClient(tracking_uri=f"sqlite:///{nested.tmp / 'logs' / 'mlflow.db'}")
+    runs = client.search_runs([nested.experiment_id])
+    assert sorted(r.info.run_id for r in runs) == sorted([nested.parent, child])
+    run = client.get_run(child)
+    assert run.data.tags["mlflow.parentRunId"] == nested.parent
+    assert run.info.run_name == nested.first_state.run_id and run.info.status == "FINISHED"
+    assert client.get_experiment_by_name("dskit") is None  # the child lives in the parent's experiment
+    assert [m.step for m in client.get_metric_history(child, "train/loss")] == [1, 2, 3, 4]
+    ppl = client.get_metric_history(child, "train/ppl")
+    assert [m.step for m in ppl] == [1, 2, 3, 4] and all(m.value > 1 for m in ppl)
+    assert [m.step for m in client.get_metric_history(child, "val/ppl")] == [4]
+    assert [m.step for m in client.get_metric_history(child, "perf/ds_fwd_ms")] == [1, 2, 3, 4]
+
+
+def test_perplexity_and_wall_clock_breakdown_in_the_metrics_file(nested: NestedRun) -> None:
+    train = [r for r in nested.records if "loss" in r]
+    assert [r["step"] for r in train] == [1, 2, 3, 4]
+    for r in train:
+        assert r["ppl"] == pytest.approx(math.exp(r["loss"]))
+        assert r["ds_fwd_ms"] > 0 and r["ds_bwd_ms"] > 0 and r["ds_step_ms"] > 0, r
+        # DeepSpeed's phases fit within the step the kit timed.
+        assert r["ds_fwd_ms"] + r["ds_bwd_ms"] + r["ds_step_ms"] <= r["step_time_s"] * 1000 * 1.05
+
+
+def test_profile_trace_of_the_window_is_written_and_uploaded(nested: NestedRun) -> None:
+    from mlflow.tracking import MlflowClient
+
+    # The first job stopped at step 2, inside the window: no trace from it, the requeued job profiled step 3.
+    assert "no profiler trace of steps 2-3" in nested.first_out
+    traces = sorted(p.name for p in (nested.tmp / "logs").glob("*.pt.trace.json.gz"))
+    assert traces == ["job_9.profile-steps3-3.pt.trace.json.gz"]
+    with gzip.open(nested.tmp / "logs" / traces[0]) as f:
+        events = json.load(f)["traceEvents"]
+    names = {e.get("name") for e in events}
+    assert "optimizer_step_3" in names and "optimizer_step_2" not in names
+    client = MlflowClient(tracking_uri=f"sqlite:///{nested.tmp / 'logs' / 'mlflow.db'}")
+    child = nested.second_state.tracker_state["mlflow"]["run_id"]
+    assert [a.path for a in client.list_artifacts(child, "profiler")] == [f"profiler/{traces[0]}"]
 
 
 def test_close_after_a_failed_step_ends_the_tracker_and_the_worker(

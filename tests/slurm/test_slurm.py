@@ -309,6 +309,31 @@ def test_prepare_data_array_then_training_on_it(cluster, tmp_path: Path, timing)
     assert re.search(r"^END .* exit status 0$", log, re.MULTILINE), log
 
 
+def test_api_trains_through_sbatch_wait(cluster, tmp_path: Path, timing) -> None:
+    """dskit.api.train(slurm=True): one `sbatch --wait` of train.sbatch on both nodes, its log streamed while
+    the job runs, the result read from it."""
+    from dskit import api
+
+    values = render.LaunchValues(cpu_ranks_per_node=1, job_name="dskit-api")
+    render.write_scripts(render.render_scripts(values), tmp_path)
+    lines: list[str] = []
+    started = time.monotonic()
+    result = api.train(
+        flags=["--max_steps", "6", "--checkpoint_freq", "6", "--checkpoint_dir", str(tmp_path / "ck")],
+        slurm=True,
+        sbatch_script=tmp_path / "train.sbatch",
+        sbatch_args=[f"--output={tmp_path}/%x_%j.out"],
+        env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"},
+        on_line=lines.append,
+    )
+    timing("dskit.api.train through sbatch --wait, 2 nodes, 6 steps", time.monotonic() - started)
+    text = "\n".join(lines)
+    assert "Node node1 (SLURM_NODEID=0)" in text and "Node node2 (SLURM_NODEID=1)" in text, text
+    assert (result.final_step, result.max_steps) == (6, 6) and result.train_loss is not None
+    assert result.checkpoint == str(tmp_path / "ck" / "tiny_qwen3-6steps")
+    assert (tmp_path / "ck" / "latest").read_text().strip() == "tiny_qwen3-6steps"
+
+
 def test_singlenode_runs_on_the_named_node(cluster, tmp_path: Path, timing) -> None:
     job_name = f"dskit-test-singlenode-{os.getpid()}"
     start = time.monotonic()

@@ -2,6 +2,9 @@
 
     torchrun --standalone --nproc_per_node=2 tests/support/engine_logits.py CHECKPOINT_DIR TAG DS_CONFIG OUT.pt
 
+DS_CONFIG: a DeepSpeed JSON file, or a run file (.yaml) with the DeepSpeed config embedded. Further training flags
+(e.g. --lora_r 4) are passed on to the config, so a LoRA run's engine is rebuilt with its adapters.
+
 Builds the engine exactly as training does (same model source, same resolved DeepSpeed config, same world size:
 ZeRO shards only load into the world size that wrote them), loads the tag with engine.load_checkpoint and, on
 rank 0, saves {"input_ids", "logits"} (logits as fp32 copies of the bf16 forward) to OUT.pt.
@@ -14,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from model_utils import distributed, preflight
+from model_utils import distributed, lora, preflight
 from model_utils.arguments import parse_args
 from model_utils.deepspeed_engine import DeepSpeedEngine
 from model_utils.models import build_model, load_tokenizer
@@ -39,13 +42,15 @@ def main() -> None:
     parser.add_argument("deepspeed_config")
     parser.add_argument("out")
     parser.add_argument("--model", default="tiny-qwen3")
-    args = parser.parse_args()
+    args, training_flags = parser.parse_known_args()
 
-    cfg = parse_args(["--model", args.model, "--deepspeed_config", args.deepspeed_config])
+    config_flag = "--config" if args.deepspeed_config.endswith(".yaml") else "--deepspeed_config"
+    cfg = parse_args(["--model", args.model, config_flag, args.deepspeed_config, *training_flags])
     dist = distributed.init_distributed()
     settings = preflight.resolve_settings(cfg)
     ds_config = settings.deepspeed.build(micro_batch_size=1, total_steps=cfg.loop.max_steps)
     model = build_model(settings.source, settings.model_config, cfg.loop.seed, torch.bfloat16)
+    model = lora.apply(model, cfg.lora, cfg.loop.seed)
     engine = DeepSpeedEngine(model, ds_config)
     # Weights only: the logits need no optimizer state (whose parameter groups this engine does not share).
     state = engine.load(Path(args.checkpoint_dir) / args.tag, weights_only=True)

@@ -94,6 +94,29 @@ CASES = {
         lambda t: ["--checkpoint_dir", checkpoint_with(t, seq_length=128)],
         "was trained with --seq_length 128, not 256",
     ),
+    "profile steps backwards": (lambda t: ["--profile_steps", "5:3"], "must be A:B with 1 <= A <= B"),
+    "profile steps from 0": (lambda t: ["--profile_steps", "0:3"], "must be A:B with 1 <= A <= B"),
+    "profile steps not numbers": (lambda t: ["--profile_steps", "a:b"], "is not A:B"),
+    "profile steps one number": (lambda t: ["--profile_steps", "5"], "is not A:B"),
+    "profile steps beyond the run": (
+        lambda t: ["--profile_steps", "8:12", "--max_steps", "10"],
+        "ends after the run's last step 10",
+    ),
+    "parent run without mlflow": (
+        lambda t: ["--mlflow_parent_run_id", "0" * 32, "--report_to", "tensorboard"],
+        "--mlflow_parent_run_id is for MLflow",
+    ),
+    "parent run without a store": (
+        lambda t: [
+            "--mlflow_parent_run_id",
+            "0" * 32,
+            "--report_to",
+            "mlflow",
+            "--report_dir",
+            str(t / "logs"),
+        ],
+        "there is no MLflow store at sqlite:///",
+    ),
 }
 
 

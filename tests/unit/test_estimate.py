@@ -233,20 +233,32 @@ def test_recommendation_is_the_fastest_layout_that_fits(shapes, gpu_gib: int, se
     cap = est.Capacity(gpu_gib * GiB, "--gpu_memory_gib", 512 * GiB, "--host_memory_gib")
     asked = layout(2, "none", micro_batch_size=4, seq_length=seq_length)
     rec = est.recommend(shape, asked, cap)
+    # Without offload before offload; within each, activation checkpointing only when nothing fits without it
+    # (least recompute first), then the lowest ZeRO stage.
     order = [
-        (off, stage) for off in est.OFFLOADS for stage in (1, 2, 3) if off != "optimizer+params" or stage == 3
+        (off, ckpt, stage)
+        for off in est.OFFLOADS
+        for ckpt in ("none", "every_4", "every_2", "full")
+        for stage in (1, 2, 3)
+        if off != "optimizer+params" or stage == 3
     ]
     fitting = [
-        (off, stage)
-        for off, stage in order
-        if est.fits(est.estimate(shape, layout(stage, off, micro_batch_size=1, seq_length=seq_length)), cap)
+        (off, ckpt, stage)
+        for off, ckpt, stage in order
+        if est.fits(
+            est.estimate(
+                shape,
+                layout(stage, off, micro_batch_size=1, seq_length=seq_length, activation_checkpointing=ckpt),
+            ),
+            cap,
+        )
     ]
     if not fitting:
         assert rec.estimate is None and rec.reason.startswith("nothing fits")
         return
     assert rec.estimate is not None
     chosen = rec.estimate.layout
-    assert (chosen.offload, chosen.stage) == fitting[0]
+    assert (chosen.offload, chosen.activation_checkpointing, chosen.stage) == fitting[0]
     assert est.fits(rec.estimate, cap)
     twice = est.estimate(shape, dataclasses.replace(chosen, micro_batch_size=2 * chosen.micro_batch_size))
     assert chosen.micro_batch_size == est.MAX_MICRO_BATCH or not est.fits(twice, cap)

@@ -171,6 +171,26 @@ def test_validation_is_held_out_at_document_level(tmp_path: Path, tokenizer) -> 
     assert stream(again, "validation") == stream(dataset, "validation")  # deterministic
 
 
+def test_a_separate_validation_dataset(tmp_path: Path, tokenizer) -> None:
+    train = write_jsonl(tmp_path / "train.jsonl", DOCS)
+    held = write_jsonl(tmp_path / "valid.jsonl", ["A held out document.", "And another one."])
+    data = DataArgs(dataset=str(train), validation_dataset=str(held), data_cache_dir=str(tmp_path / "c"))
+    dataset = run_data(data, tokenizer)
+    assert stream(dataset, "train") == ids_of(tokenizer, DOCS)  # nothing held out of the training data
+    assert stream(dataset, "validation") == ids_of(tokenizer, ["A held out document.", "And another one."])
+    assert dataset.manifest["validation"] == {"dataset": str(held)}
+    with pytest.raises(ConfigError, match="--validation_dataset and --validation_fraction both given"):
+        prep(
+            tmp_path / "p",
+            "--dataset",
+            str(train),
+            "--validation_dataset",
+            str(held),
+            "--validation_fraction",
+            "0.1",
+        )
+
+
 def test_blocks_run_across_shards() -> None:
     a, b, c = np.arange(0, 7), np.arange(7, 9), np.arange(9, 20)
     blocks = TokenBlocks(

@@ -7,6 +7,7 @@ returned (what the trainer keeps in checkpoints), as a requeued job does.
 from __future__ import annotations
 
 import math
+import os
 import socket
 import time
 from pathlib import Path
@@ -16,12 +17,16 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from model_utils.errors import ConfigError
 from model_utils.trackers import (
+    MLFLOW_RUN_ID_ENV,
+    PARENT_TAG,
     MlflowTracker,
     NoTracker,
+    check_parent_run,
     flatten_params,
     open_tracker,
     redacted,
     scalar_items,
+    take_env_run_id,
 )
 
 RUN_ID = "tiny_qwen3-20261122-160000"
@@ -271,3 +276,98 @@ def test_flatten_params_and_redaction():
     assert params == {"a.b.c": "1", "a.empty": "{}", "bad key_": "v", "long": "y" * 497 + "..."}
     assert redacted("https://u:p@mlflow.example:5000/x") == "https://mlflow.example:5000/x"
     assert redacted("sqlite:////abs/mlflow.db") == "sqlite:////abs/mlflow.db"
+
+
+def test_mlflow_child_of_a_parent_run_is_created_once_and_continued(mlflow_store, tmp_path, capsys):
+    """--mlflow_parent_run_id: a child in the parent's experiment, the same child after a requeue, a new child
+    when the parent changes; a trace uploaded as the child's artifact."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{(mlflow_store / 'mlflow.db').resolve()}"
+    client = MlflowClient(tracking_uri=uri)
+    sweep = client.create_experiment("sweep", artifact_location=(tmp_path / "sweep").as_uri())
+    parent = client.create_run(sweep, run_name="sweep-1").info.run_id
+    check_parent_run(None, mlflow_store, parent)  # the store has it: no error
+
+    tracker, state = open_tracker(
+        "mlflow", run_id=RUN_ID, log_dir=mlflow_store, config=CONFIG, tracking_uri=None, resume_state=None,
+        parent_run_id=parent,
+    )  # fmt: skip
+    tracker.log_metrics(1, record(1))
+    trace = tmp_path / "job.profile-steps1-1.pt.trace.json.gz"
+    trace.write_bytes(b"trace")
+    tracker.log_artifact(trace, "profiler")
+    tracker.close()
+    tracker, state2 = open_tracker(
+        "mlflow", run_id="tiny_qwen3-other", log_dir=mlflow_store, config=CONFIG, tracking_uri=None,
+        resume_state=state, resume_step=1, parent_run_id=parent,
+    )  # fmt: skip
+    tracker.log_metrics(2, record(2))
+    tracker.close()
+
+    child = state["mlflow"]["run_id"]
+    assert state2 == state and state["mlflow"]["parent_run_id"] == parent
+    assert state["mlflow"]["experiment"] == "sweep"
+    runs = client.search_runs([sweep])
+    assert sorted(r.info.run_id for r in runs) == sorted([parent, child])
+    run = client.get_run(child)
+    assert run.data.tags[PARENT_TAG] == parent and run.info.run_name == RUN_ID
+    assert run.info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(child, "train/loss")] == [1, 2]
+    assert [a.path for a in client.list_artifacts(child, "profiler")] == [f"profiler/{trace.name}"]
+
+    other = client.create_run(sweep).info.run_id
+    tracker, state3 = open_tracker(
+        "mlflow", run_id=RUN_ID, log_dir=mlflow_store, config=CONFIG, tracking_uri=None, resume_state=state,
+        parent_run_id=other,
+    )  # fmt: skip
+    tracker.close()
+    assert state3["mlflow"]["run_id"] != child
+    assert client.get_run(state3["mlflow"]["run_id"]).data.tags[PARENT_TAG] == other
+    assert "the parent is now" in capsys.readouterr().out
+
+
+def test_mlflow_parent_run_that_the_store_lacks_is_one_line(mlflow_store, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{(mlflow_store / 'mlflow.db').resolve()}")
+    experiment = client.get_experiment_by_name("dskit") or client.get_experiment(
+        client.create_experiment("dskit")
+    )
+    deleted = client.create_run(experiment.experiment_id).info.run_id
+    client.delete_run(deleted)
+    cases = [
+        (None, mlflow_store, "0" * 32, "no such run in sqlite:///"),
+        (None, mlflow_store, "not-an-id", "no such run"),
+        (None, mlflow_store, deleted, "is a deleted run"),
+        (None, tmp_path, "0" * 32, "there is no MLflow store at"),  # nothing created there
+    ]
+    for uri, log_dir, parent, message in cases:
+        with pytest.raises(ConfigError, match=message) as err:
+            check_parent_run(uri, log_dir, parent)
+        assert "\n" not in str(err.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_mlflow_run_id_in_the_environment(monkeypatch, capsys):
+    """MLFLOW_RUN_ID would make MLflow resume that run: equal to the parent it is fine, different an error,
+    without a parent ignored with a warning; the ranks drop it."""
+    parent = "a" * 32
+    monkeypatch.setenv(MLFLOW_RUN_ID_ENV, parent)
+    take_env_run_id(parent)
+    assert MLFLOW_RUN_ID_ENV not in os.environ
+
+    monkeypatch.setenv(MLFLOW_RUN_ID_ENV, "b" * 32)
+    with pytest.raises(ConfigError, match=r"MLFLOW_RUN_ID=b+ is set and --mlflow_parent_run_id is a+") as err:
+        take_env_run_id(parent)
+    assert "\n" not in str(err.value)
+
+    take_env_run_id(None)
+    assert MLFLOW_RUN_ID_ENV not in os.environ
+    assert f"--mlflow_parent_run_id {'b' * 32}" in capsys.readouterr().out
+    take_env_run_id(None)  # unset: nothing to do
+
+
+def test_train_perplexity_and_deepspeed_timers_are_grouped():
+    items = dict(scalar_items({"ppl": 12.5, "ds_fwd_ms": 3.0, "ds_step_ms": 1.5}))
+    assert items == {"train/ppl": 12.5, "perf/ds_fwd_ms": 3.0, "perf/ds_step_ms": 1.5}

@@ -1,0 +1,217 @@
+"""The kit as one call from Python: a pipeline node (Kedro, Airflow, a notebook) runs a whole distributed
+training and gets back a small, serialisable result.
+
+    from dskit import api
+    result = api.train("configs/pretrain-default.yaml", flags=["--max_steps", "20"])
+    result.final_step, result.validation_loss, result.checkpoint      # result.to_dict() is JSON
+
+It runs the launcher once as a subprocess, as a person would (`./train-singlenode.sh [NODE]`, or `sbatch --wait
+train.sbatch` with `slurm=True`), streams its log line by line to `on_line`, and reads the result from that log
+and the files it names: the last step, the last train and validation losses, the newest checkpoint, the metrics
+file, the MLflow run. A failed run raises `TrainingFailed` with the kit's own one-line message. Nothing of the
+training runtime is imported into the calling process: the orchestrator keeps its own imports and its own
+MLflow run (pass its id as `mlflow_parent_run_id`, and the training logs into a child of it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from model_utils import step_line
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+_DONE = re.compile(r"Done: step (\d+)/(\d+)")
+_SAVED = re.compile(r"Saved checkpoint (\S+) \(")
+_METRICS = re.compile(r"Run (\S+): metrics to (\S+)$", re.MULTILINE)
+_MLFLOW = re.compile(r"MLflow run ([0-9a-f]{32})")
+_ERROR = re.compile(r"^(?:\S+ \| )?error: (.*)$")
+_SUBMITTED = re.compile(r"^(\d+)(?:;\S+)?$")
+
+
+class TrainingFailed(RuntimeError):
+    """The run ended with a non-zero status; the message is the kit's one-line error, or where to look."""
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    final_step: int | None
+    max_steps: int | None
+    train_loss: float | None
+    validation_loss: float | None
+    checkpoint: str | None  # the newest checkpoint the run saved
+    metrics_file: str | None
+    run_id: str | None  # the kit's run name (metrics file, TensorBoard run)
+    mlflow_run_id: str | None
+    exported: str | None  # the Hugging Face model dir written by `dskit export`, when asked
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _command(
+    config: str | os.PathLike[str] | None,
+    flags: Sequence[str],
+    node: str | None,
+    slurm: Sequence[str] | None,
+    mlflow_parent_run_id: str | None,
+    repo: Path,
+) -> list[str]:
+    args = [*(["--config", str(config)] if config is not None else []), *flags]
+    if mlflow_parent_run_id is not None:
+        args += ["--report_to", "mlflow", "--mlflow_parent_run_id", mlflow_parent_run_id]
+    if slurm is not None:
+        return ["sbatch", "--parsable", "--wait", *slurm, *args]
+    return [str(repo / "train-singlenode.sh"), *([node] if node else []), *args]
+
+
+def _follow(path: Path, running: Callable[[], bool]) -> Iterator[str]:
+    """Lines of a log file another process writes, until it stops (and the file has no more)."""
+    while not path.exists() and running():
+        time.sleep(0.5)
+    if not path.exists():
+        return
+    with path.open(errors="replace") as f:
+        while True:
+            line = f.readline()
+            if line:
+                yield line.rstrip("\n")
+            elif running():
+                time.sleep(0.5)
+            else:
+                rest = f.read()
+                yield from rest.splitlines()
+                return
+
+
+def _job_log(job: str) -> Path | None:
+    """The job's output file, as SLURM resolved it (StdOut of `scontrol show job`)."""
+    shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True)
+    match = re.search(r"\bStdOut=(\S+)", shown.stdout)
+    return Path(match.group(1)) if match else None
+
+
+def _slurm_lines(proc: subprocess.Popen[str]) -> Iterator[str]:
+    """sbatch --parsable --wait prints the job id, then waits: follow the job's log meanwhile."""
+    assert proc.stdout is not None
+    first = proc.stdout.readline().strip()
+    match = _SUBMITTED.match(first)
+    if match is None:  # sbatch refused the job: its own message
+        yield first
+        yield from (line.rstrip("\n") for line in proc.stdout)
+        return
+    path = _job_log(match.group(1))
+    if path is not None:
+        yield from _follow(path, lambda: proc.poll() is None)
+    yield from (line.rstrip("\n") for line in proc.stdout)  # sbatch's own last words, if any
+
+
+def _result(lines: list[str], seconds: float, root: Path) -> TrainResult:
+    """What the log says; paths made absolute (the launcher runs in the repo)."""
+    text = "\n".join(lines)
+    records = step_line.parse_log(text)
+    train = [r for r in records if "loss" in r]
+    val = [r for r in records if "val_loss" in r]
+    done = _DONE.findall(text)
+    saved = _SAVED.findall(text)
+    metrics = _METRICS.findall(text)
+    mlflow = _MLFLOW.findall(text)
+    return TrainResult(
+        final_step=int(done[-1][0]) if done else (int(train[-1]["step"]) if train else None),
+        max_steps=int(done[-1][1]) if done else None,
+        train_loss=float(train[-1]["loss"]) if train else None,
+        validation_loss=float(val[-1]["val_loss"]) if val else None,
+        checkpoint=str(root / saved[-1]) if saved else None,
+        metrics_file=str(root / metrics[-1][1]) if metrics else None,  # none: "nowhere (--metrics_file none)"
+        run_id=metrics[-1][0] if metrics else None,
+        mlflow_run_id=mlflow[-1] if mlflow else None,
+        exported=None,
+        seconds=seconds,
+    )
+
+
+def _error(lines: list[str], status: int) -> str:
+    for line in reversed(lines):
+        match = _ERROR.match(line.strip())
+        if match:
+            return match.group(1)
+    tail = " | ".join(lines[-3:]) if lines else "no output"
+    return f"training exited with status {status}: {tail}"
+
+
+def train(
+    config: str | os.PathLike[str] | None = None,
+    *,
+    flags: Sequence[str] = (),
+    node: str | None = None,
+    slurm: bool = False,
+    sbatch_args: Sequence[str] = (),
+    sbatch_script: str | os.PathLike[str] | None = None,
+    export_dir: str | os.PathLike[str] | None = None,
+    mlflow_parent_run_id: str | None = None,
+    on_line: Callable[[str], None] | None = print,
+    env: dict[str, str] | None = None,
+    repo: str | os.PathLike[str] = REPO_ROOT,
+) -> TrainResult:
+    """Run one training with the kit's launcher and return what it produced.
+
+    `config`: a run file (--config); `flags`: training flags after it (they override it); `node`: a SLURM node
+    for `train-singlenode.sh NODE`; `slurm`: submit train.sbatch and wait for it; `export_dir`: also write the
+    final checkpoint as a Hugging Face model there; `mlflow_parent_run_id`: log into a child of this MLflow run;
+    `on_line`: called with each log line as it comes (None: quiet); `env`: extra environment for the launcher;
+    `sbatch_args`, `sbatch_script`: with `slurm`, sbatch options and the script (default: the repo's
+    train.sbatch, submitted from the repo as it must be).
+    """
+    root = Path(repo)
+    submit = None
+    if slurm:
+        submit = [*sbatch_args, str(sbatch_script if sbatch_script is not None else root / "train.sbatch")]
+    command = _command(config, flags, node, submit, mlflow_parent_run_id, root)
+    child_env = {**os.environ, **(env or {})}
+    # The orchestrator's own MLflow run must not leak into the ranks: MLflow would resume it, not nest under it.
+    child_env.pop("MLFLOW_RUN_ID", None)
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        command, cwd=root, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    lines: list[str] = []
+    assert proc.stdout is not None
+    stream = _slurm_lines(proc) if slurm else (line.rstrip("\n") for line in proc.stdout)
+    try:
+        for line in stream:
+            lines.append(line)
+            if on_line is not None:
+                on_line(line)
+    finally:
+        status = proc.wait()
+    if status != 0:
+        raise TrainingFailed(_error(lines, status))
+    result = _result(lines, time.monotonic() - started, root)
+    if export_dir is not None:
+        if result.checkpoint is None:
+            raise TrainingFailed(
+                "the run saved no checkpoint to export: set --checkpoint_freq or --max_steps"
+            )
+        exported = subprocess.run(
+            [sys.executable, "-m", "dskit.cli", "export", result.checkpoint, str(export_dir)],
+            cwd=root,
+            env=child_env,
+            capture_output=True,
+            text=True,
+        )
+        if exported.returncode != 0:
+            raise TrainingFailed(
+                _error((exported.stdout + exported.stderr).splitlines(), exported.returncode)
+            )
+        result = dataclasses.replace(result, exported=str(export_dir))
+    return result

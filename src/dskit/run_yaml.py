@@ -1,0 +1,60 @@
+"""`dskit config --format yaml`: the resolved run as a run file that can be fed back (`--config`) unchanged.
+
+Every flag of every section is written, with the values that train: the micro batch, accumulation, lr and
+warm-up the DeepSpeed config and the flags resolved to, the sequence length the model allows, max_steps from
+--epochs. The DeepSpeed config is embedded as given (its "auto" keys stay: the kit fills them at each launch).
+A value is null where it is not given: the other member of a pair of which one decides (--epochs/--max_steps,
+--warmup_steps/--warmup_ratio, --validation_split/--validation_fraction) and the WSD flags of another schedule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from model_utils import deepspeed_config
+from model_utils.arguments import ONE_OF, SECTIONS
+from model_utils.preflight import ResolvedRun
+
+_WSD_ONLY = ("decay_fraction", "decay_type", "decay_from_step")
+
+
+def _given_deepspeed(run: ResolvedRun) -> dict[str, Any]:
+    cfg = run.config
+    if cfg.deepspeed_inline is not None:
+        return json.loads(cfg.deepspeed_inline)
+    return deepspeed_config.load_deepspeed_json(cfg.optim.deepspeed_config)
+
+
+def run_file(run: ResolvedRun) -> dict[str, Any]:
+    cfg, ds = run.config, run.settings.deepspeed
+    sections: dict[str, dict[str, Any]] = {name: dataclasses.asdict(getattr(cfg, name)) for name in SECTIONS}
+    optim, loop, data = sections["optim"], sections["loop"], sections["data"]
+    del optim["deepspeed_config"]  # the config itself is embedded below
+    optim["micro_batch_size"] = run.micro_batch_size
+    optim["gradient_accumulation_steps"] = ds.gradient_accumulation_steps
+    optim["lr"] = ds.lr
+    optim["warmup_steps"] = ds.warmup_steps
+    data["seq_length"] = run.seq_length
+    if cfg.loop.epochs is None and run.max_steps is not None:
+        loop["max_steps"] = run.max_steps
+    flat = {key: section for section in sections.values() for key in section}
+    for pair in ONE_OF:
+        for flag, other in (pair, pair[::-1]):
+            if flag in cfg.explicit and other not in cfg.explicit:
+                flat[other][other] = None
+    if ds.schedule != "wsd":
+        for flag in _WSD_ONLY:
+            flat[flag][flag] = None
+    return {**sections, "deepspeed": _given_deepspeed(run)}
+
+
+def dump(run: ResolvedRun) -> str:
+    import yaml
+
+    header = (
+        "# The resolved run (dskit config --format yaml): train it with --config THIS_FILE. Flags given after\n"
+        "# --config override it; null means not given.\n"
+    )
+    return header + yaml.safe_dump(run_file(run), sort_keys=False, default_flow_style=False)

@@ -1,0 +1,179 @@
+"""Run files: `--config run.yaml`, the training flags as YAML sections, with DeepSpeed's config embedded.
+
+    model: {model: Qwen/Qwen3-0.6B}
+    data: {dataset: data/train.parquet, seq_length: 1024}
+    optim: {lr: 2.0e-5, gradient_accumulation_steps: 8}
+    loop: {epochs: 3}
+    deepspeed:                     # a mapping replaces the JSON file; a string names one (like --deepspeed_config)
+      zero_optimization: {stage: 3}
+
+Each section holds the flags of that section of the config tree (arguments.SECTIONS); a key is checked like a
+flag: an unknown or misplaced one is an error naming the closest valid key and its section. A null value means
+"not given". Values are converted by the field's type, so PyYAML's YAML 1.1 strings for numbers without a dot
+(`5e8`, `1e-4`) become numbers, and inside `deepspeed:` such strings become numbers too: DeepSpeed never sees a
+number as a string. Flags on the command line override the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from model_utils.errors import ConfigError
+
+DEEPSPEED = "deepspeed"
+# A number PyYAML (YAML 1.1) leaves as a string: an exponent without a dot in the mantissa, e.g. 5e8, 1e-4.
+_EXPONENT_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+@dataclass(frozen=True)
+class RunFile:
+    path: str
+    values: dict[str, Any]  # flag name -> value, for the keys given (not null)
+    deepspeed: dict[str, Any] | None  # an embedded DeepSpeed config
+
+
+def _closest(name: str, options: list[str]) -> str | None:
+    close = difflib.get_close_matches(name, options, n=1, cutoff=0.5)
+    return close[0] if close else None
+
+
+def _number(value: str) -> int | float | None:
+    if not _EXPONENT_NUMBER.fullmatch(value.strip()):
+        return None
+    number = float(value)
+    return int(number) if number.is_integer() and "." not in value.split("e")[0].lower() else number
+
+
+def _typed(hint: Any, value: Any, where: str) -> Any:
+    """`value` as the field's type (int, float, bool, str, int|'auto', optional of these)."""
+    args = (
+        [a for a in typing.get_args(hint) if a is not type(None)]
+        if isinstance(hint, types.UnionType)
+        else [hint]
+    )
+    bad = ConfigError(
+        f"{where}: {value!r} is not a valid {' or '.join(a.__name__ for a in args)}: fix the value"
+    )
+    if set(args) == {int, str}:  # a count or 'auto'
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        args = [int]
+    base = args[0]
+    if base is bool:
+        if isinstance(value, bool):
+            return value
+        raise bad
+    if base in (int, float):
+        if isinstance(value, bool):
+            raise bad
+        if isinstance(value, str):
+            parsed = _number(value)
+            if parsed is None:
+                try:
+                    parsed = base(value)
+                except ValueError:
+                    raise bad from None
+            value = parsed
+        if base is int and isinstance(value, float) and not value.is_integer():
+            raise bad
+        if not isinstance(value, int | float):
+            raise bad
+        return base(value)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)  # e.g. a dataset config name written as 2020
+    raise bad
+
+
+def numbers_in(tree: Any) -> Any:
+    """The DeepSpeed mapping with YAML 1.1's number strings turned into numbers ('auto' and names stay)."""
+    if isinstance(tree, dict):
+        return {k: numbers_in(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [numbers_in(v) for v in tree]
+    if isinstance(tree, str):
+        number = _number(tree)
+        return tree if number is None else number
+    return tree
+
+
+def load(path: str, sections: dict[str, type]) -> RunFile:
+    """Read and check a run file; values by flag name, converted to the fields' types."""
+    import yaml
+
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ConfigError(f"run file {path} not found: check --config")
+    try:
+        data = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or type(e).__name__
+        raise ConfigError(f"run file {path} is not valid YAML{where}: {problem}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"run file {path} holds a {type(data).__name__}, not a mapping of sections: "
+            f"write sections ({', '.join([*sections, DEEPSPEED])})"
+        )
+    owner = {f.name: s for s, cls in sections.items() for f in _fields(cls)}
+    values: dict[str, Any] = {}
+    deepspeed: dict[str, Any] | None = None
+    for section, body in data.items():
+        if section == DEEPSPEED:
+            if isinstance(body, str):
+                values["deepspeed_config"] = body
+            elif isinstance(body, dict):
+                deepspeed = numbers_in(body)
+            else:
+                raise ConfigError(
+                    f"run file {path}: deepspeed is a {type(body).__name__}: give a mapping (the DeepSpeed "
+                    "config itself) or the path of a DeepSpeed JSON file"
+                )
+            continue
+        if section not in sections:
+            if str(section) in owner:
+                raise ConfigError(
+                    f"run file {path}: {section} is a key of section {owner[str(section)]}: write it there "
+                    f"({owner[str(section)]}.{section})"
+                )
+            hint = _closest(str(section), [*sections, DEEPSPEED])
+            raise ConfigError(
+                f"run file {path}: unknown section {section!r}: "
+                + (f"did you mean {hint}?" if hint else f"use {', '.join([*sections, DEEPSPEED])}")
+            )
+        if body is None:
+            continue
+        if not isinstance(body, dict):
+            raise ConfigError(f"run file {path}: section {section} is a {type(body).__name__}, not a mapping")
+        cls = sections[section]
+        hints = typing.get_type_hints(cls)
+        for key, value in body.items():
+            if key not in hints:
+                if key in owner:
+                    raise ConfigError(
+                        f"run file {path}: {section}.{key} is not a {section} key: it belongs in "
+                        f"{owner[key]} ({owner[key]}.{key})"
+                    )
+                close = _closest(str(key), list(owner))
+                hint = (
+                    f"did you mean {owner[close]}.{close}?" if close else f"see the {section} flags in --help"
+                )
+                raise ConfigError(f"run file {path}: unknown key {section}.{key}: {hint}")
+            if value is not None:
+                values[key] = _typed(hints[key], value, f"run file {path}: {section}.{key}")
+    return RunFile(path, values, deepspeed)
+
+
+def _fields(cls: type) -> list[Any]:
+    return list(dataclasses.fields(cls))

@@ -1,0 +1,20 @@
+"""A "pretrained" model without the hub: the tiny-qwen3 preset saved with its tokenizer, like a downloaded model
+dir (what --model takes as a local dir; LoRA refuses presets, which are random init)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from model_utils.assets import TOKENIZER_DIR
+from model_utils.presets import PRESETS
+
+
+def save_tiny_qwen3(out: Path, seed: int = 0) -> Path:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(seed)
+    AutoModelForCausalLM.from_config(PRESETS["tiny-qwen3"].build_config()).save_pretrained(out)
+    AutoTokenizer.from_pretrained(TOKENIZER_DIR).save_pretrained(out)
+    return out

@@ -1,0 +1,160 @@
+"""Run files (--config RUN.yaml): sections onto the typed config, the embedded DeepSpeed config, YAML 1.1
+numbers, flags over the file, strict keys, `dskit config --format yaml` fed back unchanged, the shipped configs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dskit import cli
+from model_utils import deepspeed_config, launch_record
+from model_utils.arguments import parse_args
+from model_utils.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+def test_sections_fill_the_config_and_flags_override_them(tmp_path: Path) -> None:
+    run = write(
+        tmp_path / "run.yaml",
+        "model: {model: tiny-qwen3}\ndata: {seq_length: 128, validation_fraction: 0.1}\n"
+        "optim: {lr: 1e-4, gradient_accumulation_steps: 4}\nloop: {epochs: 2, seed: null}\n",
+    )
+    cfg = parse_args(["--config", run])
+    assert (cfg.data.seq_length, cfg.data.validation_fraction) == (128, 0.1)
+    assert cfg.optim.lr == 1e-4 and isinstance(cfg.optim.lr, float)  # YAML 1.1 reads 1e-4 as a string
+    assert cfg.loop.epochs == 2 and cfg.loop.seed == 42  # null: not given, the default
+    assert {"seq_length", "lr", "epochs"} <= cfg.explicit and "seed" not in cfg.explicit
+    over = parse_args(["--config", run, "--lr", "3e-4", "--max_steps", "9"])
+    # A flag overrides the file; one of a pair (epochs/max_steps) replaces the file's other member.
+    assert over.optim.lr == 3e-4 and over.loop.max_steps == 9 and over.loop.epochs is None
+    assert over.optim.gradient_accumulation_steps == 4
+
+
+def test_embedded_deepspeed_config_is_used_with_numbers_as_numbers(tmp_path: Path) -> None:
+    run = write(
+        tmp_path / "run.yaml",
+        "deepspeed:\n  train_micro_batch_size_per_gpu: auto\n  gradient_accumulation_steps: auto\n"
+        "  optimizer: {type: AdamW, params: {lr: auto, eps: 1e-8, weight_decay: 0.1}}\n"
+        "  zero_optimization: {stage: 3, reduce_bucket_size: 5e8, stage3_param_persistence_threshold: 0}\n"
+        "  bf16: {enabled: true}\n",
+    )
+    cfg = parse_args(["--config", run])
+    settings = deepspeed_config.resolve(cfg)
+    built = settings.build(micro_batch_size=1, total_steps=10)
+    assert settings.zero_stage == 3 and "the run file's deepspeed section" in settings.path
+    assert built["zero_optimization"]["reduce_bucket_size"] == 500_000_000  # an int, not '5e8'
+    assert built["optimizer"]["params"]["eps"] == 1e-8 and built["optimizer"]["params"]["lr"] == settings.lr
+    # --deepspeed_config on the command line replaces the embedded config.
+    flagged = parse_args(["--config", run, "--deepspeed_config", "deepspeed/ds_config.json"])
+    assert flagged.deepspeed_inline is None and deepspeed_config.resolve(flagged).zero_stage == 2
+    named = parse_args(
+        ["--config", write(tmp_path / "n.yaml", "deepspeed: deepspeed/ds_config_zero3.json\n")]
+    )
+    assert named.optim.deepspeed_config == "deepspeed/ds_config_zero3.json"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("optim: {lrr: 1e-4}\n", r"unknown key optim\.lrr: did you mean optim\.lr\?"),
+        ("data: {lr: 1e-4}\n", r"data\.lr is not a data key: it belongs in optim \(optim\.lr\)"),
+        ("lr: 1e-4\n", r"lr is a key of section optim: write it there \(optim\.lr\)"),
+        ("optimm: {lr: 1}\n", r"unknown section 'optimm': did you mean optim\?"),
+        ("- model\n- data\n", r"holds a list, not a mapping of sections"),
+        ("deepspeed: 3\n", r"deepspeed is a int: give a mapping .* or the path of a DeepSpeed JSON file"),
+        ("loop: {max_steps: ten}\n", r"loop\.max_steps: 'ten' is not a valid int"),
+        ("loop: {max_steps: 2.5}\n", r"loop\.max_steps: 2\.5 is not a valid int"),
+        ("model: {compile: yes please}\n", r"model\.compile: 'yes please' is not a valid bool"),
+        ("optim: [1, 2]\n", r"section optim is a list, not a mapping"),
+        ("model: {model: x\n", r"is not valid YAML at line 2 column 1"),
+    ],
+)
+def test_bad_run_files_are_one_line(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as raised:
+        parse_args(["--config", write(tmp_path / "run.yaml", text)])
+    assert "\n" not in str(raised.value)
+
+
+def test_missing_run_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"run file .*nope.yaml not found: check --config"):
+        parse_args(["--config", str(tmp_path / "nope.yaml")])
+
+
+def resolved(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
+    assert cli.main(["config", *args]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_config_as_yaml_feeds_back_unchanged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    common = ["--data_cache_dir", str(tmp_path / "c"), "--checkpoint_dir", str(tmp_path / "ck")]
+    flags = [
+        "--config",
+        str(REPO / "configs" / "zero3-offload.yaml"),
+        "--seq_length",
+        "64",
+        "--warmup_ratio",
+        "0.1",
+    ]
+    assert cli.main(["config", "--format", "yaml", *flags, *common]) == 0
+    dumped = capsys.readouterr().out
+    path = write(tmp_path / "dumped.yaml", dumped)
+    original = resolved(capsys, *flags, *common)
+    again = resolved(capsys, "--config", path)
+    assert again["resolved"] == original["resolved"] and again["deepspeed"] == original["deepspeed"]
+    assert cli.main(["config", "--format", "yaml", "--config", path]) == 0
+    assert capsys.readouterr().out == dumped  # a fixed point
+
+
+def test_shipped_run_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    common = ["--data_cache_dir", str(tmp_path / "c"), "--checkpoint_dir", str(tmp_path / "ck")]
+    default = resolved(capsys, "--config", str(REPO / "configs" / "pretrain-default.yaml"), *common)
+    plain = resolved(capsys, *common)
+    assert default["resolved"] == plain["resolved"] and default["deepspeed"] == plain["deepspeed"]
+    zero3 = resolved(capsys, "--config", str(REPO / "configs" / "zero3-offload.yaml"), *common)
+    zero = zero3["deepspeed"]["zero_optimization"]
+    assert (
+        zero["stage"] == 3 and zero["offload_param"]["device"] == zero["offload_optimizer"]["device"] == "cpu"
+    )
+    assert zero3["resolved"]["lr"] == 3e-4
+
+
+def test_the_lora_run_file_resolves_with_local_model_and_data(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """configs/qwen3-0.6b-lora.yaml as shipped names the hub model and the user's files; with a local
+    "pretrained" model and local parquet files (flags override the file) it resolves: LoRA checks, the separate
+    validation file, epochs, warm-up ratio, the embedded ZeRO-3 config."""
+    import datasets
+
+    from support.pretrained import save_tiny_qwen3
+
+    model = save_tiny_qwen3(tmp_path / "model")
+    for name in ("train", "valid"):
+        datasets.Dataset.from_dict({"text": [f"{name} document {i} " * 40 for i in range(40)]}).to_parquet(
+            str(tmp_path / f"{name}.parquet")
+        )
+    shipped = parse_args(["--config", str(REPO / "configs" / "qwen3-0.6b-lora.yaml")])
+    assert shipped.model.model == "Qwen/Qwen3-0.6B" and shipped.lora.lora_r == 16 and shipped.loop.epochs == 3
+    run = resolved(
+        capsys,
+        "--config", str(REPO / "configs" / "qwen3-0.6b-lora.yaml"),
+        "--model", str(model), "--dataset", str(tmp_path / "train.parquet"),
+        "--validation_dataset", str(tmp_path / "valid.parquet"), "--seq_length", "64",
+        "--report_to", "none", "--data_cache_dir", str(tmp_path / "c"), "--checkpoint_dir", str(tmp_path / "ck"),
+    )  # fmt: skip
+    assert run["resolved"]["zero_stage"] == 3 and run["resolved"]["validation_blocks"] > 0
+    assert run["config"]["lora"]["lora_target_modules"] == "q_proj,k_proj,v_proj,o_proj"
+
+
+def test_launch_record_hashes_the_resolved_run() -> None:
+    one = launch_record.collect({"a": 1}, {"seq": 64}, {"zero": 2}, world_size=2)
+    assert one["run_sha256"] == launch_record.collect({"a": 1}, {"seq": 64}, {"zero": 2}, 4)["run_sha256"]
+    assert one["run_sha256"] != launch_record.collect({"a": 1}, {"seq": 64}, {"zero": 3}, 2)["run_sha256"]
