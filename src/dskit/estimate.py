@@ -587,13 +587,12 @@ def with_lora(shape: ModelShape, model_config: Any, lora_args: Any) -> ModelShap
     """The shape of the model with --lora_r's adapters: counted on the meta device with peft, as training
     builds it (lora.apply); its total includes the adapters, and only they (and --lora_modules_to_save) train."""
     import torch
-    from peft import get_peft_model
     from transformers import AutoModelForCausalLM
 
     from model_utils import lora
 
     with torch.device("meta"):
-        model = get_peft_model(AutoModelForCausalLM.from_config(model_config), lora.peft_config(lora_args))
+        model = lora.wrap(AutoModelForCausalLM.from_config(model_config), lora_args)
     trainable, total = lora.parameter_counts(model)
     largest = max(p.numel() for p in model.parameters() if p.requires_grad)
     return dataclasses.replace(

@@ -152,10 +152,8 @@ def _build_model(hf_config: Path, state: dict[str, Any], lora_args: LoraArgs | N
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
         if lora_args is not None:
-            from peft import get_peft_model
-
             # The run's adapters around the same module tree: its parameter names are the checkpoint's.
-            model = get_peft_model(model, lora.peft_config(lora_args))
+            model = lora.wrap(model, lora_args)
     _check_complete(model, state, tag_dir)
     try:
         model.load_state_dict(state, strict=True, assign=True)

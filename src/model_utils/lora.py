@@ -158,18 +158,33 @@ def describe(args: LoraArgs, trainable: int, total: int) -> str:
     )
 
 
+def wrap(model: Any, args: LoraArgs) -> Any:
+    """peft's PeftModel around `model` with these flags' adapters: the one place training, export and estimate
+    build it."""
+    import warnings
+
+    from peft import get_peft_model
+
+    with warnings.catch_warnings():
+        # peft reads transformers' deprecated `is_gradient_checkpointing` (transformers 5.23 warns once per
+        # rank); the kit sets checkpointing through the new API itself, so the warning asks nothing of a user.
+        warnings.filterwarnings(
+            "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
+        )
+        return get_peft_model(model, peft_config(args))
+
+
 def apply(model: Any, args: LoraArgs, seed: int, announce: bool = True) -> Any:
     """The PeftModel with adapters on a freshly built (and checkpointing-switched) model; the model itself when
     LoRA is off. Logs one line of what trains (announce=False: silent)."""
     if not args.enabled:
         return model
     import torch
-    from peft import get_peft_model
 
     # The adapters' random init (lora_A) from the run's seed: the same on every rank, whatever consumed the RNG
     # before (ZeRO-3 partitions each rank's own copy, it broadcasts nothing), and the same under every ZeRO stage.
     torch.manual_seed(seed)
-    peft_model = get_peft_model(model, peft_config(args))
+    peft_model = wrap(model, args)
     if announce:
         print0(describe(args, *parameter_counts(peft_model)))
     return peft_model
