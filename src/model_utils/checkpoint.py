@@ -45,6 +45,9 @@ MODEL_STATES = "mp_rank_00_model_states.pt"
 HF_CONFIG_DIR = "hf_config"
 LAUNCH_FILE = "launch.json"
 STAGING_PREFIX = ".staging-"
+# A tag converted for another world size (universal layout): `<tag>-universal`, never itself a resume candidate
+# (its name is no tag's), kept while its source tag is.
+UNIVERSAL_SUFFIX = "-universal"
 _TAG_RE = re.compile(r"^(?P<name>[^.].*)-(?P<step>\d+)steps$")
 # Fault injection for the crash tests: the process SIGKILLs itself at the named point of a save.
 FAULT_ENV = launch_env.FAULT_INJECT
@@ -285,18 +288,77 @@ def rotate(root: Path, keep: int, protect: set[str], keep_every: int | None = No
     doomed = [t for t in complete[keep:] if t not in protect]
     for tag in doomed:
         shutil.rmtree(root / tag, ignore_errors=True)
+        shutil.rmtree(root / universal_tag(tag), ignore_errors=True)  # its universal copy goes with it
     if doomed:
         print0(f"Removed old checkpoints (keeping {keep}): {', '.join(doomed)}")
     return doomed
 
 
+# --- another world size: a universal copy -----------------------------------------------------------
+
+
+def universal_tag(tag: str) -> str:
+    return f"{tag}{UNIVERSAL_SUFFIX}"
+
+
+def _source_id(source: Path) -> str:
+    """Which checkpoint a universal copy was converted from: its manifest's checksum (or, for a tag without
+    one, saved by something else, its path)."""
+    manifest = source / file_manifest.MANIFEST
+    return file_manifest.file_digest(manifest) if manifest.is_file() else str(source.resolve())
+
+
+def convert_universal(
+    engine: type[Engine] | Engine, source: ResumeTarget, root: Path
+) -> tuple[ResumeTarget, float | None]:
+    """Rank 0: the universal copy of `source` in `root` (`<tag>-universal`), converted once with the save's
+    crash-safe protocol (staging dir, manifest, atomic rename) and reused while it verifies and was converted
+    from this very checkpoint. Returns it and the conversion's seconds (None: reused)."""
+    name = universal_tag(source.tag)
+    final = root / name
+    source_id = _source_id(source.path)
+    verified = final.is_dir() and file_manifest.verify(final) is None
+    if verified and (file_manifest.read(final) or {}).get("universal_of") == source_id:
+        return ResumeTarget(root, name), None
+    started = time.perf_counter()
+    staging = root / f"{STAGING_PREFIX}{name}"
+    if staging.exists():
+        shutil.rmtree(staging)  # debris of a conversion that crashed
+    staging.mkdir(parents=True)
+    # DeepSpeed writes its output dir and, beside it, a `latest_universal`: both inside the staging dir.
+    out = staging / name
+    try:
+        engine.convert_universal(source.path, out)
+    except Exception as e:  # any failure of the converter means: no universal copy (weights only)
+        shutil.rmtree(staging, ignore_errors=True)
+        raise ConfigError(
+            f"could not convert {source.path} for a new world size ({type(e).__name__}: {first_line(e)})"
+        ) from None
+    for item in source.path.iterdir():  # dskit's own files: RNG states, hf_config/, launch.json
+        if item.name.startswith("rng_state_rank") or item.name in (HF_CONFIG_DIR, LAUNCH_FILE):
+            (shutil.copytree if item.is_dir() else shutil.copy2)(item, out / item.name)
+    step = tag_step(source.tag)
+    _inject_fault("universal_before_manifest")
+    file_manifest.write(out, file_manifest.build(out, {"tag": name, "step": step, "universal_of": source_id}))
+    _inject_fault("universal_before_rename")
+    if final.exists():  # unverified, or converted from another checkpoint of the same name
+        shutil.rmtree(final)
+    os.rename(out, final)
+    file_manifest.fsync_dir(root)
+    shutil.rmtree(staging, ignore_errors=True)
+    return ResumeTarget(root, name), time.perf_counter() - started
+
+
 # --- loading --------------------------------------------------------------------------------------------
 
 
-def load(engine: Engine, target: ResumeTarget, rank: int, weights_only: bool) -> dict[str, Any]:
-    """Load weights (and, unless weights_only, optimizer and scheduler) plus our client state."""
+def load(
+    engine: Engine, target: ResumeTarget, rank: int, weights_only: bool, universal: bool = False
+) -> dict[str, Any]:
+    """Load weights (and, unless weights_only, optimizer and scheduler) plus our client state. `universal`:
+    target is a universal copy (convert_universal)."""
     started = time.perf_counter()
-    client_state = engine.load(target.path, weights_only)
+    client_state = engine.load(target.path, weights_only, universal)
     if not client_state or CLIENT_KEY not in client_state:
         raise ConfigError(f"checkpoint {target.path} could not be loaded: it is not a dskit checkpoint")
     print0(f"Loaded checkpoint {target.path} ({_throughput(target.path, time.perf_counter() - started)})")

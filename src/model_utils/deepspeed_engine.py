@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -106,14 +109,47 @@ class DeepSpeedEngine:
             str(tag_dir.parent), tag=tag_dir.name, client_state=state, save_latest=False
         )
 
-    def load(self, tag_dir: Path, weights_only: bool) -> dict[str, Any] | None:
-        path, client_state = self._engine.load_checkpoint(
-            str(tag_dir.parent),
-            tag=tag_dir.name,
-            load_optimizer_states=not weights_only,
-            load_lr_scheduler_states=not weights_only,
-        )
+    def load(self, tag_dir: Path, weights_only: bool, universal: bool = False) -> dict[str, Any] | None:
+        # `universal`: tag_dir was written by convert_universal. DeepSpeed reads its `checkpoint.load_universal`
+        # config flag only while loading (engine.load_universal_checkpoint()), so it is set for this load
+        # alone: a same-world-size resume of an ordinary tag must not see it.
+        config = self._engine._config
+        before = config.load_universal_checkpoint
+        config.load_universal_checkpoint = universal
+        try:
+            path, client_state = self._engine.load_checkpoint(
+                str(tag_dir.parent),
+                tag=tag_dir.name,
+                load_optimizer_states=not weights_only,
+                load_lr_scheduler_states=not weights_only,
+            )
+        finally:
+            config.load_universal_checkpoint = before
         return client_state if path is not None else None
+
+    @staticmethod
+    def convert_universal(source: Path, output: Path) -> str:
+        """Rewrite the checkpoint in `source` (saved at any world size) into `output` in DeepSpeed's universal
+        layout (one file per parameter and optimizer state, under output/zero/), which load(universal=True)
+        reads at any world size. One process, no collectives; returns DeepSpeed's chatter (progress bars)."""
+        from deepspeed.checkpoint import ds_to_universal
+
+        args = types.SimpleNamespace(
+            input_folder=str(source),
+            output_folder=str(output),
+            # Serial: a process pool forked from a rank (threads, a process group) is not safe.
+            num_extract_workers=1,
+            num_merge_workers=1,
+            keep_temp_folder=False,
+            strict=True,
+            inject_missing_state=False,  # dskit saves universal_checkpoint_info (save above)
+        )
+        chatter = io.StringIO()
+        with contextlib.redirect_stdout(chatter), contextlib.redirect_stderr(chatter):
+            ds_to_universal.main(args)
+        # main() also writes `latest_universal` beside output with a plain open(); dskit never reads it.
+        (output.parent / "latest_universal").unlink(missing_ok=True)
+        return chatter.getvalue()
 
     def close(self) -> None:
         self._engine.destroy()

@@ -54,9 +54,16 @@ class Engine(Protocol):
         """This rank's share of the model, optimizer and scheduler state, plus client_state, into tag_dir."""
         ...
 
-    def load(self, tag_dir: Path, weights_only: bool) -> dict[str, Any] | None:
+    def load(self, tag_dir: Path, weights_only: bool, universal: bool = False) -> dict[str, Any] | None:
         """Restore from tag_dir (weights only: no optimizer or scheduler state); returns the client state,
-        None when tag_dir holds no state this engine can read."""
+        None when tag_dir holds no state this engine can read. `universal`: tag_dir was written by
+        convert_universal (a checkpoint of another world size)."""
+        ...
+
+    @staticmethod
+    def convert_universal(source: Path, output: Path) -> str:
+        """Rewrite the checkpoint in `source` into `output` so that load(output, universal=True) restores it,
+        optimizer and scheduler state included, at any world size. One process; returns its chatter."""
         ...
 
     def close(self) -> None:

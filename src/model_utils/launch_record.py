@@ -1,7 +1,9 @@
 """How a run was launched, saved beside every checkpoint, and what a resume may and may not change.
 
 A resume with another model architecture or sequence length is refused (the weights or the data position would
-not mean the same thing). A different world size is allowed: the weights are loaded alone, with a warning.
+not mean the same thing). A different world size is allowed: the trainer converts the checkpoint to DeepSpeed's
+universal layout once and resumes it whole (checkpoint.convert_universal), or loads the weights alone when the
+optimizer's parameter groups changed too or the conversion fails, with a warning.
 """
 
 from __future__ import annotations
@@ -118,3 +120,8 @@ def check_resume(
         before = "one group (a kit before weight-decay groups)" if saved_groups is None else str(saved_groups)
         return f"the optimizer's parameter groups changed from {before} to {optimizer_groups}"
     return None
+
+
+def saved_world_size(tag_dir: Path) -> int | None:
+    launch = read(tag_dir)
+    return None if launch is None else launch.get("world_size")

@@ -189,15 +189,22 @@ class Trainer:
             return TrainState(
                 run_id=decide_on_main(lambda: new_run_id(self.run.source.short_name), self.dist)
             )
+        # The world size is checked apart: another one is resumed whole through a universal copy.
         why_weights_only = launch_record.check_resume(
-            target.path,
-            self.run.model_config,
-            self.run.seq_length,
-            self.dist.world_size,
-            self.decay_groups.layout(),
+            target.path, self.run.model_config, self.run.seq_length, None, self.decay_groups.layout()
         )
+        saved_ranks = launch_record.saved_world_size(target.path)
+        universal = False
+        if why_weights_only is None and saved_ranks is not None and saved_ranks != self.dist.world_size:
+            why = f"world size changed from {saved_ranks} to {self.dist.world_size}"
+            try:
+                target, universal = self._universal_copy(target, why), True
+            except ConfigError as e:
+                why_weights_only = f"{why} and {e}"
         weights_only = why_weights_only is not None
-        state = TrainState.from_dict(checkpoint.load(self.engine, target, self.dist.rank, weights_only))
+        state = TrainState.from_dict(
+            checkpoint.load(self.engine, target, self.dist.rank, weights_only, universal)
+        )
         if weights_only:
             warn0(
                 f"{why_weights_only}: loaded the weights only (optimizer state starts fresh; the lr schedule and "
@@ -209,6 +216,24 @@ class Trainer:
         pos = state.position
         print0(step_line.resumed_line(target.path, state.step, pos.epoch, pos.consumed, self.engine.lr()))
         return state
+
+    def _universal_copy(self, source: checkpoint.ResumeTarget, why: str) -> checkpoint.ResumeTarget:
+        """The universal copy of `source` in --checkpoint_dir, converted on rank 0 if not there yet (the
+        other ranks wait); ConfigError on every rank when it cannot be made."""
+        root = Path(self.cfg.checkpoint.checkpoint_dir)
+        engine_type = type(self.engine)
+
+        def convert() -> tuple[str, float | None]:
+            target, seconds = checkpoint.convert_universal(engine_type, source, root)
+            return target.tag, seconds
+
+        tag, seconds = decide_on_main(convert, self.dist)
+        how = "reusing" if seconds is None else f"converted in {seconds:.1f} s to"
+        print0(
+            f"{why}: resuming optimizer and lr schedule state through DeepSpeed's universal checkpoint "
+            f"({how} {root / tag})"
+        )
+        return checkpoint.ResumeTarget(root, tag)
 
     def _s3_tier(self) -> Any:
         uri = self.cfg.checkpoint.s3_checkpoint_uri

@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from model_utils import checkpoint, file_manifest, launch_record
 from model_utils.errors import ConfigError
@@ -92,6 +93,19 @@ def test_rotation_keeps_the_newest_and_the_protected(tmp_path: Path) -> None:
     assert sorted(deleted) == ["tiny_qwen3-20steps", "tiny_qwen3-30steps"]
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left == ["tiny_qwen3-10steps", "tiny_qwen3-40steps", "tiny_qwen3-50steps", "tiny_qwen3-60steps"]
+
+
+def test_rotation_removes_a_universal_copy_with_its_tag(tmp_path: Path) -> None:
+    for step in (10, 20, 30):
+        fake_tag(tmp_path, step)
+    for step in (10, 20):  # universal copies (a world-size change resumed from them): never resume candidates
+        copy = tmp_path / checkpoint.universal_tag(f"tiny_qwen3-{step}steps")
+        copy.mkdir()
+        (copy / checkpoint.MODEL_STATES).write_bytes(b"x")
+    assert checkpoint.select_resume(str(tmp_path), None).tag == "tiny_qwen3-30steps"
+    assert checkpoint.rotate(tmp_path, keep=1, protect={"tiny_qwen3-10steps"}) == ["tiny_qwen3-20steps"]
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == ["tiny_qwen3-10steps", "tiny_qwen3-10steps-universal", "tiny_qwen3-30steps"]
 
 
 def test_rotation_keeps_every_nth_step_permanently(tmp_path: Path) -> None:
@@ -224,8 +238,11 @@ def test_kill_during_save_resumes_from_the_last_verified_checkpoint(
         assert (ckpt / "latest").read_text() == "tiny_qwen3-8steps"
 
 
+UNIVERSAL = "world size changed from 2 to 1: resuming optimizer and lr schedule state through DeepSpeed's universal checkpoint"
+
+
 @pytest.mark.e2e
-def test_world_size_change_resumes_weights_only_and_time_interval_saves(
+def test_world_size_change_resumes_through_a_universal_copy_and_time_interval_saves(
     base_checkpoints, tmp_path: Path
 ) -> None:
     base, args = base_checkpoints
@@ -234,13 +251,50 @@ def test_world_size_change_resumes_weights_only_and_time_interval_saves(
     # Also the time-based interval: a tiny one makes every step due, odd steps included (freq is 2).
     proc = torchrun([*args, "--checkpoint_dir", str(ckpt), "--checkpoint_interval_minutes", "1e-6"], nproc=1)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    assert "world size changed from 2 to 1: loaded the weights only" in proc.stdout
-    assert "at step 4" in proc.stdout and "Step 8/8 | Loss" in proc.stdout
+    copy = ckpt / "tiny_qwen3-4steps-universal"
+    assert f"{UNIVERSAL} (converted in" in proc.stdout and f"to {copy})" in proc.stdout
+    assert "loaded the weights only" not in proc.stdout
+    saved = torch.load(ckpt / "tiny_qwen3-4steps" / checkpoint.MODEL_STATES, weights_only=False)
+    consumed = saved["dskit"]["train_state"]["position"]["consumed"]  # global blocks: any world size reads it
+    assert f"Resumed from {copy} at step 4 (epoch 0, block {consumed}," in proc.stdout
+    assert "Step 8/8 | Loss" in proc.stdout
+    assert file_manifest.verify(copy) is None  # converted with the save's protocol: verifies like any tag
+    assert (
+        file_manifest.read(copy)["step"] == 4
+        and (copy / "zero" / "model.norm.weight" / "exp_avg.pt").is_file()
+    )
+    assert not (ckpt / "latest_universal").exists() and not list(ckpt.glob(".staging-*"))
     assert f"Saved checkpoint {ckpt}/tiny_qwen3-5steps" in proc.stdout
     assert f"Saved checkpoint {ckpt}/tiny_qwen3-7steps" in proc.stdout
-    # Rotation kept the newest 3 and the one resumed from.
+    # Rotation kept the newest 3 and the one resumed from (with its universal copy).
     kept = sorted(p.name for p in ckpt.iterdir() if p.name.startswith("tiny_qwen3-"))
-    assert kept == ["tiny_qwen3-4steps", "tiny_qwen3-6steps", "tiny_qwen3-7steps", "tiny_qwen3-8steps"]
+    assert kept == [
+        "tiny_qwen3-4steps", "tiny_qwen3-4steps-universal", "tiny_qwen3-6steps", "tiny_qwen3-7steps",
+        "tiny_qwen3-8steps",
+    ]  # fmt: skip
+
+
+@pytest.mark.e2e
+def test_a_crash_during_the_universal_conversion_converts_again_on_the_next_start(
+    base_checkpoints, tmp_path: Path
+) -> None:
+    base, args = base_checkpoints
+    ckpt = tmp_path / "ck"
+    ckpt.mkdir()
+    shutil.copytree(base / "tiny_qwen3-4steps", ckpt / "tiny_qwen3-4steps")
+    one_step = [*args[:-1], "5", "--checkpoint_dir", str(ckpt)]  # --max_steps 5
+    crashed = torchrun(one_step, nproc=1, env={**ENV, checkpoint.FAULT_ENV: "universal_before_rename"})
+    assert crashed.returncode != 0
+    assert not (ckpt / "tiny_qwen3-4steps-universal").exists()  # only the staging dir's debris
+    assert checkpoint.select_resume(str(ckpt), None).tag == "tiny_qwen3-4steps"
+    done = torchrun(one_step, nproc=1)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert f"{UNIVERSAL} (converted in" in done.stdout and "Step 5/5 | Loss" in done.stdout
+    assert not list(ckpt.glob(".staging-*"))
+    # Converted once: the next start from the same tag reuses the verified copy.
+    shutil.rmtree(ckpt / "tiny_qwen3-5steps")
+    again = torchrun(one_step, nproc=1)
+    assert f"{UNIVERSAL} (reusing {ckpt}/tiny_qwen3-4steps-universal)" in again.stdout
 
 
 @pytest.mark.e2e

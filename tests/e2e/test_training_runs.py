@@ -139,7 +139,8 @@ def test_wsd_resume_continues_the_exact_lr_and_a_new_world_size_repositions_it(
     tmp_path: Path, data_cache: Path
 ) -> None:
     """The kit's own torch scheduler (WSD) is in the checkpoint: a 2-rank resume at step 4 continues the same
-    lr and loss as the uninterrupted run; a 1-rank resume (weights only) starts its schedule at step 4 too."""
+    lr and loss as the uninterrupted run; a 1-rank resume (through a universal copy, with twice the
+    accumulation: the same global batch) continues them too, within bf16 noise."""
     wsd = ["--lr_schedule", "wsd", "--warmup_steps", "2", "--decay_fraction", "0.5"]
     straight = tmp_path / "straight"
     out = train([*common(data_cache, straight, tmp_path / "straight.jsonl"), *wsd], tmp_path)
@@ -151,13 +152,17 @@ def test_wsd_resume_continues_the_exact_lr_and_a_new_world_size_repositions_it(
         ckpt = tmp_path / name
         ckpt.mkdir()
         shutil.copytree(straight / "tiny_qwen3-4steps", ckpt / "tiny_qwen3-4steps")
-        out = train([*common(data_cache, ckpt, tmp_path / f"{name}.jsonl"), *wsd], tmp_path, nproc=ranks)
+        run = [*common(data_cache, ckpt, tmp_path / f"{name}.jsonl"), *wsd]
+        run[run.index("--gradient_accumulation_steps") + 1] = str(4 // ranks)
+        out = train(run, tmp_path, nproc=ranks)
         again = metrics(tmp_path / f"{name}.jsonl")
         assert sorted(again) == [5, 6, 7, 8]
         for step in again:
             assert again[step]["lr"] == pytest.approx(full[step]["lr"], rel=1e-6), (name, step)
-        if ranks == 2:
-            for step in again:
-                assert abs(again[step]["loss"] - full[step]["loss"]) < 1e-4, (step, again[step], full[step])
-        else:
-            assert "world size changed from 2 to 1: loaded the weights only" in out
+        # Another world size sums the gradients in another order: bf16 noise of a few 1e-5 per step.
+        tolerance = 1e-4 if ranks == 2 else 5e-4
+        for step in again:
+            assert abs(again[step]["loss"] - full[step]["loss"]) < tolerance, (step, again[step], full[step])
+        if ranks == 1:
+            assert "world size changed from 2 to 1: resuming optimizer and lr schedule state" in out
+            assert "at step 4 (epoch 0, block 32" in out  # the same global position in the data
