@@ -123,14 +123,6 @@ def _state_dict(load_dir: Path, tag: str, dtype: Any) -> dict[str, Any]:
     return state
 
 
-def _lora_args(tag_dir: Path) -> LoraArgs | None:
-    """The run's LoRA flags (launch.json's config), or None for a run without LoRA."""
-    section = ((launch_record.read(tag_dir) or {}).get("config") or {}).get("lora")
-    if not section or section.get("lora_r") is None:
-        return None
-    return LoraArgs(**section)
-
-
 def _check_complete(model: Any, state: dict[str, Any], tag_dir: Path) -> None:
     """Every tensor holds as many elements as its full shape (the model on the meta device knows it)."""
     for name, expected in model.state_dict().items():
@@ -184,7 +176,8 @@ def export(checkpoint: Path, out_dir: Path, dtype: str = "bf16", adapter_only: b
     load_dir, tag = resolve_tag(Path(checkpoint))
     _check_out_dir(Path(out_dir))
     hf_config = _check_tag(load_dir / tag)
-    lora_args = _lora_args(load_dir / tag)
+    launch = launch_record.read(load_dir / tag)
+    lora_args = lora.saved_args(launch)
     if adapter_only and lora_args is None:
         raise ConfigError(
             f"checkpoint {load_dir / tag} was trained without LoRA (--lora_r): it has no adapter to write; "
@@ -207,7 +200,7 @@ def export(checkpoint: Path, out_dir: Path, dtype: str = "bf16", adapter_only: b
     model = _build_model(hf_config, _state_dict(load_dir, tag, load_dtype), lora_args, load_dir / tag)
     if lora_args is not None:
         if adapter_only:
-            base = ((launch_record.read(load_dir / tag) or {}).get("config") or {}).get("model", {})
+            base = ((launch or {}).get("config") or {}).get("model", {})
             model.peft_config["default"].base_model_name_or_path = base.get("model")
         else:
             model = model.merge_and_unload()

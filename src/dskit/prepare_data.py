@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from model_utils import documents, models, token_shards
-from model_utils.arguments import ONE_OF, DataArgs, ModelArgs, field_help
-from model_utils.documents import Unit
+from model_utils.arguments import DataArgs, ModelArgs, field_help, reject_both_given
 from model_utils.errors import CommandParser, ConfigError
 from model_utils.token_shards import TokenizerSpec
 
@@ -92,26 +91,20 @@ def _check(args: argparse.Namespace) -> None:
 _worker: dict[str, Any] = {}
 
 
-def _init_worker(spec: TokenizerSpec, progress: Any) -> None:
-    _worker["spec"], _worker["progress"] = spec, progress
+def _init_worker(spec: TokenizerSpec, record: dict[str, Any], progress: Any) -> None:
+    _worker["spec"], _worker["record"], _worker["progress"] = spec, record, progress
     progress.put(("pid", os.getpid()))  # so the driver can stop exactly its workers
 
 
-def _worker_unit(
-    out: str, index: int, unit: dict[str, Any], field: str, fraction: float, cap: int | None
-) -> int:
+def _worker_unit(out: str, index: int) -> None:
     progress = _worker["progress"]
-    record = token_shards.write_unit(
+    token_shards.write_unit(
         Path(out),
         index,
-        Unit.from_dict(unit),
+        _worker["record"],
         _worker["spec"],
-        field,
-        fraction,
-        cap,
         lambda nbytes, tokens: progress.put((nbytes, tokens)),
     )
-    return int(record["shards"]["train"]["tokens"])
 
 
 # --- progress -------------------------------------------------------------------------------------------
@@ -142,6 +135,9 @@ class Progress:
             self.last = time.monotonic()
             print(self.line(), flush=True)
 
+    def unit_done(self) -> None:
+        self.units_done += 1
+
     def line(self) -> str:
         took = max(time.monotonic() - self.start, 1e-9)
         read = f"{self.nbytes / 2**20:,.0f} MB" + (f" of {self.total / 2**20:,.0f} MB" if self.total else "")
@@ -166,29 +162,18 @@ def _run_units(
 ) -> None:
     """Tokenize units `todo` with `num_proc` processes, in order; with --max_tokens, stop once the prefix is
     done. One process: in this one, so what is measured is the tokenizing alone."""
-    field = record["text_field"]
-    fraction = record["validation"].get("fraction", 0.0)
+    if num_proc == 1:
+        token_shards.write_units(out, record, spec, todo, progress.add, progress.unit_done)
+        return
     cap = record["max_tokens"]
-    units = record["units"]
 
     def prefix_done() -> bool:
         return cap is not None and token_shards.finish(out) is not None
 
-    if num_proc == 1:
-        for index in todo:
-            if token_shards.state(out) == "prepared":  # another array task finished the --max_tokens prefix
-                return
-            token_shards.write_unit(
-                out, index, Unit.from_dict(units[index]), spec, field, fraction, cap, progress.add
-            )
-            progress.units_done += 1
-            if prefix_done():
-                return
-        return
     context = multiprocessing.get_context("spawn")  # no fork of a process holding a tokenizer's threads
     updates = context.Queue()
     pool = cf.ProcessPoolExecutor(
-        num_proc, mp_context=context, initializer=_init_worker, initargs=(spec, updates)
+        num_proc, mp_context=context, initializer=_init_worker, initargs=(spec, record, updates)
     )
     pending = list(todo)
     running: set[cf.Future[int]] = set()
@@ -200,12 +185,12 @@ def _run_units(
                     pending.clear()
                     break
                 index = pending.pop(0)
-                running.add(pool.submit(_worker_unit, str(out), index, units[index], field, fraction, cap))
+                running.add(pool.submit(_worker_unit, str(out), index))
             done, running = cf.wait(running, timeout=0.5, return_when=cf.FIRST_COMPLETED)
             _drain(updates, progress, workers)
             for future in done:
                 future.result()  # a worker's error ends the preparation here
-                progress.units_done += 1
+                progress.unit_done()
             if done and prefix_done():
                 break
     finally:
@@ -239,10 +224,7 @@ def _stop(workers: set[int]) -> None:
 def prepare(args: argparse.Namespace) -> int:
     _check(args)
     given = {name: getattr(args, name) for name in DATA_FLAGS if getattr(args, name) is not None}
-    explicit = set(given)
-    for pair in ONE_OF:
-        if set(pair) <= explicit:
-            raise ConfigError(f"--{pair[0]} and --{pair[1]} both given: keep one of them")
+    reject_both_given(set(given))
     data = DataArgs(**given)
     model = args.model or ModelArgs().model
     tokenizer = models.load_tokenizer(models.resolve_model_source(model), args.tokenizer)

@@ -435,6 +435,23 @@ SECTIONS: dict[str, type] = {
 }
 
 
+# Pairs of which one decides: a flag given for one drops the other from the run file, rather than clash with it.
+ONE_OF = (
+    ("epochs", "max_steps"),
+    ("warmup_steps", "warmup_ratio"),
+    ("validation_split", "validation_fraction"),
+    ("validation_dataset", "validation_fraction"),
+    ("validation_dataset", "validation_split"),
+)
+
+
+def reject_both_given(given: frozenset[str] | set[str]) -> None:
+    """Both members of a pair of ONE_OF given (flags or run file): one line naming them."""
+    for first, second in ONE_OF:
+        if {first, second} <= given:
+            raise ConfigError(f"--{first} and --{second} both given: keep one of them")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     model: ModelArgs = field(default_factory=ModelArgs)
@@ -451,24 +468,13 @@ class TrainConfig:
     deepspeed_inline: str | None = None
 
     def __post_init__(self) -> None:
-        if {"epochs", "max_steps"} <= self.explicit:
-            raise ConfigError("--epochs and --max_steps both given: keep one of them")
-        if {"warmup_steps", "warmup_ratio"} <= self.explicit:
-            raise ConfigError("--warmup_steps and --warmup_ratio both given: keep one of them")
+        reject_both_given(self.explicit)
         wsd_only = sorted(
             f"--{f}" for f in ("decay_fraction", "decay_type", "decay_from_step") if f in self.explicit
         )
         if wsd_only and self.optim.lr_schedule != "wsd":
             raise ConfigError(
                 f"{' and '.join(wsd_only)} apply to --lr_schedule wsd only: add it or drop them"
-            )
-        if self.data.validation_split is not None and "validation_fraction" in self.explicit:
-            raise ConfigError("--validation_split and --validation_fraction both given: keep one of them")
-        if self.data.validation_dataset is not None and (
-            self.data.validation_split is not None or "validation_fraction" in self.explicit
-        ):
-            raise ConfigError(
-                "--validation_dataset and --validation_split/--validation_fraction both given: keep one of them"
             )
 
     def to_dict(self) -> dict[str, Any]:
@@ -565,16 +571,6 @@ def _reject_unknown_flags(argv: list[str], known: set[str]) -> None:
         close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.5)
         hint = f"did you mean --{close[0]}?" if close else "see --help for the valid flags"
         raise ConfigError(f"unknown flag --{name}: {hint}")
-
-
-# Pairs of which one decides: a flag given for one drops the other from the run file, rather than clash with it.
-ONE_OF = (
-    ("epochs", "max_steps"),
-    ("warmup_steps", "warmup_ratio"),
-    ("validation_split", "validation_fraction"),
-    ("validation_dataset", "validation_fraction"),
-    ("validation_dataset", "validation_split"),
-)
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:

@@ -24,7 +24,6 @@ launch.json's `lora` section (`peft_config`) and writes the merged model, or the
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from model_utils.arguments import LoraArgs, names_list
@@ -93,18 +92,20 @@ def check(args: LoraArgs, source: Any, model_config: Any) -> None:
             )
 
 
-# The flags that decide the adapters' parameter names and shapes: a checkpoint only loads into the same ones.
-SHAPING = ("lora_r", "lora_target_modules", "lora_modules_to_save")
-
-
-def _shaping(section: dict[str, Any] | None) -> tuple[Any, ...] | None:
+def saved_args(launch: dict[str, Any] | None) -> LoraArgs | None:
+    """A checkpoint's LoRA flags, from its launch record (launch.json); None: trained without LoRA (or by a kit
+    before it)."""
+    section = ((launch or {}).get("config") or {}).get("lora")
     if not section or section.get("lora_r") is None:
-        return None  # trained without LoRA (or by a kit before it)
-    return (
-        section["lora_r"],
-        names_list(section.get("lora_target_modules")),
-        names_list(section.get("lora_modules_to_save")),
-    )
+        return None
+    return LoraArgs(**section)
+
+
+def _shaping(args: LoraArgs | None) -> tuple[Any, ...] | None:
+    """What decides the adapters' parameter names and shapes: a checkpoint only loads into the same."""
+    if args is None or not args.enabled:
+        return None
+    return (args.lora_r, names_list(args.lora_target_modules), names_list(args.lora_modules_to_save))
 
 
 def check_resume(tag_dir: Any, args: LoraArgs) -> None:
@@ -115,8 +116,8 @@ def check_resume(tag_dir: Any, args: LoraArgs) -> None:
     launch = launch_record.read(tag_dir)
     if launch is None:
         return
-    saved = _shaping((launch.get("config") or {}).get("lora"))
-    now = _shaping(dataclasses.asdict(args))
+    saved = _shaping(saved_args(launch))
+    now = _shaping(args)
     if saved == now:
         return
 

@@ -262,17 +262,23 @@ def _disk_full(out: Path, what: str) -> ConfigError:
     )
 
 
+def _quiet(nbytes: int, tokens: int) -> None:
+    pass
+
+
 def write_unit(
     out: Path,
     index: int,
-    unit: Unit,
+    record: dict[str, Any],
     spec: TokenizerSpec,
-    text_field: str,
-    validation_fraction: float,
-    max_tokens: int | None,
-    progress: Callable[[int, int], None] = lambda nbytes, tokens: None,
+    progress: Callable[[int, int], None] = _quiet,
 ) -> dict[str, Any]:
-    """Tokenize one unit into its shards and commit its record. Memory: one batch of documents."""
+    """Tokenize unit `index` of the plan `record` into its shards and commit its unit record. Memory: one batch
+    of documents."""
+    unit = Unit.from_dict(record["units"][index])
+    text_field = record["text_field"]
+    validation_fraction = record["validation"].get("fraction", 0.0)
+    max_tokens = record["max_tokens"]
     encoder = _encoder(spec)
     shards = {split: _ShardFile(out, split, index) for split in SPLITS}
     phase = _phase(unit)
@@ -304,16 +310,16 @@ def write_unit(
         for shard in shards.values():
             shard.discard()
         raise
-    record = {"unit": unit.to_dict(), "shards": committed, "empty_documents": empty}
+    done = {"unit": unit.to_dict(), "shards": committed, "empty_documents": empty}
     path = _record_path(out, index)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        atomic_write_text(path, json.dumps(record, indent=1))
+        atomic_write_text(path, json.dumps(done, indent=1))
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise _disk_full(out, f"the record of unit {index}") from None
         raise
-    return record
+    return done
 
 
 # --- finishing: the manifest ----------------------------------------------------------------------------
@@ -465,15 +471,29 @@ def open_prepared(path: Path) -> PreparedDataset:
     return PreparedDataset(path, manifest)
 
 
+def write_units(
+    out: Path,
+    record: dict[str, Any],
+    spec: TokenizerSpec,
+    indices: list[int],
+    progress: Callable[[int, int], None] = _quiet,
+    unit_done: Callable[[], None] = lambda: None,
+) -> None:
+    """Units `indices` in this process, in order. Stops once the dataset is prepared: a --max_tokens prefix
+    complete, here or by another array task (the manifest is written as soon as the prefix is)."""
+    for index in indices:
+        if state(out) == "prepared":
+            return
+        write_unit(out, index, record, spec, progress)
+        unit_done()
+        if record["max_tokens"] is not None:
+            finish(out)
+
+
 def prepare_in_process(out: Path, record: dict[str, Any], spec: TokenizerSpec) -> dict[str, Any]:
     """Prepare (or finish preparing) `out` in this process: the small-data path of the preflight."""
     begin(out, record)
-    units = [Unit.from_dict(u) for u in record["units"]]
-    fraction = record["validation"].get("fraction", 0.0)
-    for index in missing_units(out):
-        write_unit(out, index, units[index], spec, record["text_field"], fraction, record["max_tokens"])
-        if (manifest := finish(out)) is not None:  # with --max_tokens the prefix may end before the last unit
-            return manifest
+    write_units(out, record, spec, missing_units(out))
     manifest = finish(out)
-    assert manifest is not None, "every unit is done"
+    assert manifest is not None, "every unit of the plan (or of its prefix) is done"
     return manifest

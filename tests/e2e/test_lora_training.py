@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 from dskit import cli
 from dskit.export import export
 from model_utils.presets import PRESETS
+from support.metrics_file import step_records
 from support.pretrained import save_tiny_qwen3
 from support.torchrun import train
 
@@ -44,7 +45,7 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def losses(path: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in map(json.loads, path.read_text().splitlines()) if "loss" in r}
+    return {step: r["loss"] for step, r in step_records(path).items()}
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from support.metrics_file import step_records
 from support.torchrun import ENV, REPO, torchrun_cmd, train
 
 pytestmark = pytest.mark.e2e
@@ -21,10 +21,6 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def data_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("data-cache")
-
-
-def metrics(path: Path) -> dict[int, dict]:
-    return {r["step"]: r for r in map(json.loads, path.read_text().splitlines()) if "loss" in r}
 
 
 def client_state(tag_dir: Path) -> dict:
@@ -42,7 +38,7 @@ def common(cache: Path, ckpt: Path, metrics_file: Path) -> list[str]:
 def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path: Path, data_cache: Path) -> None:
     straight = tmp_path / "straight"
     out = train(common(data_cache, straight, tmp_path / "straight.jsonl"), tmp_path)
-    full = metrics(tmp_path / "straight.jsonl")
+    full = step_records(tmp_path / "straight.jsonl")
     assert sorted(full) == list(range(1, 9))  # counts optimizer steps (2 micro-batches each), stops at 8
     assert "Step 8/8 | Validation Loss" in out
     assert (straight / "latest").read_text().strip() == "tiny_qwen3-8steps"
@@ -57,7 +53,7 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path: Path, data
     (resumed / "latest").write_text("tiny_qwen3-4steps")
     out = train(common(data_cache, resumed, tmp_path / "resumed.jsonl"), tmp_path)
     assert "Resumed from" in out and "tiny_qwen3-4steps at step 4 (epoch 0, block 32" in out
-    again = metrics(tmp_path / "resumed.jsonl")
+    again = step_records(tmp_path / "resumed.jsonl")
     assert sorted(again) == [5, 6, 7, 8]
     for step in again:
         assert abs(again[step]["loss"] - full[step]["loss"]) < 1e-4, (step, again[step], full[step])
@@ -97,11 +93,13 @@ def test_a_signal_to_one_rank_stops_all_ranks_at_one_step_with_a_checkpoint(
     stopped = int(out.split("saved at step ")[1].split()[0])
     assert 2 <= stopped < 12
     assert (ckpt / "latest").read_text().strip() == f"tiny_qwen3-{stopped}steps"
-    assert max(metrics(tmp_path / "m.jsonl")) == stopped  # no rank ran past the agreed step
+    assert max(step_records(tmp_path / "m.jsonl")) == stopped  # no rank ran past the agreed step
 
     out = train(args, tmp_path)
     assert f"at step {stopped} " in out and "Step 12/12" in out
-    assert sorted(metrics(tmp_path / "m.jsonl")) == list(range(1, 13))  # continued, none repeated or skipped
+    assert sorted(step_records(tmp_path / "m.jsonl")) == list(
+        range(1, 13)
+    )  # continued, none repeated or skipped
 
 
 def test_train_singlenode_trains_the_embedded_default_and_resumes(tmp_path: Path) -> None:
@@ -118,7 +116,7 @@ def test_train_singlenode_trains_the_embedded_default_and_resumes(tmp_path: Path
     try:
         first = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=900)
         assert first.returncode == 0, (first.stdout + first.stderr)[-4000:]
-        steps = metrics(tmp_path / "m.jsonl")
+        steps = step_records(tmp_path / "m.jsonl")
         assert max(steps) == 100
         assert steps[100]["loss"] < steps[10]["loss"] - 1.0, steps  # the loss visibly falls
         assert "Step 100/100 | Loss" in first.stdout
@@ -145,7 +143,7 @@ def test_wsd_resume_continues_the_exact_lr_and_a_new_world_size_repositions_it(
     straight = tmp_path / "straight"
     out = train([*common(data_cache, straight, tmp_path / "straight.jsonl"), *wsd], tmp_path)
     assert "lr schedule wsd: warm-up 2 steps, stable to step 4, linear decay to 0.1 x peak by step 8" in out
-    full = metrics(tmp_path / "straight.jsonl")
+    full = step_records(tmp_path / "straight.jsonl")
     peak = full[3]["lr"]
     assert full[4]["lr"] == peak and full[5]["lr"] < peak and full[8]["lr"] == pytest.approx(0.1 * peak)
     for ranks, name in ((2, "resumed"), (1, "one-rank")):
@@ -155,7 +153,7 @@ def test_wsd_resume_continues_the_exact_lr_and_a_new_world_size_repositions_it(
         run = [*common(data_cache, ckpt, tmp_path / f"{name}.jsonl"), *wsd]
         run[run.index("--gradient_accumulation_steps") + 1] = str(4 // ranks)
         out = train(run, tmp_path, nproc=ranks)
-        again = metrics(tmp_path / f"{name}.jsonl")
+        again = step_records(tmp_path / f"{name}.jsonl")
         assert sorted(again) == [5, 6, 7, 8]
         for step in again:
             assert again[step]["lr"] == pytest.approx(full[step]["lr"], rel=1e-6), (name, step)

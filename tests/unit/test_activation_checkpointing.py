@@ -26,6 +26,7 @@ from model_utils.arguments import parse_args
 from model_utils.errors import ConfigError
 from model_utils.presets import PRESETS
 from support.small_trainer import make_trainer
+from support.traced_memory import traced_activation_peak
 
 LEVELS = ("none", "full", "every_2")
 
@@ -242,30 +243,15 @@ def test_estimate_figures_for_qwen3(shapes) -> None:
 
 
 def traced_peak(config, value: str, batch: int, seq: int) -> int:
-    """Peak bytes of activations and their gradients in a bf16 forward + backward on fake tensors, with the
-    parameters' gradients dropped as they are produced (DeepSpeed moves them into its buckets, which the
-    estimate counts apart)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker
-    from transformers import AutoModelForCausalLM
+    """The traced peak with checkpointing `value`, and the parameters' gradients dropped as they are produced
+    (DeepSpeed moves them into its buckets, which the estimate counts apart)."""
 
-    default = torch.get_default_dtype()
-    with FakeTensorMode():
-        torch.set_default_dtype(torch.bfloat16)
-        try:
-            model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
-        finally:
-            torch.set_default_dtype(default)
+    def prepare(model) -> None:
         ac.apply(model.train(), value, announce=False)
         for p in model.parameters():
             p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
-        ids = torch.randint(0, config.vocab_size, (batch, seq))
-        tracker = MemTracker()
-        tracker.track_external(model)
-        with tracker:
-            model(input_ids=ids, labels=ids).loss.backward()
-        peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
-    return sum(v for k, v in peak.items() if getattr(k, "value", k) in ("Activation", "Temp", "Gradient"))
+
+    return traced_activation_peak(config, batch, seq, prepare)
 
 
 # MemTracker notes the parameters' gradients the hooks set to None.

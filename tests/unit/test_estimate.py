@@ -20,6 +20,7 @@ from dskit import cli
 from dskit import estimate as est
 from dskit.estimate import GiB, ZeroLayout
 from model_utils.presets import PRESETS
+from support.traced_memory import traced_activation_peak
 
 REPO = Path(__file__).resolve().parents[2]
 # (ZeRO stage, offload) pairs DeepSpeed's estimators cover.
@@ -152,31 +153,6 @@ def test_offloaded_optimizer_fills_host_ram_per_rank(shapes) -> None:
     assert eight.host_bytes_per_node == max(eight.host_model_build, eight.host_offload) + 8 * 2 * GiB
     accumulating = est.estimate(shape, dataclasses.replace(single.layout, gradient_accumulation_steps=4))
     assert accumulating.host_offload > single.host_offload  # gradients accumulate on the CPU too
-
-
-def traced_activation_peak(config, batch: int, seq: int) -> int:
-    """Peak bytes of activations and their gradients in a real bf16 forward + backward, on fake tensors."""
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker
-    from transformers import AutoModelForCausalLM
-
-    default = torch.get_default_dtype()
-    with FakeTensorMode():
-        torch.set_default_dtype(torch.bfloat16)
-        try:
-            model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
-        finally:
-            torch.set_default_dtype(default)
-        ids = torch.randint(0, config.vocab_size, (batch, seq))
-        tracker = MemTracker()
-        tracker.track_external(model)
-        with tracker:
-            # As the Trainer does: the model output (and its bf16 logits) is dropped before backward.
-            loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-        peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
-    return sum(v for k, v in peak.items() if getattr(k, "value", k) in ("Activation", "Temp", "Gradient"))
 
 
 def test_activations_match_a_traced_forward_and_backward(shapes) -> None:
