@@ -11,7 +11,7 @@ import sys
 from functools import partial
 
 from model_utils.arguments import parse_args
-from model_utils.errors import ConfigError
+from model_utils.errors import ConfigError, RunDiverged
 from model_utils.log import error_line, print0
 
 
@@ -36,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         error_line(str(e))
         return 2
+    except RunDiverged as e:
+        error_line(str(e))
+        return 4
     print0("Training finished")
     return 0
 

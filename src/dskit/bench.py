@@ -2,7 +2,7 @@
 
 The kit rows build a TrainConfig from training flags, run preflight and the real Trainer (DeepSpeed, the
 configured ZeRO stage and offload, --liger/--compile) with a throwaway checkpoint dir, and time
-`Trainer.train_step()`. The reference is what a hand-written loop gets on the same device: the same model
+`Trainer.step()`. The reference is what a hand-written loop gets on the same device: the same model
 config and blocks, bf16 autocast over fp32 weights, torch.optim.AdamW (fused on CUDA), gradient clipping at 1.0
 like the kit's configs, and torch.compile on CUDA (eager on CPU, where compiling costs more than the few steps
 it would time). It runs first: Liger patches transformers' modeling code for the whole process.
@@ -20,6 +20,7 @@ import gc
 import json
 import os
 import socket
+import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -33,7 +34,7 @@ import torch
 
 from dskit import columns
 from model_utils import distributed, kernels, metrics, preflight, startup
-from model_utils.arguments import AUTO, LIGER_CHOICES, parse_args
+from model_utils.arguments import AUTO, LIGER_CHOICES, GuardArgs, parse_args
 from model_utils.assets import TOKENIZER_DIR
 from model_utils.concat_dataset import BlockSampler, DataPosition
 from model_utils.deepspeed_config import load_deepspeed_json
@@ -46,12 +47,13 @@ GPU_SEQ_LENGTH = 2048
 DEFAULT_CONFIG = "deepspeed/ds_config.json"
 # (timed steps, warm-up steps) by device: enough on a GPU to average out the noise, few on CPU so CI stays fast.
 STEPS = {"cuda": (20, 5), "cpu": (3, 1)}
+GUARD_WINDOW = GuardArgs().spike_window  # --guard_overhead: the steps before the guard judges
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = CommandParser(
         prog="dskit bench",
-        description="Time the kit's training path (DeepSpeed, Trainer.train_step) against a plain PyTorch loop "
+        description="Time the kit's training path (DeepSpeed, Trainer.step) against a plain PyTorch loop "
         "on this device, with random weights and the embedded corpus.",
     )
     p.add_argument("--model", help=f"preset or model dir (default: {GPU_MODEL} on CUDA, {CPU_MODEL} on CPU)")
@@ -85,6 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--peak_tflops", type=float, help="the device's dense bf16 peak for MFU (default: known GPUs)"
     )
     p.add_argument("--json", metavar="OUT", help="also write the table as JSON to OUT")
+    p.add_argument(
+        "--guard_overhead",
+        action="store_true",
+        help="instead of the rows: the spike guard's cost per step in one kit run of the first config, the guard "
+        "switched off and on step by step (so drift and noise hit both alike) once its window is full",
+    )
     data = p.add_argument_group("data benchmark, instead of training (dskit bench --data SOURCE --help)")
     data.add_argument(
         "--data",
@@ -259,7 +267,7 @@ class Variant:
 
 
 # --vary keys that are the kit's training flags rather than DeepSpeed config keys.
-FLAG_KEYS = ("liger", "compile", "micro_batch_size")
+FLAG_KEYS = ("liger", "compile", "micro_batch_size", "spike_guard")
 
 
 def _json_or_text(raw: str) -> Any:
@@ -283,7 +291,9 @@ def vary_variants(base: str, specs: list[str], out_dir: Path) -> list[Variant]:
             )
         for raw in values.split(","):
             if key in FLAG_KEYS:
-                variants.append(Variant(base, base, Path(base).name, {key: raw}, (f"--{key}", raw)))
+                variants.append(
+                    Variant(base, base, f"{Path(base).name} {key}={raw}", {key: raw}, (f"--{key}", raw))
+                )
                 continue
             ds = load_deepspeed_json(base)
             section = ds
@@ -323,7 +333,7 @@ def run_kit(work: Workload, run: preflight.ResolvedRun, dist: distributed.DistIn
         )  # what DeepSpeed got
         try:
             trainer.engine.train()
-            measured = _run_steps(trainer.train_step, dist.device, work.warmup, work.steps)
+            measured = _run_steps(lambda: trainer.step()[1], dist.device, work.warmup, work.steps)
             work.record(row, start, setup_s, measured, _peak_memory_gib(dist.device))
         finally:
             trainer.close()  # releases the engine's hooks and buffers before the next row
@@ -356,12 +366,42 @@ def single_process_group() -> Iterator[distributed.DistInfo]:
             os.environ.pop(name, None)
 
 
+def guard_overhead(work: Workload, run: preflight.ResolvedRun, dist: distributed.DistInfo) -> str:
+    """Median step time with the spike guard off and on, alternating step by step in one run."""
+    from model_utils.trainer import Trainer
+
+    trainer = Trainer(run, dist)
+    try:
+        trainer.engine.train()
+        for _ in range(run.config.guard.spike_window + work.warmup):
+            trainer.step()  # fills the guard's windows: from here on it judges every step
+        times: dict[str, list[float]] = {"off": [], "skip": []}
+        for i in range(2 * work.steps):
+            mode = ("off", "skip")[i % 2]
+            trainer.guard.mode = mode
+            _sync(dist.device)
+            started = time.perf_counter()
+            trainer.step()
+            _sync(dist.device)
+            times[mode].append(time.perf_counter() - started)
+    finally:
+        trainer.close()
+    off, on = statistics.median(times["off"]), statistics.median(times["skip"])
+    return (
+        f"spike guard: {1e3 * on:.3f} ms/step judging, {1e3 * off:.3f} ms/step off (medians of {work.steps} "
+        f"interleaved steps each): {100 * (on / off - 1):+.2f}%"
+    )
+
+
 def _training_flags(ns: argparse.Namespace, model: str, config: str, checkpoint_dir: str) -> list[str]:
+    steps = ns.steps + ns.warmup_steps
+    if ns.guard_overhead:  # the window fills, then off and on alternate
+        steps = GUARD_WINDOW + ns.warmup_steps + 2 * ns.steps
     flags = [
         "--model", model, "--deepspeed_config", config,
         "--micro_batch_size", ns.micro_batch_size,
         "--gradient_accumulation_steps", str(ns.gradient_accumulation_steps),
-        "--max_steps", str(ns.steps + ns.warmup_steps), "--warmup_steps", "1",
+        "--max_steps", str(steps), "--warmup_steps", "1",
         "--validation_fraction", "0", "--checkpoint_dir", checkpoint_dir, "--metrics_file", "none",
         "--liger", ns.liger, "--compile", ns.compile,
         # Any model trains on the embedded corpus with its small tokenizer: no hub access, same data everywhere.
@@ -451,6 +491,9 @@ def main(argv: list[str]) -> int:
                 f"bench on {metrics.device_name(dist.device)}: {model}, seq {work.seq_length}, accumulation "
                 f"{work.accumulation}, {work.warmup} warm-up + {work.steps} timed steps per row"
             )
+            if ns.guard_overhead:
+                print(guard_overhead(work, first, dist), flush=True)
+                return 0
             rows = [run_reference(work, first, dist.device)]
             rows += [run_kit(work, run, dist, variant) for run, variant in zip(runs, variants, strict=True)]
     reference = rows[0].tokens_per_s

@@ -4,7 +4,8 @@ Every flag of every section is written, with the values that train: the micro ba
 warm-up the DeepSpeed config and the flags resolved to, the sequence length the model allows, max_steps from
 --epochs. The DeepSpeed config is embedded as given (its "auto" keys stay: the kit fills them at each launch).
 A value is null where it is not given: the other member of a pair of which one decides (--epochs/--max_steps,
---warmup_steps/--warmup_ratio, --validation_split/--validation_fraction) and the WSD flags of another schedule.
+--warmup_steps/--warmup_ratio, --validation_split/--validation_fraction), the WSD flags of another schedule and
+the spike guard flags its mode does not read (the mode that runs: off where DeepSpeed cannot discard a step).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import json
 from typing import Any
 
 from model_utils import deepspeed_config
-from model_utils.arguments import ONE_OF, SECTIONS
+from model_utils.arguments import ONE_OF, SECTIONS, GuardArgs
 from model_utils.preflight import ResolvedRun
 
 _WSD_ONLY = ("decay_fraction", "decay_type", "decay_from_step")
@@ -47,6 +48,9 @@ def run_file(run: ResolvedRun) -> dict[str, Any]:
     if ds.schedule != "wsd":
         for flag in _WSD_ONLY:
             flat[flag][flag] = None
+    sections["guard"]["spike_guard"] = run.settings.spike_guard
+    for flag in GuardArgs.unused_in(run.settings.spike_guard):
+        flat[flag][flag] = None
     return {**sections, "deepspeed": _given_deepspeed(run)}
 
 

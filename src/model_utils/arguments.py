@@ -295,6 +295,71 @@ class CheckpointArgs:
                 )
 
 
+SPIKE_GUARD_MODES = ("off", "skip", "rollback")
+
+
+@dataclass(frozen=True)
+class GuardArgs:
+    spike_guard: str = field(
+        default="skip",
+        metadata=_flag(
+            "watch the loss and the gradient norm for spikes: 'skip' = a step whose loss spikes makes no "
+            "update (its data is consumed); 'rollback' = also roll back to the last verified checkpoint on a "
+            "grad-norm spike or too many skips in a row, skipping the data that caused it; 'off'"
+        ),
+    )
+    spike_window: int = field(
+        default=100,
+        metadata=_flag(
+            "steps of loss and grad-norm history the guard judges against; it acts once it is full"
+        ),
+    )
+    spike_sigma: float = field(
+        default=6.0,
+        metadata=_flag(
+            "a loss or grad norm above the window's mean + this many standard deviations is a spike"
+        ),
+    )
+    max_consecutive_skips: int = field(
+        default=3,
+        metadata=_flag(
+            "this many skipped steps in a row: 'rollback' rolls back, 'skip' stops the run (the model, not one "
+            "batch, is the problem)"
+        ),
+    )
+    max_rollbacks: int = field(
+        default=3, metadata=_flag("'rollback': the run stops with an error after this many rollbacks")
+    )
+    rollback_skip_steps: int = field(
+        default=10,
+        metadata=_flag(
+            "after a rollback, the data of this many steps before the spike is skipped too (besides the spike's "
+            "own), never reaching back past the checkpoint"
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        if self.spike_guard not in SPIKE_GUARD_MODES:
+            close = difflib.get_close_matches(self.spike_guard, SPIKE_GUARD_MODES, n=1)
+            hint = f"did you mean {close[0]}?" if close else f"use one of {', '.join(SPIKE_GUARD_MODES)}"
+            raise ConfigError(f"--spike_guard {self.spike_guard!r} is not a mode: {hint}")
+        if self.spike_window < 2:
+            raise ConfigError(f"--spike_window {self.spike_window} must be at least 2 steps, e.g. 100")
+        if not self.spike_sigma > 0:
+            raise ConfigError(f"--spike_sigma {self.spike_sigma} must be positive, e.g. 6")
+        for name in ("max_consecutive_skips", "max_rollbacks"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name} {getattr(self, name)} must be at least 1, e.g. 3")
+        if self.rollback_skip_steps < 0:
+            raise ConfigError(f"--rollback_skip_steps {self.rollback_skip_steps} must be zero or positive")
+
+    @staticmethod
+    def unused_in(mode: str) -> set[str]:
+        """The guard flags a mode does not read: given, they are an error; a run file leaves them null."""
+        every = {f.name for f in dataclasses.fields(GuardArgs)} - {"spike_guard"}
+        return {"off": every, "skip": {"max_rollbacks", "rollback_skip_steps"}}.get(mode, set())
+
+
 LORA_TARGETS_DEFAULT = "q_proj,k_proj,v_proj,o_proj"
 
 
@@ -432,6 +497,7 @@ SECTIONS: dict[str, type] = {
     "checkpoint": CheckpointArgs,
     "report": ReportArgs,
     "lora": LoraArgs,
+    "guard": GuardArgs,
 }
 
 
@@ -461,6 +527,7 @@ class TrainConfig:
     checkpoint: CheckpointArgs = field(default_factory=CheckpointArgs)
     report: ReportArgs = field(default_factory=ReportArgs)
     lora: LoraArgs = field(default_factory=LoraArgs)
+    guard: GuardArgs = field(default_factory=GuardArgs)
     # Flags the user gave explicitly (on the command line or in the run file): they must agree with explicit
     # DeepSpeed keys.
     explicit: frozenset[str] = frozenset()
@@ -475,6 +542,12 @@ class TrainConfig:
         if wsd_only and self.optim.lr_schedule != "wsd":
             raise ConfigError(
                 f"{' and '.join(wsd_only)} apply to --lr_schedule wsd only: add it or drop them"
+            )
+        given = sorted(f"--{f}" for f in GuardArgs.unused_in(self.guard.spike_guard) & self.explicit)
+        if given:
+            raise ConfigError(
+                f"{' and '.join(given)} do not apply to --spike_guard {self.guard.spike_guard}: drop them"
+                + ("" if self.guard.spike_guard == "off" else " or use --spike_guard rollback")
             )
 
     def to_dict(self) -> dict[str, Any]:

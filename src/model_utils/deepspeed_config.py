@@ -65,6 +65,8 @@ class DeepSpeedSettings:
     decay_fraction: float
     decay_type: str
     decay_from_step: int | None
+    # DeepSpeed throws a step with non-finite gradients away whole (its overflow check): the spike guard's skip.
+    discards_nonfinite_steps: bool
     _checked: dict[str, Any]  # DeepSpeed-validated, with placeholders for the two late values
 
     @property
@@ -185,6 +187,18 @@ def precision_of(ds: dict[str, Any]) -> str:
     return "fp32"
 
 
+def _discards_nonfinite_steps(ds: dict[str, Any], precision: str, zero_stage: int) -> bool:
+    """Whether DeepSpeed's step checks the gradients and skips the whole update when one is not finite: fp16's
+    loss scaler always; bf16 unless bf16.check_grad_overflow is off; ZeRO-3 and fp32 ZeRO-1/2 through the
+    global norm (ZeRO-1/2 compute it unless zero_optimization.compute_grad_norm is off). Plain fp32 without
+    ZeRO hands every gradient to torch's optimizer."""
+    if precision == "fp16" or zero_stage == 3:
+        return True
+    if precision == "bf16":
+        return _get(ds, ("bf16", "check_grad_overflow")) is not False
+    return zero_stage in (1, 2) and _get(ds, ("zero_optimization", "compute_grad_norm")) is not False
+
+
 def _weight_decay(ds: dict[str, Any]) -> float | None:
     value = _get(ds, ("optimizer", "params", "weight_decay"))
     return None if value is None else float(value)
@@ -258,18 +272,25 @@ def resolve(cfg: TrainConfig) -> DeepSpeedSettings:
                 f'scheduler.params.total_num_steps = {file_total!r} in {path}: set it to "auto" (the kit fills it)'
             )
         _set(ds, TOTAL_STEPS_KEY, cfg.loop.max_steps)  # a placeholder for DeepSpeed's check
+    if _get(ds, ("checkpoint", "load_universal")):
+        raise ConfigError(
+            f"checkpoint.load_universal in {path}: remove it; the kit converts a checkpoint to DeepSpeed's universal "
+            "layout and loads it that way itself when the world size changed"
+        )
     _check_deepspeed_keys(ds, path)
     if file_total is not None:
         _set(ds, TOTAL_STEPS_KEY, file_total)  # the file's own value again: `build` fills or checks it
     zero = ds.get("zero_optimization")
+    precision = precision_of(ds)
+    zero_stage = int(zero.get("stage", 0)) if isinstance(zero, dict) else 0
     return DeepSpeedSettings(
         path=path,
         micro_batch_size=trains["micro_batch_size"],
         gradient_accumulation_steps=int(trains["gradient_accumulation_steps"]),
         lr=float(trains["lr"]),
         warmup_steps=int(trains["warmup_steps"]),
-        precision=precision_of(ds),
-        zero_stage=int(zero.get("stage", 0)) if isinstance(zero, dict) else 0,
+        precision=precision,
+        zero_stage=zero_stage,
         weight_decay=_weight_decay(ds),
         schedule=schedule,
         warmup_ratio=cfg.optim.warmup_ratio,
@@ -277,6 +298,7 @@ def resolve(cfg: TrainConfig) -> DeepSpeedSettings:
         decay_fraction=cfg.optim.decay_fraction,
         decay_type=cfg.optim.decay_type,
         decay_from_step=cfg.optim.decay_from_step,
+        discards_nonfinite_steps=_discards_nonfinite_steps(ds, precision, zero_stage),
         _checked=ds,
     )
 

@@ -17,6 +17,8 @@ from model_utils import startup
 # DeepSpeed's global timers (deepspeed.utils.timer): summed over the micro-batches of one optimizer step, and
 # reset at its accumulation boundary. Its *_microstep timers hold the last micro-batch only.
 WALL_CLOCK_TIMERS = ("fwd", "bwd", "bwd_inner", "bwd_allreduce", "step")
+# DeepSpeed counts a discarded step in global_steps; the count of them travels with the checkpoint.
+DISCARDED_KEY = "dskit_discarded_steps"
 
 
 class DeepSpeedEngine:
@@ -39,17 +41,38 @@ class DeepSpeedEngine:
                 lr_scheduler=lr_scheduler,
             )
         self.module = self._engine.module
+        self._discarded = 0  # steps discarded at the caller's request (train_step's `keep`)
 
-    def train_step(self, micro_batches: list[torch.Tensor]) -> torch.Tensor:
+    def train_step(
+        self, micro_batches: list[torch.Tensor], keep: Callable[[torch.Tensor], bool] | None = None
+    ) -> tuple[torch.Tensor, bool]:
         losses = []
-        for batch in micro_batches:
+        applied = True
+        skipped_before = self._engine.skipped_steps
+        for i, batch in enumerate(micro_batches):
             loss = self._engine(
                 input_ids=batch, labels=batch, use_cache=False
             ).loss  # no KV cache in training
-            self._engine.backward(loss)
-            self._engine.step()  # DeepSpeed steps the optimizer only at the accumulation boundary
             losses.append(loss.detach())
-        return torch.stack(losses).double().mean()
+            if (
+                keep is not None
+                and i == len(micro_batches) - 1
+                and not keep(torch.stack(losses).double().mean())
+            ):
+                # The earlier micro-batches' gradients already sit in ZeRO's buffers (zero_grad() does not clear
+                # them) and step() without a backward fails. A non-finite gradient makes DeepSpeed's own
+                # overflow check throw the whole step away instead: weights, optimizer state and lr schedule
+                # stay exactly as they were (tests/e2e/test_spike_guard.py; preflight allows the guard only
+                # where DeepSpeed checks).
+                loss = loss * float("nan")
+                applied = False
+            with contextlib.nullcontext() if applied else startup.overflow_unlogged():
+                self._engine.backward(loss)
+                self._engine.step()  # DeepSpeed steps the optimizer only at the accumulation boundary
+        if not applied:
+            assert self._engine.skipped_steps == skipped_before + 1, "DeepSpeed applied a discarded step"
+            self._discarded += 1
+        return torch.stack(losses).double().mean(), applied
 
     def eval_loss(self, batch: torch.Tensor) -> float:
         return self._engine(input_ids=batch, labels=batch, use_cache=False).loss.item()
@@ -68,10 +91,10 @@ class DeepSpeedEngine:
         return None if norm is None else float(norm)
 
     def optimizer_steps(self) -> int:
-        return int(self._engine.global_steps)
+        return int(self._engine.global_steps) - self._discarded
 
     def skipped_steps(self) -> int:
-        return int(getattr(self._engine, "skipped_steps", 0))
+        return int(getattr(self._engine, "skipped_steps", 0)) - self._discarded
 
     def wall_clock_ms(self) -> dict[str, float]:
         if not self._engine.wall_clock_breakdown():
@@ -103,6 +126,7 @@ class DeepSpeedEngine:
             **client_state,
             # Marks the checkpoint as convertible with deepspeed.checkpoint.ds_to_universal (world-size changes).
             "universal_checkpoint_info": {},
+            DISCARDED_KEY: self._discarded,
         }
         # DeepSpeed's own `latest` (a plain write before its last barrier) is never used: checkpoint.py owns it.
         self._engine.save_checkpoint(
@@ -125,7 +149,10 @@ class DeepSpeedEngine:
             )
         finally:
             config.load_universal_checkpoint = before
-        return client_state if path is not None else None
+        if path is None:
+            return None
+        self._discarded = int(client_state.get(DISCARDED_KEY, 0))  # global_steps came back with them
+        return client_state
 
     @staticmethod
     def convert_universal(source: Path, output: Path) -> str:

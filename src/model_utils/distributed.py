@@ -68,6 +68,16 @@ def all_reduce_mean(value: float, device: torch.device) -> float:
     return t.item() / torch.distributed.get_world_size()
 
 
+def global_mean(value: torch.Tensor) -> float:
+    """The mean across ranks of a one-element device tensor, as a float on every rank (one collective)."""
+    world = torch.distributed.get_world_size()
+    if world == 1:  # gloo takes ~0.1 ms to all-reduce even alone: 0.6% of a tiny CPU step
+        return float(value.item())
+    t = value.detach().to(torch.float64).reshape(1)
+    torch.distributed.all_reduce(t)
+    return t.item() / world
+
+
 def mean_and_max(
     means: list[float], maxima: list[float], device: torch.device
 ) -> tuple[list[float], list[float]]:

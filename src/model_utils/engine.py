@@ -7,6 +7,7 @@ another engine only has to write and read its own sharded state inside the direc
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -16,9 +17,16 @@ import torch
 class Engine(Protocol):
     module: torch.nn.Module  # the model being trained (for export and for counting parameters)
 
-    def train_step(self, micro_batches: list[torch.Tensor]) -> torch.Tensor:
+    def train_step(
+        self, micro_batches: list[torch.Tensor], keep: Callable[[torch.Tensor], bool] | None = None
+    ) -> tuple[torch.Tensor, bool]:
         """Forward and backward over every micro-batch, then one optimizer step (and lr step). Returns the
-        mean loss as a detached device tensor (read it once: each read waits for the device)."""
+        mean loss as a detached device tensor (read it once: each read waits for the device) and whether the
+        step was applied.
+
+        `keep`, given the step's mean loss once every micro-batch's forward has run and before the update,
+        decides whether the step happens: False discards it (no change to weights, optimizer state, lr
+        schedule or optimizer_steps(); the data is consumed) and the engine trains on as if it never saw it."""
         ...
 
     def eval_loss(self, batch: torch.Tensor) -> float: ...
@@ -35,7 +43,9 @@ class Engine(Protocol):
         """The global gradient norm of the last optimizer step, if the engine computed one."""
         ...
 
-    def optimizer_steps(self) -> int: ...
+    def optimizer_steps(self) -> int:
+        """Optimizer steps applied (discarded ones are not steps), over the whole run."""
+        ...
 
     def skipped_steps(self) -> int:
         """Optimizer steps the engine skipped (fp16 overflow), over the whole run."""

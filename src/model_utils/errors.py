@@ -10,6 +10,10 @@ class ConfigError(ValueError):
     """Bad input from the user (flags, config files, data, paths). Reported as one line, exit status 2."""
 
 
+class RunDiverged(RuntimeError):
+    """The spike guard stopped the run (a requeue would only repeat it). One line, exit status 4."""
+
+
 def first_line(err: BaseException) -> str:
     """The first line of an exception's message (libraries raise multi-line ones), or its type's name."""
     text = str(err).strip()

@@ -8,3 +8,4 @@ STOP_REASON_FILE = "DSKIT_STOP_REASON_FILE"  # train.sbatch: why the ranks stopp
 TTY = "DSKIT_TTY"  # the launcher's terminal: rank 0 draws its progress bar there, never into the log
 SINGLENODE_LOGGED = "DSKIT_SINGLENODE_LOGGED"  # train-singlenode.sh re-executed itself under its log tee
 FAULT_INJECT = "DSKIT_FAULT_INJECT"  # tests only: a rank SIGKILLs itself at a named point of a save
+SPIKE_FAULT = "DSKIT_SPIKE_FAULT"  # tests only: a loss or gradient fault on a step's data (faults.py)

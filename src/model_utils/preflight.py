@@ -43,6 +43,7 @@ class RunSettings:
     model_config: Any
     seq_length: int
     deepspeed: DeepSpeedSettings
+    spike_guard: str  # the mode that runs: --spike_guard, or off where DeepSpeed cannot discard a step
 
     def to_dict(self) -> dict[str, Any]:
         ds = self.deepspeed
@@ -55,6 +56,7 @@ class RunSettings:
             "warmup_steps": ds.warmup_steps,
             "precision": ds.precision,
             "zero_stage": ds.zero_stage,
+            "spike_guard": self.spike_guard,
             "activation_checkpointing": activation_checkpointing.describe(
                 self.config.model.activation_checkpointing, int(self.model_config.num_hidden_layers)
             ),
@@ -158,7 +160,23 @@ def resolve_settings(cfg: TrainConfig) -> RunSettings:
     lora.check(
         cfg.lora, source, model_config
     )  # a preset, or modules the model lacks: before anything is built
-    return RunSettings(cfg, source, model_config, seq_length, ds)
+    return RunSettings(cfg, source, model_config, seq_length, ds, _spike_guard_mode(cfg, ds))
+
+
+def _spike_guard_mode(cfg: TrainConfig, ds: DeepSpeedSettings) -> str:
+    mode = cfg.guard.spike_guard
+    if mode == "off" or ds.discards_nonfinite_steps:
+        return mode
+    why = (
+        f"DeepSpeed applies non-finite gradients in {ds.precision} without ZeRO ({ds.path}), so a spiking step "
+        "cannot be discarded"
+    )
+    if "spike_guard" in cfg.explicit:
+        raise ConfigError(
+            f"--spike_guard {mode}: {why}: train in bf16 or under ZeRO, or use --spike_guard off"
+        )
+    print0(f"Spike guard off: {why}")
+    return "off"
 
 
 def _blocks_or_error(

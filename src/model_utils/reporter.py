@@ -169,6 +169,11 @@ class Reporter:
         """A record in the metrics file only (start, end, checkpoint)."""
         self.metrics.write(record)
 
+    def guard_event(self, record: dict[str, Any], counters: dict[str, float]) -> None:
+        """A spike guard skip or rollback: a metrics-file record and a point on the tracker's guard curves."""
+        self.metrics.write(record)
+        self.tracker.log_metrics(int(record["step"]), counters)
+
     def artifact(self, path: Path, folder: str) -> None:
         """A file the run wrote (the profiler trace), kept with the tracker's run when it keeps files."""
         self.tracker.log_artifact(path, folder)

@@ -28,6 +28,8 @@ exactly (by logger and message, or by the whole printed line), so that every oth
 - DeepSpeed's "Attempting to get learning rate from scheduler before it has started", which its warm-up
   schedulers log while they are constructed in `deepspeed.initialize`; the trainer sets the schedule's
   iteration before the first step.
+- DeepSpeed's "OVERFLOW! Skipping step" while the engine discards a step the spike guard rejected on purpose
+  (the guard's own line says why); a real overflow is still logged.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ OP_BUILT = re.compile(r"DeepSpeed [\w.]+ built successfully")
 LR_BEFORE_START = re.compile(
     re.escape("Attempting to get learning rate from scheduler before it has started")
 )
+OVERFLOW_SKIP = re.compile(r"\[deepspeed\] OVERFLOW! .*")
 
 
 class DropMessages(logging.Filter):
@@ -210,6 +213,19 @@ def schedule_start_unlogged() -> Iterator[None]:
     from deepspeed.utils import logger
 
     drop = DropMessages(LR_BEFORE_START)
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
+
+
+@contextlib.contextmanager
+def overflow_unlogged() -> Iterator[None]:
+    """DeepSpeed's overflow warnings are not logged while this is active: wrap a step discarded on purpose."""
+    from deepspeed.utils import logger
+
+    drop = DropMessages(OVERFLOW_SKIP)
     logger.addFilter(drop)
     try:
         yield

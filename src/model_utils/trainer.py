@@ -11,7 +11,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -20,6 +20,7 @@ from model_utils import (
     activation_checkpointing,
     batches,
     checkpoint,
+    faults,
     kernels,
     launch_env,
     launch_record,
@@ -27,13 +28,14 @@ from model_utils import (
     metrics,
     param_groups,
     profiling,
+    spike_guard,
     step_line,
     walltime,
 )
 from model_utils.concat_dataset import BlockSampler, DataPosition, validation_indices
-from model_utils.distributed import DistInfo, all_reduce_mean, any_rank, decide_on_main
+from model_utils.distributed import DistInfo, all_reduce_mean, any_rank, decide_on_main, global_mean
 from model_utils.engine import Engine
-from model_utils.errors import ConfigError
+from model_utils.errors import ConfigError, RunDiverged
 from model_utils.log import print0, warn0
 from model_utils.models import build_model
 from model_utils.preemption import StopRequest, slurm_restart_count
@@ -51,6 +53,7 @@ class TrainState:
     run_id: str = ""  # names the run in metrics files and trackers; a resume continues it
     tracker_state: dict[str, Any] = field(default_factory=dict)  # e.g. the MLflow run id
     skipped_steps: int = 0  # optimizer steps the engine skipped (fp16 overflow), over the whole run
+    guard: dict[str, Any] = field(default_factory=dict)  # the spike guard's windows and counters
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -60,6 +63,7 @@ class TrainState:
             "run_id": self.run_id,
             "tracker_state": self.tracker_state,
             "skipped_steps": self.skipped_steps,
+            "guard": self.guard,
         }
 
     @classmethod
@@ -71,7 +75,12 @@ class TrainState:
             run_id=str(d.get("run_id", "")),
             tracker_state=dict(d.get("tracker_state", {})),
             skipped_steps=int(d.get("skipped_steps", 0)),
+            guard=dict(d.get("guard", {})),
         )
+
+
+# What became of a step's data (Trainer.train_step).
+APPLIED, DISCARDED, DROPPED = "applied", "discarded", "dropped"
 
 
 def new_run_id(short_name: str) -> str:
@@ -121,6 +130,10 @@ class Trainer:
         self.batches: batches.StepBatches | None = None
         self.s3: Any = None
         self.profiler: profiling.StepProfiler | None = None
+        self.fault: faults.FaultInjector | None = None
+        self.guard = spike_guard.SpikeGuard(self.cfg.guard, run.settings.spike_guard)
+        self.global_loss = float("nan")  # the last step's loss over all ranks (when the guard watches)
+        self.spike: spike_guard.Spike | None = None  # what the guard saw in the last step's loss
         self.sampler = BlockSampler(
             len(run.train_blocks),
             run.micro_batch_size,
@@ -133,6 +146,7 @@ class Trainer:
         try:
             self.val_idx = self._validation_indices()
             self.engine, self.decay_groups = create_engine(run, dist)
+            self.fault = faults.FaultInjector.from_env(self.engine.module)
             self.flops_per_token = metrics.flops_per_token(
                 run.model_config, run.seq_length, metrics.matmul_parameters(self.engine.module)
             )
@@ -146,6 +160,8 @@ class Trainer:
                 self.cfg.to_dict(), resolved, run.deepspeed_config(), dist.world_size
             )
             self.state = self._resume_or_start()
+            self.guard.load_state_dict(self.state.guard)
+            print0(self.guard.describe())
             self.s3 = self._s3_tier()
             self.stop = StopRequest()
             self.last_save_time = time.monotonic()
@@ -189,6 +205,13 @@ class Trainer:
             return TrainState(
                 run_id=decide_on_main(lambda: new_run_id(self.run.source.short_name), self.dist)
             )
+        state, target = self._load(target)
+        pos = state.position
+        print0(step_line.resumed_line(target.path, state.step, pos.epoch, pos.consumed, self.engine.lr()))
+        return state
+
+    def _load(self, target: checkpoint.ResumeTarget) -> tuple[TrainState, checkpoint.ResumeTarget]:
+        """The engine and the run's state from a checkpoint (a resume, a rollback); the target actually read."""
         # The world size is checked apart: another one is resumed whole through a universal copy.
         why_weights_only = launch_record.check_resume(
             target.path, self.run.model_config, self.run.seq_length, None, self.decay_groups.layout()
@@ -213,9 +236,7 @@ class Trainer:
             self.engine.start_schedule_at(state.step)
         assert self.engine.optimizer_steps() == state.step, (self.engine.optimizer_steps(), state.step)
         state.run_id = state.run_id or new_run_id(self.run.source.short_name)  # checkpoints of older kits
-        pos = state.position
-        print0(step_line.resumed_line(target.path, state.step, pos.epoch, pos.consumed, self.engine.lr()))
-        return state
+        return state, target
 
     def _universal_copy(self, source: checkpoint.ResumeTarget, why: str) -> checkpoint.ResumeTarget:
         """The universal copy of `source` in --checkpoint_dir, converted on rank 0 if not there yet (the
@@ -245,29 +266,158 @@ class Trainer:
 
     # --- the loop ---
 
-    def train_step(self) -> float:
-        """One optimizer step over this step's micro-batches."""
+    def train_step(self) -> tuple[str, float]:
+        """One optimizer step over this step's micro-batches: APPLIED and the loss, or DISCARDED (the spike
+        guard saw the loss spike: no update) or DROPPED (a test fault) and NaN. The data is consumed either way."""
         assert self.reporter is not None and self.batches is not None
         self.step_lr = self.engine.lr()  # the lr this step runs at (the engine advances it after the step)
+        position = self.state.position
+        if self.fault is not None and self.fault.draw() == "drop":
+            self.state.position = self.sampler.advance(position)
+            return DROPPED, float("nan")
         fetch_started = time.perf_counter()
-        micro_batches = self.batches.at(self.state.position)
+        micro_batches = self.batches.at(position)
         self.reporter.data_waited(time.perf_counter() - fetch_started)
         if self.profiler is not None:
             self.profiler.step_starting(self.state.step + 1)
-        mean_loss = self.engine.train_step(micro_batches)
+        self.guard.step_starting(position)
+        mean_loss, applied = self.engine.train_step(micro_batches, self._keep if self.guard.active else None)
+        if self.fault is not None:
+            self.fault.step_done()
+        self.state.position = self.sampler.advance(position)
+        if not applied:
+            return DISCARDED, float("nan")
         self.state.step += 1
         assert self.engine.optimizer_steps() == self.state.step, (
             self.engine.optimizer_steps(),
             self.state.step,
         )
         self.state.tokens_seen += self.run.tokens_per_step
-        self.state.position = self.sampler.advance(self.state.position)
         self.state.skipped_steps = self.engine.skipped_steps()
         loss = mean_loss.item()  # one wait for the device per step, not one per micro-batch
         self.reporter.step_done(loss, self.engine.wall_clock_ms())
         if self.profiler is not None:
             self._profiled(self.profiler)
-        return loss
+        return APPLIED, loss
+
+    def step(self) -> tuple[bool, float]:
+        """One turn of the loop: data a rollback ruled out is passed over, then one step is trained and judged
+        by the spike guard. Returns whether an optimizer step now stands (not discarded, not rolled back) and its
+        loss (NaN when none)."""
+        self.skip_guarded_data()
+        outcome, loss = self.train_step()
+        trained = outcome == APPLIED
+        if outcome != DROPPED and self.guard.active:
+            trained = self.guard_step(outcome) and trained
+        return trained, loss
+
+    def _keep(self, mean_loss: torch.Tensor) -> bool:
+        """The engine asks, before the update, whether this step happens: the guard judges the loss of the
+        whole step over all ranks (the one collective it adds), the same on every rank."""
+        self.global_loss = global_mean(mean_loss)
+        self.spike = self.guard.judge_loss(self.global_loss)
+        return self.spike is None
+
+    # --- the spike guard ---
+
+    def guard_step(self, outcome: str) -> bool:
+        """The guard's verdict on the step just run; False when it was rolled back. Raises RunDiverged when the
+        run must stop (the same on every rank: the guard saw the same numbers everywhere)."""
+        guard, step = self.guard, self.state.step
+        if outcome == DISCARDED:
+            assert self.spike is not None
+            action = guard.step_skipped()
+            warn0(
+                f"Spike guard: skipped step {step + 1}: {self.spike.describe()}: no update, its data is consumed "
+                f"({guard.consecutive_skips} in a row, {guard.skipped_steps} in the run)"
+            )
+            self._guard_event("spike_skip", step + 1, self.spike)
+            if action == spike_guard.STOP:
+                self._diverged(
+                    f"{guard.consecutive_skips} steps in a row skipped as loss spikes (--max_consecutive_skips): "
+                    "the model, not one batch, went wrong; resume with --spike_guard rollback to go back to the "
+                    "last checkpoint, or lower --lr"
+                )
+            if action == spike_guard.ROLLBACK:
+                return self._roll_back(f"{guard.consecutive_skips} loss spikes in a row", must=True)
+            return True
+        spike, action = guard.step_applied(self.global_loss, self.engine.grad_norm())
+        if spike is None:
+            return True
+        self._guard_event("spike_grad_norm", step, spike)
+        if action == spike_guard.ROLLBACK:
+            return self._roll_back(f"{spike.describe()} at step {step}", must=False)
+        warn0(
+            f"Spike guard: step {step}'s {spike.describe()}: the update is applied (DeepSpeed computes the norm in "
+            "its optimizer step); --spike_guard rollback would go back to the last checkpoint"
+        )
+        return True
+
+    def _roll_back(self, why: str, must: bool) -> bool:
+        """Back to the newest verified checkpoint, skipping the data that led here from then on. Without a
+        checkpoint, or past --max_rollbacks: stop when `must` (the model is broken), else carry on."""
+        guard = self.guard
+        if not guard.may_roll_back():
+            self._diverged(
+                f"{why} after {guard.rollbacks} rollbacks (--max_rollbacks {self.cfg.guard.max_rollbacks}): the "
+                "run keeps diverging; lower --lr, or inspect the data around the skipped ranges in the metrics file"
+            )
+        root = Path(self.cfg.checkpoint.checkpoint_dir)
+        target = decide_on_main(lambda: checkpoint.newest_verified(root), self.dist)
+        if target is None:
+            if must:
+                self._diverged(f"{why} and no verified checkpoint in {root} to roll back to: lower --lr")
+            warn0(
+                f"Spike guard: {why}, but no verified checkpoint in {root} yet to roll back to: carrying on"
+            )
+            return True
+        live = self.state
+        assert self.reporter is not None
+        self.reporter.restart_clock()  # the steps since the last log line are undone, and not logged
+        state, target = self._load(target)
+        start, end = guard.rolled_back(state.guard, state.position, live.position)
+        state.run_id, state.tracker_state = live.run_id, live.tracker_state
+        self.state = state
+        warn0(
+            f"Spike guard: {why}: rolled back from step {live.step} to step {state.step} ({target.tag}); the data "
+            f"from epoch {start.epoch} block {start.consumed} to epoch {end.epoch} block {end.consumed} will be "
+            f"skipped (rollback {guard.rollbacks} of at most {self.cfg.guard.max_rollbacks})"
+        )
+        self.reporter.guard_event(
+            {
+                "event": "rollback",
+                "step": state.step,
+                "from_step": live.step,
+                "tag": target.tag,
+                "reason": why,
+                "skip_from": start.to_dict(),
+                "skip_to": end.to_dict(),
+            },
+            guard.counters(),
+        )
+        return False
+
+    def _guard_event(self, event: str, step: int, spike: spike_guard.Spike) -> None:
+        assert self.reporter is not None
+        self.reporter.guard_event({"event": event, "step": step, **spike.to_dict()}, self.guard.counters())
+
+    def _diverged(self, why: str) -> NoReturn:
+        assert self.reporter is not None
+        self.reporter.event({"event": "end", "step": self.state.step, "reason": "diverged"})
+        raise RunDiverged(f"the spike guard stopped the run at step {self.state.step}: {why}")
+
+    def skip_guarded_data(self) -> None:
+        """Data a rollback ruled out is consumed without training when training reaches it again."""
+        start = self.state.position
+        steps = 0
+        while self.guard.skips_data_at(self.state.position):
+            self.state.position = self.sampler.advance(self.state.position)
+            steps += 1
+        if steps:
+            print0(
+                f"Spike guard: skipped {steps} steps of data from epoch {start.epoch} block {start.consumed} "
+                "(what led to a rollback)"
+            )
 
     def _profiled(self, profiler: profiling.StepProfiler) -> None:
         assert self.reporter is not None
@@ -298,6 +448,7 @@ class Trainer:
         assert self.reporter is not None
         started = time.perf_counter()
         tag = checkpoint.checkpoint_tag(self.run.source.short_name, self.state.step)
+        self.state.guard = self.guard.state_dict()
         request = checkpoint.SaveRequest(
             checkpoint_dir=self.cfg.checkpoint.checkpoint_dir,
             tag=tag,
@@ -339,12 +490,13 @@ class Trainer:
         self.reporter.restart_clock()
         reason = None
         while self.state.step < self.max_steps and reason is None:
-            loss = self.train_step()
-            if self.state.step % self.cfg.loop.logging_freq == 0 or self.state.step == self.max_steps:
-                self.log_step()
-            else:
-                self.reporter.progress(self.state.step, loss)
-            reason = self.after_step()
+            trained, loss = self.step()
+            if trained:
+                if self.state.step % self.cfg.loop.logging_freq == 0 or self.state.step == self.max_steps:
+                    self.log_step()
+                else:
+                    self.reporter.progress(self.state.step, loss)
+            reason = self.after_step(trained)
         self.finish_uploads()
         self._announce_end(reason or "done", time.perf_counter() - train_started)
         return self.state
@@ -356,6 +508,8 @@ class Trainer:
             self.batches.close()
         if self.profiler is not None:
             self.profiler.close()
+        if self.fault is not None:
+            self.fault.close()
         if self.reporter is not None:
             self.reporter.close()
         engine = self.__dict__.pop("engine", None)  # a closed trainer has no engine
@@ -415,13 +569,15 @@ class Trainer:
                 f"({100 * overhead / train_s:.2f}%)"
             )
 
-    def after_step(self) -> str | None:
-        """Validate and checkpoint when due. Returns why the ranks agreed to stop after this step, or None."""
+    def after_step(self, trained: bool = True) -> str | None:
+        """Validate and checkpoint when due (after a trained step). Returns why the ranks agreed to stop after this
+        step, or None."""
         assert self.reporter is not None
         paused = time.perf_counter()
         loop, ckpt, step = self.cfg.loop, self.cfg.checkpoint, self.state.step
-        last = step == self.max_steps
-        if self.val_idx is not None and (step % loop.validation_freq == 0 or last):
+        last = trained and step == self.max_steps
+        due = trained and (step % ckpt.checkpoint_freq == 0 or last)
+        if trained and self.val_idx is not None and (step % loop.validation_freq == 0 or last):
             self.reporter.log_validation(step, self.validate())
         minutes = (time.monotonic() - self.last_save_time) / 60
         time_due = (
@@ -433,7 +589,7 @@ class Trainer:
         stop, time_due, walltime_save, walltime_stop = any_rank(
             [self.stop.signal_name is not None, time_due, plan.save_now, plan.stop_now], self.dist.device
         )
-        if step % ckpt.checkpoint_freq == 0 or last or stop or time_due or walltime_save or walltime_stop:
+        if due or stop or time_due or walltime_save or walltime_stop:
             if walltime_save and not (stop or walltime_stop):
                 print0(
                     f"Saving early at step {step}: the next checkpoint would land too close to the time limit"

@@ -323,7 +323,7 @@ def test_close_after_a_failed_step_ends_the_tracker_and_the_worker(
     closed = []
     monkeypatch.setattr(trainer.reporter.tracker, "close", lambda: closed.append("tracker"))
     monkeypatch.setattr(
-        trainer.engine, "train_step", lambda batches: (_ for _ in ()).throw(RuntimeError("boom"))
+        trainer.engine, "train_step", lambda batches, keep=None: (_ for _ in ()).throw(RuntimeError("boom"))
     )
     with pytest.raises(RuntimeError, match="boom"):
         try:

@@ -152,6 +152,7 @@ def test_wsd_resume_continues_the_exact_lr_and_a_new_world_size_repositions_it(
         shutil.copytree(straight / "tiny_qwen3-4steps", ckpt / "tiny_qwen3-4steps")
         run = [*common(data_cache, ckpt, tmp_path / f"{name}.jsonl"), *wsd]
         run[run.index("--gradient_accumulation_steps") + 1] = str(4 // ranks)
+        run[run.index("--checkpoint_freq") + 1] = str(ranks)  # the one-rank run also saves step 6
         out = train(run, tmp_path, nproc=ranks)
         again = step_records(tmp_path / f"{name}.jsonl")
         assert sorted(again) == [5, 6, 7, 8]
@@ -164,3 +165,15 @@ def test_wsd_resume_continues_the_exact_lr_and_a_new_world_size_repositions_it(
         if ranks == 1:
             assert "world size changed from 2 to 1: resuming optimizer and lr schedule state" in out
             assert "at step 4 (epoch 0, block 32" in out  # the same global position in the data
+    # And back, 1 -> 2: the one-rank run's step-6 checkpoint resumed on two ranks, Adam moments and all.
+    back = tmp_path / "two-again"
+    back.mkdir()
+    shutil.copytree(tmp_path / "one-rank" / "tiny_qwen3-6steps", back / "tiny_qwen3-6steps")
+    out = train([*common(data_cache, back, tmp_path / "back.jsonl"), *wsd], tmp_path)
+    assert "world size changed from 1 to 2: resuming optimizer and lr schedule state" in out
+    assert "loaded the weights only" not in out and "at step 6 (epoch 0, block 48" in out
+    again = step_records(tmp_path / "back.jsonl")
+    assert sorted(again) == [7, 8]
+    for step in again:  # two world-size changes away from the straight run: twice the noise
+        assert again[step]["lr"] == pytest.approx(full[step]["lr"], rel=1e-6)
+        assert abs(again[step]["loss"] - full[step]["loss"]) < 1e-3, (step, again[step], full[step])

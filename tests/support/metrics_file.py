@@ -1,4 +1,4 @@
-"""A run's metrics file (JSON lines) as the tests read it."""
+"""A run's metrics as the tests read them: its metrics file (JSON lines) and its TensorBoard scalars."""
 
 from __future__ import annotations
 
@@ -9,3 +9,11 @@ from pathlib import Path
 def step_records(path: Path) -> dict[int, dict]:
     """The logged training steps by step number (start events and validation records left out)."""
     return {r["step"]: r for r in map(json.loads, path.read_text().splitlines()) if "loss" in r}
+
+
+def tensorboard_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}

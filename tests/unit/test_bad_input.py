@@ -46,6 +46,18 @@ def checkpoint_with(t: Path, hidden_size: int = 64, seq_length: int = 256) -> st
     return str(tag.parent)
 
 
+def ds_with(t: Path, **sections) -> str:
+    """The default DeepSpeed config with whole top-level sections replaced (None: removed)."""
+    ds = json.loads(Path(DS).read_text())
+    for key, value in sections.items():
+        if value is None:
+            ds.pop(key, None)
+        else:
+            ds[key] = value
+    (t / "ds.json").write_text(json.dumps(ds))
+    return str(t / "ds.json")
+
+
 CASES = {
     "missing dataset path": (lambda t: ["--dataset", str(t / "nope")], "does not exist"),
     "no text field": (
@@ -101,6 +113,31 @@ CASES = {
     "profile steps beyond the run": (
         lambda t: ["--profile_steps", "8:12", "--max_steps", "10"],
         "ends after the run's last step 10",
+    ),
+    "unknown spike guard mode": (lambda t: ["--spike_guard", "rollbak"], "did you mean rollback?"),
+    "spike sigma zero": (lambda t: ["--spike_sigma", "0"], "--spike_sigma 0.0 must be positive"),
+    "spike window of one step": (lambda t: ["--spike_window", "1"], "must be at least 2 steps"),
+    "no rollbacks allowed": (lambda t: ["--max_rollbacks", "0", "--spike_guard", "rollback"], "at least 1"),
+    "guard flags with the guard off": (
+        lambda t: ["--spike_guard", "off", "--spike_sigma", "4"],
+        "--spike_sigma do not apply to --spike_guard off: drop them",
+    ),
+    "rollback flags without rollback": (
+        lambda t: ["--rollback_skip_steps", "5"],
+        "--rollback_skip_steps do not apply to --spike_guard skip: drop them or use --spike_guard rollback",
+    ),
+    "spike guard where DeepSpeed cannot discard": (
+        lambda t: [
+            "--deepspeed_config",
+            ds_with(t, bf16=None, zero_optimization={"stage": 0}),
+            "--spike_guard",
+            "skip",
+        ],
+        "DeepSpeed applies non-finite gradients in fp32 without ZeRO",
+    ),
+    "load_universal in the DeepSpeed config": (
+        lambda t: ["--deepspeed_config", ds_with(t, checkpoint={"load_universal": True})],
+        "checkpoint.load_universal in",
     ),
     "parent run without mlflow": (
         lambda t: ["--mlflow_parent_run_id", "0" * 32, "--report_to", "tensorboard"],

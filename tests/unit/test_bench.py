@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,10 @@ def test_bench_prints_and_writes_both_rows(
     assert table[2].startswith("dskit: ds_config.json, liger auto, compile false")
     assert table[3].startswith("dskit: ds_config_gpu.json")
     assert table[4].startswith("dskit: ds_config.json zero_optimization.overlap_comm=false, liger auto")
-    assert table[5].startswith("dskit: ds_config.json, liger auto") and table[5].split()[-6] == "2"
+    assert (
+        table[5].startswith("dskit: ds_config.json micro_batch_size=2, liger auto")
+        and table[5].split()[-6] == "2"
+    )
 
     result = json.loads(out.read_text())
     assert (result["device"], result["model"], result["seq_length"]) == ("cpu", "tiny-qwen3", 256)
@@ -59,6 +63,19 @@ def test_bench_prints_and_writes_both_rows(
     ratios = [r["vs_reference"] for r in rows]
     assert ratios[0] == 1.0 and all(x > 0 for x in ratios)
     assert ratios[1] == pytest.approx(rows[1]["tokens_per_s"] / rows[0]["tokens_per_s"])
+
+
+def test_bench_measures_the_spike_guard_interleaved_once_its_window_is_full(
+    tmp_path: Path, single_rank, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["bench", "--guard_overhead", "--steps", "4", "--seq_length", "32"]) == 0
+    out = capsys.readouterr().out
+    assert "variant" not in out  # no table: this mode measures the guard alone
+    found = re.search(
+        r"spike guard: ([\d.]+) ms/step judging, ([\d.]+) ms/step off \(medians of 4 interleaved", out
+    )
+    assert found and float(found[1]) > 0 and float(found[2]) > 0, out
 
 
 def test_bench_bad_flags_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:

@@ -28,6 +28,7 @@ from model_utils.trackers import (
     scalar_items,
     take_env_run_id,
 )
+from support.metrics_file import tensorboard_scalars
 
 RUN_ID = "tiny_qwen3-20261122-160000"
 CONFIG = {
@@ -53,12 +54,6 @@ def record(step: int, offset: float = 0.0) -> dict:
         "skipped_steps": 0,
         "tokens_seen": 512 * step,
     }
-
-
-def tensorboard_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    acc = EventAccumulator(str(run_dir))
-    acc.Reload()
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
 def test_scalar_items_groups_names_and_skips_none_nan_and_strings():

@@ -1,0 +1,84 @@
+"""Faults injected into a real run, for the spike guard's tests: what a corrupted batch or a bad step does.
+
+Set by the environment variable launch_env.SPIKE_FAULT, never by a flag: a comma-separated list of `KIND@N`,
+acting on the N-th step of data this process draws (every draw counts: discarded and replayed steps too), or
+`KIND@N+`, on that one and every later one (damage that does not go away). KIND is one of:
+
+- `loss`: the step's loss x 1000, in its value and its gradient (a corrupted batch the loss shows);
+- `grad`: the gradient x 1000 with the loss value unchanged (damage only the grad norm shows, after the update);
+- `drop`: the data is consumed without training: what a step the guard skipped must be equal to.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from model_utils import launch_env
+from model_utils.errors import ConfigError
+
+FACTOR = 1000.0
+KINDS = ("loss", "grad", "drop")
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    first: int
+    lasting: bool
+
+    @classmethod
+    def parse(cls, spec: str) -> Fault:
+        kind, _, where = spec.partition("@")
+        lasting = where.endswith("+")
+        number = where.removesuffix("+")
+        if kind not in KINDS or not number.isdigit() or int(number) < 1:
+            raise ConfigError(
+                f"{launch_env.SPIKE_FAULT}={spec!r} is not KIND@N or KIND@N+ with KIND one of {', '.join(KINDS)}"
+            )
+        return cls(kind, int(number), lasting)
+
+    def hits(self, draw: int) -> bool:
+        return draw == self.first or (self.lasting and draw > self.first)
+
+
+class FaultInjector:
+    """Counts the steps of data drawn and corrupts the loss of the ones a fault names (a forward hook)."""
+
+    def __init__(self, faults: list[Fault], model: torch.nn.Module) -> None:
+        self.faults = faults
+        self.draws = 0
+        self.armed: str | None = None  # the kind corrupting the current step's loss
+        self._hook = model.register_forward_hook(self._corrupt)
+
+    @classmethod
+    def from_env(cls, model: torch.nn.Module) -> FaultInjector | None:
+        spec = os.environ.get(launch_env.SPIKE_FAULT)
+        if not spec:
+            return None
+        return cls([Fault.parse(part.strip()) for part in spec.split(",")], model)
+
+    def draw(self) -> str | None:
+        """A step's data is about to be trained on: the kind of the fault that hits this one, if any."""
+        self.draws += 1
+        kind = next((f.kind for f in self.faults if f.hits(self.draws)), None)
+        self.armed = kind if kind != "drop" else None
+        return kind
+
+    def step_done(self) -> None:
+        self.armed = None  # validation after the step sees the model as it is
+
+    def _corrupt(self, module: torch.nn.Module, args: Any, output: Any) -> Any:
+        if self.armed is not None and getattr(output, "loss", None) is not None:
+            loss = output.loss
+            if self.armed == "loss":
+                output.loss = loss * FACTOR
+            else:  # the same value, FACTOR times the gradient
+                output.loss = loss + (FACTOR - 1.0) * (loss - loss.detach())
+        return output
+
+    def close(self) -> None:
+        self._hook.remove()
