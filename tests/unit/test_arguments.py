@@ -277,6 +277,7 @@ def test_readme_and_docs_show_only_options_that_exist() -> None:
 OTHER_TOOLS_OPTIONS = {"frozen", "check", "offline", "logdir", "backend"} | {
     "batch", "kill", "signal", "output", "open", "requeue", "max_step", "dependency", "parsable", "array", "cpus",
     "wait", "mlflow", "job_name",  # sbatch --wait; examples/kedro/run.py's own options
+    "dry_run",  # dskit sagemaker submit's (read by hand before the training flags, like --values and --wait)
 }  # fmt: skip
 
 

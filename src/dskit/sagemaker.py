@@ -1,0 +1,513 @@
+"""`dskit sagemaker`: the same run as a SageMaker training job.
+
+    dskit sagemaker submit [--values sm.yaml] [--wait] [--dry_run] [TRAINING FLAGS or --config run.yaml]
+    dskit sagemaker status JOB
+    dskit sagemaker logs JOB
+    dskit sagemaker stop JOB
+
+`submit` checks the values file and the training flags locally (the trainer's own parser and DeepSpeed config
+check), checks every S3 bucket and channel prefix, packs the kit's source (the files git tracks or would track,
+plus the run file) to <s3_prefix>/<job>/source/, and creates the job with boto3's `create_training_job`. The job
+runs `dskit.sagemaker_entry` on every instance (see there). The training flags travel as the job's
+hyperparameters. Role ARNs are printed with the account masked; credentials never.
+
+boto3, not the SageMaker Python SDK (v3 `ModelTrainer`): the SDK adds ~130 packages (docker, paramiko, fastapi,
+...) for one API call, and its distributed drivers run torchrun themselves under a hardcoded /opt/ml, where the
+kit needs its own entry (node rank, SIGTERM as a checkpoint request, the export). The request is a plain dict
+here, visible with --dry_run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from dskit import sagemaker_entry
+from dskit.sagemaker_values import DEFAULT_IMAGE, SageMakerValues, bucket_of, load, redact_arn
+from model_utils import launch_env
+from model_utils.errors import CommandParser, ConfigError, first_line
+
+REPO = Path(__file__).resolve().parents[2]
+SOURCE_ARCHIVE = "sourcedir.tar.gz"
+CODE_CHANNEL = "code"
+RUN_FILE_IN_SOURCE = ".dskit-sagemaker/run.yaml"  # where the run file lands inside the job's source root
+LOG_GROUP = "/aws/sagemaker/TrainingJobs"
+TERMINAL = ("Completed", "Failed", "Stopped")
+POLL_S = 30.0
+# The job's command: unpack the source onto the ML storage volume and run the entry with the image's Python
+# (which installs the locked environment first with setup uv). A constant: no value of the user's is in it.
+BOOTSTRAP = """\
+set -euo pipefail
+base=${DSKIT_SM_BASE:-/opt/ml}
+src="$base/input/dskit/src"
+mkdir -p "$src" "${TMPDIR:-/tmp}"
+tar -xzf "$base/input/data/code/sourcedir.tar.gz" -C "$src"
+cd "$src"
+export PYTHONPATH="$src/src${PYTHONPATH:+:$PYTHONPATH}"
+exec python3 -m dskit.sagemaker_entry
+"""
+# SageMaker metric definitions: regexes over the rank-0 step and validation lines (model_utils/step_line.py),
+# first group the value. Plain groups only (no look-arounds or non-capturing groups).
+_NUMBER = r"([-+]?[0-9][0-9.eE+-]*|nan|inf)"
+METRIC_DEFINITIONS = [
+    {"Name": "train:loss", "Regex": r"Step [0-9]+/[0-9]+ \| Loss " + _NUMBER},
+    {"Name": "train:lr", "Regex": r"\| lr " + _NUMBER},
+    {"Name": "train:grad_norm", "Regex": r"\| grad_norm " + _NUMBER},
+    {"Name": "train:tokens_per_s", "Regex": r"\| tokens/s " + _NUMBER},
+    {"Name": "train:mfu_percent", "Regex": r"\| MFU " + _NUMBER + "%"},
+    {"Name": "validation:loss", "Regex": r"\| Validation Loss " + _NUMBER},
+    {"Name": "validation:perplexity", "Regex": r"\| Perplexity " + _NUMBER},
+]
+_SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "KEY", "CREDENTIAL")
+
+USAGE = """\
+usage: dskit sagemaker submit [--values FILE] [--wait] [--dry_run] [TRAINING FLAGS...]
+       dskit sagemaker status JOB
+       dskit sagemaker logs JOB
+       dskit sagemaker stop JOB
+
+submit: check the values file (YAML, see docs/sagemaker.md) and the training flags, upload the kit's source to
+S3 and create a SageMaker training job that runs them on every instance. --wait: poll until the job ends (exit 0
+when it completed); --dry_run: print the request (account masked) and stop before anything is uploaded or
+created. The options come before the training flags (or --config run.yaml), which pass through to the job.
+status: the job's state; logs: its CloudWatch log; stop: ask SageMaker to stop it (the ranks save a checkpoint).
+AWS region and credentials: the standard chain (AWS_DEFAULT_REGION, AWS_PROFILE, ~/.aws), or region: in the
+values file for submit."""
+
+
+# --- the training flags -------------------------------------------------------------------------------------
+
+
+def training_hyperparameters(train_args: list[str]) -> tuple[dict[str, str], Path | None]:
+    """The training flags as hyperparameters {flag: value}, and the run file (--config) if one is given."""
+    hps: dict[str, str] = {}
+    i = 0
+    while i < len(train_args):
+        token = train_args[i]
+        if not token.startswith("--") or token == "--":
+            raise ConfigError(f"{token!r} is not a training flag: give training flags as --name VALUE")
+        name, sep, value = token[2:].partition("=")
+        if not sep:
+            if i + 1 >= len(train_args):
+                raise ConfigError(f"--{name} needs a value (every training flag takes one)")
+            value = train_args[i + 1]
+            i += 1
+        i += 1
+        if name in sagemaker_entry.OWNED_FLAGS:
+            raise ConfigError(
+                f"--{name} is set by the job ({sagemaker_entry.OWNED_FLAGS[name]}): "
+                + ("set the channel in the values file" if name != "checkpoint_dir" else "drop it")
+            )
+        hps[name] = value  # the last occurrence wins, as on the command line
+    run_file = Path(hps["config"]).expanduser().resolve() if "config" in hps else None
+    if run_file is not None:
+        if not run_file.is_file():
+            raise ConfigError(f"run file {hps['config']} not found: check --config")
+        hps["config"] = RUN_FILE_IN_SOURCE
+    return hps, run_file
+
+
+def check_training_flags(hps: dict[str, str], run_file: Path | None, values: SageMakerValues) -> None:
+    """The trainer's own parser and DeepSpeed check on the flags as the job will run them (the channels stand in
+    for the model and data, which are in S3), from the source root like the job."""
+    from model_utils import deepspeed_config
+    from model_utils.arguments import parse_args
+
+    argv: list[str] = []
+    for name, value in hps.items():
+        argv += [f"--{name}", str(run_file) if name == "config" and run_file else value]
+    argv += ["--model", "sagemaker-model-channel", "--dataset", "sagemaker-train-channel"]
+    if "validation" in values.channels:
+        argv += ["--validation_dataset", "sagemaker-validation-channel"]
+    with contextlib.chdir(REPO):
+        cfg = parse_args(argv)
+        deepspeed_config.resolve(cfg)
+    if run_file is not None:
+        from model_utils import run_file as run_files
+        from model_utils.arguments import SECTIONS
+
+        overridden = sorted(
+            set(run_files.load(str(run_file), SECTIONS).values) & set(sagemaker_entry.OWNED_FLAGS)
+        )
+        if overridden:
+            print(f"note: the job sets {', '.join(overridden)} (from its channels), not the run file")
+
+
+# --- the request --------------------------------------------------------------------------------------------
+
+
+def job_environment(values: SageMakerValues) -> dict[str, str]:
+    scratch = f"{sagemaker_entry.DEFAULT_BASE}/input/dskit"  # the ML storage volume (see sagemaker_entry)
+    env = {
+        launch_env.SAGEMAKER_SETUP: values.setup,
+        launch_env.SAGEMAKER_CPU_RANKS: str(values.cpu_ranks_per_instance),
+        # The model and data come from the channels: never the hub.
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        # The root volume is small: temp files and caches on the ML storage volume.
+        "TMPDIR": f"{scratch}/tmp",
+        "HF_HOME": f"{scratch}/hf",
+        "TORCH_EXTENSIONS_DIR": f"{scratch}/torch_extensions",
+        "TRITON_CACHE_DIR": f"{scratch}/triton",
+    }
+    if values.efa:
+        env |= {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"}
+    return env | values.env  # the values file's env wins
+
+
+def build_request(
+    values: SageMakerValues, job_name: str, region: str, hyperparameters: dict[str, str]
+) -> dict[str, Any]:
+    """The CreateTrainingJob request."""
+    prefix = values.s3_prefix
+    assert prefix is not None and values.role is not None  # SageMakerValues requires both
+    prefix = prefix.rstrip("/")
+
+    def channel(name: str, uri: str) -> dict[str, Any]:
+        source = {"S3DataType": "S3Prefix", "S3Uri": uri, "S3DataDistributionType": "FullyReplicated"}
+        return {"ChannelName": name, "DataSource": {"S3DataSource": source}, "InputMode": "File"}
+
+    request: dict[str, Any] = {
+        "TrainingJobName": job_name,
+        "RoleArn": values.role,
+        "AlgorithmSpecification": {
+            "TrainingImage": values.image or DEFAULT_IMAGE.format(region=region),
+            "TrainingInputMode": "File",
+            "ContainerEntrypoint": ["/bin/bash", "-c", BOOTSTRAP],
+            "MetricDefinitions": METRIC_DEFINITIONS,
+        },
+        "HyperParameters": hyperparameters,
+        "InputDataConfig": [
+            channel(CODE_CHANNEL, source_uri(values, job_name)),
+            *(channel(name, uri) for name, uri in sorted(values.channels.items())),
+        ],
+        "OutputDataConfig": {"S3OutputPath": f"{prefix}/output"},
+        "ResourceConfig": {
+            "InstanceType": values.instance_type,
+            "InstanceCount": values.instance_count,
+            "VolumeSizeInGB": values.volume_size_gb,
+        },
+        "StoppingCondition": {"MaxRuntimeInSeconds": values.max_runtime_s},
+        "CheckpointConfig": {
+            "S3Uri": values.checkpoint_s3_uri or f"{prefix}/{job_name}/checkpoints",
+            "LocalPath": f"{sagemaker_entry.DEFAULT_BASE}/checkpoints",
+        },
+        "Environment": job_environment(values),
+        "EnableManagedSpotTraining": values.spot,
+        "Tags": [{"Key": k, "Value": v} for k, v in sorted(values.tags.items())],
+    }
+    wait_s = values.wait_s()
+    if wait_s is not None:
+        request["StoppingCondition"]["MaxWaitTimeInSeconds"] = wait_s
+    if values.subnets:
+        request["VpcConfig"] = {"Subnets": values.subnets, "SecurityGroupIds": values.security_group_ids}
+    return request
+
+
+def source_uri(values: SageMakerValues, job_name: str) -> str:
+    assert values.s3_prefix is not None
+    return f"{values.s3_prefix.rstrip('/')}/{job_name}/source/"
+
+
+def redacted(request: dict[str, Any]) -> dict[str, Any]:
+    """The request for printing: the role's account masked, secret-looking environment values hidden."""
+    out = json.loads(json.dumps(request))
+    out["RoleArn"] = redact_arn(out["RoleArn"])
+    out["Environment"] = {
+        k: "***" if any(w in k.upper() for w in _SECRET_WORDS) else v for k, v in out["Environment"].items()
+    }
+    return out
+
+
+# --- S3: checks and the source ------------------------------------------------------------------------------
+
+
+def _aws_error(err: Exception, what: str, fix: str) -> ConfigError:
+    code = getattr(err, "response", {}).get("Error", {}).get("Code", type(err).__name__)
+    return ConfigError(f"{what}: {code} ({first_line(err)}): {fix}")
+
+
+def check_s3(s3: Any, values: SageMakerValues) -> None:
+    """Every bucket the job touches exists and is ours to use, every channel prefix holds objects: before
+    anything is uploaded or created."""
+    from botocore.exceptions import ClientError
+
+    assert values.s3_prefix is not None
+    buckets = {bucket_of(values.s3_prefix, "s3_prefix"): "s3_prefix"}
+    if values.checkpoint_s3_uri:
+        buckets.setdefault(bucket_of(values.checkpoint_s3_uri, "checkpoint_s3_uri"), "checkpoint_s3_uri")
+    for name, uri in values.channels.items():
+        buckets.setdefault(bucket_of(uri, f"channels.{name}"), f"channels.{name}")
+    for bucket, key in buckets.items():
+        try:
+            s3.head_bucket(Bucket=bucket)
+        except ClientError as e:
+            code = str(e.response.get("Error", {}).get("Code"))
+            if code in ("404", "NoSuchBucket"):
+                raise ConfigError(
+                    f"bucket {bucket} ({key}) does not exist: create it (aws s3 mb s3://{bucket}) or fix {key}"
+                ) from None
+            if code in ("403", "AccessDenied"):
+                raise ConfigError(
+                    f"access denied to bucket {bucket} ({key}): use credentials that may list and write it, or "
+                    f"another bucket in {key}"
+                ) from None
+            raise _aws_error(e, f"bucket {bucket} ({key})", "check the bucket and your credentials") from None
+    for name, uri in sorted(values.channels.items()):
+        bucket, _, key = uri[len("s3://") :].partition("/")
+        try:
+            listed = s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1)
+        except ClientError as e:
+            raise _aws_error(e, f"channels.{name} {uri}", "use credentials that may list it") from None
+        if not listed.get("KeyCount"):
+            raise ConfigError(
+                f"channels.{name} {uri} holds no objects: upload it first (aws s3 sync LOCAL_DIR {uri})"
+            )
+
+
+def source_files() -> list[str]:
+    """The kit's files: what git tracks or would track (not ignored), as they are in the working tree."""
+    try:
+        listed = subprocess.run(
+            ["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            capture_output=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        raise ConfigError(
+            f"{REPO} is not a git checkout: submit from a clone of the kit (its source is what git tracks)"
+        ) from None
+    names = sorted({n for n in listed.decode().split("\0") if n})
+    return [n for n in names if (REPO / n).is_file()]  # deleted but still tracked: skipped
+
+
+def pack_source(out: Path, run_file: Path | None) -> tuple[int, int]:
+    """Write the source tarball; (files, bytes)."""
+    files = source_files()
+    with tarfile.open(out, "w:gz") as tar:
+        for name in files:
+            tar.add(REPO / name, arcname=name, recursive=False)
+        if run_file is not None:
+            tar.add(run_file, arcname=RUN_FILE_IN_SOURCE)
+    return len(files) + (run_file is not None), out.stat().st_size
+
+
+# --- commands -----------------------------------------------------------------------------------------------
+
+
+def _session(region: str | None = None) -> Any:
+    import boto3
+
+    session = boto3.session.Session(region_name=region)
+    if session.region_name is None:
+        raise ConfigError(
+            "no AWS region: set region: in the values file, or AWS_DEFAULT_REGION (e.g. us-east-1)"
+        )
+    return session
+
+
+def _client(session: Any, service: str) -> Any:
+    client = session.client(service)
+    if session.get_credentials() is None:
+        raise ConfigError(
+            "no AWS credentials: configure them (aws configure, AWS_PROFILE, or an instance role), then retry"
+        )
+    return client
+
+
+def submit(args: list[str]) -> int:
+    values_file, wait, dry_run = None, False, False
+    while args and args[0] in ("--values", "--wait", "--dry_run"):  # ours come first; the rest is training's
+        option, args = args[0], args[1:]
+        if option == "--values":
+            if not args:
+                raise ConfigError("--values needs a file (dskit sagemaker --help)")
+            values_file, args = args[0], args[1:]
+        elif option == "--wait":
+            wait = True
+        else:
+            dry_run = True
+    values = load(values_file)
+    hps, run_file = training_hyperparameters(args)
+    check_training_flags(hps, run_file, values)
+    session = _session(values.region)
+    job_name = f"{values.job_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    request = build_request(values, job_name, session.region_name, hps)
+    if dry_run:
+        print(json.dumps(redacted(request), indent=2))
+        print("dry run: nothing uploaded or created")
+        return 0
+    s3 = _client(session, "s3")
+    sagemaker = _client(session, "sagemaker")
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    check_s3(s3, values)
+    uri = source_uri(values, job_name)
+    bucket, _, key = uri[len("s3://") :].partition("/")
+    with tempfile.TemporaryDirectory(prefix="dskit-sagemaker-") as tmp:
+        archive = Path(tmp) / SOURCE_ARCHIVE
+        count, size = pack_source(archive, run_file)
+        started = time.perf_counter()
+        try:
+            s3.upload_file(str(archive), bucket, key + SOURCE_ARCHIVE)
+        except (ClientError, BotoCoreError) as e:
+            raise _aws_error(
+                e, f"uploading the source to {uri}", "check the bucket and your credentials"
+            ) from None
+        seconds = time.perf_counter() - started
+    print(f"source: {count} files, {size / 1e6:.2f} MB uploaded to {uri}{SOURCE_ARCHIVE} in {seconds:.2f} s")
+    try:
+        arn = sagemaker.create_training_job(**request)["TrainingJobArn"]
+    except (ClientError, BotoCoreError) as e:
+        raise _aws_error(e, f"creating training job {job_name}", "fix what SageMaker says above") from None
+    print(
+        f"created {redact_arn(arn)}: {values.instance_count} x {values.instance_type}"
+        f"{' (spot)' if values.spot else ''}, checkpoints {request['CheckpointConfig']['S3Uri']}, "
+        f"model {request['OutputDataConfig']['S3OutputPath']}/{job_name}/output/model.tar.gz"
+    )
+    print(f"follow it: dskit sagemaker status {job_name}; dskit sagemaker logs {job_name}")
+    return _wait(sagemaker, job_name) if wait else 0
+
+
+def _describe(sagemaker: Any, job: str) -> dict[str, Any]:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        return sagemaker.describe_training_job(TrainingJobName=job)
+    except ClientError as e:
+        if e.response.get("Error", {}).get("Code") in ("ValidationException", "ResourceNotFound"):
+            raise ConfigError(
+                f"no training job {job!r} in {sagemaker.meta.region_name}: check the name (aws sagemaker "
+                "list-training-jobs) and the region"
+            ) from None
+        raise _aws_error(e, f"describing {job}", "check your credentials and region") from None
+    except BotoCoreError as e:
+        raise _aws_error(e, f"describing {job}", "check your credentials and region") from None
+
+
+def _wait(sagemaker: Any, job: str) -> int:
+    seen = None
+    while True:
+        described = _describe(sagemaker, job)
+        state = (described["TrainingJobStatus"], described.get("SecondaryStatus"))
+        if state != seen:
+            print(f"{job}: {state[0]} ({state[1]})", flush=True)
+            seen = state
+        if state[0] in TERMINAL:
+            if described.get("FailureReason"):
+                print(f"failure reason: {described['FailureReason']}")
+            return 0 if state[0] == "Completed" else 1
+        time.sleep(POLL_S)
+
+
+def status(job: str) -> int:
+    d = _describe(_client(_session(), "sagemaker"), job)
+    resources = d.get("ResourceConfig", {})
+    lines = [
+        f"job: {d['TrainingJobName']}",
+        f"status: {d['TrainingJobStatus']} ({d.get('SecondaryStatus', '-')})",
+        f"instances: {resources.get('InstanceCount')} x {resources.get('InstanceType')}"
+        + (" (spot)" if d.get("EnableManagedSpotTraining") else ""),
+        f"role: {redact_arn(d.get('RoleArn', '-'))}",
+    ]
+    if d.get("CheckpointConfig"):
+        lines.append(f"checkpoints: {d['CheckpointConfig'].get('S3Uri')}")
+    if d.get("ModelArtifacts"):
+        lines.append(f"model: {d['ModelArtifacts'].get('S3ModelArtifacts')}")
+    for key, label in (("TrainingTimeInSeconds", "training s"), ("BillableTimeInSeconds", "billable s")):
+        if key in d:
+            lines.append(f"{label}: {d[key]}")
+    if d.get("FailureReason"):
+        lines.append(f"failure reason: {d['FailureReason']}")
+    for t in d.get("SecondaryStatusTransitions", []):
+        lines.append(f"  {t.get('StartTime')} {t.get('Status')}: {t.get('StatusMessage', '')}")
+    print("\n".join(lines))
+    return 0
+
+
+def logs(job: str) -> int:
+    session = _session()
+    _describe(_client(session, "sagemaker"), job)  # an unknown job is one line, not an empty log
+    cw = _client(session, "logs")
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        streams = cw.describe_log_streams(logGroupName=LOG_GROUP, logStreamNamePrefix=f"{job}/")["logStreams"]
+    except ClientError as e:
+        if e.response.get("Error", {}).get("Code") == "ResourceNotFoundException":
+            streams = []
+        else:
+            raise _aws_error(
+                e, f"reading the log of {job}", "use credentials that may read CloudWatch Logs"
+            ) from None
+    except BotoCoreError as e:
+        raise _aws_error(e, f"reading the log of {job}", "check your credentials and region") from None
+    if not streams:
+        print(f"no log yet for {job} (its instances may still be starting): try again in a minute")
+        return 0
+    for stream in sorted(streams, key=lambda s: s["logStreamName"]):
+        name, token = stream["logStreamName"], None
+        while True:
+            kwargs = {"logGroupName": LOG_GROUP, "logStreamName": name, "startFromHead": True}
+            page = cw.get_log_events(**kwargs, **({"nextToken": token} if token else {}))
+            for event in page["events"]:
+                print(f"[{name.split('/', 1)[-1]}] {event['message']}")
+            if page.get("nextForwardToken") in (None, token):
+                break
+            token = page["nextForwardToken"]
+    return 0
+
+
+def stop(job: str) -> int:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    sagemaker = _client(_session(), "sagemaker")
+    state = _describe(sagemaker, job)["TrainingJobStatus"]
+    if state in TERMINAL:
+        print(f"{job} is already {state}: nothing to stop")
+        return 0
+    try:
+        sagemaker.stop_training_job(TrainingJobName=job)
+    except (ClientError, BotoCoreError) as e:
+        raise _aws_error(e, f"stopping {job}", "check your credentials and region") from None
+    print(
+        f"stop requested for {job}: SageMaker sends SIGTERM, the ranks save a checkpoint and stop "
+        "(it is in the job's checkpoint S3 URI)"
+    )
+    return 0
+
+
+def _job_command(name: str, fn: Any) -> Any:
+    def run(args: list[str]) -> int:
+        parser = CommandParser(prog=f"dskit sagemaker {name}")
+        parser.add_argument("job", metavar="JOB", help="the training job's name")
+        return fn(parser.parse_args(args).job)
+
+    return run
+
+
+SUBCOMMANDS = {
+    "submit": submit,
+    "status": _job_command("status", status),
+    "logs": _job_command("logs", logs),
+    "stop": _job_command("stop", stop),
+}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help") or (argv[0] == "submit" and argv[1:2] in (["-h"], ["--help"])):
+        print(USAGE)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in SUBCOMMANDS:
+        raise ConfigError(
+            f"unknown sagemaker command {command!r}: use {', '.join(SUBCOMMANDS)} (dskit sagemaker --help)"
+        )
+    return SUBCOMMANDS[command](rest)

@@ -1,0 +1,504 @@
+"""The entry of a SageMaker training job (`dskit sagemaker submit` makes the job run it on every instance).
+
+    python -m dskit.sagemaker_entry          # from the kit's source root, inside the job
+
+It reads SageMaker's contract under DSKIT_SM_BASE (default /opt/ml; any dir runs the same contract outside
+SageMaker): input/config/resourceconfig.json (hosts, this host, network interface), input/config/
+hyperparameters.json (the training flags), input/config/inputdataconfig.json and input/data/<channel>/, with the
+training toolkit's SM_HOSTS, SM_CURRENT_HOST, SM_NUM_GPUS, SM_NUM_CPUS, SM_CHANNEL_<NAME> and SM_HPS winning
+where they are set (our job replaces the image's entrypoint, so the toolkit does not set them there). Then:
+
+* torchrun on this instance: node rank = this host's index in the host list, the first host the master on a
+  fixed port; --model, --dataset and --validation_dataset are the model, train and validation channels,
+  --checkpoint_dir is checkpoints/ (SageMaker syncs it with the job's CheckpointConfig S3 URI), the data cache,
+  TMPDIR and the Hugging Face caches are on the ML storage volume (the root volume is small);
+* SIGTERM (StopTrainingJob, a spot interruption, the max runtime) is turned into SIGUSR1 for every rank on this
+  instance: the ranks' save-and-stop path of SLURM's preemption. It is not passed to torchrun, whose own SIGTERM
+  handling kills the ranks 30 s later and fails the run;
+* after a finished run the first host exports the newest verified checkpoint as a Hugging Face model into
+  model/ (SageMaker uploads it as model.tar.gz); on a failure the reason goes to output/failure.
+
+Instances do not share a filesystem: ranks on other hosts leave their checkpoint files in `.staging-<tag>` (only
+the first host commits a tag). SageMaker uploads every instance's checkpoints/ to one S3 prefix and downloads the
+union to every instance of a restarted job; `merge_host_shards` then moves those files into their committed tag,
+and demotes a tag that still lacks a rank's files, so resume never picks a checkpoint that cannot load.
+
+Module level imports the standard library only: with setup `uv` this runs first under the image's Python,
+installs the locked environment and re-executes itself in it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from model_utils import launch_env
+from model_utils.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN_SCRIPT = REPO / "src" / "train_deepspeed.py"
+DEFAULT_BASE = "/opt/ml"
+DEFAULT_MASTER_PORT = 29500
+# Training flags the job sets from the contract: a hyperparameter naming one is refused (submit checks too).
+OWNED_FLAGS = {
+    "model": "the model channel",
+    "dataset": "the train channel",
+    "validation_dataset": "the validation channel",
+    "checkpoint_dir": "checkpoints/ under the job's base dir (synced to the CheckpointConfig S3 URI)",
+    "data_cache_dir": "a dir on the ML storage volume",
+}
+STOPPED_STATUS = 143  # 128 + SIGTERM: saved and stopped, not finished (a restarted job resumes)
+PRUNE_EVERY_S = 30.0
+GATHER_CHUNK = 64 << 20  # bytes per message when the other hosts send their shards of the final tag
+
+
+def log(message: str) -> None:
+    print(f"[dskit-sagemaker] {message}", flush=True)
+
+
+@dataclass(frozen=True)
+class Contract:
+    """What SageMaker tells this instance, with every path under one base dir."""
+
+    base: Path
+    hosts: list[str]
+    current_host: str
+    network_interface: str | None
+    gpus: int
+    cpus: int
+    channels: dict[str, Path]
+    hyperparameters: dict[str, str]
+
+    @property
+    def host_index(self) -> int:
+        return self.hosts.index(self.current_host)
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.base / "checkpoints"
+
+    @property
+    def model_dir(self) -> Path:
+        return self.base / "model"
+
+    @property
+    def output_dir(self) -> Path:
+        return self.base / "output"
+
+    @property
+    def scratch(self) -> Path:
+        # On the ML storage volume (where SageMaker downloads the channels), not the small root volume.
+        return self.base / "input" / "dskit"
+
+    @classmethod
+    def read(cls, env: dict[str, str]) -> Contract:
+        base = Path(env.get(launch_env.SAGEMAKER_BASE) or DEFAULT_BASE)
+        config = base / "input" / "config"
+        resource = _json_file(config / "resourceconfig.json", required=True)
+        hosts = json.loads(env["SM_HOSTS"]) if env.get("SM_HOSTS") else resource.get("hosts")
+        current = env.get("SM_CURRENT_HOST") or resource.get("current_host")
+        if not isinstance(hosts, list) or not hosts or not all(isinstance(h, str) for h in hosts):
+            raise ConfigError(f"{config / 'resourceconfig.json'}: 'hosts' is not a list of host names")
+        if current not in hosts:
+            raise ConfigError(f"this host {current!r} is not in the job's hosts {hosts}")
+        if env.get("SM_HPS"):
+            hps = json.loads(env["SM_HPS"])
+        else:
+            hps = _json_file(config / "hyperparameters.json", required=False)
+        channel_names = set(_json_file(config / "inputdataconfig.json", required=False))
+        channel_names |= {k[len("SM_CHANNEL_") :].lower() for k in env if k.startswith("SM_CHANNEL_")}
+        channels = {
+            name: Path(env.get(f"SM_CHANNEL_{name.upper()}") or base / "input" / "data" / name)
+            for name in sorted(channel_names)
+        }
+        return cls(
+            base=base,
+            hosts=hosts,
+            current_host=current,
+            network_interface=env.get("SM_NETWORK_INTERFACE_NAME") or resource.get("network_interface_name"),
+            gpus=int(env["SM_NUM_GPUS"]) if env.get("SM_NUM_GPUS") else _cuda_devices(),
+            cpus=int(env["SM_NUM_CPUS"]) if env.get("SM_NUM_CPUS") else (os.cpu_count() or 1),
+            channels=channels,
+            hyperparameters={str(k): str(v) for k, v in hps.items()},
+        )
+
+
+def _json_file(path: Path, required: bool) -> dict:
+    if not path.is_file():
+        if required:
+            raise ConfigError(
+                f"{path} not found: this runs inside a SageMaker training job (or set "
+                f"{launch_env.SAGEMAKER_BASE} to a dir holding SageMaker's input/config tree)"
+            )
+        return {}
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} is not a JSON object")
+    return data
+
+
+def _cuda_devices() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def training_args(contract: Contract) -> list[str]:
+    """The training flags: the hyperparameters (--config first), then what the contract fixes."""
+    hps = dict(contract.hyperparameters)
+    for name in hps:
+        if name in OWNED_FLAGS:
+            raise ConfigError(f"hyperparameter {name} is set by the job ({OWNED_FLAGS[name]}): remove it")
+    for name in ("model", "train"):
+        if name not in contract.channels:
+            raise ConfigError(
+                f"the job has no {name} channel: submit it with channels.{name} in the values file"
+            )
+    args: list[str] = []
+    if "config" in hps:
+        args += ["--config", hps.pop("config")]
+    for name, value in hps.items():
+        args += [f"--{name}", value]
+    args += ["--model", str(contract.channels["model"]), "--dataset", str(contract.channels["train"])]
+    if "validation" in contract.channels:
+        args += ["--validation_dataset", str(contract.channels["validation"])]
+    args += ["--checkpoint_dir", str(contract.checkpoint_dir)]
+    args += ["--data_cache_dir", str(contract.scratch / "data-cache")]
+    return args
+
+
+def rank_environment(contract: Contract, nproc: int) -> dict[str, str]:
+    env = dict(os.environ)
+    scratch = contract.scratch
+    # Caches and temp files on the big volume unless the job's environment names other places.
+    for name, path in (
+        ("TMPDIR", scratch / "tmp"),
+        ("HF_HOME", scratch / "hf"),
+        ("TORCH_EXTENSIONS_DIR", scratch / "torch_extensions"),
+        ("TRITON_CACHE_DIR", scratch / "triton"),
+    ):
+        env.setdefault(name, str(path))
+        Path(env[name]).mkdir(parents=True, exist_ok=True)
+    if contract.gpus == 0:
+        env["DS_ACCELERATOR"] = "cpu"
+    elif contract.network_interface and len(contract.hosts) > 1:
+        env.setdefault("NCCL_SOCKET_IFNAME", contract.network_interface)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, contract.cpus // nproc)))
+    # The metrics file lands next to this (output/data/ is uploaded as output.tar.gz); the trainer says why it
+    # stopped early in the stop-reason file.
+    env[launch_env.LOG_FILE] = str(contract.output_dir / "data" / f"train-{contract.current_host}.log")
+    env[launch_env.STOP_REASON_FILE] = str(scratch / "stop_reason")
+    return env
+
+
+def check_writable(paths: list[Path]) -> None:
+    """Every dir the job writes, before anything runs: a non-root image user cannot write some of SageMaker's."""
+    for path in paths:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            probe = path / f".write-test-{os.getpid()}"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as e:
+            raise ConfigError(
+                f"{path} is not writable by uid {os.getuid()} ({e.strerror or e}): run the image as root or "
+                f"make {path} writable for its user"
+            ) from None
+
+
+# --- checkpoints across instances -------------------------------------------------------------------------
+
+
+def _tag_step(name: str) -> int | None:
+    from model_utils.checkpoint import tag_step
+
+    return tag_step(name)
+
+
+def merge_host_shards(checkpoint_dir: Path) -> list[str]:
+    """Move other hosts' files of committed tags (left in `.staging-<tag>`) into the tag; demote committed tags
+    that still lack a rank's files (renamed `.incomplete-<tag>`, which no resume picks). Returns what it did."""
+    from model_utils import file_manifest, launch_record
+    from model_utils.checkpoint import STAGING_PREFIX
+
+    done: list[str] = []
+    if not checkpoint_dir.is_dir():
+        return done
+    for staging in sorted(checkpoint_dir.glob(f"{STAGING_PREFIX}*")):
+        tag_dir = checkpoint_dir / staging.name[len(STAGING_PREFIX) :]
+        if not (tag_dir / file_manifest.MANIFEST).is_file():
+            continue  # not committed: the first host's rank 0 removes it when it saves that tag again
+        moved = 0
+        for item in staging.iterdir():
+            if not (tag_dir / item.name).exists():
+                os.replace(item, tag_dir / item.name)
+                moved += 1
+        shutil.rmtree(staging)
+        done.append(f"merged {moved} files of other hosts into {tag_dir.name}")
+    for tag_dir in sorted(checkpoint_dir.iterdir()):
+        if _tag_step(tag_dir.name) is None or not (tag_dir / file_manifest.MANIFEST).is_file():
+            continue
+        world = launch_record.saved_world_size(tag_dir)
+        missing = [r for r in range(world or 0) if not (tag_dir / f"rng_state_rank{r}.pt").is_file()]
+        if missing:
+            os.replace(tag_dir, checkpoint_dir / f".incomplete-{tag_dir.name}")
+            done.append(
+                f"{tag_dir.name} lacks the files of ranks {missing} (not synced from their host): set aside as "
+                f".incomplete-{tag_dir.name}"
+            )
+    return done
+
+
+def prune_staging(checkpoint_dir: Path, keep: int) -> None:
+    """On hosts other than the first: drop the staging dirs of all but the newest keep + 1 saves (the first
+    host's rotation deletes the tags they belong to; nothing here would ever delete them)."""
+    from model_utils.checkpoint import STAGING_PREFIX
+
+    staged = [p for p in checkpoint_dir.glob(f"{STAGING_PREFIX}*") if p.is_dir()]
+    staged.sort(key=lambda p: _tag_step(p.name[len(STAGING_PREFIX) :]) or 0, reverse=True)
+    for old in staged[keep + 1 :]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def gather_final_shards(contract: Contract, port: int) -> str:
+    """After a finished run, every host at once: the other hosts send their ranks' files of the final tag (the
+    first host's newest verified one) to the first host, over a gloo group of one process per host on `port`,
+    so that the export (and the S3 copy of that tag) has every rank's shard. Returns what it did."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from model_utils.checkpoint import STAGING_PREFIX, newest_verified
+
+    index, hosts = contract.host_index, contract.hosts
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{hosts[0]}:{port}",
+        rank=index,
+        world_size=len(hosts),
+        timeout=datetime.timedelta(minutes=30),
+    )
+    try:
+        tag: list[str | None] = [None]
+        if index == 0:
+            target = newest_verified(contract.checkpoint_dir)
+            tag[0] = target.tag if target is not None else None
+        dist.broadcast_object_list(tag, src=0)
+        if tag[0] is None:
+            return "no verified checkpoint to gather"
+        tag_dir = contract.checkpoint_dir / tag[0]
+        received = 0
+        for sender in range(1, len(hosts)):
+            if index == sender:
+                staging = contract.checkpoint_dir / f"{STAGING_PREFIX}{tag[0]}"
+                files = sorted(p for p in staging.iterdir() if p.is_file()) if staging.is_dir() else []
+                dist.send_object_list([[(p.name, p.stat().st_size) for p in files]], dst=0)
+                for path in files:
+                    with path.open("rb") as f:
+                        while chunk := f.read(GATHER_CHUNK):
+                            dist.send(torch.frombuffer(bytearray(chunk), dtype=torch.uint8), dst=0)
+            elif index == 0:
+                listing: list[list[tuple[str, int]] | None] = [None]
+                dist.recv_object_list(listing, src=sender)
+                for name, size in listing[0] or []:
+                    part = tag_dir / f".{name}.part"
+                    with part.open("wb") as f:
+                        left = size
+                        while left:
+                            buf = torch.empty(min(GATHER_CHUNK, left), dtype=torch.uint8)
+                            dist.recv(buf, src=sender)
+                            f.write(buf.numpy().tobytes())
+                            left -= buf.numel()
+                    os.replace(part, tag_dir / name)
+                    received += 1
+        dist.barrier()
+        return f"gathered {received} files of other hosts into {tag[0]}" if index == 0 else f"sent {tag[0]}"
+    finally:
+        dist.destroy_process_group()
+
+
+def _keep_checkpoints(hps: dict[str, str]) -> int:
+    import dataclasses
+
+    from model_utils.arguments import CheckpointArgs
+
+    default = next(f.default for f in dataclasses.fields(CheckpointArgs) if f.name == "keep_checkpoints")
+    text = hps.get("keep_checkpoints")
+    return int(text) if text and text.isdigit() else int(default)  # type: ignore[arg-type]
+
+
+# --- signals ----------------------------------------------------------------------------------------------
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is pid (torchrun's ranks)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+class StopForwarder:
+    """SIGTERM to this process -> SIGUSR1 to every rank of this instance's torchrun (never to torchrun)."""
+
+    def __init__(self) -> None:
+        self.torchrun: subprocess.Popen | None = None
+        self.received_at: float | None = None
+        self.signalled: set[int] = set()
+        self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.received_at = self.received_at or time.monotonic()
+        log("SIGTERM: asking the ranks to save a checkpoint and stop")
+        self.signalled.clear()  # a second SIGTERM signals every rank again
+        self.forward()
+
+    def forward(self) -> None:
+        """Signal the ranks not signalled yet (called again while torchrun is still starting them)."""
+        if self.received_at is None or self.torchrun is None or self.torchrun.poll() is not None:
+            return
+        for pid in set(_children(self.torchrun.pid)) - self.signalled:
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                continue
+            self.signalled.add(pid)
+
+    def restore(self) -> None:
+        signal.signal(signal.SIGTERM, self._previous)
+
+
+# --- the run ----------------------------------------------------------------------------------------------
+
+
+def _ensure_environment(contract: Contract, argv: list[str]) -> None:
+    """setup uv: install the locked environment (not the dev group) and re-execute in it; image: use this one."""
+    setup = os.environ.get(launch_env.SAGEMAKER_SETUP, "image")
+    if setup == "image":
+        return
+    if setup != "uv":
+        raise ConfigError(f"{launch_env.SAGEMAKER_SETUP}={setup!r}: use uv or image")
+    venv_python = REPO / ".venv" / "bin" / "python"
+    if Path(sys.prefix).resolve() == (REPO / ".venv").resolve():
+        return
+    uv = ["uv"] if shutil.which("uv") else [sys.executable, "-m", "uv"]
+    if subprocess.run([*uv, "--version"], capture_output=True).returncode != 0:
+        log("uv not found: installing it with pip")
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "uv"], check=True)
+        uv = [sys.executable, "-m", "uv"]
+    env = {**os.environ, "UV_CACHE_DIR": str(contract.scratch / "uv-cache")}
+    env.setdefault("TMPDIR", str(contract.scratch / "tmp"))
+    Path(env["TMPDIR"]).mkdir(parents=True, exist_ok=True)
+    log("installing the locked environment (uv sync --frozen --no-dev)")
+    subprocess.run([*uv, "sync", "--frozen", "--no-dev", "--compile-bytecode"], cwd=REPO, env=env, check=True)
+    os.execv(venv_python, [str(venv_python), "-m", "dskit.sagemaker_entry", *argv])
+
+
+def _fail(contract: Contract, message: str) -> None:
+    """SageMaker shows output/failure as the job's FailureReason."""
+    try:
+        contract.output_dir.mkdir(parents=True, exist_ok=True)
+        (contract.output_dir / "failure").write_text(message + "\n")
+    except OSError:
+        pass
+
+
+def run(contract: Contract) -> int:
+    index, hosts = contract.host_index, contract.hosts
+    nproc = contract.gpus or int(os.environ.get(launch_env.SAGEMAKER_CPU_RANKS, "1"))
+    port = int(os.environ.get(launch_env.SAGEMAKER_MASTER_PORT, DEFAULT_MASTER_PORT))
+    check_writable(
+        [contract.checkpoint_dir, contract.model_dir, contract.output_dir / "data", contract.scratch]
+    )
+    args = training_args(contract)
+    for line in merge_host_shards(contract.checkpoint_dir):
+        log(line)
+    env = rank_environment(contract, nproc)
+    Path(env[launch_env.STOP_REASON_FILE]).unlink(missing_ok=True)
+    stop = StopForwarder()
+    log(
+        f"host {contract.current_host} ({index + 1} of {len(hosts)}), master {hosts[0]}:{port}, "
+        f"{nproc} ranks ({'GPUs' if contract.gpus else 'CPU'})"
+    )
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(hosts)}", f"--node_rank={index}",
+        f"--nproc_per_node={nproc}", f"--master_addr={hosts[0]}", f"--master_port={port}",
+        str(TRAIN_SCRIPT), *args,
+    ]  # fmt: skip
+    if stop.received_at is not None:
+        stop.restore()
+        log("SIGTERM came before the ranks started: not starting them")
+        return STOPPED_STATUS
+    try:
+        # Its own session: a signal to this process group (a terminal's Ctrl-C, say) does not reach torchrun.
+        stop.torchrun = subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True)
+        keep = _keep_checkpoints(contract.hyperparameters)
+        last_prune = time.monotonic()
+        while stop.torchrun.poll() is None:
+            try:
+                stop.torchrun.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                stop.forward()
+            if index > 0 and time.monotonic() - last_prune > PRUNE_EVERY_S:
+                prune_staging(contract.checkpoint_dir, keep)
+                last_prune = time.monotonic()
+        status = stop.torchrun.returncode
+    finally:
+        stop.restore()
+        if stop.torchrun is not None and stop.torchrun.poll() is None:  # this process failed: take them along
+            os.killpg(stop.torchrun.pid, signal.SIGKILL)
+    reason_file = Path(env[launch_env.STOP_REASON_FILE])
+    stopped = stop.received_at is not None or reason_file.is_file()
+    if status != 0:
+        _fail(contract, f"torchrun exited with status {status} on {contract.current_host}: see the job's log")
+        log(f"torchrun exited with status {status}")
+        return status
+    if stopped:
+        took = f" {time.monotonic() - stop.received_at:.1f} s after SIGTERM" if stop.received_at else ""
+        log(
+            f"stopped early{took}: checkpoint saved in {contract.checkpoint_dir}; a restarted job resumes there"
+        )
+        return STOPPED_STATUS
+    if len(hosts) > 1:
+        log(gather_final_shards(contract, port + 1))
+    if index == 0:
+        from dskit import export
+
+        out = export.export(contract.checkpoint_dir, contract.model_dir)
+        log(f"exported the newest verified checkpoint to {out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv:
+        print(__doc__)
+        return 0 if argv[0] in ("-h", "--help") else 2
+    contract = None
+    try:
+        contract = Contract.read(dict(os.environ))
+        _ensure_environment(contract, argv)
+        return run(contract)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        if contract is not None:
+            _fail(contract, str(e))
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

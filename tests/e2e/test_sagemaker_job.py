@@ -1,0 +1,211 @@
+"""The SageMaker entry's contract end to end on CPU: two "instances" as two entry processes on loopback, each with
+its own /opt/ml-like tree (no shared filesystem, like SageMaker), channels holding a Hugging Face model dir and a
+dataset. SIGTERM mid-run (what StopTrainingJob or a spot interruption sends) -> both save and stop at one step;
+SageMaker's checkpoint sync (every instance's checkpoints/ up to one S3 prefix, the union down to every instance
+of the restarted job) is simulated by a directory union; the restart resumes from the newest verified tag,
+finishes, and the first host exports the model into model/, which from_pretrained loads.
+
+Not real here: SageMaker itself, the image and S3 sync of checkpoints (a copy stands in for it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dskit import sagemaker
+from support.pretrained import save_tiny_qwen3
+from support.s3_server import free_port
+from support.torchrun import ENV, REPO
+
+pytestmark = pytest.mark.e2e
+
+HOSTS = ["127.0.0.1", "localhost"]  # both name this machine: the first is the master's address
+MAX_STEPS = 60
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "while",
+    "seven",
+    "small",
+    "birds",
+    "sing",
+    "near",
+    "the",
+    "old",
+    "river",
+    "bank",
+]
+
+
+def write_dataset(path: Path, docs: int, seed: int) -> None:
+    path.mkdir(parents=True)
+    lines = []
+    for i in range(docs):
+        words = [WORDS[(i * 7 + j * (seed + 3)) % len(WORDS)] for j in range(40)]
+        lines.append(json.dumps({"text": " ".join(words) + f" {i}."}))
+    (path / "part-0.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def instance_tree(base: Path, host: str, model: Path, hyperparameters: dict[str, str]) -> None:
+    """What SageMaker lays out on an instance before the container starts."""
+    config = base / "input" / "config"
+    config.mkdir(parents=True)
+    resource = {"current_host": host, "hosts": HOSTS, "network_interface_name": "lo"}
+    (config / "resourceconfig.json").write_text(json.dumps(resource))
+    (config / "hyperparameters.json").write_text(json.dumps(hyperparameters))
+    (config / "inputdataconfig.json").write_text(
+        json.dumps({c: {} for c in ("model", "train", "validation")})
+    )
+    data = base / "input" / "data"
+    shutil.copytree(model, data / "model")
+    write_dataset(data / "train", 400, seed=0)
+    write_dataset(data / "validation", 20, seed=1)
+
+
+def start(bases: list[Path], port: int, logs: list[Path]) -> list[subprocess.Popen]:
+    procs = []
+    for base, log in zip(bases, logs, strict=True):
+        env = {
+            **ENV,
+            "DSKIT_SM_BASE": str(base),
+            "DSKIT_SM_MASTER_PORT": str(port),
+            "DSKIT_SM_CPU_RANKS": "1",
+            "SM_NUM_GPUS": "0",
+            "SM_NUM_CPUS": "1",
+            # DeepSpeed's ops as `make warm` built them, not rebuilt in each instance's tree (minutes)
+            "TORCH_EXTENSIONS_DIR": os.environ.get(
+                "TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions")
+            ),
+        }
+        with log.open("a") as out:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "dskit.sagemaker_entry"],
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+    return procs
+
+
+def wait_for(pattern: str, log: Path, procs: list[subprocess.Popen], timeout: float = 150) -> float:
+    deadline = time.monotonic() + timeout
+    while not re.search(pattern, log.read_text()):
+        assert all(p.poll() is None for p in procs), log.read_text()[-4000:]
+        assert time.monotonic() < deadline, f"no {pattern!r} within {timeout} s: " + log.read_text()[-4000:]
+        time.sleep(0.1)
+    return time.monotonic()
+
+
+def sync_checkpoints(bases: list[Path]) -> None:
+    """SageMaker's checkpoint sync across a restart: the union of every instance's checkpoints/ on each."""
+    union = bases[0].parent / "s3-checkpoints"
+    for base in bases:
+        shutil.copytree(base / "checkpoints", union, dirs_exist_ok=True)
+    for base in bases:
+        shutil.copytree(union, base / "checkpoints", dirs_exist_ok=True)
+
+
+def kill_leftovers(root: Path) -> None:
+    """After a failure: every process of this test (entries, torchruns, ranks), found by its base dir."""
+    for stat in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            mine = f"DSKIT_SM_BASE={root}".encode() in stat.read_bytes()
+        except OSError:
+            continue
+        if mine:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(stat.parent.name), signal.SIGKILL)
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path
+    kill_leftovers(tmp_path)
+
+
+def test_two_instances_train_stop_on_sigterm_resume_and_export(work: Path) -> None:
+    tmp_path = work
+    model = save_tiny_qwen3(tmp_path / "hf-model")
+    hps = {
+        "max_steps": str(MAX_STEPS), "seq_length": "32", "logging_freq": "1", "checkpoint_freq": "1000",
+        "validation_freq": "1000",
+    }  # fmt: skip
+    bases = [tmp_path / f"instance{i}" / "opt-ml" for i in range(2)]
+    for base, host in zip(bases, HOSTS, strict=True):
+        instance_tree(base, host, model, hps)
+    logs = [tmp_path / f"instance{i}.log" for i in range(2)]
+
+    started = time.monotonic()
+    procs = start(bases, free_port(), logs)
+    first_step = wait_for(r"Step 1/", logs[0], procs)
+    wait_for(r"Step 3/", logs[0], procs)
+    signalled = time.monotonic()
+    for proc in procs:  # SageMaker stops every instance's container
+        proc.send_signal(signal.SIGTERM)
+    assert [p.wait(timeout=120) for p in procs] == [143, 143], logs[0].read_text()[-4000:]
+    stopped = time.monotonic()
+    first = logs[0].read_text()
+    saved = int(re.search(r"Preempted: stop requested by \S+; saved at step (\d+)", first)[1])  # type: ignore[index]
+    assert 3 <= saved < MAX_STEPS
+    tag = f"model-{saved}steps"  # the model's short name is its channel dir's
+    # No shared filesystem: the first host committed the tag, the other kept its rank's files in staging.
+    assert (bases[0] / "checkpoints" / tag / "dskit_manifest.json").is_file()
+    assert (bases[1] / "checkpoints" / f".staging-{tag}" / "rng_state_rank1.pt").is_file()
+    assert not list((bases[0] / "model").iterdir())  # stopped: nothing exported
+
+    sync_checkpoints(bases)
+    restarted = time.monotonic()
+    procs = start(bases, free_port(), logs)
+    resumed = wait_for(rf"Resumed from .*{tag} at step {saved} ", logs[0], procs)
+    assert [p.wait(timeout=180) for p in procs] == [0, 0], logs[0].read_text()[-4000:]
+    finished = time.monotonic()
+    second = logs[0].read_text()[len(first) :]
+    assert f"merged 2 files of other hosts into {tag}" in second  # rank 1's optimizer shard and RNG state
+    assert f"gathered 2 files of other hosts into model-{MAX_STEPS}steps" in second
+    assert f"Step {saved + 1}/{MAX_STEPS}" in second and f"Step {MAX_STEPS}/{MAX_STEPS}" in second
+    assert f"Step {saved}/" not in second  # continued, not repeated
+    assert "exported the newest verified checkpoint" in second
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    exported = AutoModelForCausalLM.from_pretrained(bases[0] / "model")
+    initial = AutoModelForCausalLM.from_pretrained(model)
+    assert exported.config.model_type == "qwen3"
+    assert exported.state_dict().keys() == initial.state_dict().keys()
+    assert any(
+        not torch.equal(p, initial.state_dict()[k]) for k, p in exported.state_dict().items()
+    )  # trained
+    assert not list((bases[1] / "model").iterdir())  # one host writes the model: no clashing names in S3
+
+    # SageMaker's metric regexes find the rank-0 lines, and the metrics file went to output/data.
+    found = {m["Name"]: re.findall(m["Regex"], first + second) for m in sagemaker.METRIC_DEFINITIONS}
+    assert len(found["train:loss"]) == MAX_STEPS and len(found["validation:loss"]) == 1, found
+    assert list((bases[0] / "output" / "data").glob("*.metrics.jsonl"))
+    print(
+        f"\ntimings: start to first step {first_step - started:.1f} s, SIGTERM to saved and stopped "
+        f"{stopped - signalled:.1f} s, restart to resumed step {resumed - restarted:.1f} s, restart to exported "
+        f"model {finished - restarted:.1f} s, total {finished - started:.1f} s",
+        file=sys.stderr,
+    )

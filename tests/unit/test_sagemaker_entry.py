@@ -1,0 +1,101 @@
+"""The SageMaker entry's pieces without training: the contract read from an /opt/ml-like tree, the training flags
+it builds, and the checkpoint bookkeeping across instances (tests/e2e/test_sagemaker_job.py runs it for real)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dskit import sagemaker_entry
+from dskit.sagemaker_entry import Contract, merge_host_shards, prune_staging, training_args
+from model_utils.errors import ConfigError
+
+
+def tree(base: Path, hps: dict[str, str], channels: tuple[str, ...] = ("model", "train")) -> dict[str, str]:
+    config = base / "input" / "config"
+    config.mkdir(parents=True)
+    resource = {"current_host": "algo-2", "hosts": ["algo-1", "algo-2"], "network_interface_name": "eth0"}
+    (config / "resourceconfig.json").write_text(json.dumps(resource))
+    (config / "hyperparameters.json").write_text(json.dumps(hps))
+    (config / "inputdataconfig.json").write_text(json.dumps({c: {} for c in channels}))
+    return {"DSKIT_SM_BASE": str(base), "SM_NUM_GPUS": "8", "SM_NUM_CPUS": "192"}
+
+
+def test_the_contract_and_the_training_flags(tmp_path: Path) -> None:
+    env = tree(tmp_path, {"config": ".dskit-sagemaker/run.yaml", "max_steps": "100", "lr": "2e-5"})
+    contract = Contract.read(env)
+    assert (contract.hosts, contract.current_host, contract.host_index) == (["algo-1", "algo-2"], "algo-2", 1)
+    assert (contract.gpus, contract.cpus, contract.network_interface) == (8, 192, "eth0")
+    data = tmp_path / "input" / "data"
+    assert contract.channels == {"model": data / "model", "train": data / "train"}
+    assert training_args(contract) == [
+        "--config", ".dskit-sagemaker/run.yaml", "--max_steps", "100", "--lr", "2e-5",
+        "--model", str(data / "model"), "--dataset", str(data / "train"),
+        "--checkpoint_dir", str(tmp_path / "checkpoints"),
+        "--data_cache_dir", str(tmp_path / "input" / "dskit" / "data-cache"),
+    ]  # fmt: skip
+    # The training toolkit's variables win where they are set.
+    toolkit = Contract.read(
+        {**env, "SM_HOSTS": '["a", "b", "c"]', "SM_CURRENT_HOST": "c", "SM_CHANNEL_VALIDATION": "/val"}
+    )
+    assert toolkit.host_index == 2 and toolkit.channels["validation"] == Path("/val")
+    assert training_args(toolkit)[-6:-4] == ["--validation_dataset", "/val"]
+
+
+def test_contract_mistakes_are_config_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"resourceconfig\.json not found: this runs inside a SageMaker"):
+        Contract.read({"DSKIT_SM_BASE": str(tmp_path / "none")})
+    env = tree(tmp_path / "a", {"model": "Qwen/Qwen3-8B"})
+    with pytest.raises(ConfigError, match="hyperparameter model is set by the job"):
+        training_args(Contract.read(env))
+    env = tree(tmp_path / "b", {}, channels=("model",))
+    with pytest.raises(ConfigError, match="no train channel"):
+        training_args(Contract.read(env))
+    env = tree(tmp_path / "c", {})
+    with pytest.raises(ConfigError, match="this host 'algo-9' is not in the job's hosts"):
+        Contract.read({**env, "SM_CURRENT_HOST": "algo-9"})
+
+
+def test_unwritable_paths_name_the_fix(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match=r"file/model is not writable by uid \d+ .*run the image as root"):
+        sagemaker_entry.check_writable([blocker / "model"])
+
+
+def committed(root: Path, tag: str, world: int, ranks: list[int]) -> None:
+    (root / tag).mkdir(parents=True)
+    (root / tag / "dskit_manifest.json").write_text("{}")
+    (root / tag / "launch.json").write_text(json.dumps({"world_size": world}))
+    for r in ranks:
+        (root / tag / f"rng_state_rank{r}.pt").write_text(str(r))
+
+
+def test_other_hosts_files_join_their_tag_and_an_incomplete_tag_is_set_aside(tmp_path: Path) -> None:
+    ck = tmp_path / "checkpoints"
+    committed(ck, "m-4steps", 2, [0])
+    (ck / ".staging-m-4steps").mkdir()
+    (ck / ".staging-m-4steps" / "rng_state_rank1.pt").write_text("1")
+    committed(ck, "m-8steps", 2, [0])  # rank 1's files never arrived
+    (ck / ".staging-m-12steps").mkdir()  # a save that never committed: left for rank 0 to clear
+    done = merge_host_shards(ck)
+    assert done == [
+        "merged 1 files of other hosts into m-4steps",
+        "m-8steps lacks the files of ranks [1] (not synced from their host): set aside as .incomplete-m-8steps",
+    ]
+    assert (ck / "m-4steps" / "rng_state_rank1.pt").read_text() == "1" and not (
+        ck / ".staging-m-4steps"
+    ).exists()
+    assert (ck / ".incomplete-m-8steps").is_dir() and not (ck / "m-8steps").exists()
+    assert (ck / ".staging-m-12steps").is_dir()
+
+
+def test_pruning_keeps_the_newest_staging_dirs(tmp_path: Path) -> None:
+    for step in (5, 10, 15, 20, 25):
+        (tmp_path / f".staging-m-{step}steps").mkdir()
+    prune_staging(tmp_path, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".staging-m-15steps", ".staging-m-20steps", ".staging-m-25steps",
+    ]  # fmt: skip
