@@ -111,7 +111,10 @@ def start(bases: list[Path], port: int, logs: list[Path]) -> list[subprocess.Pop
 def wait_for(pattern: str, log: Path, procs: list[subprocess.Popen], timeout: float = 150) -> float:
     deadline = time.monotonic() + timeout
     while not re.search(pattern, log.read_text()):
-        assert all(p.poll() is None for p in procs), log.read_text()[-4000:]
+        if any(p.poll() is not None for p in procs):  # read once more: it may have printed it and finished
+            text = log.read_text()
+            assert re.search(pattern, text), f"exited without {pattern!r}: " + text[-4000:]
+            break
         assert time.monotonic() < deadline, f"no {pattern!r} within {timeout} s: " + log.read_text()[-4000:]
         time.sleep(0.1)
     return time.monotonic()
