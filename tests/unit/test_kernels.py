@@ -364,12 +364,13 @@ def test_real_probe_on_gpu(tmp_path: Path) -> None:
             "on",
         ]
     )
-    model_config = PRESETS["tiny-qwen3"].build_config()
-    found = autobatch.resolve(cfg, model_config, n_train_blocks=10**6, n_val_blocks=None, world_size=1)
+    settings = preflight.resolve_settings(cfg)
+    model_config = settings.model_config
+    found = autobatch.resolve(settings, n_train_blocks=10**6, n_val_blocks=None, world_size=1)
     assert found >= 1 and found & (found - 1) == 0
     (entry,) = json.loads((tmp_path / autobatch.CACHE_FILE).read_text()).values()
     assert entry["micro_batch_size"] == found and entry["seq_length"] == 256
-    assert autobatch.resolve(cfg, model_config, 3, None, 1) == min(found, 3)  # cached, capped by the data
+    assert autobatch.resolve(settings, 3, None, 1) == min(found, 3)  # cached, capped by the data
     # What was found trains: forward and backward at that size fit beside the ballast.
     probe = autobatch._GpuProbe(model_config, torch.bfloat16, kernels.Plan(True, False), 256, 0)
     with kernels.patches_undone(tiny_model()):  # Liger's module-wide patches must not reach later tests
