@@ -349,10 +349,12 @@ def _check_fsdp_keys(ds: dict[str, Any], path: str) -> None:
             f"fp16 in {path}: --backend fsdp has no loss scaler; use bf16 (a bf16 section) or --backend deepspeed"
         )
     for key, value in ds.items():
-        if key == "fp16":
-            continue  # disabled: nothing to honour
+        if value is False or (isinstance(value, dict) and value.get("enabled") is False):
+            continue  # switched off (e.g. wall_clock_breakdown: false, fp16.enabled: false): nothing to honour
         if key not in FSDP_KEYS:
-            raise ConfigError(f"{key} in {path} is a DeepSpeed-only option --backend fsdp does not honour: {fix}")
+            raise ConfigError(
+                f"{key} in {path} is a DeepSpeed-only option --backend fsdp does not honour: {fix}"
+            )
         allowed = FSDP_KEYS[key]
         if allowed is not None and isinstance(value, dict) and set(value) - allowed:
             extra = sorted(set(value) - allowed)[0]

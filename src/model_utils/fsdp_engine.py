@@ -124,7 +124,9 @@ class FsdpEngine:
         """The global gradient norm before clipping (over every rank's shards), clipping to gradient_clipping."""
         from torch.distributed.tensor import DTensor
 
-        grads = [p.grad for group in self._optimizer.param_groups for p in group["params"] if p.grad is not None]
+        grads = [
+            p.grad for group in self._optimizer.param_groups for p in group["params"] if p.grad is not None
+        ]
         norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()  # the shards' partial norms, reduced over the mesh

@@ -128,7 +128,9 @@ def start_at(scheduler: Any, step: int) -> None:
     elif isinstance(scheduler, LambdaLR) and scheduler.last_epoch != step:
         # A torch scheduler counts completed steps from 0; step k+1 runs at its ratio for k.
         scheduler.last_epoch = step
-        lrs = [base * ratio(step) for base, ratio in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)]
+        lrs = [
+            base * ratio(step) for base, ratio in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)
+        ]
         for group, lr in zip(scheduler.optimizer.param_groups, lrs, strict=True):
             group["lr"] = lr
         scheduler._last_lr = lrs
