@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from model_utils import schedules, startup
 
 # DeepSpeed's global timers (deepspeed.utils.timer): summed over the micro-batches of one optimizer step, and

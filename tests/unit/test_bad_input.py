@@ -134,7 +134,7 @@ CASES = {
             ds_with(t, zero_optimization=None, bf16=None, fp16={"enabled": True}),
         ],
         "--backend fsdp has no loss scaler",
-    ),  # fmt: skip
+    ),
     "DeepSpeed-only key under fsdp": (
         lambda t: [
             "--backend",
@@ -143,7 +143,7 @@ CASES = {
             ds_with(t, zero_optimization=None, activation_checkpointing={"partition_activations": True}),
         ],
         "activation_checkpointing in",
-    ),  # fmt: skip
+    ),
     "fsdp offload under deepspeed": (
         lambda t: ["--fsdp_cpu_offload", "true"],
         "--fsdp_cpu_offload applies to --backend fsdp only",
