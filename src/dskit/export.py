@@ -121,7 +121,12 @@ def _dcp_state_dict(tag_dir: Path, dtype: Any) -> dict[str, Any]:
         if key.startswith("model.") and isinstance(meta, dcp.metadata.TensorStorageMetadata)
     }
     loaded = {"model": wanted}
-    dcp.load(loaded, checkpoint_id=str(dcp_dir), no_dist=True)
+    import warnings
+
+    with warnings.catch_warnings():
+        # "torch.distributed is disabled ... assuming the intent is to load in a single process": it is.
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        dcp.load(loaded, checkpoint_id=str(dcp_dir), no_dist=True)
     return {name: t.to(dtype) if t.is_floating_point() else t for name, t in loaded["model"].items()}
 
 
