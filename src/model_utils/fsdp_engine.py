@@ -41,7 +41,8 @@ def shard(model: torch.nn.Module, device: torch.device, bf16: bool, cpu_offload:
     if bf16:
         policy["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     if cpu_offload:
-        policy["offload_policy"] = CPUOffloadPolicy()
+        # Pinned host memory needs CUDA; CPU ranks (the tests) offload to where they already are, unpinned.
+        policy["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
     layer_types = set(getattr(_hf_model(model), "_no_split_modules", None) or ())
     layers = [m for m in model.modules() if type(m).__name__ in layer_types]
     assert layers, f"no decoder layers ({layer_types}) in {type(model).__name__}"

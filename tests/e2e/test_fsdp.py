@@ -17,6 +17,7 @@ import torch
 
 from model_utils import checkpoint, file_manifest
 from support.metrics_file import step_records
+from support.small_trainer import make_trainer
 from support.torchrun import ENV, run_torchrun, train
 
 pytestmark = pytest.mark.e2e
@@ -152,3 +153,16 @@ def test_kill_during_an_fsdp_save_resumes_from_the_last_verified_checkpoint(poin
     if point == "mid_file":
         staged = list((ckpt / ".staging-tiny_qwen3-6steps" / "dcp").glob("*.distcp"))
         assert staged and min(p.stat().st_size for p in staged) < max(p.stat().st_size for p in staged)
+
+
+def test_cpu_offload_trains_in_process(tmp_path: Path, single_rank) -> None:
+    """--fsdp_cpu_offload: FSDP2's CPUOffloadPolicy (unpinned on CPU ranks) trains and its shards stay on the CPU."""
+    trainer = make_trainer(tmp_path, single_rank, "--backend", "fsdp", "--fsdp_cpu_offload", "true")
+    try:
+        trainer.engine.train()
+        losses = [trainer.step()[1] for _ in range(3)]
+        assert all(loss == loss for loss in losses) and losses[-1] < losses[0], losses
+        assert {p.device.type for p in trainer.engine.module.parameters()} == {"cpu"}
+        assert trainer.engine.optimizer_steps() == 3
+    finally:
+        trainer.close()
