@@ -1,7 +1,7 @@
 """`dskit bench`: the kit's real training path against a plain PyTorch loop, same model, batch and device.
 
 The kit rows build a TrainConfig from training flags, run preflight and the real Trainer (DeepSpeed, the
-configured ZeRO stage and offload, --liger/--compile) with a throwaway checkpoint dir, and time
+configured ZeRO stage and offload, --liger/--compile; `--vary backend=fsdp` adds an FSDP2 row) with a throwaway checkpoint dir, and time
 `Trainer.step()`. The reference is what a hand-written loop gets on the same device: the same model
 config and blocks, bf16 autocast over fp32 weights, torch.optim.AdamW (fused on CUDA), gradient clipping at 1.0
 like the kit's configs, and torch.compile on CUDA (eager on CPU, where compiling costs more than the few steps
@@ -37,7 +37,7 @@ from model_utils import distributed, kernels, metrics, preflight, startup
 from model_utils.arguments import AUTO, LIGER_CHOICES, GuardArgs, parse_args
 from model_utils.assets import TOKENIZER_DIR
 from model_utils.concat_dataset import BlockSampler, DataPosition
-from model_utils.deepspeed_config import load_deepspeed_json
+from model_utils.deepspeed_config import FSDP_CONFIG, load_deepspeed_json
 from model_utils.errors import CommandParser, ConfigError
 from model_utils.log import print0
 
@@ -267,7 +267,7 @@ class Variant:
 
 
 # --vary keys that are the kit's training flags rather than DeepSpeed config keys.
-FLAG_KEYS = ("liger", "compile", "micro_batch_size", "spike_guard")
+FLAG_KEYS = ("liger", "compile", "micro_batch_size", "spike_guard", "backend")
 
 
 def _json_or_text(raw: str) -> Any:
@@ -291,8 +291,11 @@ def vary_variants(base: str, specs: list[str], out_dir: Path) -> list[Variant]:
             )
         for raw in values.split(","):
             if key in FLAG_KEYS:
+                # backend=fsdp of the kit's default ZeRO config: fsdp's own default (the ZeRO section is refused
+                # under fsdp), as training picks it without --deepspeed_config.
+                path = FSDP_CONFIG if (key, raw, base) == ("backend", "fsdp", DEFAULT_CONFIG) else base
                 variants.append(
-                    Variant(base, base, f"{Path(base).name} {key}={raw}", {key: raw}, (f"--{key}", raw))
+                    Variant(path, path, f"{Path(path).name} {key}={raw}", {key: raw}, (f"--{key}", raw))
                 )
                 continue
             ds = load_deepspeed_json(base)

@@ -127,9 +127,12 @@ class ZeroLayout:
     liger: bool = False  # Liger's Triton kernels (--liger), which keep fewer activations
     compile: bool = False  # torch.compile (--compile)
     activation_checkpointing: str = "none"  # --activation_checkpointing: none, full or every_N
+    # --backend fsdp: FSDP2 (stage 0 here; offload_optimizer is --fsdp_cpu_offload, which moves all sharded state)
+    backend: str = "deepspeed"
 
     def __post_init__(self) -> None:
-        check_zero(self.stage, self.offload_optimizer, self.offload_params)
+        if self.backend != "fsdp":
+            check_zero(self.stage, self.offload_optimizer, self.offload_params)
         every_n_layers(self.activation_checkpointing)  # a ConfigError naming the accepted forms
         for name in ("nodes", "ranks_per_node", "micro_batch_size", "gradient_accumulation_steps"):
             if getattr(self, name) < 1:
@@ -155,6 +158,9 @@ class ZeroLayout:
             "optimizer+params": "optimizer and parameters offloaded to CPU",
             "params": "parameters offloaded to CPU",
         }[self.offload]
+        if self.backend == "fsdp":
+            where = "sharded state offloaded to CPU" if self.offload_optimizer else "no offload"
+            return f"FSDP2, {where}, micro batch {self.micro_batch_size}"
         pinned = " (pinned)" if self.pin_memory and self.offload != "none" else ""
         return f"ZeRO-{self.stage}, {where}{pinned}, micro batch {self.micro_batch_size}"
 
@@ -316,7 +322,76 @@ def _activations(m: ModelShape, lay: ZeroLayout) -> tuple[int, int, str, str]:
     return layers, logits, layers_how, logits_how
 
 
+def estimate_fsdp(m: ModelShape, lay: ZeroLayout) -> MemoryEstimate:
+    """FSDP2 (--backend fsdp), kept simple: every rank holds 1/N of the fp32 master parameters, their fp32
+    gradients and Adam's m and v (16 bytes per trainable parameter / N; LoRA: the frozen base's 4 bytes / N only),
+    plus, during compute, the running decoder layer and the prefetched next one gathered in the compute dtype,
+    and the running layer's unsharded fp32 gradient before its reduce-scatter. With accumulation the unsharded
+    gradients of the whole model stay between micro-batches (no reduce until the last). --fsdp_cpu_offload moves
+    the shards (parameters, gradients, optimizer) to host RAM; the gathered layers stay on the GPU."""
+    P, N, b = m.total_params, lay.world_size, lay.dtype_bytes
+    T = m.trainable_params if m.trainable_params is not None else P
+    L = m.largest_layer_params
+    off = lay.offload_optimizer
+    shard_p, shard_t = _ceil_div(P, N), _ceil_div(T, N)
+    params = (0 if off else 4 * shard_p) + 2 * b * L
+    params_how = ("" if off else f"fp32 1/{N} shard + ") + "2 layers gathered (running, prefetched)"
+    grads = (0 if off else 4 * shard_t) + 4 * min(L, T)
+    grads_how = ("" if off else f"fp32 1/{N} shard + ") + "the running layer's unsharded fp32 gradient"
+    if lay.gradient_accumulation_steps > 1:
+        grads += b * T
+        grads_how += "; unsharded gradients kept between micro-batches"
+    optim = 0 if off else 8 * shard_t
+    optim_how = "on the CPU" if off else f"Adam m, v of a 1/{N} shard (the shard is the fp32 master)"
+    layers, logits, layers_how, logits_how = _activations(m, lay)
+    device_total = params + grads + optim + layers + logits + CUDA_RUNTIME_BYTES
+    device_lines = (
+        Line("parameters", params, params_how),
+        Line("gradients", grads, grads_how),
+        Line("optimizer states", optim, optim_how),
+        Line("activations", layers, layers_how),
+        Line("logits + loss", logits, logits_how),
+        Line("buffers", 0, "FSDP2's all-gather and reduce-scatter buffers are the layers counted above"),
+        Line("CUDA context + NCCL", CUDA_RUNTIME_BYTES, "approximate"),
+    )
+    ranks = lay.ranks_per_node
+    build = int(ranks * 4 * P * BUILD_BUFFER_FACTOR)  # built in fp32 on every rank before sharding
+    offload = ranks * (4 * shard_p + 12 * shard_t) if off else 0
+    processes = ranks * PROCESS_BASELINE_BYTES
+    host_lines = (
+        Line(
+            "model build (transient)", build, f"{ranks} x {P / 1e6:.2f}M params x 4 B x {BUILD_BUFFER_FACTOR}"
+        ),
+        Line(
+            "offload (steady)",
+            offload,
+            f"{ranks} x (fp32 shard, its gradients, Adam m and v)" if off else "nothing offloaded",
+        ),
+        Line("processes", processes, f"{ranks} x {PROCESS_BASELINE_BYTES / GiB:g} GiB (approximate)"),
+    )
+    return MemoryEstimate(
+        model=m,
+        layout=lay,
+        parameters=params,
+        gradients=grads,
+        optimizer_states=optim,
+        activations=layers,
+        logits=logits,
+        buffers=0,
+        cuda_runtime=CUDA_RUNTIME_BYTES,
+        device_bytes_per_rank=device_total,
+        host_model_build=build,
+        host_offload=offload,
+        host_processes=processes,
+        host_bytes_per_node=max(build, offload) + processes,
+        device_lines=device_lines,
+        host_lines=host_lines,
+    )
+
+
 def estimate(m: ModelShape, lay: ZeroLayout) -> MemoryEstimate:
+    if lay.backend == "fsdp":
+        return estimate_fsdp(m, lay)
     P, N, b = m.total_params, lay.world_size, lay.dtype_bytes
     part = _ceil_div(P, N)  # each rank's partition of the flat parameter buffer
     L, big = m.largest_layer_params, m.largest_param
@@ -575,6 +650,8 @@ def _resolve(
         liger=on_gpus and resolve_liger(cfg.model.liger, str(getattr(model_config, "model_type", ""))),
         compile=bool(cfg.model.compile),
         activation_checkpointing=cfg.model.activation_checkpointing,
+        backend=ds.backend,
+        offload_optimizer=layout.offload_optimizer or ds.fsdp_cpu_offload,
     )
     source = settings.source
     shape = model_shape(model_config, source.name, source.preset is not None, layout.dtype_bytes)
@@ -713,7 +790,13 @@ def recommend(shape: ModelShape, layout: ZeroLayout, cap: Capacity) -> Recommend
         )
     batches = [2**k for k in range(int(math.log2(MAX_MICRO_BATCH)) + 1)]
     nearest_faster: str | None = None  # why the layout just faster than the chosen one does not fit
-    for offload, checkpointing, stage in _candidates(shape.num_layers):
+    fsdp = layout.backend == "fsdp"
+    candidates = _candidates(shape.num_layers)
+    if fsdp:  # FSDP2 has no stages: no offload before --fsdp_cpu_offload, each with the checkpointing levels
+        candidates = list(
+            dict.fromkeys((o, level, 0) for o, level, _ in candidates if o in ("none", "optimizer"))
+        )
+    for offload, checkpointing, stage in candidates:
         base = dataclasses.replace(
             layout,
             stage=stage,
@@ -732,7 +815,7 @@ def recommend(shape: ModelShape, layout: ZeroLayout, cap: Capacity) -> Recommend
         why = (
             f"the fastest that fits ({nearest_faster})"
             if nearest_faster
-            else "the fastest: nothing offloaded, the lowest ZeRO stage"
+            else "the fastest: nothing offloaded" + ("" if fsdp else ", the lowest ZeRO stage")
         )
         reason = (
             f"{why}; {best} is the largest micro batch (powers of two up to {MAX_MICRO_BATCH}) within "
@@ -752,9 +835,9 @@ def recommend(shape: ModelShape, layout: ZeroLayout, cap: Capacity) -> Recommend
         shape,
         dataclasses.replace(
             layout,
-            stage=3,
+            stage=0 if fsdp else 3,
             offload_optimizer=True,
-            offload_params=True,
+            offload_params=not fsdp,
             micro_batch_size=1,
             activation_checkpointing="full",
         ),
@@ -835,7 +918,7 @@ def _default_gpus_per_node() -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from model_utils.arguments import LIGER_CHOICES, DataArgs, ModelArgs, OptimArgs
+    from model_utils.arguments import BACKENDS, LIGER_CHOICES, DataArgs, ModelArgs, OptimArgs
 
     parser = CommandParser(
         prog="dskit estimate",
@@ -853,6 +936,18 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="GPUs (ranks) per node (default: this machine's, else 8)",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default=OptimArgs.backend,
+        help="the training engine: deepspeed (ZeRO) or fsdp (FSDP2's memory model, docs/fsdp.md) "
+        f"(default: {OptimArgs.backend})",
+    )
+    parser.add_argument(
+        "--fsdp_cpu_offload",
+        action="store_true",
+        help="--backend fsdp: the sharded parameters, gradients and optimizer state in host RAM",
     )
     parser.add_argument(
         "--zero_stage", type=int, default=None, help="ZeRO stage 0-3 (default: the DeepSpeed config's)"
@@ -929,7 +1024,18 @@ def main(argv: list[str]) -> int:
     if ns.zero_stage is not None:  # fail before loading the model; stages from the file are checked later
         offload = ns.offload or "none"
         check_zero(ns.zero_stage, offload != "none", offload == "optimizer+params")
-    optim = {"deepspeed_config": ns.deepspeed_config}
+    if ns.backend == "fsdp" and (ns.zero_stage is not None or ns.offload is not None):
+        flag = "--zero_stage" if ns.zero_stage is not None else "--offload"
+        raise ConfigError(
+            f"{flag} is DeepSpeed's ZeRO: under --backend fsdp use --fsdp_cpu_offload, or drop it"
+        )
+    explicit = {"micro_batch_size"} if ns.micro_batch_size is not None else set()
+    optim: dict[str, Any] = {"deepspeed_config": ns.deepspeed_config, "backend": ns.backend}
+    if ns.deepspeed_config != OptimArgs.deepspeed_config:
+        explicit.add("deepspeed_config")  # under fsdp the default is its own config (deepspeed/fsdp.json)
+    if ns.fsdp_cpu_offload:
+        optim["fsdp_cpu_offload"] = True
+        explicit.add("fsdp_cpu_offload")
     if ns.micro_batch_size is not None:
         optim["micro_batch_size"] = ns.micro_batch_size
     cfg = TrainConfig(
@@ -944,7 +1050,7 @@ def main(argv: list[str]) -> int:
             }
         ),
         # A flag given explicitly must agree with an explicit key in the DeepSpeed config, as in training.
-        explicit=frozenset({"micro_batch_size"} if ns.micro_batch_size is not None else set()),
+        explicit=frozenset(explicit),
     )
     settings = preflight.resolve_settings(cfg)
     ranks = ns.gpus_per_node if ns.gpus_per_node is not None else _default_gpus_per_node()

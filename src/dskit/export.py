@@ -1,4 +1,5 @@
-"""`dskit export`: a DeepSpeed ZeRO checkpoint tag -> a Hugging Face model dir (safetensors, config, tokenizer).
+"""`dskit export`: a DeepSpeed ZeRO or FSDP (DCP) checkpoint tag -> a Hugging Face model dir (safetensors, config,
+tokenizer).
 
 The weights come from ZeRO's fp32 master copy (the optimizer shards), not from the 16-bit module weights: for
 ZeRO-3 those are partitioned, and the masters are what training would continue from. The model's architecture
@@ -20,6 +21,10 @@ Memory (P = parameter count; "copies" are of the full weights):
     (DeepSpeed saves them beside the adapters' fp32 masters), every tensor in fp32, so the merge W + B A alpha/r
     is rounded to the output dtype once: 4 B/P at peak plus the output.
 
+  * FSDP (--backend fsdp): the tag's dcp/ shards hold the fp32 masters; they are read in this one process
+    (torch.distributed.checkpoint with no_dist) into full fp32 tensors (4 B/P), then cast: 4 B/P plus the
+    output at peak.
+
 Every tensor is checked to hold its full shape's elements before anything is written: a ZeRO-3 parameter
 saved while partitioned (what a plain save_pretrained of a live ZeRO-3 PeftModel writes: 0-element adapters)
 is refused, not exported.
@@ -35,7 +40,7 @@ from typing import Any
 
 from model_utils import file_manifest, launch_record, lora, startup
 from model_utils.arguments import LoraArgs
-from model_utils.checkpoint import HF_CONFIG_DIR, is_tag_dir, newest_verified
+from model_utils.checkpoint import FSDP_DCP_DIR, HF_CONFIG_DIR, is_fsdp_tag, is_tag_dir, newest_verified
 from model_utils.errors import CommandParser, ConfigError, first_line
 
 DTYPES = ("bf16", "fp32")
@@ -67,7 +72,13 @@ def _check_tag(tag_dir: Path) -> Path:
         raise ConfigError(
             f"checkpoint {tag_dir} is incomplete or damaged ({problem}): export an older tag of that run"
         )
-    if not any(tag_dir.glob("*optim_states.pt")):
+    if is_fsdp_tag(tag_dir):
+        if not (tag_dir / FSDP_DCP_DIR / ".metadata").is_file():
+            raise ConfigError(
+                f"checkpoint {tag_dir} has no {FSDP_DCP_DIR}/.metadata: its Distributed Checkpoint shards are "
+                "missing; export another tag"
+            )
+    elif not any(tag_dir.glob("*optim_states.pt")):
         raise ConfigError(
             f"checkpoint {tag_dir} has no *optim_states.pt: export needs ZeRO's fp32 master weights, "
             "saved with the optimizer state; export another tag"
@@ -95,8 +106,34 @@ def _torch_dtype(dtype: str) -> Any:
     return {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
 
 
+def _dcp_state_dict(tag_dir: Path, dtype: Any) -> dict[str, Any]:
+    """An FSDP tag's weights: DCP's shards read into full tensors in this one process (no process group:
+    `no_dist`), whatever world size wrote them. The shards hold the fp32 masters; each is cast after reading."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    dcp_dir = tag_dir / FSDP_DCP_DIR
+    metadata = dcp.FileSystemReader(str(dcp_dir)).read_metadata().state_dict_metadata
+    # The engine saved {"model": ..., "optim": ...}; DCP flattens the keys to "model.<name>".
+    wanted = {
+        key.removeprefix("model."): torch.empty(meta.size, dtype=meta.properties.dtype)
+        for key, meta in metadata.items()
+        if key.startswith("model.") and isinstance(meta, dcp.metadata.TensorStorageMetadata)
+    }
+    loaded = {"model": wanted}
+    import warnings
+
+    with warnings.catch_warnings():
+        # "torch.distributed is disabled ... assuming the intent is to load in a single process": it is.
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        dcp.load(loaded, checkpoint_id=str(dcp_dir), no_dist=True)
+    return {name: t.to(dtype) if t.is_floating_point() else t for name, t in loaded["model"].items()}
+
+
 def _state_dict(load_dir: Path, tag: str, dtype: Any) -> dict[str, Any]:
     """The consolidated fp32 weights, each materialised and cast one tensor at a time (see the module doc)."""
+    if is_fsdp_tag(load_dir / tag):
+        return _dcp_state_dict(load_dir / tag, dtype)
     startup.import_deepspeed()
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 

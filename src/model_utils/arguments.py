@@ -30,6 +30,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 AUTO = "auto"
 CONFIG = "config"  # --config RUN.yaml: the run file (run_file.py), not a field: it sets the fields
 LIGER_CHOICES = (AUTO, "on", "off")
+BACKENDS = ("deepspeed", "fsdp")
 
 
 def _flag(help: str, **extra: Any) -> dict[str, Any]:
@@ -140,6 +141,20 @@ class DataArgs:
 
 @dataclass(frozen=True)
 class OptimArgs:
+    backend: str = field(
+        default="deepspeed",
+        metadata=_flag(
+            "the training engine: 'deepspeed' (ZeRO, from the DeepSpeed config) or 'fsdp' (PyTorch FSDP2, "
+            "sharded checkpoints in Distributed Checkpoint format; docs/fsdp.md)"
+        ),
+    )
+    fsdp_cpu_offload: bool = field(
+        default=False,
+        metadata=_flag(
+            "--backend fsdp: keep the sharded parameters, gradients and optimizer state in CPU memory "
+            "(FSDP2's CPUOffloadPolicy; the optimizer steps on the CPU)"
+        ),
+    )
     deepspeed_config: str = field(
         default="deepspeed/ds_config.json",
         metadata=_flag(
@@ -191,6 +206,10 @@ class OptimArgs:
     )
 
     def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            close = difflib.get_close_matches(self.backend, BACKENDS, n=1)
+            hint = f"did you mean {close[0]}?" if close else f"use one of {', '.join(BACKENDS)}"
+            raise ConfigError(f"--backend {self.backend!r} is not a training engine: {hint}")
         for name in ("micro_batch_size", "gradient_accumulation_steps"):
             value = getattr(self, name)
             if not (name == "micro_batch_size" and value == AUTO) and value < 1:
@@ -536,6 +555,11 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         reject_both_given(self.explicit)
+        if "fsdp_cpu_offload" in self.explicit and self.optim.backend != "fsdp":
+            raise ConfigError(
+                "--fsdp_cpu_offload applies to --backend fsdp only: under DeepSpeed, offload is the DeepSpeed "
+                "config's zero_optimization.offload_optimizer (e.g. deepspeed/ds_config.json)"
+            )
         wsd_only = sorted(
             f"--{f}" for f in ("decay_fraction", "decay_type", "decay_from_step") if f in self.explicit
         )

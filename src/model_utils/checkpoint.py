@@ -13,7 +13,8 @@ or without a manifest, is skipped with a warning naming it; a `latest` that is e
 is reported and ignored the same way.
 
 Layout of a tag: the engine's files (DeepSpeed: mp_rank_00_model_states.pt with our client state, one optimizer
-shard per rank), rng_state_rank<R>.pt, hf_config/ (model config and tokenizer, for export), launch.json (how the
+shard per rank; FSDP: dcp/ with one .distcp shard file per rank and DCP's .metadata, and fsdp_client_state.pt
+with our client state and the lr scheduler's), rng_state_rank<R>.pt, hf_config/ (model config and tokenizer, for export), launch.json (how the
 run was launched, and the resolved run) and dskit_manifest.json, written last.
 """
 
@@ -45,6 +46,10 @@ MODEL_STATES = "mp_rank_00_model_states.pt"
 HF_CONFIG_DIR = "hf_config"
 LAUNCH_FILE = "launch.json"
 STAGING_PREFIX = ".staging-"
+# The FSDP engine's files in a tag (fsdp_engine.py): DCP shards of model and optimizer, and rank 0's small file of
+# scheduler and client state.
+FSDP_DCP_DIR = "dcp"
+FSDP_STATE_FILE = "fsdp_client_state.pt"
 # A tag converted for another world size (universal layout): `<tag>-universal`, never itself a resume candidate
 # (its name is no tag's), kept while its source tag is.
 UNIVERSAL_SUFFIX = "-universal"
@@ -89,9 +94,14 @@ class ResumeTarget:
 
 
 def is_tag_dir(path: Path) -> bool:
-    """Whether path is one checkpoint (a tag dir), not a dir of them. ZeRO-1/2 write
-    mp_rank_00_model_states.pt, ZeRO-3 zero_pp_rank_*_mp_rank_00_model_states.pt."""
-    return path.is_dir() and any(path.glob("*model_states.pt"))
+    """Whether path is one checkpoint (a tag dir), not a dir of them, of either engine. DeepSpeed ZeRO-1/2 write
+    mp_rank_00_model_states.pt, ZeRO-3 zero_pp_rank_*_mp_rank_00_model_states.pt; FSDP fsdp_client_state.pt."""
+    return path.is_dir() and (any(path.glob("*model_states.pt")) or is_fsdp_tag(path))
+
+
+def is_fsdp_tag(path: Path) -> bool:
+    """A tag saved by the FSDP engine (DCP shards), not by DeepSpeed."""
+    return (path / FSDP_STATE_FILE).is_file()
 
 
 def _tags_newest_first(root: Path) -> list[str]:
@@ -162,7 +172,9 @@ def _inject_fault(point: str, tag_dir: Path | None = None) -> None:
         return
     if point == "mid_file" and tag_dir is not None:
         # What a kill during a write leaves behind: a file cut short.
-        victim = max((p for p in tag_dir.iterdir() if p.suffix == ".pt"), key=lambda p: p.stat().st_size)
+        # (the largest shard: DeepSpeed's .pt files, DCP's .distcp files)
+        shards = (p for p in tag_dir.rglob("*") if p.suffix in (".pt", ".distcp"))
+        victim = max(shards, key=lambda p: p.stat().st_size)
         with victim.open("r+b") as f:
             f.truncate(victim.stat().st_size // 2)
     os.kill(os.getpid(), signal.SIGKILL)

@@ -32,6 +32,20 @@ MICRO_BATCH_KEY = ("train_micro_batch_size_per_gpu",)
 WARMUP_KEY = ("scheduler", "params", "warmup_num_steps")
 TOTAL_STEPS_KEY = ("scheduler", "params", "total_num_steps")
 PRECISIONS = ("bf16", "fp16")
+# --backend fsdp without --deepspeed_config (or a run file's deepspeed section): the kit's config without ZeRO.
+FSDP_CONFIG = "deepspeed/fsdp.json"
+# What the FSDP engine reads of a DeepSpeed-format config; anything else there is DeepSpeed-only and refused.
+FSDP_KEYS = {
+    "train_micro_batch_size_per_gpu": None,
+    "gradient_accumulation_steps": None,
+    "gradient_clipping": None,
+    "optimizer": None,
+    "scheduler": None,
+    "bf16": {"enabled"},
+    "steps_per_print": None,  # DeepSpeed's logging cadence: nothing to honour, harmless
+}
+FSDP_OPTIMIZERS = ("AdamW", "Adam")  # both run as torch AdamW (DeepSpeed's Adam is AdamW by default too)
+FSDP_OPTIMIZER_PARAMS = {"lr", "betas", "eps", "weight_decay"}
 COSINE_TYPE = "WarmupCosineLR"
 COSINE_SECTION = {
     "type": COSINE_TYPE,
@@ -50,6 +64,8 @@ class DeepSpeedSettings:
     """What trains, after the flags and the DeepSpeed file are merged. Never mutated: `build` copies."""
 
     path: str
+    backend: str  # deepspeed or fsdp (--backend): which engine reads this config
+    fsdp_cpu_offload: bool  # --backend fsdp: FSDP2's CPUOffloadPolicy (--fsdp_cpu_offload)
     micro_batch_size: int | str  # AUTO until rank 0 probes its GPU (preflight on the ranks)
     gradient_accumulation_steps: int
     lr: float
@@ -77,6 +93,13 @@ class DeepSpeedSettings:
         import torch
 
         return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[self.precision]
+
+    def model_dtype(self) -> Any:
+        """The dtype the model is built in: DeepSpeed's training precision (it keeps fp32 masters in its
+        optimizer); fp32 under FSDP, whose sharded parameters are the masters (bf16 is its compute policy)."""
+        import torch
+
+        return torch.float32 if self.backend == "fsdp" else self.torch_dtype()
 
     def warmup_steps_for(self, total_steps: int) -> int | None:
         """The schedule's warm-up for a run of total_steps (--warmup_ratio of it, or --warmup_steps): never
@@ -220,11 +243,16 @@ def _set(d: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
 
 def resolve(cfg: TrainConfig) -> DeepSpeedSettings:
     """Merge the flags into the DeepSpeed file and validate the result with DeepSpeed's own config class."""
+    fsdp = cfg.optim.backend == "fsdp"
     if cfg.deepspeed_inline is not None:
         path, ds = "the run file's deepspeed section", json.loads(cfg.deepspeed_inline)
     else:
         path = cfg.optim.deepspeed_config
+        if fsdp and "deepspeed_config" not in cfg.explicit:
+            path = FSDP_CONFIG  # the default ZeRO config is DeepSpeed's; fsdp has its own default
         ds = load_deepspeed_json(path)
+    if fsdp:
+        _check_fsdp_keys(ds, path)
     if "train_batch_size" in ds and ds["train_batch_size"] != AUTO:
         raise ConfigError(
             f"{path} sets train_batch_size: remove it (DeepSpeed derives it from micro batch x accumulation x ranks)"
@@ -285,6 +313,8 @@ def resolve(cfg: TrainConfig) -> DeepSpeedSettings:
     zero_stage = int(zero.get("stage", 0)) if isinstance(zero, dict) else 0
     return DeepSpeedSettings(
         path=path,
+        backend=cfg.optim.backend,
+        fsdp_cpu_offload=cfg.optim.fsdp_cpu_offload,
         micro_batch_size=trains["micro_batch_size"],
         gradient_accumulation_steps=int(trains["gradient_accumulation_steps"]),
         lr=float(trains["lr"]),
@@ -298,9 +328,50 @@ def resolve(cfg: TrainConfig) -> DeepSpeedSettings:
         decay_fraction=cfg.optim.decay_fraction,
         decay_type=cfg.optim.decay_type,
         decay_from_step=cfg.optim.decay_from_step,
-        discards_nonfinite_steps=_discards_nonfinite_steps(ds, precision, zero_stage),
+        # The FSDP engine steps its optimizer itself: it can always leave a step out.
+        discards_nonfinite_steps=fsdp or _discards_nonfinite_steps(ds, precision, zero_stage),
         _checked=ds,
     )
+
+
+def _check_fsdp_keys(ds: dict[str, Any], path: str) -> None:
+    """--backend fsdp reads the optimizer, scheduler, clipping, batch and bf16 of a DeepSpeed-format config; a
+    DeepSpeed-only option set there (ZeRO, offload, fp16's loss scaler, ...) would be silently ignored: refused."""
+    fix = "remove it or train with --backend deepspeed (docs/fsdp.md lists what fsdp reads)"
+    if "zero_optimization" in ds:
+        raise ConfigError(
+            f"zero_optimization in {path} is DeepSpeed's ZeRO, which --backend fsdp does not run (FSDP2 shards "
+            "parameters, gradients and optimizer state itself): remove the section (CPU offload under fsdp: "
+            "--fsdp_cpu_offload) or train with --backend deepspeed"
+        )
+    if isinstance(ds.get("fp16"), dict) and ds["fp16"].get("enabled"):
+        raise ConfigError(
+            f"fp16 in {path}: --backend fsdp has no loss scaler; use bf16 (a bf16 section) or --backend deepspeed"
+        )
+    for key, value in ds.items():
+        if value is False or (isinstance(value, dict) and value.get("enabled") is False):
+            continue  # switched off (e.g. wall_clock_breakdown: false, fp16.enabled: false): nothing to honour
+        if key not in FSDP_KEYS:
+            raise ConfigError(
+                f"{key} in {path} is a DeepSpeed-only option --backend fsdp does not honour: {fix}"
+            )
+        allowed = FSDP_KEYS[key]
+        if allowed is not None and isinstance(value, dict) and set(value) - allowed:
+            extra = sorted(set(value) - allowed)[0]
+            raise ConfigError(f"{key}.{extra} in {path} is DeepSpeed-only under --backend fsdp: {fix}")
+    optimizer = ds.get("optimizer")
+    if isinstance(optimizer, dict):
+        if optimizer.get("type") not in FSDP_OPTIMIZERS:
+            raise ConfigError(
+                f"optimizer type {optimizer.get('type')!r} in {path}: --backend fsdp trains with torch AdamW "
+                f"(type {' or '.join(FSDP_OPTIMIZERS)}); change the type or train with --backend deepspeed"
+            )
+        extra = sorted(set(optimizer.get("params", {})) - FSDP_OPTIMIZER_PARAMS)
+        if extra:
+            raise ConfigError(
+                f"optimizer.params.{extra[0]} in {path} is DeepSpeed-only under --backend fsdp (torch AdamW takes "
+                f"{', '.join(sorted(FSDP_OPTIMIZER_PARAMS))}): remove it"
+            )
 
 
 def _check_schedule_flags_apply(cfg: TrainConfig, ds: dict[str, Any], path: str, schedule: str) -> None:

@@ -10,9 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.optim.lr_scheduler import LambdaLR
 
-from model_utils import startup
+from model_utils import schedules, startup
 
 # DeepSpeed's global timers (deepspeed.utils.timer): summed over the micro-batches of one optimizer step, and
 # reset at its accumulation boundary. Its *_microstep timers hold the last micro-batch only.
@@ -22,6 +21,9 @@ DISCARDED_KEY = "dskit_discarded_steps"
 
 
 class DeepSpeedEngine:
+    # A checkpoint of another world size goes through convert_universal first (trainer._load).
+    reshards_on_load = False
+
     def __init__(
         self,
         model: torch.nn.Module,
@@ -105,21 +107,7 @@ class DeepSpeedEngine:
         return {name: float(cache[name]) for name in WALL_CLOCK_TIMERS if name in cache}
 
     def start_schedule_at(self, step: int) -> None:
-        # DeepSpeed's warm-up schedulers start at iteration -1, i.e. lr 0 for the first optimizer step; step k
-        # should run at iteration k-1 (the warm-up minimum ratio for step 1).
-        scheduler = self._engine.lr_scheduler
-        if scheduler is not None and hasattr(scheduler, "last_batch_iteration"):
-            scheduler.step(step)
-        elif isinstance(scheduler, LambdaLR) and scheduler.last_epoch != step:
-            # A torch scheduler counts completed steps from 0; step k+1 runs at its ratio for k.
-            scheduler.last_epoch = step
-            lrs = [
-                base * ratio(step)
-                for base, ratio in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)
-            ]
-            for group, lr in zip(scheduler.optimizer.param_groups, lrs, strict=True):
-                group["lr"] = lr
-            scheduler._last_lr = lrs
+        schedules.start_at(self._engine.lr_scheduler, step)
 
     def save(self, tag_dir: Path, client_state: dict[str, Any]) -> None:
         state = {

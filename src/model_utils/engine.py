@@ -1,6 +1,6 @@
 """The engine seam: what the trainer and the checkpoint protocol need of a training engine.
 
-DeepSpeed (deepspeed_engine.py) is the one implementation today. The crash-safe checkpoint protocol (staging,
+DeepSpeed (deepspeed_engine.py) and PyTorch FSDP2 (fsdp_engine.py, --backend fsdp) implement it. The crash-safe checkpoint protocol (staging,
 manifest, atomic rename, `latest`, verified resume, rotation, S3) sits above this seam in checkpoint.py, so
 another engine only has to write and read its own sharded state inside the directory it is given.
 """
@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 
 
 class Engine(Protocol):
     module: torch.nn.Module  # the model being trained (for export and for counting parameters)
+    # True: load() reads a checkpoint of any world size, optimizer state included (FSDP's DCP); False: one of
+    # another world size is rewritten by convert_universal first (DeepSpeed).
+    reshards_on_load: ClassVar[bool]
 
     def train_step(
         self, micro_batches: list[torch.Tensor], keep: Callable[[torch.Tensor], bool] | None = None
@@ -73,7 +76,8 @@ class Engine(Protocol):
     @staticmethod
     def convert_universal(source: Path, output: Path) -> str:
         """Rewrite the checkpoint in `source` into `output` so that load(output, universal=True) restores it,
-        optimizer and scheduler state included, at any world size. One process; returns its chatter."""
+        optimizer and scheduler state included, at any world size. One process; returns its chatter. Called
+        only for an engine that does not reshard on load."""
         ...
 
     def close(self) -> None:

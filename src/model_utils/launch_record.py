@@ -1,9 +1,10 @@
 """How a run was launched, saved beside every checkpoint, and what a resume may and may not change.
 
 A resume with another model architecture or sequence length is refused (the weights or the data position would
-not mean the same thing). A different world size is allowed: the trainer converts the checkpoint to DeepSpeed's
-universal layout once and resumes it whole (checkpoint.convert_universal), or loads the weights alone when the
-optimizer's parameter groups changed too or the conversion fails, with a warning.
+not mean the same thing). A different world size is allowed: the trainer converts a DeepSpeed checkpoint to DeepSpeed's
+universal layout once and resumes it whole (checkpoint.convert_universal; an FSDP checkpoint reshards on load),
+or loads the weights alone when the optimizer's parameter groups changed too or the conversion fails, with a
+warning. A checkpoint of the other --backend is refused.
 """
 
 from __future__ import annotations
@@ -88,10 +89,20 @@ def check_resume(
     seq_length: int,
     world_size: int | None,
     optimizer_groups: list[list[int]] | None = None,
+    backend: str | None = None,
 ) -> str | None:
     """Raise on an incompatible resume. Return why only the weights can be loaded (another world size, or
     another layout of the optimizer's parameter groups), else None. world_size and optimizer_groups None: not
-    known yet, as in `dskit prepare`."""
+    known yet, as in `dskit prepare`. backend: --backend, checked against the engine that wrote the tag."""
+    if backend is not None:
+        from model_utils.checkpoint import is_fsdp_tag
+
+        saved_backend = "fsdp" if is_fsdp_tag(tag_dir) else "deepspeed"
+        if saved_backend != backend:
+            raise ConfigError(
+                f"checkpoint {tag_dir} was saved by --backend {saved_backend}, not {backend}: resume with --backend "
+                f"{saved_backend}, or start a new --checkpoint_dir from its weights (dskit export, then --model)"
+            )
     saved_config_path = tag_dir / "hf_config" / "config.json"
     if saved_config_path.is_file():
         saved = json.loads(saved_config_path.read_text())

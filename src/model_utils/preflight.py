@@ -54,6 +54,7 @@ class RunSettings:
             "gradient_accumulation_steps": ds.gradient_accumulation_steps,
             "lr": ds.lr,
             "warmup_steps": ds.warmup_steps,
+            "backend": ds.backend,
             "precision": ds.precision,
             "zero_stage": ds.zero_stage,
             "spike_guard": self.spike_guard,
@@ -246,7 +247,13 @@ def prepare(
     _check_profile_steps(cfg, cfg.loop.max_steps if cfg.loop.epochs is None else None)
     resume = decide_once(lambda: _select_resume(cfg))
     if resume is not None:  # refuse another architecture or block length before any data work
-        launch_record.check_resume(resume.path, settings.model_config, settings.seq_length, world_size=None)
+        launch_record.check_resume(
+            resume.path,
+            settings.model_config,
+            settings.seq_length,
+            world_size=None,
+            backend=cfg.optim.backend,
+        )
         lora.check_resume(resume.path, cfg.lora)
     tokenizer = models.load_tokenizer(settings.source, cfg.model.tokenizer)
     models.check_vocab(tokenizer, settings.model_config)

@@ -102,3 +102,35 @@ def deepspeed_lr_at(scheduler_section: dict[str, Any], peak_lr: float, iteration
         scheduler.step(iteration)
         out.append(float(optimizer.param_groups[0]["lr"]))
     return out
+
+
+def deepspeed_scheduler(scheduler_section: dict[str, Any], optimizer: Any) -> Any:
+    """DeepSpeed's own scheduler class (cosine, constant) on any torch optimizer, constructed at iteration -1 as
+    deepspeed.initialize does: what the FSDP engine runs, so both engines train the same lr."""
+    from model_utils import startup
+
+    startup.import_deepspeed()
+    from deepspeed.runtime import lr_schedules
+
+    with startup.schedule_start_unlogged():
+        return getattr(lr_schedules, scheduler_section["type"])(optimizer, **scheduler_section["params"])
+
+
+def start_at(scheduler: Any, step: int) -> None:
+    """Position a scheduler (DeepSpeed's or the kit's LambdaLR) for optimizer step `step + 1`: every engine's
+    start_schedule_at (fresh starts and weights-only resumes)."""
+    from torch.optim.lr_scheduler import LambdaLR
+
+    # DeepSpeed's warm-up schedulers start at iteration -1, i.e. lr 0 for the first optimizer step; step k
+    # should run at iteration k-1 (the warm-up minimum ratio for step 1).
+    if scheduler is not None and hasattr(scheduler, "last_batch_iteration"):
+        scheduler.step(step)
+    elif isinstance(scheduler, LambdaLR) and scheduler.last_epoch != step:
+        # A torch scheduler counts completed steps from 0; step k+1 runs at its ratio for k.
+        scheduler.last_epoch = step
+        lrs = [
+            base * ratio(step) for base, ratio in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)
+        ]
+        for group, lr in zip(scheduler.optimizer.param_groups, lrs, strict=True):
+            group["lr"] = lr
+        scheduler._last_lr = lrs

@@ -89,12 +89,12 @@ def new_run_id(short_name: str) -> str:
 
 
 def create_engine(run: ResolvedRun, dist: DistInfo) -> tuple[Engine, param_groups.DecayGroups]:
-    """The model in the training dtype, with the planned kernels, inside the engine; and its decay groups."""
-    from model_utils.deepspeed_engine import DeepSpeedEngine
-
+    """The model in the training dtype, with the planned kernels, inside the engine (--backend); and its decay
+    groups."""
     cfg = run.config
+    ds = run.settings.deepspeed
     # Weights are identical on every rank (one seed); data order and dropout differ per rank.
-    model = build_model(run.source, run.model_config, cfg.loop.seed, run.settings.deepspeed.torch_dtype())
+    model = build_model(run.source, run.model_config, cfg.loop.seed, ds.model_dtype())
     # Before Liger swaps modules and compile traces: the per-layer switch is set once on the plain model.
     activation_checkpointing.apply(model, cfg.model.activation_checkpointing)
     # Adapters after the checkpointing switch and before the kernels, which go on the inner Hugging Face model
@@ -102,19 +102,31 @@ def create_engine(run: ResolvedRun, dist: DistInfo) -> tuple[Engine, param_group
     # the decay groups below (trainable parameters only) hold the adapters alone.
     model = lora.apply(model, cfg.lora, cfg.loop.seed)
     kernels.optimize_model(lora.hf_model(model), cfg.model, dist.device)
-    ds = run.settings.deepspeed
+    if ds.backend == "fsdp":
+        from model_utils import fsdp_engine
+
+        # Sharding swaps every parameter for a DTensor: the decay groups are of the sharded ones.
+        model = fsdp_engine.shard(model, dist.device, ds.precision == "bf16", ds.fsdp_cpu_offload)
     groups = param_groups.split_for_weight_decay(model, cfg.optim.no_decay_embeddings)
     print0(groups.describe(ds.weight_decay, cfg.optim.no_decay_embeddings))
     assert run.max_steps is not None
     print0(ds.describe_schedule(run.max_steps))
     client = ds.client_schedule(run.max_steps)
     torch.manual_seed(cfg.loop.seed + dist.rank)
-    engine = DeepSpeedEngine(
-        model,
-        run.deepspeed_config(),
-        groups.optimizer_groups(),
-        lr_scheduler=None if client is None else client.lambda_lr,
-    )
+    scheduler = None if client is None else client.lambda_lr
+    if ds.backend == "fsdp":
+        engine: Engine = fsdp_engine.FsdpEngine(
+            model,
+            run.deepspeed_config(),
+            groups.optimizer_groups(),
+            dist.device,
+            lr_scheduler=scheduler,
+            cpu_offload=ds.fsdp_cpu_offload,
+        )
+        return engine, groups
+    from model_utils.deepspeed_engine import DeepSpeedEngine
+
+    engine = DeepSpeedEngine(model, run.deepspeed_config(), groups.optimizer_groups(), lr_scheduler=scheduler)
     return engine, groups
 
 
@@ -214,17 +226,34 @@ class Trainer:
         """The engine and the run's state from a checkpoint (a resume, a rollback); the target actually read."""
         # The world size is checked apart: another one is resumed whole through a universal copy.
         why_weights_only = launch_record.check_resume(
-            target.path, self.run.model_config, self.run.seq_length, None, self.decay_groups.layout()
+            target.path,
+            self.run.model_config,
+            self.run.seq_length,
+            None,
+            self.decay_groups.layout(),
+            self.cfg.optim.backend,
         )
         saved_ranks = launch_record.saved_world_size(target.path)
         universal = False
-        if why_weights_only is None and saved_ranks is not None and saved_ranks != self.dist.world_size:
+        # FSDP's DCP shards reshard on load: another world size resumes whole without a copy.
+        reshards = type(self.engine).reshards_on_load
+        if (
+            why_weights_only is None
+            and not reshards
+            and saved_ranks is not None
+            and saved_ranks != self.dist.world_size
+        ):
             why = f"world size changed from {saved_ranks} to {self.dist.world_size}"
             try:
                 target, universal = self._universal_copy(target, why), True
             except ConfigError as e:
                 why_weights_only = f"{why} and {e}"
         weights_only = why_weights_only is not None
+        if reshards and not weights_only and saved_ranks not in (None, self.dist.world_size):
+            print0(
+                f"world size changed from {saved_ranks} to {self.dist.world_size}: resuming optimizer and lr "
+                "schedule state, resharded on load (Distributed Checkpoint)"
+            )
         state = TrainState.from_dict(
             checkpoint.load(self.engine, target, self.dist.rank, weights_only, universal)
         )

@@ -1,6 +1,7 @@
-"""`dskit export`: real ZeRO-2 and ZeRO-3 checkpoints -> Hugging Face dirs that reproduce the trained engine.
+"""`dskit export`: real ZeRO-2, ZeRO-3 and FSDP (DCP) checkpoints -> Hugging Face dirs that reproduce the trained
+engine.
 
-One short 2-rank training run per ZeRO stage (module-scoped), plus one torchrun of tests/support/engine_logits.py that
+One short 2-rank training run per ZeRO stage and for FSDP (module-scoped), plus one torchrun of tests/support/engine_logits.py that
 loads the same tag into a DeepSpeed engine and records its logits on a fixed batch. The bad-input cases use
 small fake checkpoint dirs and need no training.
 """
@@ -22,12 +23,18 @@ from support.torchrun import train
 
 REPO = Path(__file__).resolve().parents[2]
 # ZeRO-3 through the shipped run file: optimizer and parameters offloaded to the CPU, the DeepSpeed config embedded.
-CONFIGS = {"zero2": "deepspeed/ds_config.json", "zero3-offload": str(REPO / "configs" / "zero3-offload.yaml")}
+# FSDP (--backend fsdp): its own default config; the tag holds DCP shards.
+CONFIGS = {
+    "zero2": "deepspeed/ds_config.json",
+    "zero3-offload": str(REPO / "configs" / "zero3-offload.yaml"),
+    "fsdp": "deepspeed/fsdp.json",
+}
 STEPS = 6
 
 
 def config_flag(path: str) -> list[str]:
-    return ["--config" if path.endswith(".yaml") else "--deepspeed_config", path]
+    backend = ["--backend", "fsdp"] if path.endswith("fsdp.json") else []
+    return ["--config" if path.endswith(".yaml") else "--deepspeed_config", path, *backend]
 
 
 def logits_tolerance(reference: torch.Tensor) -> float:
@@ -70,7 +77,7 @@ def trained(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     tag = (ckpt / "latest").read_text().strip()
     assert tag == f"tiny_qwen3-{STEPS}steps"
     train(
-        [str(ckpt), tag, CONFIGS[stage], str(work / "engine.pt")],
+        [str(ckpt), tag, CONFIGS[stage], str(work / "engine.pt"), *config_flag(CONFIGS[stage])[2:]],
         script=REPO / "tests" / "support" / "engine_logits.py",
         timeout=900,
     )

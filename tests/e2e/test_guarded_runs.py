@@ -51,6 +51,8 @@ CONFIGS = {
         ),
     ],
     "fp32 ZeRO-3": lambda t: ["--deepspeed_config", ds_file(t, bf16=None, zero_optimization={"stage": 3})],
+    # FSDP steps its optimizer itself: a discarded step drops its gradients (no optimizer or scheduler step).
+    "FSDP bf16, accumulation 2": lambda t: ["--backend", "fsdp", "--gradient_accumulation_steps", "2"],
 }
 
 

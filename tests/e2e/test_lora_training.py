@@ -5,7 +5,7 @@ Per ZeRO stage (module-scoped): an uninterrupted run of STEPS steps, a second ru
 checkpoint, and one torchrun of tests/support/engine_logits.py on the resumed run's last tag. ZeRO-3 runs through
 the shipped configs/zero3-offload.yaml (optimizer and parameters offloaded to the CPU,
 stage3_param_persistence_threshold 0 so the tiny model's parameters really are partitioned) with activation
-checkpointing on.
+checkpointing on. FSDP (--backend fsdp) runs with activation checkpointing too.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ REPO = Path(__file__).resolve().parents[2]
 CONFIGS = {
     "zero2": ["--deepspeed_config", "deepspeed/ds_config.json"],
     "zero3-offload": ["--config", str(REPO / "configs" / "zero3-offload.yaml"), "--activation_checkpointing", "full"],
+    # FSDP2: peft before sharding, the frozen base sharded with the adapters, activation checkpointing on.
+    "fsdp": ["--deepspeed_config", "deepspeed/fsdp.json", "--backend", "fsdp", "--activation_checkpointing", "full"],
 }  # fmt: skip
 STEPS = 6
 # A high lr so that six steps move the adapters far from their zero-initialised B (the logits checks need a
@@ -86,7 +88,16 @@ def trained(request: pytest.FixtureRequest, base: Path, tmp_path_factory: pytest
     tag = f"base-{STEPS}steps"
     config = CONFIGS[stage][1] if CONFIGS[stage][0] == "--config" else str(REPO / CONFIGS[stage][1])
     train(
-        [str(work / "resumed"), tag, config, str(work / "engine.pt"), "--model", str(base), *LORA],
+        [
+            str(work / "resumed"),
+            tag,
+            config,
+            str(work / "engine.pt"),
+            "--model",
+            str(base),
+            *LORA,
+            *CONFIGS[stage][2:],
+        ],
         script=REPO / "tests" / "support" / "engine_logits.py",
         timeout=900,
     )

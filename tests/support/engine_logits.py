@@ -1,9 +1,10 @@
-"""The trained DeepSpeed engine's logits on a fixed batch: the reference an exported model must reproduce.
+"""The trained engine's logits on a fixed batch: the reference an exported model must reproduce.
 
     torchrun --standalone --nproc_per_node=2 tests/support/engine_logits.py CHECKPOINT_DIR TAG DS_CONFIG OUT.pt
 
 DS_CONFIG: a DeepSpeed JSON file, or a run file (.yaml) with the DeepSpeed config embedded. Further training flags
-(e.g. --lora_r 4) are passed on to the config, so a LoRA run's engine is rebuilt with its adapters.
+(e.g. --lora_r 4) are passed on to the config, so a LoRA run's engine is rebuilt with its adapters; with
+--backend fsdp the FSDP engine is rebuilt (fp32 masters sharded on the ranks, bf16 compute) and its DCP tag loaded.
 
 Builds the engine exactly as training does (same model source, same resolved DeepSpeed config, same world size:
 ZeRO shards only load into the world size that wrote them), loads the tag with engine.load_checkpoint and, on
@@ -17,9 +18,8 @@ from pathlib import Path
 
 import torch
 
-from model_utils import distributed, lora, preflight
+from model_utils import distributed, lora, param_groups, preflight
 from model_utils.arguments import parse_args
-from model_utils.deepspeed_engine import DeepSpeedEngine
 from model_utils.models import build_model, load_tokenizer
 
 TEXTS = (
@@ -49,16 +49,26 @@ def main() -> None:
     dist = distributed.init_distributed()
     settings = preflight.resolve_settings(cfg)
     ds_config = settings.deepspeed.build(micro_batch_size=1, total_steps=cfg.loop.max_steps)
-    model = build_model(settings.source, settings.model_config, cfg.loop.seed, torch.bfloat16)
+    ds = settings.deepspeed
+    model = build_model(settings.source, settings.model_config, cfg.loop.seed, ds.model_dtype())
     model = lora.apply(model, cfg.lora, cfg.loop.seed)
-    engine = DeepSpeedEngine(model, ds_config)
+    if ds.backend == "fsdp":
+        from model_utils import fsdp_engine
+
+        model = fsdp_engine.shard(model, dist.device, ds.precision == "bf16", cpu_offload=False)
+        groups = param_groups.split_for_weight_decay(model, cfg.optim.no_decay_embeddings)
+        engine = fsdp_engine.FsdpEngine(model, ds_config, groups.optimizer_groups(), dist.device)
+    else:
+        from model_utils.deepspeed_engine import DeepSpeedEngine
+
+        engine = DeepSpeedEngine(model, ds_config)
     # Weights only: the logits need no optimizer state (whose parameter groups this engine does not share).
     state = engine.load(Path(args.checkpoint_dir) / args.tag, weights_only=True)
     assert state is not None, f"no checkpoint loaded from {args.checkpoint_dir}/{args.tag}"
     batch = fixed_batch(load_tokenizer(settings.source, None))
     engine.eval()
     with torch.no_grad():
-        # Every rank: ZeRO-3 gathers the partitioned parameters collectively in the module's hooks.
+        # Every rank: ZeRO-3 and FSDP gather the sharded parameters collectively in the module's hooks.
         logits = engine.module(input_ids=batch.to(dist.device)).logits
     if dist.is_main:
         torch.save({"input_ids": batch, "logits": logits.float().cpu()}, args.out)

@@ -294,3 +294,21 @@ def _other_commands_options() -> set[str]:
         for option in action.option_strings
         if option.startswith("--")
     }
+
+
+def test_fsdp_reads_its_own_default_config_and_refuses_zero_in_a_given_one() -> None:
+    """--backend fsdp without --deepspeed_config: deepspeed/fsdp.json (the default without ZeRO), bf16, and a step
+    FSDP can always discard (the spike guard); the kit's ZeRO config given explicitly is refused."""
+    fsdp = deepspeed_config.resolve(parse_args(["--backend", "fsdp"]))
+    assert (fsdp.path, fsdp.backend, fsdp.precision, fsdp.zero_stage) == (
+        "deepspeed/fsdp.json",
+        "fsdp",
+        "bf16",
+        0,
+    )
+    assert fsdp.discards_nonfinite_steps and not fsdp.fsdp_cpu_offload
+    default = deepspeed_config.resolve(parse_args([]))
+    assert default.lr == fsdp.lr and default.weight_decay == fsdp.weight_decay  # the same training otherwise
+    assert fsdp.lr_at(100, [1, 10, 50, 100]) == default.lr_at(100, [1, 10, 50, 100])
+    with pytest.raises(ConfigError, match=r"zero_optimization in .*ds_config.json is DeepSpeed's ZeRO"):
+        deepspeed_config.resolve(parse("--backend", "fsdp"))

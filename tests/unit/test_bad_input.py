@@ -28,14 +28,15 @@ def jsonl(path: Path, rows: list[dict]) -> str:
     return str(path)
 
 
-def checkpoint_with(t: Path, hidden_size: int = 64, seq_length: int = 256) -> str:
-    """A verified checkpoint dir whose saved model config / launch manifest differ from the defaults."""
+def checkpoint_with(t: Path, hidden_size: int = 64, seq_length: int = 256, fsdp: bool = False) -> str:
+    """A verified checkpoint dir whose saved model config / launch manifest differ from the defaults (fsdp: as
+    the FSDP engine saves it)."""
     from model_utils import file_manifest
     from model_utils.presets import PRESETS
 
     tag = t / "old-run" / "tiny_qwen3-5steps"
     tag.mkdir(parents=True)
-    (tag / "mp_rank_00_model_states.pt").write_bytes(b"weights")
+    (tag / ("fsdp_client_state.pt" if fsdp else "mp_rank_00_model_states.pt")).write_bytes(b"weights")
     config = PRESETS["tiny-qwen3"].build_config()
     config.hidden_size = hidden_size
     config.save_pretrained(tag / "hf_config")
@@ -113,6 +114,43 @@ CASES = {
     "profile steps beyond the run": (
         lambda t: ["--profile_steps", "8:12", "--max_steps", "10"],
         "ends after the run's last step 10",
+    ),
+    "unknown backend": (
+        lambda t: ["--backend", "fsdp2"],
+        "--backend 'fsdp2' is not a training engine: did you mean fsdp?",
+    ),
+    "ZeRO section under fsdp": (
+        lambda t: [
+            "--backend",
+            "fsdp",
+        ],  # the test adds --deepspeed_config: the kit's ZeRO-2 + offload config
+        "zero_optimization in",
+    ),
+    "fp16 under fsdp": (
+        lambda t: [
+            "--backend",
+            "fsdp",
+            "--deepspeed_config",
+            ds_with(t, zero_optimization=None, bf16=None, fp16={"enabled": True}),
+        ],
+        "--backend fsdp has no loss scaler",
+    ),
+    "DeepSpeed-only key under fsdp": (
+        lambda t: [
+            "--backend",
+            "fsdp",
+            "--deepspeed_config",
+            ds_with(t, zero_optimization=None, activation_checkpointing={"partition_activations": True}),
+        ],
+        "activation_checkpointing in",
+    ),
+    "fsdp offload under deepspeed": (
+        lambda t: ["--fsdp_cpu_offload", "true"],
+        "--fsdp_cpu_offload applies to --backend fsdp only",
+    ),
+    "fsdp checkpoint resumed under deepspeed": (
+        lambda t: ["--checkpoint_dir", checkpoint_with(t, seq_length=256, fsdp=True)],
+        "was saved by --backend fsdp, not deepspeed",
     ),
     "unknown spike guard mode": (lambda t: ["--spike_guard", "rollbak"], "did you mean rollback?"),
     "spike sigma zero": (lambda t: ["--spike_sigma", "0"], "--spike_sigma 0.0 must be positive"),

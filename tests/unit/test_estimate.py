@@ -410,3 +410,38 @@ def test_bad_deepspeed_offload_sections_are_one_line(capsys, tmp_path: Path) -> 
     params_at_2 = write_ds(tmp_path, {"stage": 2, "offload_param": {"device": "cpu"}})
     rc, _, err = run_cli(capsys, "--deepspeed_config", params_at_2)
     assert rc == 2 and "needs ZeRO stage 3, not 2" in err
+
+
+def test_fsdp_shards_every_model_state_and_offload_moves_them_to_the_host(shapes) -> None:
+    """--backend fsdp: 16 bytes per parameter / N (fp32 master, gradient, Adam m and v) plus two gathered layers
+    and one unsharded fp32 layer gradient; --fsdp_cpu_offload leaves only the gathered layers on the GPU."""
+    shape = shapes["qwen3-0.6b"]
+    P, L = shape.total_params, shape.largest_layer_params
+    for gpus in (8, 16):
+        lay = layout(0, "none", nodes=1, ranks_per_node=gpus, backend="fsdp")
+        e = est.estimate(shape, lay)
+        shard = -(-P // gpus)
+        assert (e.parameters, e.gradients, e.optimizer_states) == (
+            4 * shard + 4 * L,
+            4 * shard + 4 * L,
+            8 * shard,
+        )
+        assert e.buffers == 0 and lay.describe() == "FSDP2, no offload, micro batch 1"
+    off = est.estimate(shape, layout(0, "optimizer", nodes=1, ranks_per_node=8, backend="fsdp"))
+    assert (off.parameters, off.gradients, off.optimizer_states) == (4 * L, 4 * L, 0)
+    assert off.host_offload == 8 * 16 * -(-P // 8)
+    accumulated = est.estimate(
+        shape, layout(0, "none", nodes=1, ranks_per_node=8, backend="fsdp", gradient_accumulation_steps=4)
+    )
+    assert (
+        accumulated.gradients == 4 * -(-P // 8) + 4 * L + 2 * P
+    )  # the unsharded bf16 gradients between micro-batches
+
+
+def test_fsdp_from_the_command_line_and_zero_flags_refused(capsys) -> None:
+    rc, out, err = run_cli(capsys, "--backend", "fsdp", "--gpus_per_node", "8", "--gpu_memory_gib", "80")
+    assert rc == 0, err
+    assert "1 node x 8 GPUs, FSDP2, no offload, micro batch 1 x 256 tokens, bf16" in out.splitlines()[1]
+    assert out.strip().splitlines()[-1].startswith("recommend: FSDP2, no offload, micro batch 64")
+    rc, out, err = run_cli(capsys, "--backend", "fsdp", "--zero_stage", "2")
+    assert rc == 2 and "--zero_stage is DeepSpeed's ZeRO: under --backend fsdp use --fsdp_cpu_offload" in err

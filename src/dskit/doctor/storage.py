@@ -15,6 +15,8 @@ from .report import Result, Status
 
 # bf16/fp16 weights + fp32 master weights + Adam's two fp32 moments, per parameter, in every checkpoint.
 CHECKPOINT_BYTES_PER_PARAM = {True: 2 + 12, False: 4 + 12}  # keyed by "half-precision training"
+# --backend fsdp: the DCP shards hold the fp32 parameters (the masters) and Adam's two moments, no 16-bit copy.
+FSDP_CHECKPOINT_BYTES_PER_PARAM = 12
 
 
 def _existing_ancestor(path: Path) -> Path:
@@ -42,7 +44,11 @@ def check_disk(cfg: TrainConfig, n_params: int | None, half_precision: bool) -> 
         )
     if n_params is None:
         return Result(name, Status.WARN, "could not count the model's parameters (see 'host RAM')", "")
-    per_param = CHECKPOINT_BYTES_PER_PARAM[half_precision]
+    per_param = (
+        FSDP_CHECKPOINT_BYTES_PER_PARAM
+        if cfg.optim.backend == "fsdp"
+        else CHECKPOINT_BYTES_PER_PARAM[half_precision]
+    )
     per_checkpoint = n_params * per_param
     copies = cfg.checkpoint.keep_checkpoints + 1
     needed = per_checkpoint * copies

@@ -1,0 +1,218 @@
+"""PyTorch FSDP2 behind the engine seam (engine.py): `--backend fsdp`.
+
+The model is built in fp32 (the sharded parameters are the master weights), each decoder layer and then the
+root are sharded with `fully_shard` on a one-dimensional device mesh of the rank's device type (a CPU mesh on
+CPU: with gloo on a machine that has GPUs, FSDP2 would otherwise move to CUDA, pytorch#132471). bf16 runs are
+FSDP2's MixedPrecisionPolicy (bf16 parameters in compute, fp32 gradient reduction). The optimizer, lr schedule
+and clipping come from the same DeepSpeed-format config DeepSpeed reads: torch AdamW (fused on CUDA), DeepSpeed's
+own scheduler class for cosine/constant and the kit's LambdaLR for wsd/linear (schedules.py), so both engines
+train the same lr. A checkpoint is Distributed Checkpoint (DCP) shards of model and optimizer in `dcp/` plus one
+small torch file of the scheduler and the client state, written by rank 0; DCP reshards on load, so a resume on
+another world size needs no conversion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+from model_utils import schedules
+from model_utils.checkpoint import FSDP_DCP_DIR, FSDP_STATE_FILE
+
+
+def shard(model: torch.nn.Module, device: torch.device, bf16: bool, cpu_offload: bool) -> torch.nn.Module:
+    """fully_shard every decoder layer, then the root (which keeps the embeddings, final norm and head), in place.
+    Parameters become DTensors: anything that holds parameters (the optimizer's groups) is built after this."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
+    policy: dict[str, Any] = {"mesh": mesh}
+    if bf16:
+        policy["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if cpu_offload:
+        # Pinned host memory needs CUDA; CPU ranks (the tests) offload to where they already are, unpinned.
+        policy["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
+    layer_types = set(getattr(_hf_model(model), "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in layer_types]
+    assert layers, f"no decoder layers ({layer_types}) in {type(model).__name__}"
+    for layer in layers:
+        fully_shard(layer, **policy)
+    fully_shard(model, **policy)
+    return model
+
+
+def _hf_model(model: torch.nn.Module) -> Any:
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+class FsdpEngine:
+    # DCP reshards to any world size on load: trainer._load makes no universal copy for this engine.
+    reshards_on_load = True
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        ds_config: dict[str, Any],
+        param_groups: list[dict[str, Any]],
+        device: torch.device,
+        lr_scheduler: Callable[[Any], Any] | None = None,
+        cpu_offload: bool = False,
+    ) -> None:
+        """`model`: sharded (shard()); `ds_config`: the built DeepSpeed-format dict (optimizer params, scheduler
+        section, gradient_clipping, gradient_accumulation_steps); `param_groups`: built from the sharded model;
+        `lr_scheduler`: optimizer -> the kit's own scheduler (wsd, linear), else the config's scheduler section."""
+        self.module = model
+        params = ds_config["optimizer"]["params"]
+        self._optimizer = torch.optim.AdamW(
+            param_groups,
+            lr=float(params["lr"]),
+            betas=tuple(params.get("betas", (0.9, 0.999))),
+            eps=float(params.get("eps", 1e-8)),
+            weight_decay=float(params.get("weight_decay", 0.01)),
+            # Fused on CUDA (one kernel for every parameter); the CPU-offloaded step runs on the CPU.
+            fused=device.type == "cuda" and not cpu_offload,
+        )
+        section = ds_config.get("scheduler")
+        if lr_scheduler is not None:
+            self._scheduler = lr_scheduler(self._optimizer)
+        elif isinstance(section, dict):
+            self._scheduler = schedules.deepspeed_scheduler(section, self._optimizer)
+        else:
+            self._scheduler = None  # a config without a scheduler: a constant lr, as under DeepSpeed
+        self._clip = float(ds_config.get("gradient_clipping") or 0.0)
+        self._steps = 0  # applied optimizer steps
+        self._grad_norm: float | None = None
+
+    def train_step(
+        self, micro_batches: list[torch.Tensor], keep: Callable[[torch.Tensor], bool] | None = None
+    ) -> tuple[torch.Tensor, bool]:
+        losses = []
+        applied = True
+        last = len(micro_batches) - 1
+        for i, batch in enumerate(micro_batches):
+            # No reduce-scatter until the last micro-batch: FSDP2 accumulates the unsharded gradients meanwhile.
+            self.module.set_requires_gradient_sync(i == last)
+            loss = self.module(input_ids=batch, labels=batch, use_cache=False).loss  # no KV cache in training
+            losses.append(loss.detach())
+            if keep is not None and i == last and not keep(torch.stack(losses).double().mean()):
+                applied = False
+            # The mean over the step's micro-batches, as DeepSpeed scales each micro-batch's loss.
+            # A discarded step still runs its backward: the last micro-batch's reduce-scatter releases the
+            # unsharded gradients the earlier ones left in FSDP2's buffers (zero_grad alone would not reach them);
+            # the gradients are then dropped below, with no optimizer or scheduler step.
+            (loss / len(micro_batches)).backward()
+        if applied:
+            self._grad_norm = self._clip_gradients()
+            self._optimizer.step()
+            if self._scheduler is not None:
+                self._scheduler.step()
+            self._steps += 1
+        self._optimizer.zero_grad(set_to_none=True)
+        return torch.stack(losses).double().mean(), applied
+
+    def _clip_gradients(self) -> float:
+        """The global gradient norm before clipping (over every rank's shards), clipping to gradient_clipping."""
+        from torch.distributed.tensor import DTensor
+
+        grads = [
+            p.grad for group in self._optimizer.param_groups for p in group["params"] if p.grad is not None
+        ]
+        norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()  # the shards' partial norms, reduced over the mesh
+        if self._clip > 0:
+            params = [p for group in self._optimizer.param_groups for p in group["params"]]
+            torch.nn.utils.clip_grads_with_norm_(params, self._clip, norm)
+        return float(norm)
+
+    def eval_loss(self, batch: torch.Tensor) -> float:
+        return self.module(input_ids=batch, labels=batch, use_cache=False).loss.item()
+
+    def train(self) -> None:
+        self.module.train()
+
+    def eval(self) -> None:
+        self.module.eval()
+
+    def lr(self) -> float:
+        return float(self._optimizer.param_groups[0]["lr"])
+
+    def grad_norm(self) -> float | None:
+        return self._grad_norm
+
+    def optimizer_steps(self) -> int:
+        return self._steps
+
+    def skipped_steps(self) -> int:
+        return 0  # no loss scaler: FSDP never skips a step on its own
+
+    def wall_clock_ms(self) -> dict[str, float]:
+        return {}
+
+    def start_schedule_at(self, step: int) -> None:
+        schedules.start_at(self._scheduler, step)
+
+    def save(self, tag_dir: Path, client_state: dict[str, Any]) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        model_state, optim_state = get_state_dict(self.module, self._optimizer)
+        # Every rank writes its own shards (and rank 0 the metadata) into dcp/.
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tag_dir / FSDP_DCP_DIR))
+        if torch.distributed.get_rank() == 0:
+            state = {
+                "client_state": client_state,
+                "scheduler": None if self._scheduler is None else self._scheduler.state_dict(),
+                "optimizer_steps": self._steps,
+            }
+            torch.save(state, tag_dir / FSDP_STATE_FILE)
+
+    def load(self, tag_dir: Path, weights_only: bool, universal: bool = False) -> dict[str, Any] | None:
+        import torch.distributed.checkpoint as dcp
+
+        assert not universal, "DCP reshards on load: no universal copy is made for FSDP"
+        state_file = tag_dir / FSDP_STATE_FILE
+        if not state_file.is_file() or not (tag_dir / FSDP_DCP_DIR).is_dir():
+            return None
+        dcp_dir = str(tag_dir / FSDP_DCP_DIR)
+        if weights_only:
+            model_state = get_model_state_dict(self.module)
+            dcp.load({"model": model_state}, checkpoint_id=dcp_dir)
+            set_model_state_dict(self.module, model_state)
+        else:
+            # get_state_dict initialises a fresh optimizer's state (a step at lr 0) so DCP has tensors to load
+            # into; the saved state then replaces it, resharded for this world size.
+            model_state, optim_state = get_state_dict(self.module, self._optimizer)
+            loaded = {"model": model_state, "optim": optim_state}
+            dcp.load(loaded, checkpoint_id=dcp_dir)
+            set_state_dict(
+                self.module,
+                self._optimizer,
+                model_state_dict=loaded["model"],
+                optim_state_dict=loaded["optim"],
+                options=StateDictOptions(strict=True),
+            )
+        saved = torch.load(state_file, weights_only=False)
+        if not weights_only and self._scheduler is not None and saved["scheduler"] is not None:
+            self._scheduler.load_state_dict(saved["scheduler"])
+        # The step count comes back either way (as DeepSpeed's global_steps does); a weights-only resume
+        # repositions the schedule with start_schedule_at.
+        self._steps = int(saved["optimizer_steps"])
+        return saved["client_state"]
+
+    @staticmethod
+    def convert_universal(source: Path, output: Path) -> str:
+        raise AssertionError("FSDP checkpoints reshard on load (reshards_on_load): nothing to convert")
+
+    def close(self) -> None:
+        self._optimizer.zero_grad(set_to_none=True)

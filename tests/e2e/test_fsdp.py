@@ -1,0 +1,168 @@
+"""--backend fsdp in real 2-rank runs on CPU (torchrun, gloo, FSDP2 with bf16 mixed precision): exact resume, a
+corrupt DCP shard falling back to the previous verified tag, world size 2 -> 1 -> 2 resharded by DCP with the
+optimizer state kept, and the kill -9 fault matrix of the crash-safe save.
+
+One uninterrupted 8-step run (module-scoped) is the reference every other run is compared with. Export, LoRA and
+the spike guard under FSDP are in test_export.py, test_lora_training.py and test_guarded_runs.py (their
+parametrisations include fsdp).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from model_utils import checkpoint, file_manifest
+from support.metrics_file import step_records
+from support.small_trainer import make_trainer
+from support.torchrun import ENV, run_torchrun, train
+
+pytestmark = pytest.mark.e2e
+
+
+def flags(cache: Path, ckpt: Path, metrics: Path, freq: int = 4, accumulation: int = 2) -> list[str]:
+    return [
+        "--backend", "fsdp", "--max_steps", "8", "--logging_freq", "1", "--checkpoint_freq", str(freq),
+        "--validation_fraction", "0", "--warmup_steps", "2", "--micro_batch_size", "2",
+        "--gradient_accumulation_steps", str(accumulation), "--seq_length", "64",
+        "--data_cache_dir", str(cache), "--checkpoint_dir", str(ckpt), "--metrics_file", str(metrics),
+    ]  # fmt: skip
+
+
+def client_state(tag_dir: Path) -> dict:
+    saved = torch.load(tag_dir / checkpoint.FSDP_STATE_FILE, weights_only=False)
+    return saved["client_state"][checkpoint.CLIENT_KEY]["train_state"]
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, dict]]:
+    """The uninterrupted run: its checkpoint dir (tags of steps 4 and 8) and its step records."""
+    work = tmp_path_factory.mktemp("fsdp")
+    out = train(flags(work / "cache", work / "ck", work / "straight.jsonl"), work)
+    assert "Weight decay 0.1 on 15 tensors (229,376 parameters), none on 9 (384; norms, biases)" in out
+    records = step_records(work / "straight.jsonl")
+    assert sorted(records) == list(range(1, 9))
+    return work, records
+
+
+def start_from(work: Path, name: str, *tags: Path) -> Path:
+    ckpt = work / name
+    ckpt.mkdir()
+    for tag in tags:
+        shutil.copytree(tag, ckpt / tag.name)
+    return ckpt
+
+
+def test_dcp_layout_inside_the_crash_safe_protocol(straight) -> None:
+    work, _ = straight
+    tag = work / "ck" / "tiny_qwen3-8steps"
+    assert file_manifest.verify(tag) is None and checkpoint.is_tag_dir(tag) and checkpoint.is_fsdp_tag(tag)
+    names = sorted(
+        str(p.relative_to(tag)) for p in tag.rglob("*") if p.is_file() and "hf_config" not in p.parts
+    )
+    assert names == [
+        "dcp/.metadata", "dcp/__0_0.distcp", "dcp/__1_0.distcp", "dskit_manifest.json", "fsdp_client_state.pt",
+        "launch.json", "rng_state_rank0.pt", "rng_state_rank1.pt",
+    ]  # fmt: skip
+    assert client_state(tag)["tokens_seen"] == 8 * 2 * 2 * 2 * 64  # steps x ranks x micro batch x accum x seq
+    assert (work / "ck" / "latest").read_text() == "tiny_qwen3-8steps"
+
+
+def test_resume_is_exact_and_a_corrupt_shard_falls_back_to_the_previous_tag(straight) -> None:
+    """Tags 4 and 8 of the straight run, one byte of tag 8's rank-1 shard flipped: the start skips tag 8 with a
+    warning, resumes tag 4 and trains steps 5-8 with the straight run's losses (within 1e-4) and lrs."""
+    work, full = straight
+    ckpt = start_from(work, "corrupt", work / "ck" / "tiny_qwen3-4steps", work / "ck" / "tiny_qwen3-8steps")
+    shard = ckpt / "tiny_qwen3-8steps" / "dcp" / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 1
+    shard.write_bytes(bytes(data))
+    out = train(flags(work / "cache", ckpt, work / "resumed.jsonl"), work)
+    assert "tiny_qwen3-8steps: dcp/__1_0.distcp does not match its checksum" in out
+    assert "tiny_qwen3-4steps at step 4 (epoch 0, block 32" in out
+    again = step_records(work / "resumed.jsonl")
+    assert sorted(again) == [5, 6, 7, 8]
+    for step in again:
+        assert abs(again[step]["loss"] - full[step]["loss"]) < 1e-4, (step, again[step], full[step])
+        assert again[step]["lr"] == pytest.approx(full[step]["lr"], rel=1e-6)
+        assert again[step]["grad_norm"] == pytest.approx(full[step]["grad_norm"], rel=1e-3)
+    assert client_state(ckpt / "tiny_qwen3-8steps") == client_state(work / "ck" / "tiny_qwen3-8steps")
+    assert file_manifest.verify(ckpt / "tiny_qwen3-8steps") is None  # the damaged tag was replaced whole
+
+
+def test_world_size_2_to_1_and_back_reshards_with_the_optimizer_state(straight) -> None:
+    """Tag 4 on one rank (accumulation 4: the same global batch), then that run's tag 6 on two ranks: DCP
+    reshards model and Adam moments, the lr schedule and data position continue. A fresh optimizer would be far
+    off (Adam's first steps are ~lr x sign(g) per weight); another world size sums gradients in another order
+    (bf16 compute), so the losses agree to a tolerance, not exactly."""
+    work, full = straight
+    one = start_from(work, "one-rank", work / "ck" / "tiny_qwen3-4steps")
+    out = train(flags(work / "cache", one, work / "one.jsonl", freq=2, accumulation=4), work, nproc=1)
+    assert (
+        "world size changed from 2 to 1: resuming optimizer and lr schedule state, resharded on load" in out
+    )
+    assert "loaded the weights only" not in out and "at step 4 (epoch 0, block 32" in out
+    assert not list(one.glob("*-universal"))  # no conversion for DCP
+    again = step_records(work / "one.jsonl")
+    assert sorted(again) == [5, 6, 7, 8]
+    for step in again:
+        assert again[step]["lr"] == pytest.approx(full[step]["lr"], rel=1e-6)
+        assert abs(again[step]["loss"] - full[step]["loss"]) < 5e-4, (step, again[step], full[step])
+    back = start_from(work, "two-again", one / "tiny_qwen3-6steps")
+    out = train(flags(work / "cache", back, work / "back.jsonl"), work)
+    assert (
+        "world size changed from 1 to 2: resuming optimizer and lr schedule state, resharded on load" in out
+    )
+    assert "loaded the weights only" not in out and "at step 6 (epoch 0, block 48" in out
+    again = step_records(work / "back.jsonl")
+    assert sorted(again) == [7, 8]
+    for step in again:  # two world-size changes away from the straight run
+        assert again[step]["lr"] == pytest.approx(full[step]["lr"], rel=1e-6)
+        assert abs(again[step]["loss"] - full[step]["loss"]) < 1e-3, (step, again[step], full[step])
+
+
+FAULTS = {
+    # point -> the tag the next start must resume from (the killed save was of step 6)
+    "before_manifest": "tiny_qwen3-4steps",
+    "mid_file": "tiny_qwen3-4steps",  # a DCP shard cut short in the staging dir
+    "before_rename": "tiny_qwen3-4steps",
+    "before_latest": "tiny_qwen3-6steps",  # complete and verified: `latest` lagging behind does not matter
+    "rank1_before_barrier": "tiny_qwen3-4steps",
+}
+
+
+@pytest.mark.parametrize("point", list(FAULTS))
+def test_kill_during_an_fsdp_save_resumes_from_the_last_verified_checkpoint(point: str, straight) -> None:
+    work, _ = straight
+    ckpt = start_from(work, f"fault-{point}", work / "ck" / "tiny_qwen3-4steps")
+    crashed = run_torchrun(
+        flags(work / "cache", ckpt, work / f"{point}.jsonl", freq=2),
+        cwd=work,
+        env={**ENV, checkpoint.FAULT_ENV: point},
+    )
+    assert crashed.returncode != 0, crashed.stdout[-2000:]
+    assert (
+        "Resumed from" in crashed.stdout and "Saved checkpoint" not in crashed.stdout
+    )  # died in its first save
+    target = checkpoint.select_resume(str(ckpt), None)
+    assert target is not None and target.tag == FAULTS[point]
+    assert file_manifest.verify(ckpt / "tiny_qwen3-4steps") is None  # the older checkpoint untouched
+    if point == "mid_file":
+        staged = list((ckpt / ".staging-tiny_qwen3-6steps" / "dcp").glob("*.distcp"))
+        assert staged and min(p.stat().st_size for p in staged) < max(p.stat().st_size for p in staged)
+
+
+def test_cpu_offload_trains_in_process(tmp_path: Path, single_rank) -> None:
+    """--fsdp_cpu_offload: FSDP2's CPUOffloadPolicy (unpinned on CPU ranks) trains and its shards stay on the CPU."""
+    trainer = make_trainer(tmp_path, single_rank, "--backend", "fsdp", "--fsdp_cpu_offload", "true")
+    try:
+        trainer.engine.train()
+        losses = [trainer.step()[1] for _ in range(3)]
+        assert all(loss == loss for loss in losses) and losses[-1] < losses[0], losses
+        assert {p.device.type for p in trainer.engine.module.parameters()} == {"cpu"}
+        assert trainer.engine.optimizer_steps() == 3
+    finally:
+        trainer.close()
