@@ -47,6 +47,8 @@ _TIME = re.compile(r"(\d+-)?\d+(:\d+){0,2}")
 _CUDA = re.compile(r"\d+\.\d+")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 EFA_MODES = ("auto", "on", "off")
+# What starts the ranks on each node: torchrun, or `accelerate launch` (which reads an accelerate config file).
+LAUNCHERS = ("torchrun", "accelerate")
 # --signal=B:USR1@N takes at most 65535 seconds
 MAX_SIGNAL_LEAD_S = 65535
 # prepare-data flags not taken in prepare_args: the array's share (set by the script) and those with their own value
@@ -76,6 +78,14 @@ class LaunchValues:
     container_image: str | None = None
     cuda_version: str = "12.8"
     efa: str = "auto"
+    # torchrun or accelerate (`accelerate launch` on every node; accelerate_config: its --config_file, which picks
+    # DeepSpeed, FSDP or plain data parallel and maps onto the training flags: docs/launchers.md)
+    launcher: str = "torchrun"
+    accelerate_config: str | None = None
+    # SageMaker HyperPod: `srun --auto-resume=1`, so HyperPod replaces a faulty node and restarts the step
+    hyperpod_auto_resume: bool = False
+    # clusters that hand GPUs out as GRES: ask for gpus_per_node of them (#SBATCH --gpus-per-node)
+    gres: bool = False
     # extra environment for the ranks, e.g. {NCCL_DEBUG: INFO, FI_EFA_FORK_SAFE: 1}
     env: dict[str, str] = field(default_factory=dict)
     # seconds before the time limit at which SLURM sends USR1 (checkpoint, then requeue)
@@ -129,6 +139,17 @@ class LaunchValues:
             raise ConfigError(f"cuda_version {self.cuda_version!r} must look like 12.8")
         if self.efa not in EFA_MODES:
             raise ConfigError(f"efa {self.efa!r} must be one of {', '.join(EFA_MODES)}")
+        if self.launcher not in LAUNCHERS:
+            raise ConfigError(f"launcher {self.launcher!r} must be one of {', '.join(LAUNCHERS)}")
+        if self.accelerate_config is not None and self.launcher != "accelerate":
+            raise ConfigError(
+                "accelerate_config is read by `accelerate launch` only: add launcher: accelerate or drop it"
+            )
+        if self.gres and self.gpus_per_node < 1:
+            raise ConfigError(
+                f"gres: true asks SLURM for gpus_per_node GPUs per node, but gpus_per_node = {self.gpus_per_node}:"
+                " set gpus_per_node (e.g. 8), or gres: false for CPU nodes"
+            )
         for key in self.env:
             if not _ENV_NAME.fullmatch(key):
                 raise ConfigError(
@@ -148,7 +169,14 @@ class LaunchValues:
         for name in ("prepare_tasks", "prepare_cpus_per_task"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} = {getattr(self, name)}: use at least 1")
-        for name in ("container_image", "dataset", "dataset_config_name", "model", "config"):
+        for name in (
+            "container_image",
+            "dataset",
+            "dataset_config_name",
+            "model",
+            "config",
+            "accelerate_config",
+        ):
             value = getattr(self, name)
             if value is not None and not value.strip():
                 raise ConfigError(f"{name} is empty: give a value or leave the key out")

@@ -14,14 +14,16 @@ import argparse
 import dataclasses
 import difflib
 import json
+import os
 import sys
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from model_utils import activation_checkpointing
+from model_utils import accelerate_env, activation_checkpointing
 from model_utils.errors import ConfigError
 from model_utils.presets import PRESETS, PRETRAINED_LR
 from model_utils.schedules import DECAY_TYPES, SCHEDULES
@@ -552,6 +554,9 @@ class TrainConfig:
     explicit: frozenset[str] = frozenset()
     # The run file's embedded `deepspeed:` mapping, as JSON text (frozen), used instead of --deepspeed_config.
     deepspeed_inline: str | None = None
+    # What the accelerate config asks, when `accelerate launch` started this process (accelerate_env.py): its
+    # flags are among the values above; the rest is checked against the resolved run.
+    accelerate: Any = None
 
     def __post_init__(self) -> None:
         reject_both_given(self.explicit)
@@ -670,8 +675,10 @@ def _reject_unknown_flags(argv: list[str], known: set[str]) -> None:
         raise ConfigError(f"unknown flag --{name}: {hint}")
 
 
-def parse_args(argv: list[str] | None = None) -> TrainConfig:
-    """Defaults, then the run file (--config), then the flags: each later one overrides."""
+def parse_args(argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> TrainConfig:
+    """Defaults, then the run file (--config), then the flags: each later one overrides. Under `accelerate
+    launch` (`env`, default the process's), the accelerate config's settings join them, and a flag that
+    contradicts one is an error."""
     argv = list(sys.argv[1:] if argv is None else argv)
     fields = flag_fields()
     _reject_unknown_flags(argv, {*fields, CONFIG})
@@ -691,8 +698,11 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         if loaded.deepspeed is not None and "deepspeed_config" not in given:
             inline = json.dumps(loaded.deepspeed, sort_keys=True)
     values |= given
+    request = accelerate_env.from_environment(os.environ if env is None else env)
+    if request is not None:
+        values |= accelerate_env.check_against(request, values)
     per_section: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
     for name, value in values.items():
         per_section[fields[name][0]][name] = value
     sections = {s: SECTIONS[s](**kwargs) for s, kwargs in per_section.items()}
-    return TrainConfig(**sections, explicit=frozenset(values), deepspeed_inline=inline)
+    return TrainConfig(**sections, explicit=frozenset(values), deepspeed_inline=inline, accelerate=request)

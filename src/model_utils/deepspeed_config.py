@@ -306,6 +306,13 @@ def resolve(cfg: TrainConfig) -> DeepSpeedSettings:
             "layout and loads it that way itself when the world size changed"
         )
     _check_deepspeed_keys(ds, path)
+    if cfg.accelerate is not None:  # the accelerate config the ranks were launched with must agree
+        from model_utils import accelerate_env
+
+        if fsdp:
+            accelerate_env.check_precision(cfg.accelerate, precision_of(ds), path)
+        else:
+            accelerate_env.check_deepspeed(cfg.accelerate, ds, path)
     if file_total is not None:
         _set(ds, TOTAL_STEPS_KEY, file_total)  # the file's own value again: `build` fills or checks it
     zero = ds.get("zero_optimization")

@@ -142,3 +142,11 @@ def build_model(source: ModelSource, model_config: Any, seed: int, dtype: Any) -
         )
     except (OSError, ValueError) as e:
         raise _hub_error("model", source.name, e) from None
+
+
+def decoder_layer_classes(model_config: Any) -> tuple[str, ...]:
+    """The class names of the model's decoder layers (its `_no_split_modules`): what FSDP shards one by one."""
+    from transformers import AutoModelForCausalLM
+
+    model_class = AutoModelForCausalLM._model_mapping[type(model_config)]
+    return tuple(getattr(model_class, "_no_split_modules", None) or ())

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from model_utils import (
+    accelerate_env,
     activation_checkpointing,
     checkpoint,
     concat_dataset,
@@ -161,6 +162,12 @@ def resolve_settings(cfg: TrainConfig) -> RunSettings:
     lora.check(
         cfg.lora, source, model_config
     )  # a preset, or modules the model lacks: before anything is built
+    if cfg.accelerate is not None:
+        print0(cfg.accelerate.describe())
+        if (
+            cfg.optim.backend == "fsdp"
+        ):  # the layers accelerate would wrap are the ones the FSDP engine shards
+            accelerate_env.check_wrapped_layers(cfg.accelerate, models.decoder_layer_classes(model_config))
     return RunSettings(cfg, source, model_config, seq_length, ds, _spike_guard_mode(cfg, ds))
 
 

@@ -74,7 +74,8 @@ def read(path: Path) -> str:
 
 
 class Job:
-    """One sbatch submission of a freshly rendered train.sbatch (2 nodes, 1 CPU rank per node)."""
+    """One sbatch submission of a freshly rendered train.sbatch (2 nodes, 1 CPU rank per node; `values`: more
+    launch values)."""
 
     def __init__(
         self,
@@ -82,8 +83,9 @@ class Job:
         *train_args: str,
         env: dict[str, str] | None = None,
         sbatch_args: tuple[str, ...] = (),
+        values: dict[str, object] | None = None,
     ) -> None:
-        values = render.LaunchValues(cpu_ranks_per_node=1, job_name="dskit-test")
+        values = render.LaunchValues(cpu_ranks_per_node=1, job_name="dskit-test", **(values or {}))
         render.write_scripts(render.render_scripts(values), tmp_path)
         self.checkpoints = tmp_path / "ck"
         # The job must be submitted from the repo root: that is how the script finds the repo.
@@ -180,6 +182,50 @@ def test_usr1_checkpoints_requeues_and_resumes(cluster, tmp_path: Path, timing) 
     assert len(runs) == 1, [r.info.run_name for r in runs]
     steps = sorted(m.step for m in client.get_metric_history(runs[0].info.run_id, "train/loss"))
     assert steps == list(range(5, 61, 5))  # before and after the requeue, none twice
+
+
+def test_accelerate_sbatch_trains_one_world_across_both_nodes_and_resumes(
+    cluster, tmp_path: Path, timing
+) -> None:
+    """launcher: accelerate with the shipped accelerate config (DeepSpeed, ZeRO-2): one `accelerate launch` per
+    node, machine ranks 0 and 1 from each node's SLURM_NODEID, one world of 2; USR1, checkpoint, requeue and
+    resume as with torchrun."""
+    job = Job(
+        tmp_path, "--max_steps", "40", "--checkpoint_freq", "1000", "--logging_freq", "5",
+        values={"launcher": "accelerate", "accelerate_config": "configs/accelerate/deepspeed-zero2.yaml"},
+    )  # fmt: skip
+    job.wait_log(r"\| Step 10/40 ", timeout=300)
+    timing("accelerate: submit to step 10 of the first run", time.monotonic() - job.started)
+    signalled = time.monotonic()
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job.id], check=True)
+    saved = job.wait_log(r"Preempted: stop requested by SIGUSR1; saved at step (\d+)", timeout=120)
+    step = int(saved.group(1))
+    resumed = job.wait_log(rf"Resumed from \S+/tiny_qwen3-{step}steps at step (\d+)", timeout=400)
+    assert int(resumed.group(1)) == step
+    timing("accelerate: USR1 to the requeued run's resume", time.monotonic() - signalled)
+    state = job.wait_done(timeout=300)
+    timing(
+        "accelerate: preemption test job (submit to end of the requeued run)", time.monotonic() - job.started
+    )
+    log = job.text()
+    assert state == "COMPLETED", log
+    assert job_field(job.id, "Restarts") == "1"
+    # Each run: both hosts, each as its own machine rank (an unescaped $SLURM_NODEID would make both 0).
+    runs = re.split(r"^START ", log, flags=re.MULTILINE)[1:]
+    assert len(runs) == 2, log
+    for run in runs:
+        assert "accelerate launch: 2 machine(s) x 1 process(es), config configs/accelerate/" in run, run
+        assert "Node node1 (SLURM_NODEID=0): accelerate launch with 1 ranks" in run, run
+        assert "Node node2 (SLURM_NODEID=1): accelerate launch with 1 ranks" in run, run
+        # one world of 2, not two worlds of 1 (those would train alone and print twice)
+        assert run.count("2 ranks x micro batch 1") == 1, run
+    assert "preempted, requeueing job" in log
+    assert "Done: step 40/40" in log, log
+    assert latest_tag(job.checkpoints) == "tiny_qwen3-40steps"
+    records = [json.loads(line) for line in job.log.with_suffix(".metrics.jsonl").read_text().splitlines()]
+    assert [r["world_size"] for r in records if r.get("event") == "start"] == [2, 2]
+    steps = [r["step"] for r in records if "loss" in r]
+    assert steps == sorted(set(steps)) and steps[-1] == 40  # the requeued run went on, none twice
 
 
 def test_node_failure_ends_job_and_requeued_run_resumes(cluster, tmp_path: Path, timing) -> None:

@@ -278,6 +278,10 @@ OTHER_TOOLS_OPTIONS = {"frozen", "check", "offline", "logdir", "backend"} | {
     "batch", "kill", "signal", "output", "open", "requeue", "max_step", "dependency", "parsable", "array", "cpus",
     "wait", "mlflow", "job_name",  # sbatch --wait; examples/kedro/run.py's own options
     "dry_run",  # dskit sagemaker submit's (read by hand before the training flags, like --values and --wait)
+    # accelerate launch's (docs/launchers.md); srun's --auto-resume (HyperPod) and --gpus-per-node, read up to "-"
+    "config_file", "multi_gpu", "num_processes", "num_machines", "machine_rank", "main_process_ip",
+    "main_process_port", "rdzv_backend", "deepspeed_multinode_launcher", "mixed_precision", "dynamo_backend",
+    "cpu", "auto", "gpus",
 }  # fmt: skip
 
 

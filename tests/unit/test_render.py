@@ -20,6 +20,8 @@ REPO = Path(__file__).resolve().parents[2]
 # Every rendered script; the training launchers among them (prepare-data.sbatch runs no training).
 SCRIPTS = tuple(render.RENDERED)
 LAUNCHERS = tuple(render.SCRIPTS)
+# Golden renders of non-default values: each dir holds values.yaml and the scripts rendered from it.
+GOLDENS = Path(__file__).resolve().parent / "goldens"
 
 P5_YAML = """\
 # A p5.48xlarge-like cluster: 8 H100 per node, EFA, Pyxis image
@@ -86,6 +88,17 @@ def test_committed_scripts_are_the_rendered_defaults(tmp_path: Path) -> None:
         assert os.access(committed, os.X_OK), f"{name} is not executable"
 
 
+@pytest.mark.parametrize("golden", ["accelerate", "hyperpod-gres"])
+def test_golden_renders(tmp_path: Path, golden: str) -> None:
+    """launcher: accelerate, and HyperPod auto-resume with GPU GRES, rendered exactly as reviewed."""
+    render_to(tmp_path, "--values", str(GOLDENS / golden / "values.yaml"))
+    for name in SCRIPTS:
+        assert (tmp_path / name).read_text() == (GOLDENS / golden / name).read_text(), (
+            f"{name} differs from tests/unit/goldens/{golden}/{name}: review the diff, then regenerate with "
+            f"`.venv/bin/dskit render --values tests/unit/goldens/{golden}/values.yaml --out tests/unit/goldens/{golden}`"
+        )
+
+
 def test_scripts_say_they_are_generated_and_how_to_regenerate() -> None:
     for name in SCRIPTS:
         head = "\n".join((REPO / name).read_text().splitlines()[:5])
@@ -94,7 +107,16 @@ def test_scripts_say_they_are_generated_and_how_to_regenerate() -> None:
 
 
 @pytest.mark.parametrize(
-    "values", [None, ("p5.yaml", P5_YAML), ("cpu.toml", CPU_TOML)], ids=["defaults", "p5", "cpu-only"]
+    "values",
+    [
+        None,
+        ("p5.yaml", P5_YAML),
+        ("cpu.toml", CPU_TOML),
+        ("accelerate.yaml", (GOLDENS / "accelerate" / "values.yaml").read_text()),
+        ("hyperpod.yaml", (GOLDENS / "hyperpod-gres" / "values.yaml").read_text()),
+        ("p5-accelerate.yaml", P5_YAML + "launcher: accelerate\n"),
+    ],
+    ids=["defaults", "p5", "cpu-only", "accelerate", "hyperpod-gres", "p5-accelerate-container"],
 )
 def test_rendered_scripts_pass_bash_n_and_shellcheck(tmp_path: Path, values: tuple[str, str] | None) -> None:
     args = []
@@ -214,6 +236,23 @@ BAD_INPUT = {
     ),
     "unknown option": (["--nodes", "3"], "unrecognized arguments: --nodes 3"),
     "out is not a dir": (["--out", "{tmp}/nope"], "--out {tmp}/nope is not a directory"),
+    "unknown launcher": (
+        ["--set", "launcher=mpirun"],
+        "launcher 'mpirun' must be one of torchrun, accelerate",
+    ),
+    "accelerate config for torchrun": (
+        ["--set", "accelerate_config=a.yaml"],
+        "accelerate_config is read by `accelerate launch` only: add launcher: accelerate or drop it",
+    ),
+    "gres without GPUs": (
+        ["--set", "gres=true", "--set", "gpus_per_node=0"],
+        "gres: true asks SLURM for gpus_per_node GPUs per node, but gpus_per_node = 0",
+    ),
+    "hyperpod not a bool": (
+        ["--set", "hyperpod_auto_resume=maybe"],
+        "--set hyperpod_auto_resume=maybe: use true",
+    ),
+    "gres not a bool in file": (["--values", "{tmp}/gres.yaml"], "gres = 'yes please' must be true or false"),
 }
 
 
@@ -228,6 +267,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(
     (tmp_path / "values.json").write_text("{}")
     (tmp_path / "type.yaml").write_text("nodes: two\n")
     (tmp_path / "bool.toml").write_text("nodes = true\n")
+    (tmp_path / "gres.yaml").write_text("gres: yes please\n")
     out = tmp_path / "out"
     out.mkdir()
     for name in SCRIPTS:
@@ -291,12 +331,14 @@ case "$name" in
       "show node") [[ "$3" == n2 ]] ;;
       "show job") printf '   StdOut=/fsx/logs/test_%s.out\n' "$3" ;;
     esac ;;
-  torchrun)
+  torchrun | accelerate)
     record "$@"
     # A trainer that stopped early says why (trainer: DSKIT_STOP_REASON_FILE).
     if [[ -n "${STUB_STOP_REASON-}" ]]; then echo "$STUB_STOP_REASON" >"$DSKIT_STOP_REASON_FILE"; fi ;;
   srun)
     record "$@"
+    # the environment srun gives the task on a node (tests: a node id other than the batch host's)
+    [[ -z "${STUB_NODEID-}" ]] || export SLURM_NODEID=$STUB_NODEID
     while [[ "$1" == -* ]]; do
       if [[ "$1" == -w ]]; then shift; fi
       shift
@@ -320,9 +362,9 @@ class Stubbed:
         stub = tmp_path / "stub"
         stub.write_text(STUB)
         stub.chmod(0o755)
-        for name in ("uv", "python3", "torchrun", "srun", "scontrol", "pkill"):
+        for name in ("uv", "python3", "torchrun", "accelerate", "srun", "scontrol", "pkill"):
             (self.bin / name).symlink_to(stub)
-        for name in ("python", "torchrun"):
+        for name in ("python", "torchrun", "accelerate"):
             (self.repo / ".venv" / "bin" / name).symlink_to(stub)
         render_to(self.repo, *render_args)
 
@@ -646,3 +688,130 @@ def test_prepare_data_hostile_values_are_inert(tmp_path: Path) -> None:
     for flag in ("--dataset", "--model", "--tokenizer", "--text_field", "--"):
         assert call[call.index(flag) + 1] == hostile, flag
     assert f"ENV NCCL_HOSTILE={hostile}" in call
+
+
+# --- launcher: accelerate, HyperPod, GRES, against stub commands ------------------------------------------
+
+
+def test_accelerate_sbatch_launches_each_node_with_its_own_machine_rank(tmp_path: Path) -> None:
+    stub = Stubbed(
+        tmp_path,
+        "--set",
+        "launcher=accelerate",
+        "--set",
+        "accelerate_config=acc.yaml",
+        "--set",
+        "model=tiny-qwen3",
+    )
+    (stub.repo / "acc.yaml").write_text("distributed_type: DEEPSPEED\n")
+    # The batch host is node 0; the task srun starts is on node 1: its own SLURM_NODEID must reach accelerate.
+    proc = stub.run("train.sbatch", "--seed", "7", env={"SLURM_NODEID": "0", "STUB_NODEID": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (accelerate,) = stub.recorded("accelerate", with_env=True)
+    port = 10000 + 12345 % 20000
+    assert accelerate[:10] == [
+        "launch",
+        "--num_machines=2",
+        "--num_processes=4",  # 2 nodes x 2 CPU ranks
+        "--config_file=acc.yaml",  # no type flag beside it: it would override the file's distributed type
+        "--main_process_ip=n1",  # the first node, never localhost
+        f"--main_process_port={port}",
+        "--rdzv_backend=c10d",
+        "--deepspeed_multinode_launcher=standard",  # not pdsh
+        "--machine_rank=1",  # expanded on the node (accelerate#2816), not the batch host's 0
+        "src/train_deepspeed.py",
+    ]
+    assert accelerate[10:14] == ["--model", "tiny-qwen3", "--seed", "7"]
+    assert "ENV DS_ACCELERATOR=cpu" in accelerate and "ENV MASTER_ADDR=n1" in accelerate
+    assert stub.recorded("torchrun") == []
+    assert "Node " in proc.stdout and "(SLURM_NODEID=1): accelerate launch with 2 ranks" in proc.stdout
+    assert "accelerate launch: 2 machine(s) x 2 process(es), config acc.yaml" in proc.stdout
+    (main_srun,) = [c for c in stub.recorded("srun") if "--kill-on-bad-exit=1" in c]
+    assert "--auto-resume=1" not in main_srun  # HyperPod's option only where asked for
+
+
+def test_accelerate_sbatch_preempted_run_requeues(tmp_path: Path) -> None:
+    """The stop-reason protocol is the launcher's, whatever starts the ranks."""
+    stub = Stubbed(tmp_path, "--set", "launcher=accelerate")
+    proc = stub.run("train.sbatch", env={"STUB_STOP_REASON": "walltime", "STUB_NODEID": "0"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert ["requeue", "12345"] in stub.recorded("scontrol")
+    (accelerate,) = stub.recorded("accelerate")
+    # no config: plain data parallel with accelerate's defaults said out loud
+    assert accelerate[3:6] == ["--multi_gpu", "--mixed_precision=no", "--dynamo_backend=no"]
+    assert "--machine_rank=0" in accelerate
+
+
+def test_accelerate_singlenode(tmp_path: Path) -> None:
+    stub = Stubbed(tmp_path, "--set", "launcher=accelerate")
+    proc = stub.run("train-singlenode.sh", "--max_steps", "5", env={"JOB_NAME": "unit"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (accelerate,) = stub.recorded("accelerate")
+    assert accelerate == [
+        "launch", "--num_machines=1", "--num_processes=2", "--multi_gpu", "--mixed_precision=no",
+        "--dynamo_backend=no", "--main_process_port=0", "src/train_deepspeed.py", "--max_steps", "5",
+    ]  # fmt: skip
+    (stub.repo / "acc.yaml").write_text("distributed_type: FSDP\n")
+    proc = stub.run("train-singlenode.sh", env={"ACCELERATE_CONFIG": "acc.yaml", "CPU_RANKS": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # with a config file one process is fine (accelerate's --multi_gpu needs two)
+    assert stub.recorded("accelerate")[1][:4] == [
+        "launch", "--num_machines=1", "--num_processes=1", "--config_file=acc.yaml"
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("script", "env", "expected"),
+    [
+        (
+            "train.sbatch",
+            {"ACCELERATE_CONFIG": "nope.yaml"},
+            "error: ACCELERATE_CONFIG=nope.yaml: no such file",
+        ),
+        (
+            "train-singlenode.sh",
+            {"CPU_RANKS": "1"},
+            "error: accelerate without a config file launches --multi_gpu, which needs at least 2 ranks in all "
+            "(1 here)",
+        ),
+    ],
+    ids=["missing config", "one rank without config"],
+)
+def test_accelerate_launch_errors(tmp_path: Path, script: str, env: dict[str, str], expected: str) -> None:
+    stub = Stubbed(tmp_path, "--set", "launcher=accelerate")
+    proc = stub.run(script, env=env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert expected in proc.stderr + proc.stdout  # train-singlenode.sh tees both into its log
+    assert stub.recorded("accelerate") == []
+
+
+def test_accelerate_hostile_values_are_inert(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    hostile = HOSTILE.format(marker=marker)
+    stub = Stubbed(tmp_path, "--set", "launcher=accelerate", "--set", f"accelerate_config={hostile}")
+    for script in LAUNCHERS:
+        subprocess.run(["bash", "-n", str(stub.repo / script)], check=True)
+        proc = stub.run(script)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        # the value reached the check as one word, byte for byte, and ran nothing
+        assert f"error: ACCELERATE_CONFIG={hostile}: no such file" in proc.stderr + proc.stdout
+    assert not marker.exists()
+
+
+def test_hyperpod_auto_resume_and_gres(tmp_path: Path) -> None:
+    stub = Stubbed(tmp_path, "--values", str(GOLDENS / "hyperpod-gres" / "values.yaml"))
+    text = (stub.repo / "train.sbatch").read_text()
+    assert "#SBATCH --gpus-per-node=8\n" in text
+    proc = stub.run("train.sbatch")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (main_srun,) = [c for c in stub.recorded("srun") if "--kill-on-bad-exit=1" in c]
+    assert main_srun[0] == "--auto-resume=1"
+    assert len(stub.recorded("torchrun")) == 1
+    proc = stub.run("train-singlenode.sh", "n2", "--max_steps", "5")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    node_srun = [c for c in stub.recorded("srun") if "-w" in c and "n2" in c]
+    assert len(node_srun) == 1 and {"--auto-resume=1", "--gpus-per-node=8"} <= set(node_srun[0])
+    # off by default: the shipped scripts have neither
+    for name in LAUNCHERS:
+        shipped = (REPO / name).read_text()
+        assert "--auto-resume" not in shipped and "--gpus-per-node" not in shipped
