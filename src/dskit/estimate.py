@@ -322,6 +322,19 @@ def _activations(m: ModelShape, lay: ZeroLayout) -> tuple[int, int, str, str]:
     return layers, logits, layers_how, logits_how
 
 
+def _host_lines(ranks: int, build: int, build_how: str, offload: int, offload_how: str) -> tuple[Line, ...]:
+    """Host RAM per node, either engine: the transient model build, what stays offloaded, the processes."""
+    return (
+        Line("model build (transient)", build, f"{ranks} x {build_how} x {BUILD_BUFFER_FACTOR}"),
+        Line("offload (steady)", offload, f"{ranks} x ({offload_how})" if offload else "nothing offloaded"),
+        Line(
+            "processes",
+            ranks * PROCESS_BASELINE_BYTES,
+            f"{ranks} x {PROCESS_BASELINE_BYTES / GiB:g} GiB (approximate)",
+        ),
+    )
+
+
 def estimate_fsdp(m: ModelShape, lay: ZeroLayout) -> MemoryEstimate:
     """FSDP2 (--backend fsdp), kept simple: every rank holds 1/N of the fp32 master parameters, their fp32
     gradients and Adam's m and v (16 bytes per trainable parameter / N; LoRA: the frozen base's 4 bytes / N only),
@@ -358,16 +371,8 @@ def estimate_fsdp(m: ModelShape, lay: ZeroLayout) -> MemoryEstimate:
     build = int(ranks * 4 * P * BUILD_BUFFER_FACTOR)  # built in fp32 on every rank before sharding
     offload = ranks * (4 * shard_p + 12 * shard_t) if off else 0
     processes = ranks * PROCESS_BASELINE_BYTES
-    host_lines = (
-        Line(
-            "model build (transient)", build, f"{ranks} x {P / 1e6:.2f}M params x 4 B x {BUILD_BUFFER_FACTOR}"
-        ),
-        Line(
-            "offload (steady)",
-            offload,
-            f"{ranks} x (fp32 shard, its gradients, Adam m and v)" if off else "nothing offloaded",
-        ),
-        Line("processes", processes, f"{ranks} x {PROCESS_BASELINE_BYTES / GiB:g} GiB (approximate)"),
+    host_lines = _host_lines(
+        ranks, build, f"{P / 1e6:.2f}M params x 4 B", offload, "fp32 shard, its gradients, Adam m and v"
     )
     return MemoryEstimate(
         model=m,
@@ -505,18 +510,12 @@ def estimate(m: ModelShape, lay: ZeroLayout) -> MemoryEstimate:
     processes = ranks * PROCESS_BASELINE_BYTES
     host_total = max(build, offload) + processes
     pinned_note = "; pinned ones rounded up to 2^n bytes" if pin and offload else ""
-    host_lines = (
-        Line(
-            "model build (transient)",
-            build,
-            f"{ranks} x {m.total_params / 1e6:.2f}M params x {m.build_bytes_per_param} B x {BUILD_BUFFER_FACTOR}",
-        ),
-        Line(
-            "offload (steady)",
-            offload,
-            f"{ranks} x ({offload_how}{pinned_note})" if offload else "nothing offloaded",
-        ),
-        Line("processes", processes, f"{ranks} x {PROCESS_BASELINE_BYTES / GiB:g} GiB (approximate)"),
+    host_lines = _host_lines(
+        ranks,
+        build,
+        f"{m.total_params / 1e6:.2f}M params x {m.build_bytes_per_param} B",
+        offload,
+        f"{offload_how}{pinned_note}",
     )
     return MemoryEstimate(
         model=m,

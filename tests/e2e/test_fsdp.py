@@ -155,6 +155,30 @@ def test_kill_during_an_fsdp_save_resumes_from_the_last_verified_checkpoint(poin
         assert staged and min(p.stat().st_size for p in staged) < max(p.stat().st_size for p in staged)
 
 
+def test_fsdp_checkpoints_go_to_s3_and_a_fresh_node_resumes_from_them(straight, s3) -> None:
+    """The S3 tier carries DCP tags (their dcp/ subdir included): uploaded as saved, downloaded on a node whose
+    local dir is empty, verified and resumed whole."""
+    import os
+
+    work, _ = straight
+    ckpt = start_from(work, "s3", work / "ck" / "tiny_qwen3-4steps")
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1"}  # AWS_* point at the loopback server
+    run = [*flags(work / "cache", ckpt, work / "s3-1.jsonl", freq=2), "--s3_checkpoint_uri", s3.uri("fsdp")]
+    first = run_torchrun([*run, "--max_steps", "6"], env=env)  # the last --max_steps wins
+    assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
+    assert {"fsdp/tiny_qwen3-6steps/dcp/.metadata", "fsdp/tiny_qwen3-6steps/dcp/__1_0.distcp"} <= set(
+        s3.keys("fsdp/")
+    )
+    shutil.rmtree(ckpt)  # a new node, or a lost disk
+    run[run.index("--metrics_file") + 1] = str(work / "s3-2.jsonl")
+    second = run_torchrun(run, env=env)
+    assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
+    assert "downloading tiny_qwen3-6steps from s3://" in second.stdout and "at step 6" in second.stdout
+    assert "loaded the weights only" not in second.stdout  # optimizer and schedule came back too
+    assert sorted(step_records(work / "s3-2.jsonl")) == [7, 8]
+    assert file_manifest.verify(ckpt / "tiny_qwen3-6steps") is None  # the download verifies like any tag
+
+
 def test_cpu_offload_trains_in_process(tmp_path: Path, single_rank) -> None:
     """--fsdp_cpu_offload: FSDP2's CPUOffloadPolicy (unpinned on CPU ranks) trains and its shards stay on the CPU."""
     trainer = make_trainer(tmp_path, single_rank, "--backend", "fsdp", "--fsdp_cpu_offload", "true")

@@ -15,23 +15,12 @@ import torch
 
 from model_utils import launch_env
 from model_utils.errors import RunDiverged
+from support.deepspeed_files import config_with
 from support.metrics_file import step_records, tensorboard_scalars
 from support.small_trainer import make_trainer
 from support.torchrun import ENV, REPO, run_torchrun, train
 
 pytestmark = pytest.mark.e2e
-
-
-def ds_file(tmp_path: Path, **sections) -> str:
-    ds = json.loads((REPO / "deepspeed" / "ds_config.json").read_text())
-    for key, value in sections.items():
-        if value is None:
-            ds.pop(key, None)
-        else:
-            ds[key] = value
-    path = tmp_path / "ds.json"
-    path.write_text(json.dumps(ds))
-    return str(path)
 
 
 # Every kind of DeepSpeed set-up the guard runs on (preflight refuses it where DeepSpeed cannot discard).
@@ -43,14 +32,17 @@ CONFIGS = {
         "--gradient_accumulation_steps",
         "2",
     ],
-    "bf16 without ZeRO": lambda t: ["--deepspeed_config", ds_file(t, zero_optimization={"stage": 0})],
+    "bf16 without ZeRO": lambda t: ["--deepspeed_config", config_with(t, zero_optimization={"stage": 0})],
     "fp16 ZeRO-2": lambda t: [
         "--deepspeed_config",
-        ds_file(
+        config_with(
             t, bf16=None, fp16={"enabled": True, "initial_scale_power": 8}, zero_optimization={"stage": 2}
         ),
     ],
-    "fp32 ZeRO-3": lambda t: ["--deepspeed_config", ds_file(t, bf16=None, zero_optimization={"stage": 3})],
+    "fp32 ZeRO-3": lambda t: [
+        "--deepspeed_config",
+        config_with(t, bf16=None, zero_optimization={"stage": 3}),
+    ],
     # FSDP steps its optimizer itself: a discarded step drops its gradients (no optimizer or scheduler step).
     "FSDP bf16, accumulation 2": lambda t: ["--backend", "fsdp", "--gradient_accumulation_steps", "2"],
 }

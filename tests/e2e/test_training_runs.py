@@ -66,14 +66,16 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path: Path, data
     assert client_state(resumed / "tiny_qwen3-8steps") == client_state(straight / "tiny_qwen3-8steps")
 
 
+@pytest.mark.parametrize("backend", ["deepspeed", "fsdp"])
 def test_a_signal_to_one_rank_stops_all_ranks_at_one_step_with_a_checkpoint(
-    tmp_path: Path, data_cache: Path
+    backend: str, tmp_path: Path, data_cache: Path
 ) -> None:
+    """Preemption is the trainer's, whichever engine trains."""
     ckpt = tmp_path / "ck"
     args = [
         "--max_steps", "12", "--logging_freq", "1", "--checkpoint_freq", "100", "--validation_freq", "100",
         "--seq_length", "64", "--data_cache_dir", str(data_cache), "--checkpoint_dir", str(ckpt),
-        "--metrics_file", str(tmp_path / "m.jsonl"),
+        "--metrics_file", str(tmp_path / "m.jsonl"), "--backend", backend,
     ]  # fmt: skip
     log = (tmp_path / "run.log").open("w")
     proc = subprocess.Popen(torchrun_cmd(args), cwd=tmp_path, env=ENV, stdout=log, stderr=subprocess.STDOUT)

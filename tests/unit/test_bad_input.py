@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from dskit import cli
+from support.deepspeed_files import config_with
 
 REPO = Path(__file__).resolve().parents[2]
 DS = str(REPO / "deepspeed" / "ds_config.json")
@@ -45,18 +46,6 @@ def checkpoint_with(t: Path, hidden_size: int = 64, seq_length: int = 256, fsdp:
     )
     file_manifest.write(tag, file_manifest.build(tag, {"tag": tag.name, "step": 5}))
     return str(tag.parent)
-
-
-def ds_with(t: Path, **sections) -> str:
-    """The default DeepSpeed config with whole top-level sections replaced (None: removed)."""
-    ds = json.loads(Path(DS).read_text())
-    for key, value in sections.items():
-        if value is None:
-            ds.pop(key, None)
-        else:
-            ds[key] = value
-    (t / "ds.json").write_text(json.dumps(ds))
-    return str(t / "ds.json")
 
 
 CASES = {
@@ -131,7 +120,7 @@ CASES = {
             "--backend",
             "fsdp",
             "--deepspeed_config",
-            ds_with(t, zero_optimization=None, bf16=None, fp16={"enabled": True}),
+            config_with(t, zero_optimization=None, bf16=None, fp16={"enabled": True}),
         ],
         "--backend fsdp has no loss scaler",
     ),
@@ -140,7 +129,7 @@ CASES = {
             "--backend",
             "fsdp",
             "--deepspeed_config",
-            ds_with(t, zero_optimization=None, activation_checkpointing={"partition_activations": True}),
+            config_with(t, zero_optimization=None, activation_checkpointing={"partition_activations": True}),
         ],
         "activation_checkpointing in",
     ),
@@ -167,14 +156,14 @@ CASES = {
     "spike guard where DeepSpeed cannot discard": (
         lambda t: [
             "--deepspeed_config",
-            ds_with(t, bf16=None, zero_optimization={"stage": 0}),
+            config_with(t, bf16=None, zero_optimization={"stage": 0}),
             "--spike_guard",
             "skip",
         ],
         "DeepSpeed applies non-finite gradients in fp32 without ZeRO",
     ),
     "load_universal in the DeepSpeed config": (
-        lambda t: ["--deepspeed_config", ds_with(t, checkpoint={"load_universal": True})],
+        lambda t: ["--deepspeed_config", config_with(t, checkpoint={"load_universal": True})],
         "checkpoint.load_universal in",
     ),
     "parent run without mlflow": (

@@ -134,18 +134,26 @@ def test_liger_loss_falls_back_to_the_model_forward_under_zero3() -> None:
     assert len(calls) == 1 and torch.allclose(loss, reference(input_ids=ids, labels=ids).loss)
 
 
-def test_compile_trains_like_eager_through_deepspeed(
-    tmp_path: Path, single_rank, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("backend", ["deepspeed", "fsdp"])
+def test_compile_trains_like_eager_through_each_engine(
+    backend: str, tmp_path: Path, single_rank, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """--compile true through the real Trainer (ZeRO-2, CPU Adam): the same losses as eager, the same state_dict
-    keys. Dynamo and AOTAutograd run for real; the backend is aot_eager because inductor's cold C++ build takes
-    ~90 s on 2 cores (inductor runs in the GPU test below)."""
+    """--compile true through the real Trainer (ZeRO-2 with CPU Adam; FSDP2, compiled before sharding): the same
+    losses as eager, the same state_dict keys. Dynamo and AOTAutograd run for real; the backend is aot_eager
+    because inductor's cold C++ build takes ~90 s on 2 cores (inductor runs in the GPU test below)."""
     losses = {}
     for compiled in (False, True):
         if compiled:
             aot_eager = functools.partialmethod(torch.nn.Module.compile, backend="aot_eager")
             monkeypatch.setattr(torch.nn.Module, "compile", aot_eager)
-        trainer = make_trainer(tmp_path, single_rank, "--compile", str(compiled).lower())
+        trainer = make_trainer(
+            tmp_path / f"{backend}-{compiled}",
+            single_rank,
+            "--compile",
+            str(compiled).lower(),
+            "--backend",
+            backend,
+        )
         module = trainer.engine.module
         assert kernels.compiled_in_place(module) is compiled
         assert not any(key.startswith("_orig_mod") for key in module.state_dict())

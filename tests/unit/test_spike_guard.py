@@ -14,8 +14,7 @@ from model_utils import faults, preflight, spike_guard
 from model_utils.arguments import GuardArgs, parse_args
 from model_utils.concat_dataset import DataPosition
 from model_utils.errors import ConfigError
-
-REPO = Path(__file__).resolve().parents[2]
+from support.deepspeed_files import config_with
 
 
 def guard(mode: str = "rollback", **kw) -> spike_guard.SpikeGuard:
@@ -116,18 +115,6 @@ def test_the_test_faults_parse_and_hit_the_draws_they_name() -> None:
             faults.Fault.parse(bad)
 
 
-def ds_file(tmp_path: Path, **changes) -> str:
-    ds = json.loads((REPO / "deepspeed" / "ds_config.json").read_text())
-    for key, value in changes.items():
-        if value is None:
-            ds.pop(key, None)
-        else:
-            ds[key] = value
-    path = tmp_path / "ds.json"
-    path.write_text(json.dumps(ds))
-    return str(path)
-
-
 CAN_DISCARD = {
     "bf16 ZeRO-2 offload (the default)": ({}, True),
     "bf16 without ZeRO": ({"zero_optimization": {"stage": 0}}, True),
@@ -144,7 +131,9 @@ def test_where_deepspeed_can_discard_a_step_the_default_guard_runs_and_elsewhere
     case: str, tmp_path: Path, capsys
 ) -> None:
     changes, discards = CAN_DISCARD[case]
-    settings = preflight.resolve_settings(parse_args(["--deepspeed_config", ds_file(tmp_path, **changes)]))
+    settings = preflight.resolve_settings(
+        parse_args(["--deepspeed_config", config_with(tmp_path, **changes)])
+    )
     assert settings.deepspeed.discards_nonfinite_steps is discards
     assert settings.spike_guard == ("skip" if discards else "off")
     assert (
@@ -153,5 +142,5 @@ def test_where_deepspeed_can_discard_a_step_the_default_guard_runs_and_elsewhere
     if not discards:  # asked for explicitly: an error, not a silent downgrade
         with pytest.raises(ConfigError, match="cannot be discarded: train in bf16 or under ZeRO"):
             preflight.resolve_settings(
-                parse_args(["--deepspeed_config", ds_file(tmp_path, **changes), "--spike_guard", "skip"])
+                parse_args(["--deepspeed_config", config_with(tmp_path, **changes), "--spike_guard", "skip"])
             )
