@@ -4,14 +4,13 @@ Every flag of every section is written, with the values that train: the micro ba
 warm-up the DeepSpeed config and the flags resolved to, the sequence length the model allows, max_steps from
 --epochs. The DeepSpeed config is embedded as given (its "auto" keys stay: the kit fills them at each launch).
 A value is null where it is not given: the other member of a pair of which one decides (--epochs/--max_steps,
---warmup_steps/--warmup_ratio, --validation_split/--validation_fraction), the WSD flags of another schedule and
-the spike guard flags its mode does not read (the mode that runs: off where DeepSpeed cannot discard a step).
+--warmup_steps/--warmup_ratio, --validation_split/--validation_fraction), the WSD flags of another schedule,
+--fsdp_cpu_offload under deepspeed and the spike guard flags its mode does not read (the mode that runs: off where DeepSpeed cannot discard a step).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any
 
 from model_utils import deepspeed_config
@@ -19,13 +18,6 @@ from model_utils.arguments import ONE_OF, SECTIONS, GuardArgs
 from model_utils.preflight import ResolvedRun
 
 _WSD_ONLY = ("decay_fraction", "decay_type", "decay_from_step")
-
-
-def _given_deepspeed(run: ResolvedRun) -> dict[str, Any]:
-    cfg = run.config
-    if cfg.deepspeed_inline is not None:
-        return json.loads(cfg.deepspeed_inline)
-    return deepspeed_config.load_deepspeed_json(cfg.optim.deepspeed_config)
 
 
 def run_file(run: ResolvedRun) -> dict[str, Any]:
@@ -48,10 +40,12 @@ def run_file(run: ResolvedRun) -> dict[str, Any]:
     if ds.schedule != "wsd":
         for flag in _WSD_ONLY:
             flat[flag][flag] = None
+    if cfg.optim.backend != "fsdp":
+        optim["fsdp_cpu_offload"] = None  # an FSDP-only flag: given under deepspeed, it is an error
     sections["guard"]["spike_guard"] = run.settings.spike_guard
     for flag in GuardArgs.unused_in(run.settings.spike_guard):
         flat[flag][flag] = None
-    return {**sections, "deepspeed": _given_deepspeed(run)}
+    return {**sections, "deepspeed": deepspeed_config.given(cfg)[1]}
 
 
 def dump(run: ResolvedRun) -> str:

@@ -241,16 +241,21 @@ def _set(d: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
     d[path[-1]] = value
 
 
+def given(cfg: TrainConfig) -> tuple[str, dict[str, Any]]:
+    """The DeepSpeed-format config this run reads, as given (its path, or what names it), before any flag is
+    merged in: the run file's section, --deepspeed_config, or the backend's default file."""
+    if cfg.deepspeed_inline is not None:
+        return "the run file's deepspeed section", json.loads(cfg.deepspeed_inline)
+    path = cfg.optim.deepspeed_config
+    if cfg.optim.backend == "fsdp" and "deepspeed_config" not in cfg.explicit:
+        path = FSDP_CONFIG  # the default ZeRO config is DeepSpeed's; fsdp has its own default
+    return path, load_deepspeed_json(path)
+
+
 def resolve(cfg: TrainConfig) -> DeepSpeedSettings:
     """Merge the flags into the DeepSpeed file and validate the result with DeepSpeed's own config class."""
     fsdp = cfg.optim.backend == "fsdp"
-    if cfg.deepspeed_inline is not None:
-        path, ds = "the run file's deepspeed section", json.loads(cfg.deepspeed_inline)
-    else:
-        path = cfg.optim.deepspeed_config
-        if fsdp and "deepspeed_config" not in cfg.explicit:
-            path = FSDP_CONFIG  # the default ZeRO config is DeepSpeed's; fsdp has its own default
-        ds = load_deepspeed_json(path)
+    path, ds = given(cfg)
     if fsdp:
         _check_fsdp_keys(ds, path)
     if "train_batch_size" in ds and ds["train_batch_size"] != AUTO:

@@ -113,6 +113,21 @@ def test_config_as_yaml_feeds_back_unchanged(tmp_path: Path, capsys: pytest.Capt
     assert capsys.readouterr().out == dumped  # a fixed point
 
 
+@pytest.mark.parametrize("backend", ["deepspeed", "fsdp"])
+def test_each_backends_dump_feeds_back(
+    backend: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The config each backend reads (fsdp: deepspeed/fsdp.json) is the one embedded; flags only one backend
+    reads are null under the other."""
+    common = ["--data_cache_dir", str(tmp_path / "c"), "--checkpoint_dir", str(tmp_path / "ck")]
+    assert cli.main(["config", "--format", "yaml", "--backend", backend, *common]) == 0
+    path = write(tmp_path / "dumped.yaml", capsys.readouterr().out)
+    original = resolved(capsys, "--backend", backend, *common)
+    again = resolved(capsys, "--config", path)
+    assert again["resolved"] == original["resolved"] and again["deepspeed"] == original["deepspeed"]
+    assert ("zero_optimization" in again["deepspeed"]) is (backend == "deepspeed")
+
+
 def test_shipped_run_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     common = ["--data_cache_dir", str(tmp_path / "c"), "--checkpoint_dir", str(tmp_path / "ck")]
     default = resolved(capsys, "--config", str(REPO / "configs" / "pretrain-default.yaml"), *common)
