@@ -25,7 +25,14 @@ def test_bench_prints_and_writes_both_rows(
 ) -> None:
     monkeypatch.chdir(tmp_path)  # the packed-data cache (.cache/data) lands here, not in the checkout
     out = tmp_path / "bench.json"
-    vary = ["--vary", "zero_optimization.overlap_comm=false", "--vary", "micro_batch_size=2"]
+    vary = [
+        "--vary",
+        "zero_optimization.overlap_comm=false",
+        "--vary",
+        "micro_batch_size=2",
+        "--vary",
+        "backend=fsdp",
+    ]
     assert cli.main(["bench", "--deepspeed_config", *CONFIGS, *vary, "--json", str(out)]) == 0
     printed = capsys.readouterr().out
 
@@ -39,14 +46,18 @@ def test_bench_prints_and_writes_both_rows(
         table[5].startswith("dskit: ds_config.json micro_batch_size=2, liger auto")
         and table[5].split()[-6] == "2"
     )
+    assert table[6].startswith(
+        "dskit: fsdp.json backend=fsdp, liger auto"
+    )  # FSDP2 on fsdp's own default
 
     result = json.loads(out.read_text())
     assert (result["device"], result["model"], result["seq_length"]) == ("cpu", "tiny-qwen3", 256)
     assert result["flops_per_token"] > 0 and result["peak_tflops"] is None
     rows = result["rows"]
-    assert [r["kind"] for r in rows] == ["reference", "dskit", "dskit", "dskit", "dskit"]
-    assert [r["settings"].get("deepspeed_config") for r in rows[1:]] == [*CONFIGS, CONFIGS[0], CONFIGS[0]]
+    assert [r["kind"] for r in rows] == ["reference", "dskit", "dskit", "dskit", "dskit", "dskit"]
+    assert [r["settings"].get("deepspeed_config") for r in rows[1:5]] == [*CONFIGS, CONFIGS[0], CONFIGS[0]]
     assert rows[4]["settings"]["changed"] == {"micro_batch_size": "2"}
+    assert rows[5]["settings"]["changed"] == {"backend": "fsdp"}
     # The varied row trained with the first config and that one key changed, as DeepSpeed received it.
     assert rows[3]["settings"]["changed"] == {"zero_optimization.overlap_comm": False}
     base, varied = rows[1]["settings"]["zero_optimization"], rows[3]["settings"]["zero_optimization"]
