@@ -46,9 +46,7 @@ def test_bench_prints_and_writes_both_rows(
         table[5].startswith("dskit: ds_config.json micro_batch_size=2, liger auto")
         and table[5].split()[-6] == "2"
     )
-    assert table[6].startswith(
-        "dskit: fsdp.json backend=fsdp, liger auto"
-    )  # FSDP2 on fsdp's own default
+    assert table[6].startswith("dskit: fsdp.json backend=fsdp, liger auto")  # FSDP2 on fsdp's own default
 
     result = json.loads(out.read_text())
     assert (result["device"], result["model"], result["seq_length"]) == ("cpu", "tiny-qwen3", 256)
