@@ -39,6 +39,14 @@ def _flag(help: str, **extra: Any) -> dict[str, Any]:
     return {"help": help, **extra}
 
 
+def _check_choice(flag: str, value: str, choices: tuple[str, ...], noun: str) -> None:
+    """A value outside `choices`: one line naming the closest choice, else all of them."""
+    if value not in choices:
+        close = difflib.get_close_matches(value, choices, n=1)
+        hint = f"did you mean {close[0]}?" if close else f"use one of {', '.join(choices)}"
+        raise ConfigError(f"--{flag} {value!r} is not {noun}: {hint}")
+
+
 @dataclass(frozen=True)
 class ModelArgs:
     model: str = field(
@@ -208,10 +216,7 @@ class OptimArgs:
     )
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            close = difflib.get_close_matches(self.backend, BACKENDS, n=1)
-            hint = f"did you mean {close[0]}?" if close else f"use one of {', '.join(BACKENDS)}"
-            raise ConfigError(f"--backend {self.backend!r} is not a training engine: {hint}")
+        _check_choice("backend", self.backend, BACKENDS, "a training engine")
         for name in ("micro_batch_size", "gradient_accumulation_steps"):
             value = getattr(self, name)
             if not (name == "micro_batch_size" and value == AUTO) and value < 1:
@@ -220,10 +225,7 @@ class OptimArgs:
             raise ConfigError(f"--lr {self.lr} must be positive, e.g. 5e-5")
         if self.warmup_steps < 0:
             raise ConfigError(f"--warmup_steps {self.warmup_steps} must be zero or positive")
-        if self.lr_schedule not in SCHEDULES:
-            close = difflib.get_close_matches(self.lr_schedule, SCHEDULES, n=1)
-            hint = f"did you mean {close[0]}?" if close else f"use one of {', '.join(SCHEDULES)}"
-            raise ConfigError(f"--lr_schedule {self.lr_schedule!r} is not a schedule: {hint}")
+        _check_choice("lr_schedule", self.lr_schedule, SCHEDULES, "a schedule")
         if self.decay_type not in DECAY_TYPES:
             raise ConfigError(f"--decay_type {self.decay_type!r} is not one of {', '.join(DECAY_TYPES)}")
         if self.warmup_ratio is not None and not 0 <= self.warmup_ratio < 1:
@@ -360,10 +362,7 @@ class GuardArgs:
     )
 
     def __post_init__(self) -> None:
-        if self.spike_guard not in SPIKE_GUARD_MODES:
-            close = difflib.get_close_matches(self.spike_guard, SPIKE_GUARD_MODES, n=1)
-            hint = f"did you mean {close[0]}?" if close else f"use one of {', '.join(SPIKE_GUARD_MODES)}"
-            raise ConfigError(f"--spike_guard {self.spike_guard!r} is not a mode: {hint}")
+        _check_choice("spike_guard", self.spike_guard, SPIKE_GUARD_MODES, "a mode")
         if self.spike_window < 2:
             raise ConfigError(f"--spike_window {self.spike_window} must be at least 2 steps, e.g. 100")
         if not self.spike_sigma > 0:
@@ -491,10 +490,7 @@ class ReportArgs:
         return window
 
     def __post_init__(self) -> None:
-        if self.report_to not in REPORT_TO:
-            close = difflib.get_close_matches(self.report_to, REPORT_TO, n=1)
-            hint = f"did you mean {close[0]}?" if close else f"use one of {', '.join(REPORT_TO)}"
-            raise ConfigError(f"--report_to {self.report_to!r} is not a tracker: {hint}")
+        _check_choice("report_to", self.report_to, REPORT_TO, "a tracker")
         if self.tracking_uri is not None and self.report_to != "mlflow":
             raise ConfigError("--tracking_uri is for MLflow: add --report_to mlflow or drop --tracking_uri")
         if self.peak_tflops is not None and not self.peak_tflops > 0:
