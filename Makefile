@@ -10,7 +10,13 @@ export HF_DATASETS_OFFLINE ?= 1
 # One JIT-ops cache per checkout: checkouts sharing ~/.cache/torch_extensions rebuild each other's ops.
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
-.PHONY: test env tools warm lint
+.PHONY: test env tools warm lint wheelhouse offline-check
+# make wheelhouse: every locked dependency as wheels, for an air-gapped cluster (WHEELHOUSE=DIR on the launchers).
+# The target defaults to this machine; set WHEELHOUSE_PYTHON=3.12 WHEELHOUSE_MACHINE=aarch64 WHEELHOUSE_GLIBC=2.28
+# for another. `make offline-check` builds it, then runs the air-gapped install test against it (docs/testing.md).
+WHEELHOUSE_DIR ?= wheelhouse
+WHEELHOUSE_OPTS := $(if $(WHEELHOUSE_PYTHON),--python $(WHEELHOUSE_PYTHON)) \
+  $(if $(WHEELHOUSE_MACHINE),--machine $(WHEELHOUSE_MACHINE)) $(if $(WHEELHOUSE_GLIBC),--glibc $(WHEELHOUSE_GLIBC))
 
 # shellcheck lints the rendered launchers; the SLURM tests install their own packages (tests/slurm/cluster.sh).
 tools:
@@ -36,3 +42,11 @@ lint: env
 
 test: warm lint
 	$(PY) -m pytest tests -q
+
+wheelhouse: env
+	$(PY) -m dskit.cli wheelhouse build $(WHEELHOUSE_DIR) $(WHEELHOUSE_OPTS)
+
+# The air-gapped path for real: install from wheelhouse/ with no network, train through both launchers (~5 min).
+offline-check: warm
+	$(MAKE) wheelhouse WHEELHOUSE_DIR=wheelhouse
+	DSKIT_TEST_WHEELHOUSE=$(CURDIR)/wheelhouse $(PY) -m pytest tests/slurm/test_slurm.py -k offline -q -rA

@@ -8,11 +8,12 @@
 # NODE (a first argument not starting with '-') runs it on that SLURM node through `srun -w NODE -N1`;
 # the repo must be on a filesystem the node shares. Without NODE it runs here.
 #   CUDA_VERSION=12.9 ./train-singlenode.sh node7 --max_steps 200
-# Bootstraps uv (pip) and the locked environment (uv sync --frozen) on first use.
+# Bootstraps uv (pip) and the locked environment (uv sync --frozen) on first use; or DSKIT_PYTHON=/path/to/python
+# uses an interpreter that has torch already (a container's), and WHEELHOUSE=DIR installs with no network.
 # Output is teed to logs/<job name>_<timestamp>.out, so `tail -f logs/*.out` follows the run.
 # Environment overrides: JOB_NAME, CONFIG MAX_STEPS CHECKPOINT_FREQ DATASET DATASET_CONFIG_NAME LOCAL_DATASET MODEL
-# (training defaults; flags given here win), CUDA_VERSION, GPUS_PER_NODE, CPU_RANKS, OMP_NUM_THREADS (threads
-# per rank; default: cores / ranks).
+# (training defaults; flags given here win), DSKIT_PYTHON, WHEELHOUSE, CUDA_VERSION, GPUS_PER_NODE, CPU_RANKS,
+# OMP_NUM_THREADS (threads per rank; default: cores / ranks).
 set -euo pipefail
 
 script=$(readlink -f "${BASH_SOURCE[0]}")
@@ -41,12 +42,39 @@ sync_env() {
   "${uv_cmd[@]}" sync --frozen --quiet --compile-bytecode
 }
 
-# Sets gpus (GPUs visible here) and prints the versions this run uses.
+# Sets py, the interpreter of this run. DSKIT_PYTHON: one that already has torch (a container's, a cluster
+# module's), used as it is. WHEELHOUSE: .venv installed from that directory with no network (over DSKIT_PYTHON
+# when both are set: only what it lacks, its torch kept). Else a .venv installed from a wheelhouse before, or the
+# locked .venv (uv sync). The kit's own code always comes from this checkout (PYTHONPATH).
+setup_python() {
+  export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+  if [[ -n "$DSKIT_PYTHON" ]] && ! command -v "$DSKIT_PYTHON" >/dev/null 2>&1; then
+    die "DSKIT_PYTHON=$DSKIT_PYTHON: no such interpreter on $(hostname): give the path of a Python that has torch" \
+      "(e.g. /usr/bin/python3 in a container), or unset it to use the kit's own .venv"
+  fi
+  if [[ -n "$WHEELHOUSE" ]]; then
+    local base=${DSKIT_PYTHON:-python3} overlay=()
+    [[ -z "$DSKIT_PYTHON" ]] || overlay=(--overlay)
+    "$base" -m dskit.wheelhouse install "$WHEELHOUSE" --venv .venv "${overlay[@]}" || exit "$?"
+    py=("$PWD/.venv/bin/python")
+  elif [[ -n "$DSKIT_PYTHON" ]]; then
+    py=("$DSKIT_PYTHON")
+    echo "Python: $DSKIT_PYTHON (DSKIT_PYTHON: used as it is, no uv sync)"
+  elif [[ -f .venv/dskit-wheelhouse.json ]]; then
+    py=("$PWD/.venv/bin/python")
+    echo "Python: .venv, installed from a wheelhouse (no uv sync; WHEELHOUSE=DIR updates it)"
+  else
+    sync_env
+    py=("$PWD/.venv/bin/python")
+  fi
+}
+
+# Checks that py has every package the kit needs at a compatible version (else one line naming what is missing
+# and the pip command that adds it without touching torch), then sets gpus (GPUs visible here) and prints the
+# versions this run uses.
 probe() {
   local versions
-  versions=$("${py[@]}" -c 'import importlib.metadata as m, platform, torch
-print(torch.cuda.device_count(), platform.python_version(), torch.__version__, torch.version.cuda or "none",
-      m.version("deepspeed"))')
+  versions=$("${py[@]}" -m dskit.python_env probe) || exit "$?"
   read -r gpus python_version torch_version torch_cuda deepspeed_version <<<"$versions"
   echo "Versions: python $python_version, torch $torch_version (CUDA $torch_cuda), deepspeed $deepspeed_version"
 }
@@ -123,6 +151,10 @@ train_here() {
   CUDA_VERSION=${CUDA_VERSION:-12.8}
   CPU_RANKS=${CPU_RANKS:-2}
   GPUS_PER_NODE=${GPUS_PER_NODE:-8}
+  # The Python environment (see setup_python): an interpreter with torch preinstalled, and a wheelhouse directory.
+  DSKIT_PYTHON=${DSKIT_PYTHON:-}
+  WHEELHOUSE=${WHEELHOUSE:-}
+
   # DeepSpeed's JIT-compiled ops: built once per checkout, reused by every node (the repo is on a shared
   # filesystem); one dir per checkout also stops two checkouts from rebuilding each other's ops.
   export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$PWD/.cache/torch_extensions}
@@ -147,16 +179,15 @@ train_here() {
   train_args+=("$@")
 
   echo "Host $(hostname): training here"
-  sync_env
-  py=(.venv/bin/python)
+  setup_python
   probe
   choose_ranks
   export_extra_env
   # Check this machine, the flags, the model and the data in one process before any rank starts, and build the
   # packed-data cache (one node: no inter-node network to check).
   run_preflight 1 auto "${train_args[@]}"
-  .venv/bin/torchrun --standalone --nnodes=1 --nproc_per_node="$nproc_per_node" src/train_deepspeed.py \
-    "${train_args[@]}"
+  "${py[@]}" -m torch.distributed.run --standalone --nnodes=1 --nproc_per_node="$nproc_per_node" \
+    src/train_deepspeed.py "${train_args[@]}"
 }
 
 # Inside `srun` from the caller below: the caller already tees the output to the log.

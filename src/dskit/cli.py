@@ -130,6 +130,10 @@ COMMANDS = {
         "plot loss, lr, tokens/s and memory of a run (RUN_LOG_OR_METRICS -o out.png)",
     ),
     "bench": (_module_main("bench"), "benchmark the kit's training path against a plain PyTorch loop"),
+    "wheelhouse": (
+        _module_main("wheelhouse"),
+        "air-gapped installs: build DIR of every locked wheel (connected machine), install it with no network",
+    ),
     "sagemaker": (
         _module_main("sagemaker"),
         "run training as a SageMaker training job (submit [--values FILE] [FLAGS], status, logs, stop JOB)",

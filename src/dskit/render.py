@@ -76,6 +76,11 @@ class LaunchValues:
     exclusive: bool = True
     # Pyxis/enroot image: the ranks and `dskit prepare` then run in it (it must hold the Python environment)
     container_image: str | None = None
+    # an interpreter with torch preinstalled (a container's, a cluster module's), used instead of uv sync: the
+    # default of DSKIT_PYTHON; with container_image, the interpreter inside the image (default python3)
+    python: str | None = None
+    # a `make wheelhouse` directory the launchers install .venv from with no network: the default of WHEELHOUSE
+    wheelhouse: str | None = None
     cuda_version: str = "12.8"
     efa: str = "auto"
     # torchrun or accelerate (`accelerate launch` on every node; accelerate_config: its --config_file, which picks
@@ -171,6 +176,8 @@ class LaunchValues:
                 raise ConfigError(f"{name} = {getattr(self, name)}: use at least 1")
         for name in (
             "container_image",
+            "python",
+            "wheelhouse",
             "dataset",
             "dataset_config_name",
             "model",

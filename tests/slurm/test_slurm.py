@@ -12,6 +12,8 @@ import json
 import os
 import random
 import re
+import shlex
+import shutil
 import string
 import subprocess
 import time
@@ -414,3 +416,110 @@ def test_singlenode_unknown_node_is_a_clear_error(cluster) -> None:
     )  # fmt: skip
     assert proc.returncode == 2
     assert "error: node 'no-such-node' is not known to SLURM" in proc.stderr
+
+
+# The offline test below runs when a wheelhouse of this uv.lock is at DSKIT_TEST_WHEELHOUSE, default the checkout's
+# wheelhouse/ (`make offline-check` builds it, 3 GiB from PyPI, then runs the test). A fresh clone has none, so
+# `make test` skips it with that reason: the install and DeepSpeed's ops built for the new venv take ~5 minutes.
+TEST_WHEELHOUSE = Path(os.environ.get("DSKIT_TEST_WHEELHOUSE", REPO / "wheelhouse"))
+
+
+def wheelhouse_of_this_lock() -> Path:
+    from dskit import wheelhouse
+
+    manifest = TEST_WHEELHOUSE / wheelhouse.MANIFEST
+    arm = "`make offline-check` builds one (3 GiB from PyPI) and runs this test"
+    if not manifest.is_file():
+        pytest.skip(f"no wheelhouse at {TEST_WHEELHOUSE}: {arm}")
+    if json.loads(manifest.read_text())["lock_sha256"] != wheelhouse.lock_digest(REPO):
+        pytest.skip(f"the wheelhouse at {TEST_WHEELHOUSE} is of another uv.lock: {arm}")
+    return TEST_WHEELHOUSE
+
+
+def no_network_shell(script: str) -> list[str]:
+    """bash in a new network namespace: loopback only, no route out; the nameservers unreachable, so that name
+    lookups that miss /etc/hosts fail at once instead of waiting for the resolver's timeout."""
+    block = [
+        f"ip route replace unreachable {addr}/32"
+        for key, addr, *_ in (
+            line.split() for line in Path("/etc/resolv.conf").read_text().splitlines() if line.strip()
+        )
+        if key == "nameserver" and addr.count(".") == 3 and not addr.startswith("127.")
+    ]
+    return [
+        "unshare",
+        "--net",
+        "bash",
+        "-euo",
+        "pipefail",
+        "-c",
+        "; ".join(["ip link set lo up", *block, script]),
+    ]
+
+
+def test_offline_install_from_a_wheelhouse_trains_through_both_launchers(
+    cluster, tmp_path: Path, timing
+) -> None:
+    """What an air-gapped cluster does: a copy of the checkout and a wheelhouse, no network, no uv. The launcher
+    makes .venv with `python -m venv` and pip (the kit's own wheel too) and trains the embedded default; then
+    train.sbatch on both nodes runs the kit with that venv as an existing interpreter (DSKIT_PYTHON)."""
+    wh = wheelhouse_of_this_lock()
+    copy = tmp_path / "repo"
+    files = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO, capture_output=True, check=True,
+    ).stdout.decode().split("\0")  # fmt: skip
+    for name in filter(None, files):
+        if (REPO / name).is_file():
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, copy / name)
+    # a `uv` that fails loudly: the wheelhouse path must never reach for it
+    no_uv = tmp_path / "no-uv"
+    no_uv.mkdir()
+    (no_uv / "uv").write_text("#!/bin/sh\necho 'uv was called' >&2\nexit 97\n")
+    (no_uv / "uv").chmod(0o755)
+    env = {
+        **JOB_ENV,
+        "PATH": f"{no_uv}:{os.environ['PATH']}",
+        "JOB_NAME": "offline",
+        # DeepSpeed's ops, built for this venv on first use (torch's include paths are part of an op's build key,
+        # so the checkout's ops would be rebuilt, for this venv, under the other environment's feet)
+        "TORCH_EXTENSIONS_DIR": str(tmp_path / "torch_extensions"),
+    }
+    start = time.monotonic()
+    proc = subprocess.run(
+        no_network_shell(
+            "! python3 -c 'import socket; socket.create_connection((\"151.101.0.223\", 443), timeout=5)' 2>/dev/null"
+            f" || {{ echo 'the namespace reaches the internet'; exit 98; }}; WHEELHOUSE={shlex.quote(str(wh))}"
+            f" ./train-singlenode.sh --max_steps 2 --checkpoint_dir {shlex.quote(str(tmp_path / 'ck1'))}"
+        ),
+        cwd=copy, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    timing("offline: WHEELHOUSE install + train-singlenode.sh, 2 steps", time.monotonic() - start)
+    (log,) = (copy / "logs").glob("offline_*.out")
+    text = log.read_text()
+    assert proc.returncode == 0, text + proc.stderr
+    installed = re.search(r"^Python: \S+ installed from the wheelhouse in (\d+) s$", text, re.MULTILINE)
+    assert installed, text
+    timing("offline: pip install of the wheelhouse into .venv", float(installed.group(1)))
+    assert "Done: step 2/2" in text and "uv was called" not in text + proc.stderr
+    venv = copy / ".venv"
+    assert "uv =" not in (venv / "pyvenv.cfg").read_text()  # made by `python -m venv`, not by uv
+    versions = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import importlib.metadata as m; print(m.version('dskit'), m.version('torch'))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    assert versions[0] == "0.1.0"  # the kit's own wheel, installed by pip
+    # Both launchers: train.sbatch across the 2 nodes (namespaces with no route out), the same venv as DSKIT_PYTHON.
+    start = time.monotonic()
+    (tmp_path / "sbatch").mkdir()
+    job_env = {
+        "DSKIT_PYTHON": str(venv / "bin" / "python"),
+        "TORCH_EXTENSIONS_DIR": env["TORCH_EXTENSIONS_DIR"],
+    }
+    job = Job(tmp_path / "sbatch", "--max_steps", "2", env=job_env)
+    assert job.wait_done(timeout=600) == "COMPLETED", job.text()
+    timing("offline: train.sbatch with DSKIT_PYTHON, 2 nodes, 2 steps", time.monotonic() - start)
+    text = job.text()
+    assert f"Python: {venv / 'bin' / 'python'} (DSKIT_PYTHON: used as it is, no uv sync)" in text
+    assert f"torch {versions[1]}" in text and "Done: step 2/2" in text, text

@@ -9,6 +9,7 @@ model counted on the meta device, and the rendered launcher scripts run by bash.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -293,6 +294,24 @@ def test_uv_check_skips_another_python(tmp_path: Path) -> None:
     tiny_project(tmp_path, with_dependency=False)
     result = doctor.check_uv(tmp_path, Path("/usr"))
     assert result.status is Status.SKIP and "not the project env" in result.found
+
+
+def test_uv_check_of_a_venv_from_a_wheelhouse_compares_its_lock(tmp_path: Path) -> None:
+    """Offline, uv is not there to ask: the install's stamp says which uv.lock its wheelhouse was built from."""
+    from dskit import wheelhouse
+
+    tiny_project(tmp_path, with_dependency=False)
+    (tmp_path / ".venv").mkdir()
+    stamp = tmp_path / ".venv" / wheelhouse.STAMP
+    stamp.write_text(
+        json.dumps({"lock_sha256": wheelhouse.lock_digest(tmp_path), "base": "/usr/bin/python3"})
+    )
+    result = doctor.check_uv(tmp_path, tmp_path / ".venv")
+    assert result.status is Status.PASS and "installed from a wheelhouse of this uv.lock" in result.found
+    tiny_project(tmp_path, with_dependency=True)  # the lock moved on
+    result = doctor.check_uv(tmp_path, tmp_path / ".venv")
+    assert result.status is Status.WARN and "of another uv.lock" in result.found
+    assert "WHEELHOUSE=DIR" in result.fix
 
 
 # --- 2./4. driver and GPUs (fake nvidia-smi) -------------------------------------------------------------

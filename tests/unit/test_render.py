@@ -88,9 +88,10 @@ def test_committed_scripts_are_the_rendered_defaults(tmp_path: Path) -> None:
         assert os.access(committed, os.X_OK), f"{name} is not executable"
 
 
-@pytest.mark.parametrize("golden", ["accelerate", "hyperpod-gres"])
+@pytest.mark.parametrize("golden", ["accelerate", "hyperpod-gres", "python-env", "container-wheelhouse"])
 def test_golden_renders(tmp_path: Path, golden: str) -> None:
-    """launcher: accelerate, and HyperPod auto-resume with GPU GRES, rendered exactly as reviewed."""
+    """launcher: accelerate; HyperPod auto-resume with GPU GRES; a given Python and a wheelhouse, without and with a
+    container image: rendered exactly as reviewed."""
     render_to(tmp_path, "--values", str(GOLDENS / golden / "values.yaml"))
     for name in SCRIPTS:
         assert (tmp_path / name).read_text() == (GOLDENS / golden / name).read_text(), (
@@ -115,8 +116,19 @@ def test_scripts_say_they_are_generated_and_how_to_regenerate() -> None:
         ("accelerate.yaml", (GOLDENS / "accelerate" / "values.yaml").read_text()),
         ("hyperpod.yaml", (GOLDENS / "hyperpod-gres" / "values.yaml").read_text()),
         ("p5-accelerate.yaml", P5_YAML + "launcher: accelerate\n"),
+        ("python-env.yaml", (GOLDENS / "python-env" / "values.yaml").read_text()),
+        ("container-wheelhouse.yaml", (GOLDENS / "container-wheelhouse" / "values.yaml").read_text()),
     ],
-    ids=["defaults", "p5", "cpu-only", "accelerate", "hyperpod-gres", "p5-accelerate-container"],
+    ids=[
+        "defaults",
+        "p5",
+        "cpu-only",
+        "accelerate",
+        "hyperpod-gres",
+        "p5-accelerate-container",
+        "python-env",
+        "container-wheelhouse",
+    ],
 )
 def test_rendered_scripts_pass_bash_n_and_shellcheck(tmp_path: Path, values: tuple[str, str] | None) -> None:
     args = []
@@ -319,11 +331,25 @@ STUB = r"""#!/usr/bin/env bash
 name=$(basename "$0")
 record() {
   printf '%s\0' "$name" "$@" "ENV NCCL_HOSTILE=${NCCL_HOSTILE-}" "ENV DS_ACCELERATOR=${DS_ACCELERATOR-}" \
-    "ENV MASTER_ADDR=${MASTER_ADDR-}" "ENV DSKIT_LOG_FILE=${DSKIT_LOG_FILE-}" >"$STUB_CALLS/$(date +%s%N)-$name"
+    "ENV MASTER_ADDR=${MASTER_ADDR-}" "ENV DSKIT_LOG_FILE=${DSKIT_LOG_FILE-}" "ENV PYTHONPATH=${PYTHONPATH-}" \
+    "ENV EXE=$0" >"$STUB_CALLS/$(date +%s%N)-$name"
+}
+# A trainer that stopped early says why (trainer: DSKIT_STOP_REASON_FILE).
+stop_reason() {
+  if [[ -n "${STUB_STOP_REASON-}" ]]; then echo "$STUB_STOP_REASON" >"$DSKIT_STOP_REASON_FILE"; fi
 }
 case "$name" in
   python | python3)
-    if [[ "$1" == -c ]]; then echo "${STUB_GPUS:-0} 3.11.7 2.6.0 none 0.19.8"; else record "$@"; fi ;;
+    case "$1 ${2-}" in
+      "-m dskit.python_env")
+        # STUB_ENV_BROKEN: the interpreter lacks a package (python_env's one line, exit 2)
+        if [[ -n "${STUB_ENV_BROKEN-}" ]]; then echo "error: $0 lacks what the kit needs: $STUB_ENV_BROKEN" >&2; exit 2; fi
+        echo "${STUB_GPUS:-0} 3.11.7 2.6.0 none 0.19.8" ;;
+      # the launchers start torchrun and accelerate as modules of the run's interpreter
+      "-m torch.distributed.run") name=torchrun; shift 2; record "$@"; stop_reason ;;
+      "-m accelerate.commands.launch") name=accelerate; shift 2; record launch "$@"; stop_reason ;;
+      *) record "$@" ;;
+    esac ;;
   scontrol)
     record "$@"
     case "$1 $2" in
@@ -331,10 +357,6 @@ case "$name" in
       "show node") [[ "$3" == n2 ]] ;;
       "show job") printf '   StdOut=/fsx/logs/test_%s.out\n' "$3" ;;
     esac ;;
-  torchrun | accelerate)
-    record "$@"
-    # A trainer that stopped early says why (trainer: DSKIT_STOP_REASON_FILE).
-    if [[ -n "${STUB_STOP_REASON-}" ]]; then echo "$STUB_STOP_REASON" >"$DSKIT_STOP_REASON_FILE"; fi ;;
   srun)
     record "$@"
     # the environment srun gives the task on a node (tests: a node id other than the batch host's)
@@ -362,10 +384,9 @@ class Stubbed:
         stub = tmp_path / "stub"
         stub.write_text(STUB)
         stub.chmod(0o755)
-        for name in ("uv", "python3", "torchrun", "accelerate", "srun", "scontrol", "pkill"):
+        for name in ("uv", "python3", "srun", "scontrol", "pkill"):
             (self.bin / name).symlink_to(stub)
-        for name in ("python", "torchrun", "accelerate"):
-            (self.repo / ".venv" / "bin" / name).symlink_to(stub)
+        (self.repo / ".venv" / "bin" / "python").symlink_to(stub)
         render_to(self.repo, *render_args)
 
     def run(self, script: str, *args: str, env: dict[str, str] | None = None, path: str | None = None):
@@ -557,6 +578,103 @@ def test_singlenode_unknown_node_and_missing_slurm_are_clear_errors(tmp_path: Pa
     assert proc.returncode == 2
     assert "SLURM (srun, scontrol) is not installed here" in proc.stderr
     assert stub.recorded("torchrun") == []
+
+
+# --- the Python environment: the kit's .venv (uv sync), DSKIT_PYTHON, WHEELHOUSE ------------------------
+
+
+def env_of(call: list[str], name: str) -> str:
+    (value,) = [f.split("=", 1)[1] for f in call if f.startswith(f"ENV {name}=")]
+    return value
+
+
+def other_python(tmp_path: Path) -> Path:
+    """An interpreter outside the repo (a container's, a module's): the same stub, another path."""
+    python = tmp_path / "opt" / "bin" / "python3"
+    python.parent.mkdir(parents=True)
+    python.symlink_to(tmp_path / "stub")
+    return python
+
+
+def test_singlenode_default_syncs_the_kits_venv(tmp_path: Path) -> None:
+    stub = Stubbed(tmp_path)
+    assert stub.run("train-singlenode.sh").returncode == 0
+    assert stub.recorded("uv") == [["sync", "--frozen", "--quiet", "--compile-bytecode"]]
+    (torchrun,) = stub.recorded("torchrun", with_env=True)
+    assert env_of(torchrun, "EXE") == str(stub.repo / ".venv" / "bin" / "python")
+    assert env_of(torchrun, "PYTHONPATH") == str(stub.repo / "src")  # the checkout's code, whatever the env
+
+
+@pytest.mark.parametrize("how", ["environment", "render value"])
+def test_dskit_python_is_used_as_it_is(tmp_path: Path, how: str) -> None:
+    python = other_python(tmp_path)
+    by_value = how == "render value"
+    stub = Stubbed(tmp_path, *(["--set", f"python={python}"] if by_value else []))
+    for script in ("train-singlenode.sh", "train.sbatch"):
+        proc = stub.run(
+            script, env={"STUB_NODEID": "0", **({} if by_value else {"DSKIT_PYTHON": str(python)})}
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert f"Python: {python} (DSKIT_PYTHON: used as it is, no uv sync)" in proc.stdout
+    assert stub.recorded("uv") == []
+    assert not (stub.repo / ".venv" / "dskit-wheelhouse.json").exists()
+    runs = stub.recorded("torchrun", with_env=True)
+    assert len(runs) == 2 and {env_of(r, "EXE") for r in runs} == {str(python)}
+
+
+def test_missing_dskit_python_or_package_is_one_line_and_no_rank_starts(tmp_path: Path) -> None:
+    stub = Stubbed(tmp_path)
+    proc = stub.run("train-singlenode.sh", env={"DSKIT_PYTHON": "/nonexistent/python3"})
+    assert proc.returncode == 2
+    # (the log's copy: the launcher tees both streams to it and to stdout)
+    assert [line for line in proc.stdout.splitlines() if line.startswith("error:")] == [
+        "error: DSKIT_PYTHON=/nonexistent/python3: no such interpreter on "
+        f"{os.uname().nodename}: give the path of a Python that has torch (e.g. /usr/bin/python3 in a container), "
+        "or unset it to use the kit's own .venv"
+    ]
+    proc = stub.run(
+        "train.sbatch", env={"DSKIT_PYTHON": str(other_python(tmp_path)), "STUB_ENV_BROKEN": "deepspeed"}
+    )
+    assert proc.returncode == 2
+    assert "lacks what the kit needs: deepspeed" in proc.stderr
+    assert stub.recorded("torchrun") == [] and stub.recorded("uv") == []
+
+
+@pytest.mark.parametrize("given_python", [False, True])
+def test_wheelhouse_installs_the_venv_then_it_is_reused(tmp_path: Path, given_python: bool) -> None:
+    python = other_python(tmp_path)
+    stub = Stubbed(tmp_path)
+    env = {"WHEELHOUSE": "/fsx/wheelhouse", **({"DSKIT_PYTHON": str(python)} if given_python else {})}
+    assert stub.run("train-singlenode.sh", env=env).returncode == 0
+    install = ["-m", "dskit.wheelhouse", "install", "/fsx/wheelhouse", "--venv", ".venv"]
+    (call,) = [c for c in stub.recorded("python3", with_env=True) if c[:2] == install[:2]]
+    assert [f for f in call if not f.startswith("ENV ")] == install + (["--overlay"] if given_python else [])
+    # the base interpreter installs (python3 on PATH, or DSKIT_PYTHON under it); the ranks run the venv's
+    assert env_of(call, "EXE") == (str(python) if given_python else str(stub.bin / "python3"))
+    (torchrun,) = stub.recorded("torchrun", with_env=True)
+    assert env_of(torchrun, "EXE") == str(stub.repo / ".venv" / "bin" / "python")
+    assert stub.recorded("uv") == []
+    # Later launches without WHEELHOUSE use the installed venv as it is: no uv sync (no network there).
+    (stub.repo / ".venv" / "dskit-wheelhouse.json").write_text("{}\n")
+    proc = stub.run("train.sbatch", env={"STUB_NODEID": "0"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Python: .venv, installed from a wheelhouse (no uv sync" in proc.stdout
+    assert stub.recorded("uv") == []
+
+
+def test_container_with_a_wheelhouse_installs_inside_the_image(tmp_path: Path) -> None:
+    stub = Stubbed(tmp_path, "--values", str(GOLDENS / "container-wheelhouse" / "values.yaml"))
+    proc = stub.run("train.sbatch", env={"STUB_NODEID": "0"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    image = "--container-image=nvcr.io#nvidia/pytorch:25.01-py3"
+    install, probe, _preflight, ranks = stub.recorded("srun")
+    assert image in install and install[install.index("python3") :] == [
+        "python3", "-m", "dskit.wheelhouse", "install", "/fsx/wheelhouse", "--venv", ".venv", "--overlay",
+    ]  # fmt: skip
+    venv_python = str(stub.repo / ".venv" / "bin" / "python")
+    assert image in probe and probe[probe.index(venv_python) + 1 :][:2] == ["-m", "dskit.python_env"]
+    assert image in ranks and ranks[ranks.index(venv_python) + 1 :][:2] == ["-m", "torch.distributed.run"]
+    assert stub.recorded("uv") == []
 
 
 def test_training_variables_come_from_one_table() -> None:

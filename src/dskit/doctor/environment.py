@@ -5,6 +5,7 @@ nvcc for the GPU ops).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -12,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dskit import wheelhouse
 from model_utils import startup
 from model_utils.arguments import REPO_ROOT
 from model_utils.errors import first_line
@@ -49,6 +51,16 @@ def check_uv(project: Path = REPO_ROOT, python_prefix: Path = Path(sys.prefix)) 
             Status.SKIP,
             f"this python ({python_prefix}) is not the project env {env_dir} (a container image?): "
             "nothing to compare with uv.lock",
+        )
+    if (env_dir / wheelhouse.STAMP).is_file():  # made offline from `make wheelhouse`: uv is not used there
+        stamp = json.loads((env_dir / wheelhouse.STAMP).read_text())
+        if stamp.get("lock_sha256") == wheelhouse.lock_digest(project):
+            return Result(name, Status.PASS, f"{env_dir} installed from a wheelhouse of this uv.lock")
+        return Result(
+            name,
+            Status.WARN,
+            f"{env_dir} was installed from a wheelhouse of another uv.lock",
+            "launch once with WHEELHOUSE=DIR built from this checkout (make wheelhouse)",
         )
     uv = _uv_command()
     if uv is None:

@@ -1,0 +1,101 @@
+"""dskit.python_env: what the launchers ask an interpreter before anything else (DSKIT_PYTHON, containers)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import torch as torch_module
+
+from dskit import python_env
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def fake_distribution(site: Path, name: str, version: str) -> None:
+    """An importable distribution `name` at `version` (metadata and a top-level package), shadowing the real one."""
+    module = name.replace("-", "_")
+    (site / module).mkdir(parents=True)
+    (site / module / "__init__.py").write_text("")
+    info = site / f"{module}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+
+
+def run_module(python: str, *args: str, pythonpath: list[Path]) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in pythonpath)}
+    return subprocess.run(
+        [python, "-m", "dskit.python_env", *args], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_every_dependency_of_pyproject_is_read() -> None:
+    lines = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = [r.name for r in python_env.requirements(REPO)]
+    assert len(names) == len(lines)  # none excluded by a marker on Linux, none unparsed
+    assert {"torch", "deepspeed", "transformers", "liger-kernel", "pyyaml"} <= set(names)
+
+
+def test_versions_compare_on_their_release_numbers() -> None:
+    torch = python_env.parse("torch>=2.6")
+    assert torch is not None
+    # an NGC container's torch is a 2.6 (pip would call it older and replace it)
+    assert torch.allows("2.6.0a0+ecf3bae40a.nv25.01") and torch.allows("2.15.0+cu132")
+    assert not torch.allows("2.5.1")
+    ranged = python_env.parse("x>=1.2,<2")
+    assert (
+        ranged is not None
+        and ranged.allows("1.10")
+        and not ranged.allows("2.0")
+        and not ranged.allows("1.1.9")
+    )
+    assert python_env.parse("liger-kernel>=0.8.5 ; sys_platform == 'darwin'") is None
+
+
+def test_the_kits_environment_passes_and_probes() -> None:
+    assert python_env.check(REPO) is None
+    proc = run_module(sys.executable, "probe", pythonpath=[REPO / "src"])
+    assert proc.returncode == 0, proc.stderr
+    gpus, python, torch, _cuda, deepspeed = proc.stdout.split()
+    assert (python, torch, deepspeed) == (
+        ".".join(map(str, sys.version_info[:3])),
+        torch_module.__version__,
+        importlib.metadata.version("deepspeed"),
+    )
+    assert int(gpus) >= 0
+
+
+def test_a_bare_interpreter_gets_one_line_naming_everything_and_the_pip_command(tmp_path: Path) -> None:
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True)
+    python = str(tmp_path / "bare" / "bin" / "python")
+    proc = run_module(python, "probe", pythonpath=[REPO / "src"])
+    assert proc.returncode == 2 and proc.stdout == ""
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith(f"error: {python} (Python ") and "lacks what the kit needs" in line
+    for req in python_env.requirements(REPO):
+        assert f"{req.name} (missing)" in line and f"'{req.text}'" in line
+    assert f"Fix: {python} -m pip install " in line and "WHEELHOUSE=DIR" in line
+    assert "torch==" not in line  # no torch to keep
+
+
+def test_an_old_package_is_named_and_the_installed_torch_is_pinned(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    fake_distribution(site, "transformers", "4.46.0")
+    fake_distribution(site, "torch", "2.6.0a0+ecf3bae40a.nv25.01")  # a container's torch: good enough
+    proc = run_module(sys.executable, "probe", pythonpath=[site, REPO / "src"])
+    assert proc.returncode == 2
+    (line,) = proc.stderr.splitlines()
+    assert "lacks what the kit needs: transformers 4.46.0 (needs transformers>=5.0). Fix:" in line
+    assert (
+        "-m pip install 'transformers>=5.0' 'torch==2.6.0a0+ecf3bae40a.nv25.01' (pins the installed torch"
+        in line
+    )
+    missing = run_module(sys.executable, "missing", pythonpath=[site, REPO / "src"])
+    assert missing.returncode == 0
+    assert missing.stdout.split() == ["transformers>=5.0", "torch==2.6.0a0+ecf3bae40a.nv25.01"]
+    # nothing missing: nothing to install (not even the torch pin)
+    assert run_module(sys.executable, "missing", pythonpath=[REPO / "src"]).stdout.split() == []
