@@ -5,7 +5,8 @@ warm-up the DeepSpeed config and the flags resolved to, the sequence length the 
 --epochs. The DeepSpeed config is embedded as given (its "auto" keys stay: the kit fills them at each launch).
 A value is null where it is not given: the other member of a pair of which one decides (--epochs/--max_steps,
 --warmup_steps/--warmup_ratio, --validation_split/--validation_fraction), the WSD flags of another schedule,
---fsdp_cpu_offload under deepspeed and the spike guard flags its mode does not read (the mode that runs: off where DeepSpeed cannot discard a step).
+--fsdp_cpu_offload under deepspeed, the micro batch and accumulation when no batch flag is given (CUDA ranks
+then pick their default) and the spike guard flags its mode does not read (the mode that runs: off where DeepSpeed cannot discard a step).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ def run_file(run: ResolvedRun) -> dict[str, Any]:
     optim["lr"] = ds.lr
     optim["warmup_steps"] = ds.warmup_steps
     data["seq_length"] = run.seq_length
+    if not ds.batch_given and ds.global_batch_tokens is None:  # not given: CUDA ranks' batch default stays
+        optim["micro_batch_size"] = optim["gradient_accumulation_steps"] = None
     if cfg.loop.epochs is None and run.max_steps is not None:
         loop["max_steps"] = run.max_steps
     flat = {key: section for section in sections.values() for key in section}

@@ -13,13 +13,14 @@ leaves the packed data in the cache, so the ranks start straight from it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from model_utils import (
     accelerate_env,
     activation_checkpointing,
+    batch_layout,
     checkpoint,
     concat_dataset,
     deepspeed_config,
@@ -29,7 +30,7 @@ from model_utils import (
     startup,
     token_shards,
 )
-from model_utils.arguments import AUTO, TrainConfig
+from model_utils.arguments import AUTO, CUDA_GLOBAL_BATCH_TOKENS, TrainConfig
 from model_utils.deepspeed_config import DeepSpeedSettings
 from model_utils.errors import ConfigError
 from model_utils.log import print0
@@ -107,6 +108,21 @@ class ResolvedRun:
     def tokens_per_step(self) -> int:
         return self.global_batch * self.seq_length
 
+    @property
+    def layout(self) -> batch_layout.BatchLayout | None:
+        """micro x accumulation x ranks x seq; None outside the ranks, where the per-rank values stay open."""
+        if not isinstance(self.micro_batch_size, int) or self.world_size is None:
+            return None
+        ds = self.settings.deepspeed
+        return batch_layout.BatchLayout(
+            self.micro_batch_size,
+            ds.gradient_accumulation_steps,
+            self.world_size,
+            self.seq_length,
+            ds.global_batch_tokens,
+            ds.global_batch_from,
+        )
+
     def deepspeed_config(self) -> dict[str, Any]:
         """A fresh DeepSpeed dict for deepspeed.initialize (DeepSpeed may change what it is given)."""
         assert isinstance(self.micro_batch_size, int) and self.max_steps is not None
@@ -131,11 +147,21 @@ class ResolvedRun:
         """The resolved run as `dskit config` prints it."""
         per_rank_open = "per rank: known when the ranks start"
         mb_known = isinstance(self.micro_batch_size, int)
+        ds, layout = self.settings.deepspeed, self.layout
+        accumulation_known = ds.global_batch_tokens is None or layout is not None
+        tokens: int | str | None = ds.global_batch_tokens
+        if tokens is None and not ds.batch_given and self.world_size is None:
+            tokens = f"{CUDA_GLOBAL_BATCH_TOKENS} on CUDA ranks (with micro batch auto), else none"
         return {
             "config": self.config.to_dict(),
             "resolved": {
                 **self.settings.to_dict(),
+                "global_batch_tokens": tokens,
+                "batch_layout": per_rank_open if layout is None else layout.describe(),
                 "micro_batch_size": self.micro_batch_size,
+                "gradient_accumulation_steps": ds.gradient_accumulation_steps
+                if accumulation_known
+                else per_rank_open,
                 "world_size": self.world_size if self.world_size is not None else per_rank_open,
                 "max_steps": self.max_steps if self.max_steps is not None else per_rank_open,
                 "steps_per_epoch": self.steps_per_epoch
@@ -147,7 +173,7 @@ class ResolvedRun:
                 **self._schedule(),
             },
             "deepspeed": self.deepspeed_config()
-            if self.max_steps is not None and mb_known
+            if self.max_steps is not None and mb_known and accumulation_known
             else per_rank_open,
         }
 
@@ -243,7 +269,7 @@ def prepare(
     caller has it already.
     """
     settings = settings or resolve_settings(cfg)
-    assert settings.config is cfg
+    assert settings.config is cfg  # the batch decided below replaces settings.deepspeed in the run's copy
     checkpoint.check_writable(cfg.checkpoint.checkpoint_dir)
     if cfg.report.tracking_uri is not None:
         from model_utils import trackers
@@ -269,7 +295,9 @@ def prepare(
     seq = settings.seq_length
     train_blocks = _blocks_or_error(dataset, "train", cfg, seq)
     val_blocks = _blocks_or_error(dataset, "validation", cfg, seq) if dataset.holds_validation else None
+    settings = _cuda_batch_default(settings, world_size)
     micro_batch = _micro_batch(settings, train_blocks, val_blocks, world_size, decide_once)
+    settings = _accumulation(settings, micro_batch, world_size)
     steps_per_epoch = max_steps = None
     if isinstance(micro_batch, int) and world_size is not None:
         global_batch = micro_batch * settings.deepspeed.gradient_accumulation_steps * world_size
@@ -297,6 +325,8 @@ def prepare(
         steps_per_epoch,
         max_steps,
     )
+    if run.layout is not None:
+        print0(run.layout.describe())
     if max_steps is not None and isinstance(micro_batch, int):
         run.deepspeed_config()  # an explicit total_num_steps that disagrees fails here, before any rank trains
     ds = settings.deepspeed
@@ -329,6 +359,37 @@ def _check_mlflow_parent(cfg: TrainConfig, decide_once: Callable[[Callable[[], A
     trackers.take_env_run_id(parent)
     if parent is not None:
         decide_once(lambda: trackers.check_parent_run(report.tracking_uri, Path(report.report_dir), parent))
+
+
+def _cuda_batch_default(settings: RunSettings, world_size: int | None) -> RunSettings:
+    """On CUDA ranks without a batch flag (or batch keys in the DeepSpeed config): micro batch auto and the
+    default global batch. Decided where --micro_batch_size auto is, on the ranks; CPU keeps the embedded default."""
+    ds = settings.deepspeed
+    if world_size is None or ds.batch_given or ds.global_batch_tokens is not None:
+        return settings
+    if not batch_layout.trains_on_cuda():
+        return settings
+    print0(
+        f"CUDA batch default (no batch flag given): --micro_batch_size auto, --global_batch_tokens "
+        f"{CUDA_GLOBAL_BATCH_TOKENS}"
+    )
+    chosen = ds.with_batch(
+        micro_batch_size=AUTO,
+        global_batch_tokens=CUDA_GLOBAL_BATCH_TOKENS,
+        global_batch_from="the CUDA default",
+    )
+    return replace(settings, deepspeed=chosen)
+
+
+def _accumulation(settings: RunSettings, micro_batch: int | str, world_size: int | None) -> RunSettings:
+    """With a global batch in tokens, the accumulation that comes nearest it (known once micro batch and ranks are)."""
+    ds = settings.deepspeed
+    if ds.global_batch_tokens is None or not isinstance(micro_batch, int) or world_size is None:
+        return settings
+    steps = batch_layout.accumulation_for(
+        ds.global_batch_tokens, micro_batch, world_size, settings.seq_length
+    )
+    return replace(settings, deepspeed=ds.with_batch(gradient_accumulation_steps=steps))
 
 
 def _micro_batch(
