@@ -35,6 +35,8 @@ TOTAL_STEPS_KEY = ("scheduler", "params", "total_num_steps")
 PRECISIONS = ("bf16", "fp16")
 # --backend fsdp without --deepspeed_config (or a run file's deepspeed section): the kit's config without ZeRO.
 FSDP_CONFIG = "deepspeed/fsdp.json"
+# The default on CUDA ranks where the memory estimate says it fits (preflight): ZeRO-2 without CPU offload.
+GPU_CONFIG = "deepspeed/ds_config_gpu.json"
 # What the FSDP engine reads of a DeepSpeed-format config; anything else there is DeepSpeed-only and refused.
 FSDP_KEYS = {
     "train_micro_batch_size_per_gpu": None,
@@ -253,21 +255,35 @@ def _set(d: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
     d[path[-1]] = value
 
 
-def given(cfg: TrainConfig) -> tuple[str, dict[str, Any]]:
+def default_in_use(cfg: TrainConfig) -> bool:
+    """Whether the run reads the kit's default DeepSpeed config (no --deepspeed_config, no run-file section,
+    --backend deepspeed): on CUDA ranks preflight then picks GPU_CONFIG where the memory estimate says it fits."""
+    return (
+        cfg.deepspeed_inline is None
+        and cfg.optim.backend == "deepspeed"
+        and "deepspeed_config" not in cfg.explicit
+    )
+
+
+def given(cfg: TrainConfig, gpu_only: bool = False) -> tuple[str, dict[str, Any]]:
     """The DeepSpeed-format config this run reads, as given (its path, or what names it), before any flag is
-    merged in: the run file's section, --deepspeed_config, or the backend's default file."""
+    merged in: the run file's section, --deepspeed_config, or the backend's default file (with `gpu_only`,
+    preflight's choice on CUDA ranks, the default's GPU-only sibling)."""
     if cfg.deepspeed_inline is not None:
         return "the run file's deepspeed section", json.loads(cfg.deepspeed_inline)
     path = cfg.optim.deepspeed_config
     if cfg.optim.backend == "fsdp" and "deepspeed_config" not in cfg.explicit:
         path = FSDP_CONFIG  # the default ZeRO config is DeepSpeed's; fsdp has its own default
+    if gpu_only:
+        assert default_in_use(cfg), "an explicit DeepSpeed config is never replaced"
+        path = GPU_CONFIG
     return path, load_deepspeed_json(path)
 
 
-def resolve(cfg: TrainConfig) -> DeepSpeedSettings:
+def resolve(cfg: TrainConfig, gpu_only: bool = False) -> DeepSpeedSettings:
     """Merge the flags into the DeepSpeed file and validate the result with DeepSpeed's own config class."""
     fsdp = cfg.optim.backend == "fsdp"
-    path, ds = given(cfg)
+    path, ds = given(cfg, gpu_only)
     if fsdp:
         _check_fsdp_keys(ds, path)
     if "train_batch_size" in ds and ds["train_batch_size"] != AUTO:

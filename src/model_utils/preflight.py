@@ -12,6 +12,7 @@ leaves the packed data in the cache, so the ranks start straight from it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -156,6 +157,13 @@ class ResolvedRun:
             "config": self.config.to_dict(),
             "resolved": {
                 **self.settings.to_dict(),
+                **(
+                    {
+                        "deepspeed_config": f"{ds.path}; on CUDA ranks {deepspeed_config.GPU_CONFIG} where the memory estimate fits the GPU"
+                    }
+                    if self.world_size is None and deepspeed_config.default_in_use(self.config)
+                    else {}
+                ),
                 "global_batch_tokens": tokens,
                 "batch_layout": per_rank_open if layout is None else layout.describe(),
                 "micro_batch_size": self.micro_batch_size,
@@ -178,8 +186,10 @@ class ResolvedRun:
         }
 
 
-def resolve_settings(cfg: TrainConfig) -> RunSettings:
-    """The DeepSpeed settings (checked by DeepSpeed) and the model's config and sequence length."""
+def resolve_settings(cfg: TrainConfig, gpu_bytes: int | None = None, world_size: int = 1) -> RunSettings:
+    """The DeepSpeed settings (checked by DeepSpeed) and the model's config and sequence length. `gpu_bytes`:
+    the memory of the CUDA GPU each of `world_size` ranks trains on, where the ranks resolve (the default
+    DeepSpeed config is then chosen by the memory estimate)."""
     startup.import_transformers()  # the first import of transformers in a rank: without what it does not use
     source = models.resolve_model_source(cfg.model.model)
     ds = deepspeed_config.resolve(cfg)
@@ -194,7 +204,50 @@ def resolve_settings(cfg: TrainConfig) -> RunSettings:
             cfg.optim.backend == "fsdp"
         ):  # the layers accelerate would wrap are the ones the FSDP engine shards
             accelerate_env.check_wrapped_layers(cfg.accelerate, models.decoder_layer_classes(model_config))
-    return RunSettings(cfg, source, model_config, seq_length, ds, _spike_guard_mode(cfg, ds))
+    settings = RunSettings(cfg, source, model_config, seq_length, ds, _spike_guard_mode(cfg, ds))
+    if gpu_bytes is not None and deepspeed_config.default_in_use(cfg):
+        settings = choose_default_config(settings, gpu_bytes, world_size)
+    return settings
+
+
+def choose_default_config(settings: RunSettings, gpu_bytes: int, world_size: int) -> RunSettings:
+    """On CUDA ranks with the kit's default DeepSpeed config: the GPU-only config (no CPU offload, which costs
+    ~0.22 s an optimizer step on a 0.6B model, docs/speed.md) where the memory estimate of it, at this run's
+    micro batch (auto: 1, the least the probe picks), fits the GPU; else the offload default. One log line says
+    which and why."""
+    from model_utils import memory_estimate
+
+    cfg = settings.config
+    on_gpu = deepspeed_config.resolve(cfg, gpu_only=True)
+    candidate = replace(settings, deepspeed=on_gpu, spike_guard=_spike_guard_mode(cfg, on_gpu))
+    per_node = _ranks_per_node(world_size)
+    est = memory_estimate.estimate_for_config(candidate, world_size // per_node, per_node)
+    used, total = est.device_bytes_per_rank / memory_estimate.GiB, gpu_bytes / memory_estimate.GiB
+    if memory_estimate.fits_gpu(est, gpu_bytes):
+        print0(
+            f"deepspeed config: {on_gpu.path} (GPU-only: estimated {used:.1f} GiB of {total:.0f} GiB per GPU)"
+        )
+        return candidate
+    print0(
+        f"deepspeed config: {settings.deepspeed.path} (CPU optimizer offload: GPU-only needs an estimated "
+        f"{used:.1f} GiB of {total:.0f} GiB per GPU, over {memory_estimate.FIT_FRACTION:.0%})"
+    )
+    return settings
+
+
+def _ranks_per_node(world_size: int) -> int:
+    """torchrun's LOCAL_WORLD_SIZE (the node's ranks: host RAM in the estimate), else all ranks on one node."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    return local if 1 <= local <= world_size and world_size % local == 0 else world_size
+
+
+def _rank_gpu_bytes(world_size: int | None) -> int | None:
+    """The memory of this rank's CUDA GPU; None outside the ranks or without one (the default config stays)."""
+    if world_size is None or not batch_layout.trains_on_cuda():
+        return None
+    import torch
+
+    return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
 
 
 def _spike_guard_mode(cfg: TrainConfig, ds: DeepSpeedSettings) -> str:
@@ -268,7 +321,7 @@ def prepare(
     verifies, the probed micro batch) on one rank and shares it. `settings`: resolve_settings(cfg), when the
     caller has it already.
     """
-    settings = settings or resolve_settings(cfg)
+    settings = settings or resolve_settings(cfg, _rank_gpu_bytes(world_size), world_size or 1)
     assert settings.config is cfg  # the batch decided below replaces settings.deepspeed in the run's copy
     checkpoint.check_writable(cfg.checkpoint.checkpoint_dir)
     if cfg.report.tracking_uri is not None:

@@ -1,6 +1,7 @@
 """--global_batch_tokens: the accumulation derived from a global batch in tokens, its errors, the run-file key,
-the layout's log line and `dskit config`; the embedded default on CPU stays micro batch 1 x accumulation 1.
-(The CUDA default, against a fake GPU: tests/unit/test_gpu_paths_on_cpu.py.)"""
+the layout's log line and `dskit config`; the embedded default on CPU stays micro batch 1 x accumulation 1; the
+default DeepSpeed config on CUDA, GPU-only where the memory estimate fits a given GPU memory size. (The CUDA
+batch default on the ranks, against a fake GPU: tests/unit/test_gpu_paths_on_cpu.py.)"""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 from model_utils import batch_layout, deepspeed_config, preflight
 from model_utils.arguments import CUDA_GLOBAL_BATCH_TOKENS, parse_args
 from model_utils.errors import ConfigError
+from model_utils.memory_estimate import GiB
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +103,40 @@ def test_the_cpu_default_is_unchanged(flags: list[str], capsys: pytest.CaptureFi
     out = capsys.readouterr().out
     assert "CUDA batch default" not in out and "1 x 1 x 1 x 32 = 32\n" in out
     resolved = preflight.prepare(parse_args(flags)).to_dict()["resolved"]
+    assert resolved["deepspeed_config"].startswith(
+        "deepspeed/ds_config.json; on CUDA ranks deepspeed/ds_config_gpu"
+    )
     assert (
         resolved["global_batch_tokens"]
         == f"{CUDA_GLOBAL_BATCH_TOKENS} on CUDA ranks (with micro batch auto), else none"
     )
+
+
+# --- the default DeepSpeed config on CUDA: GPU-only where the memory estimate fits -----------------------------
+
+
+def test_the_default_config_on_cuda_is_gpu_only_where_the_estimate_fits(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The decision with a GPU memory size given (as the ranks read it from their GPU; none here): Qwen3-0.6B
+    at seq 2048, micro batch 1, fits an 80 GiB H100 without offload and not a 16 GiB GPU."""
+    cfg = parse_args(["--model", "qwen3-0.6b", "--seq_length", "2048", "--liger", "off"])
+    on_h100 = preflight.resolve_settings(cfg, gpu_bytes=80 * GiB, world_size=1)
+    assert on_h100.deepspeed.path == deepspeed_config.GPU_CONFIG
+    line = capsys.readouterr().out
+    used = float(line.split("estimated ")[1].split(" GiB")[0])
+    assert 5 < used < 0.9 * 80  # the estimate of GPU-only at micro batch 1, which the offload default is not
+    assert (
+        f"deepspeed config: {deepspeed_config.GPU_CONFIG} (GPU-only: estimated {used} GiB of 80 GiB per GPU)"
+        in line
+    )
+    small = preflight.resolve_settings(cfg, gpu_bytes=int(used / 0.9 * GiB) - GiB, world_size=1)
+    assert small.deepspeed.path == "deepspeed/ds_config.json"
+    assert "(CPU optimizer offload: GPU-only needs an estimated" in capsys.readouterr().out
+    # Without a GPU (the batch host, CPU ranks) the default stays, and a given config is never replaced.
+    assert preflight.resolve_settings(cfg).deepspeed.path == "deepspeed/ds_config.json"
+    for flags in (["--deepspeed_config", "deepspeed/ds_config.json"], ["--backend", "fsdp"]):
+        given = parse_args([*flags, "--seq_length", "32"])
+        assert not deepspeed_config.default_in_use(given)
+        path = preflight.resolve_settings(given, gpu_bytes=80 * GiB).deepspeed.path
+        assert path == deepspeed_config.given(given)[0] and "deepspeed config:" not in capsys.readouterr().out

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 
-from model_utils import autobatch, batches, kernels, preflight, startup
+from model_utils import autobatch, batches, deepspeed_config, kernels, preflight, startup
 from model_utils.arguments import CUDA_GLOBAL_BATCH_TOKENS, parse_args
 from model_utils.concat_dataset import BlockSampler, DataPosition
 from model_utils.errors import ConfigError
@@ -240,7 +240,8 @@ def test_cuda_ranks_default_to_auto_micro_batch_and_the_global_batch(
     tmp_path: Path, fake_gpu: FakeGpuMemory, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """On CUDA ranks without a batch flag: micro batch auto (probed on the fake GPU) and the accumulation that
-    makes CUDA_GLOBAL_BATCH_TOKENS; a batch flag keeps the embedded default."""
+    makes CUDA_GLOBAL_BATCH_TOKENS; a batch flag keeps the embedded default; the ranks choose the default
+    DeepSpeed config from their GPU's memory."""
     flags = ["--seq_length", "32", "--liger", "off", "--data_cache_dir", str(tmp_path / "cache")]
     flags += ["--checkpoint_dir", str(tmp_path / "ckpt")]
     settings = preflight.resolve_settings(parse_args(flags))
@@ -253,9 +254,15 @@ def test_cuda_ranks_default_to_auto_micro_batch_and_the_global_batch(
     out = capsys.readouterr().out
     assert f"--global_batch_tokens {CUDA_GLOBAL_BATCH_TOKENS}" in out
     assert f"requested {CUDA_GLOBAL_BATCH_TOKENS} (the CUDA default), +0.0%" in out
+    # The ranks resolve the settings themselves: on a GPU this roomy the default config is the GPU-only one.
     given = preflight.prepare(parse_args([*flags, "--micro_batch_size", "2"]), world_size=1)
     assert (given.micro_batch_size, given.gradient_accumulation_steps) == (2, 1)
-    assert "CUDA batch default" not in capsys.readouterr().out
+    assert given.settings.deepspeed.path == deepspeed_config.GPU_CONFIG
+    out = capsys.readouterr().out
+    assert (
+        "CUDA batch default" not in out
+        and f"deepspeed config: {deepspeed_config.GPU_CONFIG} (GPU-only" in out
+    )
 
 
 def _n_params(s: preflight.RunSettings) -> int:
