@@ -123,6 +123,7 @@ class Row:
     losses: list[float] = field(default_factory=list)
     error: str | None = None  # e.g. "out of memory": the row could not train at this micro batch
     vs_reference: float | None = None
+    layout: str = ""  # micro batch x accumulation x ranks x seq = tokens per optimizer step
 
 
 @dataclass
@@ -200,6 +201,12 @@ def _guarded(row: Row, device: torch.device, train: Callable[[Row], None]) -> Ro
     return row
 
 
+def _layout(run: preflight.ResolvedRun) -> str:
+    layout = run.layout
+    assert layout is not None, "bench resolves on its one rank"
+    return layout.product()
+
+
 def run_reference(work: Workload, run: preflight.ResolvedRun, device: torch.device) -> Row:
     cfg = run.config
     compiled = device.type == "cuda"
@@ -209,6 +216,7 @@ def run_reference(work: Workload, run: preflight.ResolvedRun, device: torch.devi
         + ("compiled" if compiled else "eager"),
         kind="reference",
         micro_batch_size=int(run.micro_batch_size),
+        layout=_layout(run),  # the first kit row's batch: same micro batch, accumulation and blocks
         settings={"compile": compiled, "optimizer": "torch.optim.AdamW" + (" (fused)" if fused else "")},
     )
 
@@ -317,6 +325,7 @@ def run_kit(work: Workload, run: preflight.ResolvedRun, dist: distributed.DistIn
         name=f"dskit: {variant.label}, liger {cfg.model.liger}, compile {str(cfg.model.compile).lower()}",
         kind="dskit",
         micro_batch_size=int(run.micro_batch_size),
+        layout=_layout(run),
         settings={
             "deepspeed_config": variant.source,
             "changed": variant.changed,
@@ -420,7 +429,7 @@ def _training_flags(ns: argparse.Namespace, model: str, config: str, checkpoint_
 def format_table(rows: list[Row]) -> str:
     header = (
         "variant",
-        "micro batch",
+        "mb x accum x ranks x seq = tokens/step",
         "tokens/s",
         "MFU",
         "peak mem GiB",
@@ -430,12 +439,12 @@ def format_table(rows: list[Row]) -> str:
     lines = [header]
     for r in rows:
         if r.tokens_per_s is None or r.peak_mem_gib is None or r.first_step_s is None:
-            lines.append((r.name, str(r.micro_batch_size), r.error or "failed", "", "", "", "-"))
+            lines.append((r.name, r.layout or str(r.micro_batch_size), r.error or "failed", "", "", "", "-"))
             continue
         lines.append(
             (
                 r.name,
-                str(r.micro_batch_size),
+                r.layout or str(r.micro_batch_size),
                 f"{r.tokens_per_s:,.0f}",
                 "n/a" if r.mfu is None else f"{100 * r.mfu:.1f}%",
                 f"{r.peak_mem_gib:.2f}",

@@ -2,10 +2,12 @@
 
 Every flag of every section is written, with the values that train: the micro batch, accumulation, lr and
 warm-up the DeepSpeed config and the flags resolved to, the sequence length the model allows, max_steps from
---epochs. The DeepSpeed config is embedded as given (its "auto" keys stay: the kit fills them at each launch).
+--epochs. The DeepSpeed config is embedded as given (its "auto" keys stay: the kit fills them at each launch),
+except the kit's default, which is left out so that CUDA ranks still choose it or its GPU-only sibling.
 A value is null where it is not given: the other member of a pair of which one decides (--epochs/--max_steps,
 --warmup_steps/--warmup_ratio, --validation_split/--validation_fraction), the WSD flags of another schedule,
---fsdp_cpu_offload under deepspeed and the spike guard flags its mode does not read (the mode that runs: off where DeepSpeed cannot discard a step).
+--fsdp_cpu_offload under deepspeed, the micro batch and accumulation when no batch flag is given (CUDA ranks
+then pick their default) and the spike guard flags its mode does not read (the mode that runs: off where DeepSpeed cannot discard a step).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ def run_file(run: ResolvedRun) -> dict[str, Any]:
     optim["lr"] = ds.lr
     optim["warmup_steps"] = ds.warmup_steps
     data["seq_length"] = run.seq_length
+    if not ds.batch_given and ds.global_batch_tokens is None:  # not given: CUDA ranks' batch default stays
+        optim["micro_batch_size"] = optim["gradient_accumulation_steps"] = None
     if cfg.loop.epochs is None and run.max_steps is not None:
         loop["max_steps"] = run.max_steps
     flat = {key: section for section in sections.values() for key in section}
@@ -45,6 +49,8 @@ def run_file(run: ResolvedRun) -> dict[str, Any]:
     sections["guard"]["spike_guard"] = run.settings.spike_guard
     for flag in GuardArgs.unused_in(run.settings.spike_guard):
         flat[flag][flag] = None
+    if deepspeed_config.default_in_use(cfg):
+        return sections  # no section: fed back, CUDA ranks still choose between the default and GPU-only
     return {**sections, "deepspeed": deepspeed_config.given(cfg)[1]}
 
 
@@ -55,4 +61,9 @@ def dump(run: ResolvedRun) -> str:
         "# The resolved run (dskit config --format yaml): train it with --config THIS_FILE. Flags given after\n"
         "# --config override it; null means not given.\n"
     )
+    if deepspeed_config.default_in_use(run.config):
+        header += (
+            f"# No deepspeed section: the default {run.settings.deepspeed.path} (on CUDA ranks "
+            f"{deepspeed_config.GPU_CONFIG} where the memory estimate fits the GPU).\n"
+        )
     return header + yaml.safe_dump(run_file(run), sort_keys=False, default_flow_style=False)

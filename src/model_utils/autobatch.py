@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from model_utils import activation_checkpointing, kernels, startup
+from model_utils import activation_checkpointing, batch_layout, kernels
 from model_utils.errors import ConfigError
 from model_utils.log import print0
 
@@ -179,10 +179,7 @@ class _GpuProbe:
 
 def resolve(settings: RunSettings, n_train_blocks: int, n_val_blocks: int | None, world_size: int) -> int:
     """The micro batch for --micro_batch_size auto on this process's device (rank 0 of the run)."""
-    startup.import_deepspeed()
-    from deepspeed.accelerator import get_accelerator
-
-    if get_accelerator().device_name() != "cuda":  # what the run trains on (DS_ACCELERATOR=cpu on a GPU box)
+    if not batch_layout.trains_on_cuda():
         print0("--micro_batch_size auto: 1 (no CUDA GPU; the memory probe needs one)")
         return 1
     from transformers import AutoModelForCausalLM

@@ -10,6 +10,7 @@ depends on the data) are filled by `DeepSpeedSettings.build`, which returns a fr
 from __future__ import annotations
 
 import copy
+import dataclasses
 import difflib
 import json
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ TOTAL_STEPS_KEY = ("scheduler", "params", "total_num_steps")
 PRECISIONS = ("bf16", "fp16")
 # --backend fsdp without --deepspeed_config (or a run file's deepspeed section): the kit's config without ZeRO.
 FSDP_CONFIG = "deepspeed/fsdp.json"
+# The default on CUDA ranks where the memory estimate says it fits (preflight): ZeRO-2 without CPU offload.
+GPU_CONFIG = "deepspeed/ds_config_gpu.json"
 # What the FSDP engine reads of a DeepSpeed-format config; anything else there is DeepSpeed-only and refused.
 FSDP_KEYS = {
     "train_micro_batch_size_per_gpu": None,
@@ -83,6 +86,10 @@ class DeepSpeedSettings:
     decay_from_step: int | None
     # DeepSpeed throws a step with non-finite gradients away whole (its overflow check): the spike guard's skip.
     discards_nonfinite_steps: bool
+    # --global_batch_tokens (or, on CUDA ranks, the default): the ranks derive the accumulation from it.
+    global_batch_tokens: int | None
+    global_batch_from: str | None  # what asked for global_batch_tokens, for the layout's log line
+    batch_given: bool  # the micro batch or accumulation set by a flag or the file: no CUDA batch default
     _checked: dict[str, Any]  # DeepSpeed-validated, with placeholders for the two late values
 
     @property
@@ -156,6 +163,13 @@ class DeepSpeedSettings:
         if not isinstance(section, dict):
             return [self.lr] * len(steps)
         return schedules.deepspeed_lr_at(section, self.lr, [step - 1 for step in steps])
+
+    def with_batch(self, **changes: Any) -> DeepSpeedSettings:
+        """A copy with the batch the ranks decided (the CUDA default, the accumulation of a global batch)."""
+        checked = copy.deepcopy(self._checked)
+        if "gradient_accumulation_steps" in changes:
+            _set(checked, ("gradient_accumulation_steps",), changes["gradient_accumulation_steps"])
+        return dataclasses.replace(self, _checked=checked, **changes)
 
     def build(self, micro_batch_size: int, total_steps: int) -> dict[str, Any]:
         """A fresh dict for deepspeed.initialize with the micro batch and the schedule's total steps."""
@@ -241,21 +255,35 @@ def _set(d: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
     d[path[-1]] = value
 
 
-def given(cfg: TrainConfig) -> tuple[str, dict[str, Any]]:
+def default_in_use(cfg: TrainConfig) -> bool:
+    """Whether the run reads the kit's default DeepSpeed config (no --deepspeed_config, no run-file section,
+    --backend deepspeed): on CUDA ranks preflight then picks GPU_CONFIG where the memory estimate says it fits."""
+    return (
+        cfg.deepspeed_inline is None
+        and cfg.optim.backend == "deepspeed"
+        and "deepspeed_config" not in cfg.explicit
+    )
+
+
+def given(cfg: TrainConfig, gpu_only: bool = False) -> tuple[str, dict[str, Any]]:
     """The DeepSpeed-format config this run reads, as given (its path, or what names it), before any flag is
-    merged in: the run file's section, --deepspeed_config, or the backend's default file."""
+    merged in: the run file's section, --deepspeed_config, or the backend's default file (with `gpu_only`,
+    preflight's choice on CUDA ranks, the default's GPU-only sibling)."""
     if cfg.deepspeed_inline is not None:
         return "the run file's deepspeed section", json.loads(cfg.deepspeed_inline)
     path = cfg.optim.deepspeed_config
     if cfg.optim.backend == "fsdp" and "deepspeed_config" not in cfg.explicit:
         path = FSDP_CONFIG  # the default ZeRO config is DeepSpeed's; fsdp has its own default
+    if gpu_only:
+        assert default_in_use(cfg), "an explicit DeepSpeed config is never replaced"
+        path = GPU_CONFIG
     return path, load_deepspeed_json(path)
 
 
-def resolve(cfg: TrainConfig) -> DeepSpeedSettings:
+def resolve(cfg: TrainConfig, gpu_only: bool = False) -> DeepSpeedSettings:
     """Merge the flags into the DeepSpeed file and validate the result with DeepSpeed's own config class."""
     fsdp = cfg.optim.backend == "fsdp"
-    path, ds = given(cfg)
+    path, ds = given(cfg, gpu_only)
     if fsdp:
         _check_fsdp_keys(ds, path)
     if "train_batch_size" in ds and ds["train_batch_size"] != AUTO:
@@ -263,8 +291,18 @@ def resolve(cfg: TrainConfig) -> DeepSpeedSettings:
             f"{path} sets train_batch_size: remove it (DeepSpeed derives it from micro batch x accumulation x ranks)"
         )
     ds.pop("train_batch_size", None)
+    tokens = cfg.optim.global_batch_tokens
+    file_batch = {k: ds.get(k) for k in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")}
+    if tokens is not None and file_batch["gradient_accumulation_steps"] not in (None, AUTO):
+        raise ConfigError(
+            f"--global_batch_tokens given but {path} sets gradient_accumulation_steps = "
+            f'{file_batch["gradient_accumulation_steps"]}: set it to "auto" or drop --global_batch_tokens'
+        )
     flags = {
-        "micro_batch_size": cfg.optim.micro_batch_size,
+        # With a global batch in tokens the micro batch is the largest that fits, unless one is given.
+        "micro_batch_size": AUTO
+        if tokens is not None and "micro_batch_size" not in cfg.explicit
+        else cfg.optim.micro_batch_size,
         "gradient_accumulation_steps": cfg.optim.gradient_accumulation_steps,
         "lr": cfg.optim.lr if cfg.optim.lr is not None else default_lr(cfg.model.model),
         "warmup_steps": cfg.optim.warmup_steps,
@@ -342,6 +380,10 @@ def resolve(cfg: TrainConfig) -> DeepSpeedSettings:
         decay_from_step=cfg.optim.decay_from_step,
         # The FSDP engine steps its optimizer itself: it can always leave a step out.
         discards_nonfinite_steps=fsdp or _discards_nonfinite_steps(ds, precision, zero_stage),
+        global_batch_tokens=tokens,
+        global_batch_from=None if tokens is None else "--global_batch_tokens",
+        batch_given=bool({"micro_batch_size", "gradient_accumulation_steps"} & cfg.explicit)
+        or any(v not in (None, AUTO) for v in file_batch.values()),
         _checked=ds,
     )
 

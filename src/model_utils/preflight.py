@@ -12,14 +12,16 @@ leaves the packed data in the cache, so the ranks start straight from it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from model_utils import (
     accelerate_env,
     activation_checkpointing,
+    batch_layout,
     checkpoint,
     concat_dataset,
     deepspeed_config,
@@ -29,7 +31,7 @@ from model_utils import (
     startup,
     token_shards,
 )
-from model_utils.arguments import AUTO, TrainConfig
+from model_utils.arguments import AUTO, CUDA_GLOBAL_BATCH_TOKENS, TrainConfig
 from model_utils.deepspeed_config import DeepSpeedSettings
 from model_utils.errors import ConfigError
 from model_utils.log import print0
@@ -107,6 +109,21 @@ class ResolvedRun:
     def tokens_per_step(self) -> int:
         return self.global_batch * self.seq_length
 
+    @property
+    def layout(self) -> batch_layout.BatchLayout | None:
+        """micro x accumulation x ranks x seq; None outside the ranks, where the per-rank values stay open."""
+        if not isinstance(self.micro_batch_size, int) or self.world_size is None:
+            return None
+        ds = self.settings.deepspeed
+        return batch_layout.BatchLayout(
+            self.micro_batch_size,
+            ds.gradient_accumulation_steps,
+            self.world_size,
+            self.seq_length,
+            ds.global_batch_tokens,
+            ds.global_batch_from,
+        )
+
     def deepspeed_config(self) -> dict[str, Any]:
         """A fresh DeepSpeed dict for deepspeed.initialize (DeepSpeed may change what it is given)."""
         assert isinstance(self.micro_batch_size, int) and self.max_steps is not None
@@ -131,11 +148,28 @@ class ResolvedRun:
         """The resolved run as `dskit config` prints it."""
         per_rank_open = "per rank: known when the ranks start"
         mb_known = isinstance(self.micro_batch_size, int)
+        ds, layout = self.settings.deepspeed, self.layout
+        accumulation_known = ds.global_batch_tokens is None or layout is not None
+        tokens: int | str | None = ds.global_batch_tokens
+        if tokens is None and not ds.batch_given and self.world_size is None:
+            tokens = f"{CUDA_GLOBAL_BATCH_TOKENS} on CUDA ranks (with micro batch auto), else none"
         return {
             "config": self.config.to_dict(),
             "resolved": {
                 **self.settings.to_dict(),
+                **(
+                    {
+                        "deepspeed_config": f"{ds.path}; on CUDA ranks {deepspeed_config.GPU_CONFIG} where the memory estimate fits the GPU"
+                    }
+                    if self.world_size is None and deepspeed_config.default_in_use(self.config)
+                    else {}
+                ),
+                "global_batch_tokens": tokens,
+                "batch_layout": per_rank_open if layout is None else layout.describe(),
                 "micro_batch_size": self.micro_batch_size,
+                "gradient_accumulation_steps": ds.gradient_accumulation_steps
+                if accumulation_known
+                else per_rank_open,
                 "world_size": self.world_size if self.world_size is not None else per_rank_open,
                 "max_steps": self.max_steps if self.max_steps is not None else per_rank_open,
                 "steps_per_epoch": self.steps_per_epoch
@@ -147,13 +181,15 @@ class ResolvedRun:
                 **self._schedule(),
             },
             "deepspeed": self.deepspeed_config()
-            if self.max_steps is not None and mb_known
+            if self.max_steps is not None and mb_known and accumulation_known
             else per_rank_open,
         }
 
 
-def resolve_settings(cfg: TrainConfig) -> RunSettings:
-    """The DeepSpeed settings (checked by DeepSpeed) and the model's config and sequence length."""
+def resolve_settings(cfg: TrainConfig, gpu_bytes: int | None = None, world_size: int = 1) -> RunSettings:
+    """The DeepSpeed settings (checked by DeepSpeed) and the model's config and sequence length. `gpu_bytes`:
+    the memory of the CUDA GPU each of `world_size` ranks trains on, where the ranks resolve (the default
+    DeepSpeed config is then chosen by the memory estimate)."""
     startup.import_transformers()  # the first import of transformers in a rank: without what it does not use
     source = models.resolve_model_source(cfg.model.model)
     ds = deepspeed_config.resolve(cfg)
@@ -168,7 +204,50 @@ def resolve_settings(cfg: TrainConfig) -> RunSettings:
             cfg.optim.backend == "fsdp"
         ):  # the layers accelerate would wrap are the ones the FSDP engine shards
             accelerate_env.check_wrapped_layers(cfg.accelerate, models.decoder_layer_classes(model_config))
-    return RunSettings(cfg, source, model_config, seq_length, ds, _spike_guard_mode(cfg, ds))
+    settings = RunSettings(cfg, source, model_config, seq_length, ds, _spike_guard_mode(cfg, ds))
+    if gpu_bytes is not None and deepspeed_config.default_in_use(cfg):
+        settings = choose_default_config(settings, gpu_bytes, world_size)
+    return settings
+
+
+def choose_default_config(settings: RunSettings, gpu_bytes: int, world_size: int) -> RunSettings:
+    """On CUDA ranks with the kit's default DeepSpeed config: the GPU-only config (no CPU offload, which costs
+    ~0.22 s an optimizer step on a 0.6B model, docs/speed.md) where the memory estimate of it, at this run's
+    micro batch (auto: 1, the least the probe picks), fits the GPU; else the offload default. One log line says
+    which and why."""
+    from model_utils import memory_estimate
+
+    cfg = settings.config
+    on_gpu = deepspeed_config.resolve(cfg, gpu_only=True)
+    candidate = replace(settings, deepspeed=on_gpu, spike_guard=_spike_guard_mode(cfg, on_gpu))
+    per_node = _ranks_per_node(world_size)
+    est = memory_estimate.estimate_for_config(candidate, world_size // per_node, per_node)
+    used, total = est.device_bytes_per_rank / memory_estimate.GiB, gpu_bytes / memory_estimate.GiB
+    if memory_estimate.fits_gpu(est, gpu_bytes):
+        print0(
+            f"deepspeed config: {on_gpu.path} (GPU-only: estimated {used:.1f} GiB of {total:.0f} GiB per GPU)"
+        )
+        return candidate
+    print0(
+        f"deepspeed config: {settings.deepspeed.path} (CPU optimizer offload: GPU-only needs an estimated "
+        f"{used:.1f} GiB of {total:.0f} GiB per GPU, over {memory_estimate.FIT_FRACTION:.0%})"
+    )
+    return settings
+
+
+def _ranks_per_node(world_size: int) -> int:
+    """torchrun's LOCAL_WORLD_SIZE (the node's ranks: host RAM in the estimate), else all ranks on one node."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    return local if 1 <= local <= world_size and world_size % local == 0 else world_size
+
+
+def _rank_gpu_bytes(world_size: int | None) -> int | None:
+    """The memory of this rank's CUDA GPU; None outside the ranks or without one (the default config stays)."""
+    if world_size is None or not batch_layout.trains_on_cuda():
+        return None
+    import torch
+
+    return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
 
 
 def _spike_guard_mode(cfg: TrainConfig, ds: DeepSpeedSettings) -> str:
@@ -242,8 +321,8 @@ def prepare(
     verifies, the probed micro batch) on one rank and shares it. `settings`: resolve_settings(cfg), when the
     caller has it already.
     """
-    settings = settings or resolve_settings(cfg)
-    assert settings.config is cfg
+    settings = settings or resolve_settings(cfg, _rank_gpu_bytes(world_size), world_size or 1)
+    assert settings.config is cfg  # the batch decided below replaces settings.deepspeed in the run's copy
     checkpoint.check_writable(cfg.checkpoint.checkpoint_dir)
     if cfg.report.tracking_uri is not None:
         from model_utils import trackers
@@ -269,7 +348,9 @@ def prepare(
     seq = settings.seq_length
     train_blocks = _blocks_or_error(dataset, "train", cfg, seq)
     val_blocks = _blocks_or_error(dataset, "validation", cfg, seq) if dataset.holds_validation else None
+    settings = _cuda_batch_default(settings, world_size)
     micro_batch = _micro_batch(settings, train_blocks, val_blocks, world_size, decide_once)
+    settings = _accumulation(settings, micro_batch, world_size)
     steps_per_epoch = max_steps = None
     if isinstance(micro_batch, int) and world_size is not None:
         global_batch = micro_batch * settings.deepspeed.gradient_accumulation_steps * world_size
@@ -297,6 +378,8 @@ def prepare(
         steps_per_epoch,
         max_steps,
     )
+    if run.layout is not None:
+        print0(run.layout.describe())
     if max_steps is not None and isinstance(micro_batch, int):
         run.deepspeed_config()  # an explicit total_num_steps that disagrees fails here, before any rank trains
     ds = settings.deepspeed
@@ -329,6 +412,37 @@ def _check_mlflow_parent(cfg: TrainConfig, decide_once: Callable[[Callable[[], A
     trackers.take_env_run_id(parent)
     if parent is not None:
         decide_once(lambda: trackers.check_parent_run(report.tracking_uri, Path(report.report_dir), parent))
+
+
+def _cuda_batch_default(settings: RunSettings, world_size: int | None) -> RunSettings:
+    """On CUDA ranks without a batch flag (or batch keys in the DeepSpeed config): micro batch auto and the
+    default global batch. Decided where --micro_batch_size auto is, on the ranks; CPU keeps the embedded default."""
+    ds = settings.deepspeed
+    if world_size is None or ds.batch_given or ds.global_batch_tokens is not None:
+        return settings
+    if not batch_layout.trains_on_cuda():
+        return settings
+    print0(
+        f"CUDA batch default (no batch flag given): --micro_batch_size auto, --global_batch_tokens "
+        f"{CUDA_GLOBAL_BATCH_TOKENS}"
+    )
+    chosen = ds.with_batch(
+        micro_batch_size=AUTO,
+        global_batch_tokens=CUDA_GLOBAL_BATCH_TOKENS,
+        global_batch_from="the CUDA default",
+    )
+    return replace(settings, deepspeed=chosen)
+
+
+def _accumulation(settings: RunSettings, micro_batch: int | str, world_size: int | None) -> RunSettings:
+    """With a global batch in tokens, the accumulation that comes nearest it (known once micro batch and ranks are)."""
+    ds = settings.deepspeed
+    if ds.global_batch_tokens is None or not isinstance(micro_batch, int) or world_size is None:
+        return settings
+    steps = batch_layout.accumulation_for(
+        ds.global_batch_tokens, micro_batch, world_size, settings.seq_length
+    )
+    return replace(settings, deepspeed=ds.with_batch(gradient_accumulation_steps=steps))
 
 
 def _micro_batch(

@@ -44,8 +44,9 @@ def test_bench_prints_and_writes_both_rows(
     assert table[4].startswith("dskit: ds_config.json zero_optimization.overlap_comm=false, liger auto")
     assert (
         table[5].startswith("dskit: ds_config.json micro_batch_size=2, liger auto")
-        and table[5].split()[-6] == "2"
+        and " 2 x 1 x 1 x 256 = 512 " in table[5]  # the layout: micro x accumulation x ranks x seq
     )
+    assert "mb x accum x ranks x seq = tokens/step" in table[0]
     assert table[6].startswith("dskit: fsdp.json backend=fsdp, liger auto")  # FSDP2 on fsdp's own default
 
     result = json.loads(out.read_text())
@@ -65,6 +66,7 @@ def test_bench_prints_and_writes_both_rows(
         assert r["tokens_per_s"] > 0 and r["peak_mem_gib"] > 0 and r["mfu"] is None
         assert r["first_step_s"] >= r["setup_s"] > 0
         assert r["micro_batch_size"] == (2 if r is rows[4] else 1) and len(r["losses"]) == steps
+        assert r["layout"] == f"{r['micro_batch_size']} x 1 x 1 x 256 = {256 * r['micro_batch_size']}"
         # Same seed, same random init, same first batch: every row starts near ln(vocab) and learns.
         assert abs(r["losses"][0] - math.log(2048)) < 0.3
         assert r["losses"][-1] < r["losses"][0]

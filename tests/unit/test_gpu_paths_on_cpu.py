@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 import torch
 
-from model_utils import autobatch, batches, kernels, preflight, startup
-from model_utils.arguments import parse_args
+from model_utils import autobatch, batches, deepspeed_config, kernels, preflight, startup
+from model_utils.arguments import CUDA_GLOBAL_BATCH_TOKENS, parse_args
 from model_utils.concat_dataset import BlockSampler, DataPosition
 from model_utils.errors import ConfigError
 from support.fake_gpu import FakeGpuMemory
@@ -234,6 +234,35 @@ def test_the_probe_survives_running_out_of_fake_gpu_memory(fake_gpu: FakeGpuMemo
     assert not probe(4)
     assert fake_gpu.live < one  # the failed try's activations and gradients are gone
     assert probe(1)  # and the same probe goes on
+
+
+def test_cuda_ranks_default_to_auto_micro_batch_and_the_global_batch(
+    tmp_path: Path, fake_gpu: FakeGpuMemory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On CUDA ranks without a batch flag: micro batch auto (probed on the fake GPU) and the accumulation that
+    makes CUDA_GLOBAL_BATCH_TOKENS; a batch flag keeps the embedded default; the ranks choose the default
+    DeepSpeed config from their GPU's memory."""
+    flags = ["--seq_length", "32", "--liger", "off", "--data_cache_dir", str(tmp_path / "cache")]
+    flags += ["--checkpoint_dir", str(tmp_path / "ckpt")]
+    settings = preflight.resolve_settings(parse_args(flags))
+    reserve = autobatch.gpu_reserve_bytes(settings.deepspeed.build(1, 1), _n_params(settings), 1)
+    fake_gpu.total_memory = reserve + 2**24  # 16 MiB beside DeepSpeed's reserve: a few sequences of 32 fit
+    run = preflight.prepare(settings.config, world_size=1, settings=settings)
+    micro = run.micro_batch_size
+    assert isinstance(micro, int) and 1 < micro < autobatch.MAX_MICRO_BATCH  # probed, not the CPU's 1
+    assert run.gradient_accumulation_steps == round(CUDA_GLOBAL_BATCH_TOKENS / (micro * 32))
+    out = capsys.readouterr().out
+    assert f"--global_batch_tokens {CUDA_GLOBAL_BATCH_TOKENS}" in out
+    assert f"requested {CUDA_GLOBAL_BATCH_TOKENS} (the CUDA default), +0.0%" in out
+    # The ranks resolve the settings themselves: on a GPU this roomy the default config is the GPU-only one.
+    given = preflight.prepare(parse_args([*flags, "--micro_batch_size", "2"]), world_size=1)
+    assert (given.micro_batch_size, given.gradient_accumulation_steps) == (2, 1)
+    assert given.settings.deepspeed.path == deepspeed_config.GPU_CONFIG
+    out = capsys.readouterr().out
+    assert (
+        "CUDA batch default" not in out
+        and f"deepspeed config: {deepspeed_config.GPU_CONFIG} (GPU-only" in out
+    )
 
 
 def _n_params(s: preflight.RunSettings) -> int:
