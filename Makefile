@@ -10,7 +10,7 @@ export HF_DATASETS_OFFLINE ?= 1
 # One JIT-ops cache per checkout: checkouts sharing ~/.cache/torch_extensions rebuild each other's ops.
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
-.PHONY: test env tools warm lint
+.PHONY: test env tools warm lint gpu-check
 
 # shellcheck lints the rendered launchers; the SLURM tests install their own packages (tests/slurm/cluster.sh).
 tools:
@@ -36,3 +36,8 @@ lint: env
 
 test: warm lint
 	$(PY) -m pytest tests -q
+
+# The acceptance of a GPU machine in under 10 minutes: the gpu tests, dskit bench against plain PyTorch and the
+# default launcher; logs/gpu-check-*.json and .md (docs/speed.md). Without a GPU, its CPU subset.
+gpu-check: warm
+	$(PY) -m dskit.cli gpu-check

@@ -130,6 +130,10 @@ COMMANDS = {
         "plot loss, lr, tokens/s and memory of a run (RUN_LOG_OR_METRICS -o out.png)",
     ),
     "bench": (_module_main("bench"), "benchmark the kit's training path against a plain PyTorch loop"),
+    "gpu-check": (
+        _module_main("gpu_check"),
+        "acceptance on this GPU: gpu tests, bench against plain PyTorch, the launcher; JSON + table in logs/",
+    ),
     "sagemaker": (
         _module_main("sagemaker"),
         "run training as a SageMaker training job (submit [--values FILE] [FLAGS], status, logs, stop JOB)",
