@@ -151,3 +151,27 @@ def test_on_cuda_the_kit_is_judged_against_the_compiled_reference() -> None:
     assert [(c.status, c.reason) for c in gpu_check.bench_checks(oom, "cpu")] == [("fail", "out of memory")]
     flat = {"rows": [{**_row("dskit", 1.0, "x"), "losses": [7.0, 7.5]}]}
     assert gpu_check.bench_checks(flat, "cpu")[0].reason == "the loss did not fall: 7.000 -> 7.500"
+
+
+def test_the_cuda_bench_rows_parse_into_the_planned_configs(tmp_path: Path) -> None:
+    """What `dskit bench` trains on a GPU (it cannot train here): both references, then the GPU-only config with
+    Liger off first (its probed micro batch is the references'), the offload config, Liger on, compile on."""
+    from dskit import bench
+    from model_utils.arguments import parse_args
+
+    ns = bench.build_parser().parse_args(gpu_check.BENCH_ARGS["cuda"])
+    assert bench.reference_modes(ns.reference, "cuda") == ["compiled", "eager"]
+    assert (ns.micro_batch_size, ns.steps, ns.warmup_steps, ns.seq_length) == ("auto", 10, 3, None)  # 2048
+    variants = [bench.Variant(c, c, Path(c).name) for c in ns.deepspeed_config]
+    variants += bench.vary_variants(ns.deepspeed_config[0], ns.vary, tmp_path)
+    configs = [
+        parse_args(bench._training_flags(ns, bench.GPU_MODEL, v.path, str(tmp_path)) + list(v.flags))
+        for v in variants
+    ]
+    assert [(c.optim.deepspeed_config, c.model.liger, c.model.compile) for c in configs] == [
+        (gpu_check.GPU_CONFIG, "off", False),
+        (gpu_check.OFFLOAD_CONFIG, "off", False),
+        (gpu_check.GPU_CONFIG, "on", False),
+        (gpu_check.GPU_CONFIG, "off", True),
+    ]
+    assert all(c.optim.micro_batch_size == "auto" for c in configs)
