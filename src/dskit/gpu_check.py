@@ -322,6 +322,66 @@ def markdown(report: Report) -> str:
     return "\n".join(lines) + "\n"
 
 
+@dataclass(frozen=True)
+class Context:
+    """What every step runs with: this interpreter, the children's environment, a scratch dir."""
+
+    root: Path
+    device: str
+    stamp: str
+    env: dict[str, str]
+    scratch: Path
+
+    @property
+    def python(self) -> str:
+        return sys.executable
+
+
+def step_ops(ctx: Context, log: Path, limit: int, report: Report) -> list[Check]:
+    name = "ops: DeepSpeed CPU Adam"
+    code = "from model_utils import kernels; kernels.warm_deepspeed_ops(['CPUAdamBuilder'])"
+    result = run_step([ctx.python, "-c", code], limit, log, ctx.env)
+    return [_ran(name, result, limit) or Check(name, "pass", "built or loaded", result.seconds, limit)]
+
+
+def step_pytest(ctx: Context, log: Path, limit: int, report: Report) -> list[Check]:
+    junit = ctx.scratch / "pytest.xml"
+    cmd = [
+        ctx.python, "-m", "pytest", "-m", "gpu", "tests", "-q", "-p", "no:cacheprovider", "--junitxml", str(junit),
+    ]  # fmt: skip
+    return [pytest_check(run_step(cmd, limit, log, ctx.env), junit, ctx.device, limit)]
+
+
+def step_bench(ctx: Context, log: Path, limit: int, report: Report) -> list[Check]:
+    out = ctx.scratch / "bench.json"
+    cmd = [ctx.python, "-m", "dskit.cli", "bench", *BENCH_ARGS[ctx.device], "--json", str(out)]
+    result = run_step(cmd, limit, log, ctx.env)
+    failed = _ran("bench", result, limit)
+    if failed is None and not out.exists():
+        failed = Check("bench", "fail", "dskit bench wrote no JSON", result.seconds, limit)
+    if failed:
+        return [failed]
+    report.bench = json.loads(out.read_text())
+    ran = Check("bench", "pass", f"{len(report.bench['rows'])} rows", result.seconds, limit)
+    return [ran, *bench_checks(report.bench, ctx.device)]
+
+
+def step_launcher(ctx: Context, log: Path, limit: int, report: Report) -> list[Check]:
+    metrics_file = ctx.scratch / "launcher.metrics.jsonl"
+    cmd = [
+        str(ctx.root / "train-singlenode.sh"),
+        "--max_steps", str(LAUNCHER_STEPS), "--logging_freq", "1",
+        "--checkpoint_dir", str(ctx.scratch / "checkpoints"), "--metrics_file", str(metrics_file),
+    ]  # fmt: skip
+    # The launcher trains with this interpreter instead of syncing its own environment; its log goes to logs/.
+    env = {**ctx.env, "DSKIT_PYTHON": ctx.python, "JOB_NAME": f"gpu-check-{ctx.stamp}"}
+    check, report.launcher = launcher_check(run_step(cmd, limit, log, env), metrics_file, limit)
+    return [check]
+
+
+STEPS = {"ops": step_ops, "pytest": step_pytest, "bench": step_bench, "launcher": step_launcher}
+
+
 def main(argv: list[str]) -> int:
     ns = build_parser().parse_args(argv)
     steps = select_steps(ns.only)
@@ -344,74 +404,21 @@ def main(argv: list[str]) -> int:
         started=stamp,
         steps=steps,
     )
-    # The children train on what torch sees here, whatever DS_ACCELERATOR the caller's shell exports (the
-    # Makefile exports cpu for the test suite).
-    env = {**os.environ, "DS_ACCELERATOR": device}
     limits = LIMITS[device]
-    py = sys.executable
     print(
         f"gpu-check on {report.device_name}: {', '.join(f'{s} (limit {limits[s]} s)' for s in steps)}",
         flush=True,
     )
     with tempfile.TemporaryDirectory(prefix="dskit-gpu-check-") as scratch:
-        tmp = Path(scratch)
+        # The children train on what torch sees here, whatever DS_ACCELERATOR the caller's shell exports (the
+        # Makefile exports cpu for the test suite).
+        ctx = Context(root, device, stamp, {**os.environ, "DS_ACCELERATOR": device}, Path(scratch))
         for step in steps:
             print(f"gpu-check: {step} ...", flush=True)
-            log = Path(f"{base}.{step}.log")
-            limit = limits[step]
-            if step == "pytest":
-                junit = tmp / "pytest.xml"
-                cmd = [
-                    py,
-                    "-m",
-                    "pytest",
-                    "-m",
-                    "gpu",
-                    "tests",
-                    "-q",
-                    "-p",
-                    "no:cacheprovider",
-                    "--junitxml",
-                    str(junit),
-                ]
-                report.checks.append(pytest_check(run_step(cmd, limit, log, env), junit, device, limit))
-            elif step == "ops":
-                code = "from model_utils import kernels; kernels.warm_deepspeed_ops(['CPUAdamBuilder'])"
-                result = run_step([py, "-c", code], limit, log, env)
-                check = _ran("ops: DeepSpeed CPU Adam", result, limit)
-                report.checks.append(
-                    check
-                    or Check("ops: DeepSpeed CPU Adam", "pass", "built or loaded", result.seconds, limit)
-                )
-            elif step == "bench":
-                out = tmp / "bench.json"
-                cmd = [py, "-m", "dskit.cli", "bench", *BENCH_ARGS[device], "--json", str(out)]
-                result = run_step(cmd, limit, log, env)
-                failed = _ran("bench", result, limit)
-                if failed is None and not out.exists():
-                    failed = Check("bench", "fail", "dskit bench wrote no JSON", result.seconds, limit)
-                if failed:
-                    report.checks.append(failed)
-                    continue
-                report.bench = json.loads(out.read_text())
-                rows = len(report.bench["rows"])
-                report.checks.append(Check("bench", "pass", f"{rows} rows", result.seconds, limit))
-                report.checks += bench_checks(report.bench, device)
-            else:
-                metrics_file = tmp / "launcher.metrics.jsonl"
-                cmd = [
-                    str(root / "train-singlenode.sh"),
-                    "--max_steps", str(LAUNCHER_STEPS), "--logging_freq", "1",
-                    "--checkpoint_dir", str(tmp / "checkpoints"), "--metrics_file", str(metrics_file),
-                ]  # fmt: skip
-                # The launcher runs with this interpreter instead of syncing its own environment.
-                launcher_env = {**env, "DSKIT_PYTHON": py, "JOB_NAME": f"gpu-check-{stamp}"}
-                check, report.launcher = launcher_check(
-                    run_step(cmd, limit, log, launcher_env), metrics_file, limit
-                )
-                report.checks.append(check)
-            last = report.checks[-1]
-            print(f"gpu-check: {step}: {last.status} ({last.reason[:200]})", flush=True)
+            checks = STEPS[step](ctx, Path(f"{base}.{step}.log"), limits[step], report)
+            report.checks += checks
+            for c in checks:
+                print(f"gpu-check: {c.name}: {c.status} ({c.reason[:200]})", flush=True)
     table = markdown(report)
     Path(f"{base}.md").write_text(table)
     Path(f"{base}.json").write_text(
