@@ -203,8 +203,9 @@ def pytest_check(result: StepResult, junit: Path, device: str, limit_s: int) -> 
     return check("pass", counts)
 
 
-def _finite(losses: list[float]) -> bool:
-    return bool(losses) and all(math.isfinite(x) for x in losses)
+def _finite(losses: list[float | None]) -> bool:
+    # The metrics file writes a non-finite loss as null (JSON has no NaN).
+    return bool(losses) and all(x is not None and math.isfinite(x) for x in losses)
 
 
 def layout(row: dict[str, Any], gas: int) -> str:
@@ -267,8 +268,13 @@ def launcher_check(
     )
     steps = {r["step"]: r for r in records if "loss" in r}
     last = steps.get(LAUNCHER_STEPS)
-    if last is None or not _finite([r["loss"] for r in steps.values()]):
-        reason = f"no finite loss at step {LAUNCHER_STEPS} in its metrics file (steps {sorted(steps)})"
+    not_finite = [step for step, r in steps.items() if not _finite([r["loss"]])]
+    reason = None
+    if last is None:
+        reason = f"no step {LAUNCHER_STEPS} in its metrics file (logged steps: {sorted(steps)})"
+    elif not_finite:
+        reason = f"the loss is not finite at steps {not_finite}"
+    if reason:
         return Check(name, "fail", reason, result.seconds, limit_s), None
     summary = {"steps": LAUNCHER_STEPS, "loss": last["loss"], "tokens_per_s": last["tokens_per_s"]}
     reason = (

@@ -198,6 +198,9 @@ def test_a_launcher_that_hangs_or_logs_no_last_step_fails(tmp_path: Path) -> Non
     short.write_text(json.dumps({"step": 3, "loss": 7.1, "tokens_per_s": 900.0}) + "\n")
     check, summary = gpu_check.launcher_check(gpu_check.StepResult(0, 30.0, ""), short, 60)
     assert (check.status, summary) == ("fail", None)
-    assert (
-        check.reason == f"no finite loss at step {gpu_check.LAUNCHER_STEPS} in its metrics file (steps [3])"
-    )
+    assert check.reason == f"no step {gpu_check.LAUNCHER_STEPS} in its metrics file (logged steps: [3])"
+    diverged = tmp_path / "nan.jsonl"  # a NaN loss is written as null
+    records = [{"step": s, "loss": None if s == 5 else 7.0, "tokens_per_s": 900.0} for s in range(1, 11)]
+    diverged.write_text("".join(json.dumps(r) + "\n" for r in records))
+    check, _ = gpu_check.launcher_check(gpu_check.StepResult(0, 30.0, ""), diverged, 60)
+    assert (check.status, check.reason) == ("fail", "the loss is not finite at steps [5]")
