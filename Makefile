@@ -10,7 +10,7 @@ export HF_DATASETS_OFFLINE ?= 1
 # One JIT-ops cache per checkout: checkouts sharing ~/.cache/torch_extensions rebuild each other's ops.
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
-.PHONY: test env tools warm lint wheelhouse offline-check
+.PHONY: test env tools warm lint wheelhouse offline-check gpu-check
 # make wheelhouse: every locked dependency as wheels, for an air-gapped cluster (WHEELHOUSE=DIR on the launchers).
 # The target defaults to this machine; set WHEELHOUSE_PYTHON=3.12 WHEELHOUSE_MACHINE=aarch64 WHEELHOUSE_GLIBC=2.28
 # for another. `make offline-check` builds it, then runs the air-gapped install test against it (docs/testing.md).
@@ -50,3 +50,16 @@ wheelhouse: env
 offline-check: warm
 	$(MAKE) wheelhouse WHEELHOUSE_DIR=wheelhouse
 	DSKIT_TEST_WHEELHOUSE=$(CURDIR)/wheelhouse $(PY) -m pytest tests/slurm/test_slurm.py -k offline -q -rA
+
+# The acceptance of a GPU machine in under 10 minutes: the gpu tests, dskit bench against plain PyTorch and the
+# default launcher; logs/gpu-check-*.json and .md (docs/speed.md). Without a GPU, its CPU subset. With DSKIT_PYTHON
+# and/or WHEELHOUSE set, in the environment the launchers would make of them (no uv sync, no network).
+gpu-check:
+ifeq ($(DSKIT_PYTHON)$(WHEELHOUSE),)
+	$(MAKE) warm
+	$(PY) -m dskit.cli gpu-check
+else
+	$(if $(WHEELHOUSE),PYTHONPATH=src $(or $(DSKIT_PYTHON),python3) -m dskit.wheelhouse install $(WHEELHOUSE) \
+	  --venv .venv $(if $(DSKIT_PYTHON),--overlay))
+	PYTHONPATH=src $(if $(WHEELHOUSE),.venv/bin/python,$(DSKIT_PYTHON)) -m dskit.cli gpu-check
+endif

@@ -5,7 +5,8 @@ configured ZeRO stage and offload, --liger/--compile; `--vary backend=fsdp` adds
 `Trainer.step()`. The reference is what a hand-written loop gets on the same device: the same model
 config and blocks, bf16 autocast over fp32 weights, torch.optim.AdamW (fused on CUDA), gradient clipping at 1.0
 like the kit's configs, and torch.compile on CUDA (eager on CPU, where compiling costs more than the few steps
-it would time). It runs first: Liger patches transformers' modeling code for the whole process.
+it would time; `--reference compiled,eager` runs both, the ratios are to the first). It runs first: Liger
+patches transformers' modeling code for the whole process.
 
 One process, one device. Numbers are from this machine and these steps only; on CPU the table shows that the
 path works, not how fast a GPU is.
@@ -83,6 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--liger", choices=LIGER_CHOICES, default=AUTO, help="the kit's --liger (default: auto)")
     p.add_argument("--compile", choices=("true", "false"), default="false", help="the kit's --compile")
+    p.add_argument(
+        "--reference",
+        help="the plain PyTorch reference rows, a comma list of eager and compiled; every ratio is to the first "
+        "(default: compiled on CUDA, eager on CPU, where compiling costs more than the few steps it times)",
+    )
     p.add_argument(
         "--peak_tflops", type=float, help="the device's dense bf16 peak for MFU (default: known GPUs)"
     )
@@ -207,9 +213,24 @@ def _layout(run: preflight.ResolvedRun) -> str:
     return layout.product()
 
 
-def run_reference(work: Workload, run: preflight.ResolvedRun, device: torch.device) -> Row:
+REFERENCE_MODES = ("eager", "compiled")
+
+
+def reference_modes(given: str | None, device_type: str) -> list[str]:
+    """The reference rows to run, in order (the first is what every ratio is to)."""
+    if given is None:
+        return ["compiled" if device_type == "cuda" else "eager"]
+    modes = given.split(",")
+    if not modes or any(m not in REFERENCE_MODES for m in modes) or len(set(modes)) != len(modes):
+        raise ConfigError(
+            f"--reference {given!r}: use a comma list of {' and '.join(REFERENCE_MODES)}, each once "
+            "(e.g. --reference compiled,eager)"
+        )
+    return modes
+
+
+def run_reference(work: Workload, run: preflight.ResolvedRun, device: torch.device, compiled: bool) -> Row:
     cfg = run.config
-    compiled = device.type == "cuda"
     fused = device.type == "cuda"
     row = Row(
         name=f"reference: PyTorch, AdamW{' fused' if fused else ''}, bf16 autocast, "
@@ -468,6 +489,7 @@ def main(argv: list[str]) -> int:
     default_steps, default_warmup = STEPS[device_type]
     ns.steps = default_steps if ns.steps is None else ns.steps
     ns.warmup_steps = default_warmup if ns.warmup_steps is None else ns.warmup_steps
+    references = reference_modes(ns.reference, device_type)
     if ns.steps < 1 or ns.warmup_steps < 1:
         raise ConfigError(
             "--steps and --warmup_steps must be at least 1 (the first step compiles and warms up)"
@@ -506,7 +528,7 @@ def main(argv: list[str]) -> int:
             if ns.guard_overhead:
                 print(guard_overhead(work, first, dist), flush=True)
                 return 0
-            rows = [run_reference(work, first, dist.device)]
+            rows = [run_reference(work, first, dist.device, mode == "compiled") for mode in references]
             rows += [run_kit(work, run, dist, variant) for run, variant in zip(runs, variants, strict=True)]
     reference = rows[0].tokens_per_s
     for r in rows:

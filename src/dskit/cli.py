@@ -134,6 +134,10 @@ COMMANDS = {
         _module_main("wheelhouse"),
         "air-gapped installs: build DIR of every locked wheel (connected machine), install it with no network",
     ),
+    "gpu-check": (
+        _module_main("gpu_check"),
+        "acceptance on this GPU: gpu tests, bench against plain PyTorch, the launcher; JSON + table in logs/",
+    ),
     "sagemaker": (
         _module_main("sagemaker"),
         "run training as a SageMaker training job (submit [--values FILE] [FLAGS], status, logs, stop JOB)",

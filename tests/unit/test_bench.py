@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dskit import cli
+from dskit import bench, cli
 
 CONFIGS = ["deepspeed/ds_config.json", "deepspeed/ds_config_gpu.json"]
 
@@ -98,6 +98,16 @@ def test_bench_bad_flags_are_one_line(capsys: pytest.CaptureFixture[str]) -> Non
         == "error: --steps and --warmup_steps must be at least 1 (the first step compiles and warms up)"
     )
     assert errors[1].startswith("error: unrecognized arguments: --stepz 3") and len(errors) == 2
+    assert cli.main(["bench", "--reference", "compiled,jit"]) == 2
+    assert cli.main(["bench", "--reference", "eager,eager"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: --reference {given!r}: use a comma list of eager and compiled, each once "
+        "(e.g. --reference compiled,eager)"
+        for given in ("compiled,jit", "eager,eager")
+    ]
+    assert bench.reference_modes(None, "cuda") == ["compiled"] and bench.reference_modes(None, "cpu") == [
+        "eager"
+    ]
 
 
 @pytest.mark.parametrize(

@@ -571,7 +571,8 @@ def test_ops_need_a_toolchain_when_not_built(
 # other call is recorded (arguments, then the launch variables it was given); PREFLIGHT_EXIT sets the exit of
 # `dskit preflight` (1: a doctor FAIL; 2: prepare's one-line error).
 FAKE_PYTHON = r"""#!/usr/bin/env bash
-if [[ "$1" == -c ]]; then echo "0 3.11.7 2.6.0 none 0.19.8"; exit 0; fi
+if [[ "$1 $2" == "-m dskit.python_env" ]]; then echo "0 3.11.7 2.6.0 none 0.19.8"; exit 0; fi
+if [[ "$1 $2" == "-m torch.distributed.run" ]]; then shift 2; printf "%s\0" torchrun "$@" >"$CALLS/$(date +%s%N)"; exit; fi
 printf '%s\0' "$@" "ENV CUDA_VERSION=$CUDA_VERSION GPUS_PER_NODE=$GPUS_PER_NODE CPU_RANKS=$CPU_RANKS EFA=$EFA NODES=$SLURM_JOB_NUM_NODES" \
   >"$CALLS/$(date +%s%N)"
 if [[ "$3" == preflight ]]; then
@@ -581,7 +582,6 @@ if [[ "$3" == preflight ]]; then
 fi
 """
 STUB = "#!/usr/bin/env bash\n"  # uv: succeeds, does nothing
-TORCHRUN = '#!/usr/bin/env bash\nprintf "%s\\0" torchrun "$@" >"$CALLS/$(date +%s%N)"\n'  # recorded
 SRUN = '#!/usr/bin/env bash\nwhile [[ "$1" == -* ]]; do shift; done\nexec "$@"\n'
 SCONTROL = '#!/usr/bin/env bash\n[[ "$1 $2" == "show hostnames" ]] && printf "n1\\nn2\\n"; exit 0\n'
 
@@ -595,9 +595,8 @@ def launch(
     (repo / "src" / "train_deepspeed.py").write_text("")
     render.write_scripts(render.render_scripts(render.LaunchValues()), repo)
     executable(repo / ".venv" / "bin" / "python", FAKE_PYTHON)
-    for name, text in {"uv": STUB, "torchrun": TORCHRUN, "srun": SRUN, "scontrol": SCONTROL}.items():
+    for name, text in {"uv": STUB, "srun": SRUN, "scontrol": SCONTROL}.items():
         executable(bin_dir / name, text)
-    executable(repo / ".venv" / "bin" / "torchrun", TORCHRUN)
     full_env = {
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
         "HOME": os.environ.get("HOME", "/root"),
@@ -673,10 +672,9 @@ def test_the_real_doctor_stops_a_real_launcher(tmp_path: Path) -> None:
         repo / ".venv" / "bin" / "python",
         "#!/usr/bin/env bash\n"
         'if [[ "$3" == preflight ]]; then exec ' + sys.executable + ' "$@"; fi\n'
-        'if [[ "$1" == -c ]]; then echo "0 3.11.7 2.6.0 none 0.19.8"; exit 0; fi\n'
+        'if [[ "$1 $2" == "-m dskit.python_env" ]]; then echo "0 3.11.7 2.6.0 none 0.19.8"; exit 0; fi\n'
         'printf "%s\\0" "$@" >"$CALLS/$(date +%s%N)"\n',
     )
-    executable(repo / ".venv" / "bin" / "torchrun", TORCHRUN)
     executable(bin_dir / "uv", STUB)
     env = {
         **{

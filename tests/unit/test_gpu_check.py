@@ -1,0 +1,212 @@
+"""`dskit gpu-check`: its CPU subset run for real (the gpu tests skip: "not run", not pass; dskit bench's rows),
+the JSON and markdown it writes, step selection, and a step past its time limit ended with its process group.
+The GPU-only verdicts (the pass of the gpu tests, the kit against the compiled reference) cannot run here: they
+are checked on hand-written pytest and bench results. The launcher step is tests/e2e/test_gpu_check_launcher.py.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from dskit import cli, gpu_check
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU subset; on a GPU `make gpu-check` is the run")
+def test_cpu_subset_runs_the_gpu_tests_and_bench_and_writes_json_and_markdown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(REPO)  # the checkout: tests/ and deepspeed/ (bench's data cache: .cache/data, ignored)
+    out = tmp_path / "out"
+    assert cli.main(["gpu-check", "--only", "bench,pytest", "--out_dir", str(out)]) == 0
+    printed = capsys.readouterr().out
+
+    (report_file,) = out.glob("gpu-check-*.json")
+    report = json.loads(report_file.read_text())
+    assert (report["device"], report["steps"], report["failed"]) == ("cpu", ["pytest", "bench"], False)
+    assert set(report["versions"]) == {"python", "cuda", "torch", "deepspeed", "transformers", "liger-kernel"}
+    assert report["versions"]["torch"] == importlib.metadata.version("torch")
+    checks = {c["name"]: c for c in report["checks"]}
+    # Without a GPU the gpu tests ran as a real pytest run and skipped: not counted as a pass.
+    gpu = checks["pytest -m gpu"]
+    assert gpu["status"] == "not run" and re.fullmatch(r"no GPU: the \d+ gpu tests skipped", gpu["reason"])
+    assert 0 < gpu["seconds"] <= gpu["limit_s"] == gpu_check.LIMITS["cpu"]["pytest"]
+    assert checks["bench"]["status"] == "pass" and checks["bench"]["reason"] == "3 rows"
+    assert not any(name.startswith(("ops", "launcher")) for name in checks)  # not selected
+
+    bench = report["bench"]
+    assert (bench["model"], bench["seq_length"], bench["steps"]) == ("tiny-qwen3", 64, 2)
+    rows = bench["rows"]
+    assert [(r["kind"], r["settings"].get("deepspeed_config")) for r in rows] == [
+        ("reference", None),
+        ("dskit", gpu_check.GPU_CONFIG),
+        ("dskit", gpu_check.OFFLOAD_CONFIG),
+    ]
+    assert rows[0]["settings"]["compile"] is False and rows[0]["vs_reference"] == 1.0
+    for r in rows:
+        assert checks[f"bench: {r['name']}"]["status"] == "pass"
+        assert r["tokens_per_s"] > 0 and r["first_step_s"] > 0 and r["peak_mem_gib"] > 0
+    assert (
+        rows[2]["layout"] == "1 x 1 x 1 x 64 = 64"
+    )  # bench's: micro batch x accumulation x ranks x sequence
+    assert gpu_check.layout(rows[2]) == "1 x 1 x 1 x 64 = 64, ZeRO-2, optimizer offloaded to cpu"
+
+    markdown = (out / report_file.name.replace(".json", ".md")).read_text()
+    assert markdown in printed  # the table printed at the end is the file
+    assert "| config | layout | tokens/s | MFU | peak GiB | first step s | vs reference |" in markdown
+    assert (
+        "| reference: PyTorch, AdamW, bf16 autocast, eager | 1 x 1 x 1 x 64 = 64, one device, no ZeRO |"
+        in markdown
+    )
+    assert "| ds_config_gpu.json" not in markdown and "ZeRO-2, optimizer on GPU |" in markdown
+    assert re.search(r"^\| pytest -m gpu \| NOT RUN \| \d+ / 120 \| no GPU", markdown, re.M)
+    assert markdown.rstrip().endswith("PASSED: 0 of 5 checks failed")
+    assert {p.name.split(".", 1)[1] for p in out.iterdir()} == {"json", "md", "pytest.log", "bench.log"}
+
+
+def test_bad_steps_and_a_wrong_directory_are_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["gpu-check", "--only", "bench,tests"]) == 2
+    assert cli.main(["gpu-check", "--only", "bench,bench"]) == 2
+    assert cli.main(["gpu-check", "--out_dir", str(tmp_path / "o")]) == 2  # not the checkout
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert errors == [
+        "error: --only 'bench,tests': use a comma list of ops, pytest, bench, launcher, each once "
+        "(e.g. --only pytest,bench)",
+        "error: --only 'bench,bench': use a comma list of ops, pytest, bench, launcher, each once "
+        "(e.g. --only pytest,bench)",
+        "error: dskit gpu-check runs from the kit's checkout (where train-singlenode.sh and tests/ are)",
+    ]
+    assert not (tmp_path / "o").exists()  # nothing ran
+    assert gpu_check.select_steps("launcher,pytest") == ["pytest", "launcher"]  # in the order they run
+    # The steps' limits on CUDA fit the 10-minute budget together, so no hang can overrun it.
+    assert sum(gpu_check.LIMITS["cuda"].values()) < 600
+    assert tuple(gpu_check.STEPS) == gpu_check.STEP_NAMES == tuple(gpu_check.LIMITS["cuda"])
+
+
+def test_a_step_past_its_limit_is_ended_with_its_whole_process_group(tmp_path: Path) -> None:
+    pid_file = tmp_path / "grandchild.pid"
+    # A child that starts a grandchild (as torchrun starts ranks) and both hang.
+    cmd = ["bash", "-c", f"sleep 300 & echo $! > {pid_file}; echo started; wait"]
+    started = time.monotonic()
+    result = gpu_check.run_step(cmd, 1, tmp_path / "step.log", dict(os.environ))
+    assert result.returncode is None and time.monotonic() - started < 12
+    grandchild = Path(f"/proc/{int(pid_file.read_text())}/stat")
+    deadline = time.monotonic() + 5
+    # Killed: gone, or a zombie until whichever process adopted it reaps it.
+    while grandchild.exists() and _state(grandchild) != "Z" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not grandchild.exists() or _state(grandchild) == "Z"
+    check = gpu_check._ran("bench", result, 1)
+    assert check is not None and check.status == "fail" and check.reason == "timed out after 1 s: started"
+
+    ok = gpu_check.run_step(
+        [sys.executable, "-c", "print('fine')"], 30, tmp_path / "ok.log", dict(os.environ)
+    )
+    assert (ok.returncode, ok.output) == (0, "fine\n") and gpu_check._ran("x", ok, 30) is None
+
+
+def _state(stat: Path) -> str:
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()[0]  # after "pid (comm)"
+    except FileNotFoundError:
+        return "gone"
+
+
+def _junit(path: Path, tests: int, skipped: int, failures: int) -> Path:
+    path.write_text(
+        f'<testsuites><testsuite name="pytest" errors="0" failures="{failures}" skipped="{skipped}" '
+        f'tests="{tests}"></testsuite></testsuites>'
+    )
+    return path
+
+
+def test_gpu_test_verdicts_on_a_gpu(tmp_path: Path) -> None:
+    """Hand-written pytest reports (what a GPU run writes), since the gpu tests cannot pass here."""
+    done = gpu_check.StepResult(0, 80.0, "6 passed")
+    passed = gpu_check.pytest_check(done, _junit(tmp_path / "a.xml", 6, 0, 0), "cuda", 105)
+    assert (passed.status, passed.reason) == ("pass", "6 passed, 0 failed, 0 skipped of 6")
+    failed = gpu_check.StepResult(1, 80.0, "FAILED tests/unit/test_kernels.py::test_x\n1 failed, 5 passed")
+    check = gpu_check.pytest_check(failed, _junit(tmp_path / "b.xml", 6, 0, 1), "cuda", 105)
+    assert check.status == "fail" and check.reason.startswith("exit status 1: FAILED tests/unit/test_kernels")
+    none = gpu_check.StepResult(5, 9.0, "no tests ran")
+    assert gpu_check.pytest_check(none, tmp_path / "missing.xml", "cuda", 105).status == "fail"
+
+
+def _row(kind: str, tokens: float | None, config: str | None = None, compiled: bool = False) -> dict:
+    settings = {"compile": compiled} if kind == "reference" else {"deepspeed_config": config}
+    losses = [12.0, 11.0]
+    return {"name": f"{kind} {config}", "kind": kind, "tokens_per_s": tokens, "error": None, "losses": losses,
+            "settings": settings, "micro_batch_size": 8}  # fmt: skip
+
+
+def test_on_cuda_the_kit_is_judged_against_the_compiled_reference() -> None:
+    """Hand-written bench rows (a GPU's figures cannot be measured here)."""
+    reference = [_row("reference", 65_000.0, compiled=True), _row("reference", 37_000.0)]
+    good = {"rows": [*reference, _row("dskit", 60_000.0, gpu_check.GPU_CONFIG), _row("dskit", 30_000.0, "x")]}
+    checks = gpu_check.bench_checks(good, "cuda")
+    assert [c.status for c in checks] == ["pass"] * 5
+    assert checks[-1].reason == "best 60,000 vs 65,000 tokens/s: 0.92x (measured on an H100: 1.12x)"
+    slow = {"rows": [*reference, _row("dskit", 40_000.0, gpu_check.GPU_CONFIG)]}
+    assert gpu_check.bench_checks(slow, "cuda")[-1].status == "fail"
+    oom = {"rows": [{**_row("reference", None, compiled=True), "error": "out of memory"}]}
+    assert [(c.status, c.reason) for c in gpu_check.bench_checks(oom, "cpu")] == [("fail", "out of memory")]
+    flat = {"rows": [{**_row("dskit", 1.0, "x"), "losses": [7.0, 7.5]}]}
+    assert gpu_check.bench_checks(flat, "cpu")[0].reason == "the loss did not fall: 7.000 -> 7.500"
+
+
+def test_the_cuda_bench_rows_parse_into_the_planned_configs(tmp_path: Path) -> None:
+    """What `dskit bench` trains on a GPU (it cannot train here): both references, then the GPU-only config with
+    Liger off first (its probed micro batch is the references'), the offload config, Liger on, compile on."""
+    from dskit import bench
+    from model_utils.arguments import parse_args
+
+    ns = bench.build_parser().parse_args(gpu_check.BENCH_ARGS["cuda"])
+    assert bench.reference_modes(ns.reference, "cuda") == ["compiled", "eager"]
+    assert (ns.micro_batch_size, ns.steps, ns.warmup_steps, ns.seq_length) == ("auto", 10, 3, None)  # 2048
+    variants = [bench.Variant(c, c, Path(c).name) for c in ns.deepspeed_config]
+    variants += bench.vary_variants(ns.deepspeed_config[0], ns.vary, tmp_path)
+    configs = [
+        parse_args(bench._training_flags(ns, bench.GPU_MODEL, v.path, str(tmp_path)) + list(v.flags))
+        for v in variants
+    ]
+    assert [(c.optim.deepspeed_config, c.model.liger, c.model.compile) for c in configs] == [
+        (gpu_check.GPU_CONFIG, "off", False),
+        (gpu_check.OFFLOAD_CONFIG, "off", False),
+        (gpu_check.GPU_CONFIG, "on", False),
+        (gpu_check.GPU_CONFIG, "off", True),
+    ]
+    assert all(c.optim.micro_batch_size == "auto" for c in configs)
+
+
+def test_a_launcher_that_hangs_or_logs_no_last_step_fails(tmp_path: Path) -> None:
+    """The failing verdicts of the launcher step (the real run: tests/e2e/test_gpu_check_launcher.py)."""
+    hung = gpu_check.StepResult(None, 60.0, "Step 3/10 | Loss 7.1")
+    check, summary = gpu_check.launcher_check(hung, tmp_path / "none.jsonl", 60)
+    assert (check.status, check.reason, summary) == (
+        "fail",
+        "timed out after 60 s: Step 3/10 | Loss 7.1",
+        None,
+    )
+    short = tmp_path / "short.jsonl"
+    short.write_text(json.dumps({"step": 3, "loss": 7.1, "tokens_per_s": 900.0}) + "\n")
+    check, summary = gpu_check.launcher_check(gpu_check.StepResult(0, 30.0, ""), short, 60)
+    assert (check.status, summary) == ("fail", None)
+    assert check.reason == f"no step {gpu_check.LAUNCHER_STEPS} in its metrics file (logged steps: [3])"
+    diverged = tmp_path / "nan.jsonl"  # a NaN loss is written as null
+    records = [{"step": s, "loss": None if s == 5 else 7.0, "tokens_per_s": 900.0} for s in range(1, 11)]
+    diverged.write_text("".join(json.dumps(r) + "\n" for r in records))
+    check, _ = gpu_check.launcher_check(gpu_check.StepResult(0, 30.0, ""), diverged, 60)
+    assert (check.status, check.reason) == ("fail", "the loss is not finite at steps [5]")
