@@ -60,6 +60,6 @@ ifeq ($(DSKIT_PYTHON)$(WHEELHOUSE),)
 	$(PY) -m dskit.cli gpu-check
 else
 	$(if $(WHEELHOUSE),PYTHONPATH=src $(or $(DSKIT_PYTHON),python3) -m dskit.wheelhouse install $(WHEELHOUSE) \
-	  --venv .venv $(if $(DSKIT_PYTHON),--overlay))
+	  --venv .venv $(if $(DSKIT_PYTHON),--overlay) --test_tools)
 	PYTHONPATH=src $(if $(WHEELHOUSE),.venv/bin/python,$(DSKIT_PYTHON)) -m dskit.cli gpu-check
 endif

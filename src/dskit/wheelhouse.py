@@ -26,6 +26,9 @@ from pathlib import Path
 
 MANIFEST = "dskit-wheelhouse.json"
 REQUIREMENTS = "requirements.txt"
+# pytest for the gpu tests of `make gpu-check` (a container with no network has no pytest either)
+TEST_REQUIREMENTS = "requirements-test.txt"
+TEST_TOOLS = ("pytest", "pytest-timeout")
 # Beside the venv's interpreter: which wheelhouse and base interpreter made it (a later launch skips the install).
 STAMP = "dskit-wheelhouse.json"
 FORMAT = 1
@@ -109,6 +112,28 @@ def locked_pins(repo: Path, environment: dict[str, str]) -> list[tuple[str, str]
     return pins
 
 
+def closure(lock: dict, roots: tuple[str, ...], environment: dict[str, str]) -> list[tuple[str, str]]:
+    """(name, version) of the roots and everything they need on the target, from the lock's dependency graph."""
+    from packaging.markers import Marker
+    from packaging.utils import canonicalize_name
+
+    by_name: dict[str, list[dict]] = {}
+    for package in lock["package"]:
+        by_name.setdefault(canonicalize_name(package["name"]), []).append(package)
+    seen: dict[str, str] = {}
+    todo = [{"name": root} for root in roots]
+    while todo:
+        dep = todo.pop()
+        name = canonicalize_name(dep["name"])
+        if name in seen or ("marker" in dep and not Marker(dep["marker"]).evaluate(environment)):
+            continue
+        candidates = [p for p in by_name[name] if dep.get("version") in (None, p["version"])]
+        assert len(candidates) == 1, f"uv.lock: {name} is ambiguous here ({len(candidates)} entries)"
+        seen[name] = candidates[0]["version"]
+        todo += candidates[0].get("dependencies", [])
+    return sorted(seen.items())
+
+
 def choose_files(lock: dict, pins: list[tuple[str, str]], tag_order: list) -> list[dict]:
     """For each pin, the lock's best wheel for the target (by tag order), else its source archive."""
     from packaging.utils import canonicalize_name, parse_wheel_filename
@@ -175,10 +200,15 @@ def build(repo: Path, out: Path, python: str, machine: str, glibc: str) -> dict:
         raise WheelhouseError(f"{out} exists and is not a wheelhouse: give an empty or new directory")
     out.mkdir(parents=True, exist_ok=True)
     lock = tomllib.loads((repo / "uv.lock").read_text())
-    files = choose_files(
-        lock, locked_pins(repo, target_environment(python, machine)), target_tags(python, machine, glibc)
+    environment, tags = target_environment(python, machine), target_tags(python, machine, glibc)
+    files = choose_files(lock, locked_pins(repo, environment), tags)
+    from packaging.utils import canonicalize_name
+
+    runtime = {canonicalize_name(f["name"]) for f in files}
+    test_files = choose_files(
+        lock, [p for p in closure(lock, TEST_TOOLS, environment) if p[0] not in runtime], tags
     )
-    downloads = [f for f in files if not f["build"]]
+    downloads = [f for f in files + test_files if not f["build"]]
     print(
         f"wheelhouse: {len(downloads)} wheels to fetch for Python {python} {machine} glibc {glibc}",
         flush=True,
@@ -193,7 +223,7 @@ def build(repo: Path, out: Path, python: str, machine: str, glibc: str) -> dict:
             f["file"] = _build_wheel(builds / f["file"], out, f["name"])
     kit = _build_wheel(repo, out, "dskit")
     shutil.rmtree(builds)
-    keep = {f["file"] for f in files} | {kit}
+    keep = {f["file"] for f in files + test_files} | {kit}
     for stale in out.glob("*.whl"):
         if stale.name not in keep:
             stale.unlink()
@@ -201,6 +231,8 @@ def build(repo: Path, out: Path, python: str, machine: str, glibc: str) -> dict:
     # the kit too (its `dskit` command; the launchers still run the checkout's code, first on PYTHONPATH)
     lines.append(f"dskit=={kit.split('-')[1]} --hash=sha256:{_sha256(out / kit)}")
     (out / REQUIREMENTS).write_text("\n".join(lines) + "\n")
+    tests = [f"{f['name']}=={f['version']} --hash=sha256:{_sha256(out / f['file'])}" for f in test_files]
+    (out / TEST_REQUIREMENTS).write_text("\n".join(tests) + "\n")
     size = sum((out / name).stat().st_size for name in keep)
     manifest = {
         "format": FORMAT,
@@ -210,6 +242,7 @@ def build(repo: Path, out: Path, python: str, machine: str, glibc: str) -> dict:
         "glibc": glibc,
         "kit_wheel": kit,
         "packages": len(lines),
+        "test_packages": len(tests),
         "bytes": size,
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -266,7 +299,7 @@ def check_target(manifest: dict, wheelhouse: Path, repo: Path) -> None:
         )
 
 
-def install(wheelhouse: Path, venv: Path, repo: Path, overlay: bool) -> None:
+def install(wheelhouse: Path, venv: Path, repo: Path, overlay: bool, test_tools: bool = False) -> None:
     """Make `venv` from the wheelhouse with this interpreter as its base (overlay: see its packages too).
 
     Jobs that start at once (an array's tasks, two launches) take turns: the first installs, the others then
@@ -278,6 +311,26 @@ def install(wheelhouse: Path, venv: Path, repo: Path, overlay: bool) -> None:
     with open(venv.parent / f".{venv.name}.install-lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         _install(wheelhouse.resolve(), venv, repo, overlay)
+        if test_tools:
+            _install_test_tools(wheelhouse.resolve(), venv, overlay)
+
+
+def _install_test_tools(wheelhouse: Path, venv: Path, overlay: bool) -> None:
+    """pytest for `make gpu-check`'s gpu tests (pip leaves what is there already as it is)."""
+    pip = [
+        str(venv / "bin" / "python"),
+        "-m",
+        "pip",
+        "install",
+        "--no-index",
+        "--find-links",
+        str(wheelhouse),
+    ]
+    pip += ["--disable-pip-version-check", "--quiet"]
+    if overlay:  # the base may have its own pytest: keep it
+        _pip([*pip, *TEST_TOOLS])
+    else:
+        _pip([*pip, "--no-deps", "--require-hashes", "-r", str(wheelhouse / TEST_REQUIREMENTS)])
 
 
 def _install(wheelhouse: Path, venv: Path, repo: Path, overlay: bool) -> None:
@@ -400,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{manifest['bytes'] / 2**30:.2f} GiB; on the cluster: WHEELHOUSE={args.out} ./train-singlenode.sh"
             )
         else:
-            install(args.wheelhouse, args.venv, repo, args.overlay)
+            install(args.wheelhouse, args.venv, repo, args.overlay, args.test_tools)
     except WheelhouseError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -510,6 +510,16 @@ def test_offline_install_from_a_wheelhouse_trains_through_both_launchers(
         capture_output=True, text=True, check=True,
     ).stdout.split()  # fmt: skip
     assert versions[0] == "0.1.0"  # the kit's own wheel, installed by pip
+    # make gpu-check's pytest, offline too (the launcher's venv is up to date: only the test tools go in)
+    tools = subprocess.run(
+        no_network_shell(
+            f"PYTHONPATH=src python3 -m dskit.wheelhouse install {shlex.quote(str(wh))} --venv .venv --test_tools"
+            " && .venv/bin/python -m pytest --version"
+        ),
+        cwd=copy, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert tools.returncode == 0 and "(up to date)" in tools.stdout, tools.stdout + tools.stderr
+    assert "pytest 9" in tools.stdout + tools.stderr
     # Both launchers: train.sbatch across the 2 nodes (namespaces with no route out), the same venv as DSKIT_PYTHON.
     start = time.monotonic()
     (tmp_path / "sbatch").mkdir()

@@ -127,7 +127,7 @@ def test_overlay_venv_sees_the_base_packages_installs_nothing_more_and_is_reused
     """Over an interpreter that has everything (this one: a venv itself), the overlay needs nothing from the
     wheelhouse, imports the base's torch, and a second launch finds it up to date."""
     wh, venv = manifest_dir(tmp_path / "wh"), tmp_path / ".venv"
-    proc = install(wh, venv, "--overlay")
+    proc = install(wh, venv, "--overlay", "--test_tools")  # pytest too: the base's is kept (none in wh)
     assert proc.returncode == 0, proc.stderr
     assert "installing nothing" in proc.stdout
     import torch
