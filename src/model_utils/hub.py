@@ -128,7 +128,7 @@ def resolve(
     used (a requeued job trains from the weights of its first run). `local_only` (the ranks): the cache alone,
     never the network. `weights`: fetch the weights too (a model), else the small files only.
     """
-    from huggingface_hub.errors import LocalEntryNotFoundError
+    from huggingface_hub.errors import IncompleteSnapshotError, LocalEntryNotFoundError
 
     wanted = revision or DEFAULT_REVISION
     rev = wanted
@@ -139,8 +139,14 @@ def resolve(
         try:
             snap = _from_cache(repo, wanted, rev, weights, pinned_patterns)
         except LocalEntryNotFoundError as e:
-            why = "HF_HUB_OFFLINE is set" if is_offline() else "the ranks never fetch: `dskit prepare` does"
-            raise _unavailable(what, repo, rev, f"{why}; {first_line(e)}") from None
+            why = (
+                "the ranks never fetch: run `dskit prepare` with the same flags first, as the launchers' preflight does"
+                if local_only
+                else "HF_HUB_OFFLINE is set"
+            )
+            if isinstance(e, IncompleteSnapshotError):  # which files are missing
+                why += f"; {first_line(e)}"
+            raise _unavailable(what, repo, rev, why) from None
         if not local_only:
             print0(f"HF_HUB_OFFLINE: {what} {repo}@{snap.commit[:12]} from the local cache {snap.path}")
         return snap

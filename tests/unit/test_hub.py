@@ -112,3 +112,18 @@ def test_model_revision_needs_a_hub_model(tmp_path: Path) -> None:
     cfg = parse_args(["--model_revision", "v1", "--checkpoint_dir", str(tmp_path / "ck")])
     with pytest.raises(ConfigError, match=r"--model_revision v1 applies to a hub --model, not tiny-qwen3"):
         preflight.resolve_settings(cfg)
+
+
+def test_a_snapshot_missing_its_weights_is_named_in_one_line(cache: Path, tmp_path: Path) -> None:
+    """A cache copied without the weights: the file list the fetch cached (trees/) says what is missing."""
+    from huggingface_hub._tree_cache import TreeCacheEntry, write_tree_cache
+
+    snapshot = prefill(cache, OLD)
+    (snapshot / "model.safetensors").unlink()
+    entries = {name: TreeCacheEntry(len(text), "0" * 40, None, None, None) for name, text in FILES.items()}
+    write_tree_cache(str(cache / "models--org--tiny"), OLD, entries)
+    pin = hub.Snapshot(REPO, "main", OLD, snapshot, (*hub.SMALL_FILES, "*.safetensors")).to_dict()
+    with pytest.raises(hub.HubUnavailable) as err:
+        hub.resolve(REPO, None, "model", weights=True, local_only=True, pinned=pin)
+    message = str(err.value)
+    assert "\n" not in message and "model.safetensors" in message and "the ranks never fetch" in message
