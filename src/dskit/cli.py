@@ -38,7 +38,7 @@ def _prepare(train_args: list[str]) -> int:
     from model_utils import preflight
     from model_utils.arguments import parse_args
 
-    return _prepared(preflight.prepare(parse_args(train_args)))
+    return _prepared(preflight.prepare(parse_args(train_args), fetch_hub=True))
 
 
 def _prepared(run: Any) -> int:
@@ -76,7 +76,8 @@ def _preflight(train_args: list[str]) -> int:
     status = doctor.report(results, ctx)
     if status != 0:
         return status  # 1: a FAIL row (its fix is in the table above): the launch stops before prepare
-    return _prepared(preflight.prepare(cfg, settings=settings))  # the settings the doctor resolved
+    # the settings the doctor resolved; a hub model's weights fetched here, once for the job's ranks
+    return _prepared(preflight.prepare(cfg, settings=settings, fetch_hub=True))
 
 
 def _render(args: list[str]) -> int:

@@ -440,6 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument(
         "--overlay", action="store_true", help="a venv that sees this interpreter's packages (DSKIT_PYTHON)"
     )
+    i.add_argument("--test_tools", action="store_true", help="also pytest, for make gpu-check's gpu tests")
     args = parser.parse_args(argv)
     repo = Path(__file__).resolve().parents[2]
     try:

@@ -58,6 +58,13 @@ class ModelArgs:
             "a preset (" + ", ".join(PRESETS) + "), a Hugging Face hub id, or a local HF model dir"
         ),
     )
+    model_revision: str | None = field(
+        default=None,
+        metadata=_flag(
+            "branch, tag or commit of a hub --model (default: the hub's default branch); the preflight pins "
+            "the commit for the run, so a requeue loads the same weights"
+        ),
+    )
     tokenizer: str | None = field(
         default=None, metadata=_flag("hub id or local dir of the tokenizer (default: the model's own)")
     )

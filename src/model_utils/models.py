@@ -5,10 +5,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from model_utils.errors import ConfigError, first_line
 from model_utils.presets import PRESETS, Preset
+
+if TYPE_CHECKING:
+    from model_utils.hub import Snapshot
 
 MAX_DEFAULT_SEQ_LENGTH = 2048
 
@@ -20,10 +23,20 @@ class ModelSource:
     name: str
     preset: Preset | None = None
     local_dir: Path | None = None
+    snapshot: Snapshot | None = None  # a hub id's pinned snapshot in the HF cache (hub.resolve)
 
     @property
     def is_hub(self) -> bool:
         return self.preset is None and self.local_dir is None
+
+    @property
+    def load_path(self) -> str:
+        """What from_pretrained reads: the local dir, or the hub id's local snapshot (never the hub itself)."""
+        if self.local_dir is not None:
+            return str(self.local_dir)
+        if self.snapshot is not None:
+            return str(self.snapshot.path)
+        return self.name
 
     @property
     def short_name(self) -> str:
@@ -34,6 +47,11 @@ class ModelSource:
 
 def _looks_like_path(name: str) -> bool:
     return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1
+
+
+def is_hub_id(name: str) -> bool:
+    """org/name that is not a local directory (a tokenizer given by hub id, as a model's is_hub)."""
+    return not _looks_like_path(name) and name.count("/") == 1 and not Path(name).expanduser().exists()
 
 
 def resolve_model_source(name: str) -> ModelSource:
@@ -73,7 +91,7 @@ def load_model_config(source: ModelSource) -> Any:
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(str(source.local_dir or source.name))
+        return AutoConfig.from_pretrained(source.load_path)
     except (OSError, ValueError) as e:
         raise _hub_error("model config", source.name, e) from None
 
@@ -93,15 +111,21 @@ def resolve_seq_length(requested: int | None, model_config: Any) -> int:
     return requested
 
 
-def load_tokenizer(source: ModelSource, tokenizer_name: str | None) -> Any:
+def tokenizer_name(source: ModelSource, tokenizer: str | None) -> str:
+    """--tokenizer, else the preset's tokenizer, else the model's own (its dir, or its hub id)."""
+    return tokenizer or (source.preset.tokenizer if source.preset else str(source.local_dir or source.name))
+
+
+def load_tokenizer(source: ModelSource, tokenizer: str | None, snapshot: Snapshot | None = None) -> Any:
+    """`snapshot`: the tokenizer's pinned hub snapshot (preflight.RunSettings.tokenizer), read instead of the hub."""
     from transformers import AutoTokenizer
 
-    name = tokenizer_name or (
-        source.preset.tokenizer if source.preset else str(source.local_dir or source.name)
-    )
+    name = tokenizer_name(source, tokenizer)
     local = Path(name).expanduser()
     if _looks_like_path(name) and not local.is_dir():
         raise ConfigError(f"tokenizer path {name} does not exist: check --tokenizer")
+    if snapshot is not None:
+        local = snapshot.path
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(local) if local.is_dir() else name)
     except (OSError, ValueError) as e:
@@ -137,9 +161,7 @@ def build_model(source: ModelSource, model_config: Any, seed: int, dtype: Any) -
         torch.manual_seed(seed)
         return AutoModelForCausalLM.from_config(model_config, attn_implementation="sdpa")
     try:
-        return AutoModelForCausalLM.from_pretrained(
-            str(source.local_dir or source.name), dtype=dtype, attn_implementation="sdpa"
-        )
+        return AutoModelForCausalLM.from_pretrained(source.load_path, dtype=dtype, attn_implementation="sdpa")
     except (OSError, ValueError) as e:
         raise _hub_error("model", source.name, e) from None
 

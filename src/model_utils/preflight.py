@@ -12,6 +12,7 @@ leaves the packed data in the cache, so the ranks start straight from it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -25,6 +26,7 @@ from model_utils import (
     checkpoint,
     concat_dataset,
     deepspeed_config,
+    hub,
     launch_record,
     lora,
     models,
@@ -47,11 +49,19 @@ class RunSettings:
     seq_length: int
     deepspeed: DeepSpeedSettings
     spike_guard: str  # the mode that runs: --spike_guard, or off where DeepSpeed cannot discard a step
+    # a hub tokenizer's pinned snapshot (a hub model's own: its snapshot); resolved by prepare, with the tokenizer
+    tokenizer: hub.Snapshot | None = None
 
     def to_dict(self) -> dict[str, Any]:
         ds = self.deepspeed
+        pins = {  # recorded in every checkpoint's launch.json: the weights and tokenizer the run started from
+            f"{role}_commit": snap.commit
+            for role, snap in (("model", self.source.snapshot), ("tokenizer", self.tokenizer))
+            if snap is not None
+        }
         return {
             "model": self.source.name,
+            **pins,
             "seq_length": self.seq_length,
             "micro_batch_size": ds.micro_batch_size,
             "gradient_accumulation_steps": ds.gradient_accumulation_steps,
@@ -186,13 +196,20 @@ class ResolvedRun:
         }
 
 
-def resolve_settings(cfg: TrainConfig, gpu_bytes: int | None = None, world_size: int = 1) -> RunSettings:
+def resolve_settings(
+    cfg: TrainConfig, gpu_bytes: int | None = None, world_size: int = 1, on_ranks: bool = False
+) -> RunSettings:
     """The DeepSpeed settings (checked by DeepSpeed) and the model's config and sequence length. `gpu_bytes`:
     the memory of the CUDA GPU each of `world_size` ranks trains on, where the ranks resolve (the default
-    DeepSpeed config is then chosen by the memory estimate)."""
+    DeepSpeed config is then chosen by the memory estimate).
+
+    A hub model resolves to its pinned snapshot in the HF cache (hub.resolve): its small files fetched here,
+    its weights by `prepare(fetch_hub=True)`; `on_ranks`: from the cache alone, weights included.
+    """
     startup.import_transformers()  # the first import of transformers in a rank: without what it does not use
     source = models.resolve_model_source(cfg.model.model)
     ds = deepspeed_config.resolve(cfg)
+    source = _hub_model(cfg, source, on_ranks)
     model_config = models.load_model_config(source)
     seq_length = models.resolve_seq_length(cfg.data.seq_length, model_config)
     lora.check(
@@ -248,6 +265,31 @@ def _rank_gpu_bytes(world_size: int | None) -> int | None:
     import torch
 
     return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+
+
+def _hub_model(cfg: TrainConfig, source: models.ModelSource, on_ranks: bool) -> models.ModelSource:
+    """The model, with its pinned snapshot when a hub id."""
+    revision = cfg.model.model_revision
+    if revision is not None and not source.is_hub:
+        raise ConfigError(
+            f"--model_revision {revision} applies to a hub --model, not {source.name}: drop --model_revision"
+        )
+    if not source.is_hub:
+        return source
+    pinned = hub.read_pins(cfg.checkpoint.checkpoint_dir).get("model")
+    snap = hub.resolve(source.name, revision, "model", weights=on_ranks, local_only=on_ranks, pinned=pinned)
+    return dataclasses.replace(source, snapshot=snap)
+
+
+def _hub_tokenizer(cfg: TrainConfig, source: models.ModelSource, on_ranks: bool) -> hub.Snapshot | None:
+    """The tokenizer's pinned snapshot when a hub id (a hub model's own: in the model's snapshot)."""
+    name = models.tokenizer_name(source, cfg.model.tokenizer)
+    if name == source.name and source.snapshot is not None:
+        return source.snapshot
+    if not models.is_hub_id(name):
+        return None
+    pinned = hub.read_pins(cfg.checkpoint.checkpoint_dir).get("tokenizer")
+    return hub.resolve(name, None, "tokenizer", weights=False, local_only=on_ranks, pinned=pinned)
 
 
 def _spike_guard_mode(cfg: TrainConfig, ds: DeepSpeedSettings) -> str:
@@ -313,17 +355,25 @@ def prepare(
     run_first: Callable[[Callable[[], Any]], Any] = _here,
     decide_once: Callable[[Callable[[], Any]], Any] = _here,
     settings: RunSettings | None = None,
+    fetch_hub: bool = False,
 ) -> ResolvedRun:
     """Resolve model, tokenizer, sequence length, DeepSpeed settings, checkpoint target and packed data.
 
     `world_size` is the ranks' (None in one-process tools); `run_first` runs a cache-building function on one
     rank before the others (they then read the cache); `decide_once` runs a decision (which checkpoint
     verifies, the probed micro batch) on one rank and shares it. `settings`: resolve_settings(cfg), when the
-    caller has it already.
+    caller has it already. `fetch_hub` (`dskit prepare`/`preflight`, once per job before the ranks start): fetch a
+    hub model's weights and pin its (and a hub tokenizer's) commit in the checkpoint dir, where the ranks read it.
     """
-    settings = settings or resolve_settings(cfg, _rank_gpu_bytes(world_size), world_size or 1)
+    settings = settings or resolve_settings(
+        cfg, _rank_gpu_bytes(world_size), world_size or 1, on_ranks=world_size is not None
+    )
     assert settings.config is cfg  # the batch decided below replaces settings.deepspeed in the run's copy
     checkpoint.check_writable(cfg.checkpoint.checkpoint_dir)
+    on_ranks = world_size is not None
+    settings = dataclasses.replace(settings, tokenizer=_hub_tokenizer(cfg, settings.source, on_ranks))
+    if fetch_hub:
+        settings = _fetch_hub(settings)
     if cfg.report.tracking_uri is not None:
         from model_utils import trackers
 
@@ -341,7 +391,7 @@ def prepare(
             backend=cfg.optim.backend,
         )
         lora.check_resume(resume.path, cfg.lora)
-    tokenizer = models.load_tokenizer(settings.source, cfg.model.tokenizer)
+    tokenizer = models.load_tokenizer(settings.source, cfg.model.tokenizer, settings.tokenizer)
     models.check_vocab(tokenizer, settings.model_config)
     tokenizer_name = cfg.model.tokenizer or settings.source.name
     dataset = concat_dataset.prepared(cfg.data, cfg.explicit, tokenizer, tokenizer_name, run_first)
@@ -390,6 +440,28 @@ def prepare(
                 f"Warm-up of {ds.warmup_steps} steps is longer than the run: warming up over its {max_steps} steps"
             )
     return run
+
+
+def _fetch_hub(settings: RunSettings) -> RunSettings:
+    source, tok = settings.source, settings.tokenizer
+    pins: dict[str, hub.Snapshot] = {}
+    if source.snapshot is not None:
+        snap = hub.with_weights(source.snapshot, "model")
+        source = dataclasses.replace(source, snapshot=snap)
+        pins["model"] = snap
+        if tok is settings.source.snapshot:
+            tok = snap
+    if tok is not None and tok is not source.snapshot:
+        pins["tokenizer"] = tok
+    if not pins:
+        return settings
+    hub.write_pins(settings.config.checkpoint.checkpoint_dir, pins)
+    print0(
+        "Hub snapshots pinned for the ranks (HF cache "
+        f"{hub.cache_dir()}, which must be on the shared filesystem for multi-node jobs): "
+        + ", ".join(f"{s.repo}@{s.commit[:12]}" for s in pins.values())
+    )
+    return dataclasses.replace(settings, source=source, tokenizer=tok)
 
 
 def _check_profile_steps(cfg: TrainConfig, max_steps: int | None) -> None:

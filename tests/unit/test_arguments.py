@@ -282,6 +282,7 @@ OTHER_TOOLS_OPTIONS = {"frozen", "check", "offline", "logdir", "backend"} | {
     "config_file", "multi_gpu", "num_processes", "num_machines", "machine_rank", "main_process_ip",
     "main_process_port", "rdzv_backend", "deepspeed_multinode_launcher", "mixed_precision", "dynamo_backend",
     "cpu", "auto", "gpus",
+    "revision",  # `hf download --revision` (docs/launchers.md: pre-filling the HF cache)
 }  # fmt: skip
 
 

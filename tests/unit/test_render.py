@@ -332,7 +332,7 @@ name=$(basename "$0")
 record() {
   printf '%s\0' "$name" "$@" "ENV NCCL_HOSTILE=${NCCL_HOSTILE-}" "ENV DS_ACCELERATOR=${DS_ACCELERATOR-}" \
     "ENV MASTER_ADDR=${MASTER_ADDR-}" "ENV DSKIT_LOG_FILE=${DSKIT_LOG_FILE-}" "ENV PYTHONPATH=${PYTHONPATH-}" \
-    "ENV EXE=$0" >"$STUB_CALLS/$(date +%s%N)-$name"
+    "ENV EXE=$0" "ENV HF_HUB_OFFLINE=${HF_HUB_OFFLINE-}" >"$STUB_CALLS/$(date +%s%N)-$name"
 }
 # A trainer that stopped early says why (trainer: DSKIT_STOP_REASON_FILE).
 stop_reason() {
@@ -491,6 +491,10 @@ def test_sbatch_env_overrides_args_pass_through_and_launch(tmp_path: Path) -> No
     ]
     assert torchrun[6 : 6 + len(train)] == train
     assert "ENV DS_ACCELERATOR=cpu" in torchrun and "ENV MASTER_ADDR=n1" in torchrun
+    # the preflight fetched the hub files: the ranks are offline, the preflight was not
+    assert "ENV HF_HUB_OFFLINE=1" in torchrun
+    (preflight_env,) = stub.recorded("python", with_env=True)
+    assert "ENV HF_HUB_OFFLINE=" in preflight_env
     (main_srun,) = [c for c in stub.recorded("srun") if "--kill-on-bad-exit=1" in c]
     assert "--wait=60" in main_srun
     assert proc.stdout.startswith("START ")

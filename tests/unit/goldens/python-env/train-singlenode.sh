@@ -130,7 +130,7 @@ set_rank_threads() {
 # checks with their fixes), then `dskit prepare` (flags, model, data; builds the packed-data cache), in one
 # process so that torch, transformers and deepspeed are imported once, not once per command. Run once, before
 # anything expensive. A doctor FAIL (exit 1) stops the launch here, WARNs do not; prepare's one-line error
-# (exit 2) stops it with that status.
+# (exit 2) stops it with that status. Then the ranks are offline (HF_HUB_OFFLINE=1).
 run_preflight() {
   local nodes=$1 efa=$2 status=0
   shift 2
@@ -140,6 +140,9 @@ run_preflight() {
     die "dskit doctor stopped the launch on $(hostname): fix what it reports above, then launch again"
   fi
   [[ "$status" -eq 0 ]] || exit "$status"
+  # The preflight fetched the hub model and tokenizer into the HF cache and pinned their commits: the ranks load
+  # from there and never touch the network (hundreds of ranks at once would hit the hub's rate limits).
+  export HF_HUB_OFFLINE=1
 }
 
 # Extra environment for the ranks: none in the launch values (set env.NAME=VALUE to add some).
