@@ -38,6 +38,8 @@ from typing import Any
 from model_utils.errors import CommandParser, ConfigError
 
 STEP_NAMES = ("ops", "pytest", "bench", "launcher")
+# what torchrun (or an in-process run) sets for a process group: never inherited by a step
+RENDEZVOUS_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 # Seconds each step may take. On CUDA they add up to under the 10-minute budget, so a hang cannot overrun it
 # (the planned times, from H100 measurements: docs/speed.md "GPU acceptance"); on CPU they are generous
 # (a cold build of DeepSpeed's CPU Adam takes minutes on 2 cores).
@@ -418,8 +420,10 @@ def main(argv: list[str]) -> int:
     )
     with tempfile.TemporaryDirectory(prefix="dskit-gpu-check-") as scratch:
         # The children train on what torch sees here, whatever DS_ACCELERATOR the caller's shell exports (the
-        # Makefile exports cpu for the test suite).
-        ctx = Context(root, device, stamp, {**os.environ, "DS_ACCELERATOR": device}, Path(scratch))
+        # Makefile exports cpu for the test suite); each sets up its own process group, so the caller's
+        # rendezvous variables (a port its own group may still hold) are not passed on.
+        env = {k: v for k, v in os.environ.items() if k not in RENDEZVOUS_VARIABLES}
+        ctx = Context(root, device, stamp, {**env, "DS_ACCELERATOR": device}, Path(scratch))
         for step in steps:
             print(f"gpu-check: {step} ...", flush=True)
             checks = STEPS[step](ctx, Path(f"{base}.{step}.log"), limits[step], report)

@@ -10,6 +10,7 @@ import importlib.metadata
 import json
 import os
 import re
+import socket
 import sys
 import time
 from pathlib import Path
@@ -28,7 +29,12 @@ def test_cpu_subset_runs_the_gpu_tests_and_bench_and_writes_json_and_markdown(
 ) -> None:
     monkeypatch.chdir(REPO)  # the checkout: tests/ and deepspeed/ (bench's data cache: .cache/data, ignored)
     out = tmp_path / "out"
-    assert cli.main(["gpu-check", "--only", "bench,pytest", "--out_dir", str(out)]) == 0
+    # This process's own rendezvous (an in-process run's group, its port still held) is not the steps' business.
+    held = socket.create_server(("127.0.0.1", 0))
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(held.getsockname()[1]))
+    with held:
+        assert cli.main(["gpu-check", "--only", "bench,pytest", "--out_dir", str(out)]) == 0
     printed = capsys.readouterr().out
 
     (report_file,) = out.glob("gpu-check-*.json")
