@@ -46,7 +46,7 @@ test: warm lint
 wheelhouse: env
 	$(PY) -m dskit.cli wheelhouse build $(WHEELHOUSE_DIR) $(WHEELHOUSE_OPTS)
 
-# The air-gapped path for real: install from wheelhouse/ with no network, train through both launchers (~5 min).
+# The air-gapped path for real: install from wheelhouse/ with no network, train through both launchers (~3.5 min).
 offline-check: warm
 	$(MAKE) wheelhouse WHEELHOUSE_DIR=wheelhouse
 	DSKIT_TEST_WHEELHOUSE=$(CURDIR)/wheelhouse $(PY) -m pytest tests/slurm/test_slurm.py -k offline -q -rA

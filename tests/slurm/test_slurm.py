@@ -420,7 +420,7 @@ def test_singlenode_unknown_node_is_a_clear_error(cluster) -> None:
 
 # The offline test below runs when a wheelhouse of this uv.lock is at DSKIT_TEST_WHEELHOUSE, default the checkout's
 # wheelhouse/ (`make offline-check` builds it, 3 GiB from PyPI, then runs the test). A fresh clone has none, so
-# `make test` skips it with that reason: the install and DeepSpeed's ops built for the new venv take ~5 minutes.
+# `make test` skips it with that reason: the install and DeepSpeed's ops built for the new venv take ~3.5 minutes.
 TEST_WHEELHOUSE = Path(os.environ.get("DSKIT_TEST_WHEELHOUSE", REPO / "wheelhouse"))
 
 
