@@ -165,14 +165,13 @@ def choose_files(lock: dict, pins: list[tuple[str, str]], tag_order: list) -> li
 
 
 def _uv() -> list[str]:
-    """uv as `make env` bootstrapped it: on PATH, or a module of this or the system's python3."""
-    import importlib.util
+    """uv as `make env` bootstrapped it (the doctor's lookup: on PATH, or `python3 -m uv`)."""
+    from dskit.doctor.environment import _uv_command
 
-    if shutil.which("uv"):
-        return ["uv"]
-    if importlib.util.find_spec("uv") is not None:
-        return [sys.executable, "-m", "uv"]
-    return ["python3", "-m", "uv"]
+    uv = _uv_command()
+    if uv is None:
+        raise WheelhouseError("uv not found (neither `uv` nor `python3 -m uv`): python3 -m pip install uv")
+    return uv
 
 
 def _download(url: str, expected: str, dest: Path) -> None:
@@ -221,17 +220,18 @@ def build(repo: Path, out: Path, python: str, machine: str, glibc: str) -> dict:
         if f["build"]:
             _download(f["url"], f["hash"], builds / f["file"])
             f["file"] = _build_wheel(builds / f["file"], out, f["name"])
+            f["hash"] = f"sha256:{_sha256(out / f['file'])}"  # the wheel's now, not the source archive's
     kit = _build_wheel(repo, out, "dskit")
     shutil.rmtree(builds)
     keep = {f["file"] for f in files + test_files} | {kit}
     for stale in out.glob("*.whl"):
         if stale.name not in keep:
             stale.unlink()
-    lines = [f"{f['name']}=={f['version']} --hash=sha256:{_sha256(out / f['file'])}" for f in files]
+    lines = [f"{f['name']}=={f['version']} --hash={f['hash']}" for f in files]
     # the kit too (its `dskit` command; the launchers still run the checkout's code, first on PYTHONPATH)
     lines.append(f"dskit=={kit.split('-')[1]} --hash=sha256:{_sha256(out / kit)}")
     (out / REQUIREMENTS).write_text("\n".join(lines) + "\n")
-    tests = [f"{f['name']}=={f['version']} --hash=sha256:{_sha256(out / f['file'])}" for f in test_files]
+    tests = [f"{f['name']}=={f['version']} --hash={f['hash']}" for f in test_files]
     (out / TEST_REQUIREMENTS).write_text("\n".join(tests) + "\n")
     size = sum((out / name).stat().st_size for name in keep)
     manifest = {
@@ -317,16 +317,7 @@ def install(wheelhouse: Path, venv: Path, repo: Path, overlay: bool, test_tools:
 
 def _install_test_tools(wheelhouse: Path, venv: Path, overlay: bool) -> None:
     """pytest for `make gpu-check`'s gpu tests (pip leaves what is there already as it is)."""
-    pip = [
-        str(venv / "bin" / "python"),
-        "-m",
-        "pip",
-        "install",
-        "--no-index",
-        "--find-links",
-        str(wheelhouse),
-    ]
-    pip += ["--disable-pip-version-check", "--quiet"]
+    pip = _pip_install(venv, wheelhouse)
     if overlay:  # the base may have its own pytest: keep it
         _pip([*pip, *TEST_TOOLS])
     else:
@@ -369,8 +360,7 @@ def _install(wheelhouse: Path, venv: Path, repo: Path, overlay: bool) -> None:
         if overlay:
             _see_base_packages(venv)
     python = venv / "bin" / "python"
-    pip = [str(python), "-m", "pip", "install", "--no-index", "--find-links", str(wheelhouse)]
-    pip += ["--disable-pip-version-check", "--quiet"]
+    pip = _pip_install(venv, wheelhouse)
     if overlay:
         missing = subprocess.run(
             [str(python), "-m", "dskit.python_env", "missing"], capture_output=True, text=True, check=True
@@ -405,6 +395,20 @@ def _see_base_packages(venv: Path) -> None:
     (venv / "lib" / version / "site-packages" / "_dskit_base_packages.pth").write_text(
         "\n".join(lines) + "\n"
     )
+
+
+def _pip_install(venv: Path, wheelhouse: Path) -> list[str]:
+    """The venv's `pip install`, from the wheelhouse only."""
+    pip = [
+        str(venv / "bin" / "python"),
+        "-m",
+        "pip",
+        "install",
+        "--no-index",
+        "--find-links",
+        str(wheelhouse),
+    ]
+    return [*pip, "--disable-pip-version-check", "--quiet"]
 
 
 def _pip(command: list[str]) -> None:
