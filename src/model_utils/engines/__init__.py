@@ -1,0 +1,1 @@
+"""The training engines behind one seam; each owns everything engine-specific."""

@@ -1,0 +1,1 @@
+"""The training loop over explicit checkpointable state, and the spike guard."""

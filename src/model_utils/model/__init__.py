@@ -1,0 +1,1 @@
+"""The model: its source and hub snapshot, LoRA adapters, activation checkpointing, kernels."""

@@ -1,0 +1,1 @@
+"""What a run reports: the log line, metrics, trackers, the profiler."""

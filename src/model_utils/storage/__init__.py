@@ -1,0 +1,1 @@
+"""Files and objects: checksummed manifests, atomic writes, S3."""
