@@ -32,7 +32,7 @@ env: tools
 	$(UV) sync --frozen --quiet --compile-bytecode
 
 # DeepSpeed compiles its CPU ops on first use (~1-2 min each); do it once here, not inside a timed test.
-# Through the same set-up as training (model_utils.kernels.prepare_jit_env: extensions dir, TORCH_CUDA_ARCH_LIST).
+# Through the same set-up as training (model_utils.model.kernels.prepare_jit_env: extensions dir, TORCH_CUDA_ARCH_LIST).
 warm: env
 	$(PY) -c "from model_utils import kernels; kernels.warm_deepspeed_ops(['ShareMemCommBuilder', 'CPUAdamBuilder'])"
 
@@ -59,7 +59,7 @@ ifeq ($(DSKIT_PYTHON)$(WHEELHOUSE),)
 	$(MAKE) warm
 	$(PY) -m dskit.cli gpu-check
 else
-	$(if $(WHEELHOUSE),PYTHONPATH=src $(or $(DSKIT_PYTHON),python3) -m dskit.wheelhouse install $(WHEELHOUSE) \
+	$(if $(WHEELHOUSE),PYTHONPATH=src $(or $(DSKIT_PYTHON),python3) -m dskit.env.wheelhouse install $(WHEELHOUSE) \
 	  --venv .venv $(if $(DSKIT_PYTHON),--overlay) --test_tools)
 	PYTHONPATH=src $(if $(WHEELHOUSE),.venv/bin/python,$(DSKIT_PYTHON)) -m dskit.cli gpu-check
 endif

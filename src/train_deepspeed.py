@@ -2,7 +2,7 @@
 
     torchrun --nproc_per_node=2 src/train_deepspeed.py --max_steps 100
 
-Flags and defaults: `python src/train_deepspeed.py --help` (model_utils/arguments.py).
+Flags and defaults: `python src/train_deepspeed.py --help` (model_utils/config/arguments.py).
 """
 
 from __future__ import annotations
@@ -10,19 +10,20 @@ from __future__ import annotations
 import sys
 from functools import partial
 
-from model_utils.arguments import parse_args
+from model_utils.config.arguments import parse_args
 from model_utils.errors import ConfigError, RunDiverged
-from model_utils.log import error_line, print0
+from model_utils.observe.log import error_line, print0
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_args(argv)
-        from model_utils import distributed, preflight
-        from model_utils.trainer import Trainer
+        from model_utils.launch import distributed
+        from model_utils.loop.trainer import Trainer
+        from model_utils.resolve import resolver
 
         dist = distributed.init_distributed()
-        run = preflight.prepare(
+        run = resolver.prepare(
             cfg,
             world_size=dist.world_size,
             run_first=partial(distributed.main_first, info=dist),

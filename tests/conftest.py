@@ -45,6 +45,6 @@ def single_rank():
     # Left set, as inside torchrun: DeepSpeed reads LOCAL_RANK when it builds an engine. Subprocesses the
     # tests start (torchrun, sbatch) set their own.
     os.environ.update(env)
-    from model_utils import distributed
+    from model_utils.launch import distributed
 
     return distributed.init_distributed()

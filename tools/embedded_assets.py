@@ -2,7 +2,7 @@
 
 The "tiny-qwen3" preset has to train offline on a laptop, so its data and tokenizer ship inside the
 package. Both are produced by code from fixed seeds (pure ``random.Random``, no external data, so no
-licensing questions), which lets ``python -m dskit.embedded_assets`` rebuild the committed files
+licensing questions), which lets ``python tools/embedded_assets.py`` rebuild the committed files
 byte-for-byte; the tests check exactly that.
 """
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from model_utils import step_line
+from model_utils.observe import step_line
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

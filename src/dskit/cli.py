@@ -11,12 +11,12 @@ import typing
 from typing import Any
 
 from model_utils.errors import ConfigError
-from model_utils.log import error_line
+from model_utils.observe.log import error_line
 
 
 def _config(args: list[str]) -> int:
-    from model_utils import preflight
-    from model_utils.arguments import parse_args
+    from model_utils.config.arguments import parse_args
+    from model_utils.resolve import resolver
 
     output = "json"
     if args[:1] == ["--format"]:  # before the training flags, which pass through verbatim
@@ -24,7 +24,7 @@ def _config(args: list[str]) -> int:
             raise ConfigError("dskit config --format takes json or yaml (dskit config --format yaml [FLAGS])")
         output, args = args[1], args[2:]
     with contextlib.redirect_stdout(sys.stderr):  # stdout is the JSON (or YAML) alone, for scripts
-        run = preflight.prepare(parse_args(args))
+        run = resolver.prepare(parse_args(args))
     if output == "yaml":
         from dskit import run_yaml
 
@@ -35,10 +35,10 @@ def _config(args: list[str]) -> int:
 
 
 def _prepare(train_args: list[str]) -> int:
-    from model_utils import preflight
-    from model_utils.arguments import parse_args
+    from model_utils.config.arguments import parse_args
+    from model_utils.resolve import resolver
 
-    return _prepared(preflight.prepare(parse_args(train_args), fetch_hub=True))
+    return _prepared(resolver.prepare(parse_args(train_args), fetch_hub=True))
 
 
 def _prepared(run: Any) -> int:
@@ -67,8 +67,8 @@ def _preflight(train_args: list[str]) -> int:
     if any(a in ("-h", "--help") for a in train_args):
         print(PREFLIGHT_USAGE)
         return 0
-    from model_utils import preflight
-    from model_utils.arguments import parse_args
+    from model_utils.config.arguments import parse_args
+    from model_utils.resolve import resolver
 
     cfg = parse_args(train_args)
     ctx = doctor.LaunchContext.from_env(os.environ)
@@ -77,7 +77,7 @@ def _preflight(train_args: list[str]) -> int:
     if status != 0:
         return status  # 1: a FAIL row (its fix is in the table above): the launch stops before prepare
     # the settings the doctor resolved; a hub model's weights fetched here, once for the job's ranks
-    return _prepared(preflight.prepare(cfg, settings=settings, fetch_hub=True))
+    return _prepared(resolver.prepare(cfg, settings=settings, fetch_hub=True))
 
 
 def _render(args: list[str]) -> int:

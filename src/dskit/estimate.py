@@ -1,6 +1,6 @@
 """`dskit estimate`: per-GPU memory and per-node host RAM of a DeepSpeed ZeRO run, and a configuration that fits.
 
-The memory model itself is model_utils/memory_estimate.py (a training rank uses it to choose the default
+The memory model itself is model_utils/resolve/memory_estimate.py (a training rank uses it to choose the default
 DeepSpeed config on CUDA); this module renders it, judges it against a machine and recommends a layout.
 """
 
@@ -12,10 +12,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from model_utils import memory_estimate
-from model_utils.activation_checkpointing import NONE, checkpointed_layers, every_n_layers
 from model_utils.errors import CommandParser, ConfigError
-from model_utils.memory_estimate import (
+from model_utils.model.activation_checkpointing import NONE, checkpointed_layers, every_n_layers
+from model_utils.resolve import memory_estimate
+from model_utils.resolve.memory_estimate import (
     FIT_FRACTION,
     MAX_MICRO_BATCH,
     OFFLOADS,
@@ -267,7 +267,7 @@ def _default_gpus_per_node() -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from model_utils.arguments import BACKENDS, LIGER_CHOICES, DataArgs, ModelArgs, OptimArgs
+    from model_utils.config.arguments import BACKENDS, LIGER_CHOICES, DataArgs, ModelArgs, OptimArgs
 
     parser = CommandParser(
         prog="dskit estimate",
@@ -337,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=OptimArgs.deepspeed_config,
         help=f"DeepSpeed JSON config (default: {OptimArgs.deepspeed_config})",
     )
-    from model_utils.arguments import LoraArgs, field_help
+    from model_utils.config.arguments import LoraArgs, field_help
 
     # LoRA as training would apply it: gradients and optimizer states for the adapters only.
     for name in ("lora_r", "lora_target_modules", "lora_modules_to_save"):
@@ -358,8 +358,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    from model_utils import preflight
-    from model_utils.arguments import DataArgs, LoraArgs, ModelArgs, OptimArgs, TrainConfig
+    from model_utils.config.arguments import DataArgs, LoraArgs, ModelArgs, OptimArgs, TrainConfig
+    from model_utils.resolve import resolver
 
     ns = build_parser().parse_args(argv)
     for flag in ("gpu_memory_gib", "host_memory_gib"):
@@ -401,7 +401,7 @@ def main(argv: list[str]) -> int:
         # A flag given explicitly must agree with an explicit key in the DeepSpeed config, as in training.
         explicit=frozenset(explicit),
     )
-    settings = preflight.resolve_settings(cfg)
+    settings = resolver.resolve_settings(cfg)
     ranks = ns.gpus_per_node if ns.gpus_per_node is not None else _default_gpus_per_node()
     shape, layout = resolve_layout(settings, ns.nodes, ranks, ns.zero_stage, ns.offload)
     est = estimate(shape, layout)

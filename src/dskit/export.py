@@ -38,10 +38,19 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from model_utils import file_manifest, launch_record, lora, startup
-from model_utils.arguments import LoraArgs
-from model_utils.checkpoint import FSDP_DCP_DIR, HF_CONFIG_DIR, is_fsdp_tag, is_tag_dir, newest_verified
+from model_utils.checkpoint import launch_record
+from model_utils.checkpoint.protocol import (
+    FSDP_DCP_DIR,
+    HF_CONFIG_DIR,
+    is_fsdp_tag,
+    is_tag_dir,
+    newest_verified,
+)
+from model_utils.config.arguments import LoraArgs
 from model_utils.errors import CommandParser, ConfigError, first_line
+from model_utils.launch import startup
+from model_utils.model import lora
+from model_utils.storage import file_manifest
 
 DTYPES = ("bf16", "fp32")
 

@@ -20,10 +20,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from model_utils import documents, models, token_shards
-from model_utils.arguments import DataArgs, ModelArgs, field_help, reject_both_given
+from model_utils.config.arguments import DataArgs, ModelArgs, field_help, reject_both_given
+from model_utils.data import documents, token_shards
+from model_utils.data.token_shards import TokenizerSpec
 from model_utils.errors import CommandParser, ConfigError
-from model_utils.token_shards import TokenizerSpec
+from model_utils.model import models
 
 # The training flags that say what to prepare; the rest of a training config does not apply here.
 DATA_FLAGS = ("dataset", "dataset_config_name", "local_dataset", "text_field", "train_split")

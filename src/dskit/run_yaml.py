@@ -15,9 +15,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from model_utils import deepspeed_config
-from model_utils.arguments import ONE_OF, SECTIONS, GuardArgs
-from model_utils.preflight import ResolvedRun
+from model_utils.config.arguments import ONE_OF, SECTIONS, GuardArgs
+from model_utils.engines import deepspeed_config
+from model_utils.resolve.resolver import ResolvedRun
 
 _WSD_ONLY = ("decay_fraction", "decay_type", "decay_from_step")
 

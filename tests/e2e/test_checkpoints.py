@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from model_utils import checkpoint, file_manifest, launch_record
+from model_utils.checkpoint import launch_record, protocol
+from model_utils.config.presets import PRESETS
 from model_utils.errors import ConfigError
-from model_utils.presets import PRESETS
+from model_utils.storage import file_manifest
 from support.torchrun import ENV
 from support.torchrun import run_torchrun as torchrun
 
@@ -27,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 def fake_tag(root: Path, step: int, size: int = 1000, with_manifest: bool = True) -> Path:
     tag_dir = root / f"tiny_qwen3-{step}steps"
     tag_dir.mkdir(parents=True)
-    (tag_dir / checkpoint.MODEL_STATES).write_bytes(os.urandom(size))
+    (tag_dir / protocol.MODEL_STATES).write_bytes(os.urandom(size))
     (tag_dir / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(os.urandom(size))
     if with_manifest:
         file_manifest.write(tag_dir, file_manifest.build(tag_dir, {"tag": tag_dir.name, "step": step}))
@@ -53,11 +54,11 @@ def test_resume_falls_back_past_bad_tags_with_a_warning(tmp_path: Path, capsys) 
     fake_tag(tmp_path, 10)
     good = fake_tag(tmp_path, 20)
     corrupt = fake_tag(tmp_path, 30)
-    (corrupt / checkpoint.MODEL_STATES).write_bytes(b"x" * 1000)
+    (corrupt / protocol.MODEL_STATES).write_bytes(b"x" * 1000)
     fake_tag(tmp_path, 40, with_manifest=False)  # a save that died before its manifest
     (tmp_path / ".staging-tiny_qwen3-50steps").mkdir()  # and one that died earlier still
     (tmp_path / "latest").write_text("tiny_qwen3-40steps")
-    target = checkpoint.select_resume(str(tmp_path), None)
+    target = protocol.select_resume(str(tmp_path), None)
     assert target is not None and target.path == good
     out = capsys.readouterr().out
     assert "skipping checkpoint" in out and "tiny_qwen3-40steps: no readable dskit_manifest.json" in out
@@ -70,26 +71,26 @@ def test_empty_or_truncated_latest_falls_back(tmp_path: Path, latest: str, capsy
     fake_tag(tmp_path, 1)
     newest = fake_tag(tmp_path, 2)
     (tmp_path / "latest").write_text(latest)
-    assert checkpoint.select_resume(str(tmp_path), None).path == newest
+    assert protocol.select_resume(str(tmp_path), None).path == newest
     assert "latest" in capsys.readouterr().out
 
 
 def test_no_checkpoint_is_a_fresh_start_but_an_explicit_resume_is_an_error(tmp_path: Path) -> None:
-    assert checkpoint.select_resume(str(tmp_path / "nothing-yet"), None) is None
+    assert protocol.select_resume(str(tmp_path / "nothing-yet"), None) is None
     with pytest.raises(ConfigError, match="holds no verified checkpoint"):
-        checkpoint.select_resume(str(tmp_path), str(tmp_path))
+        protocol.select_resume(str(tmp_path), str(tmp_path))
     tag = fake_tag(tmp_path, 5)
-    assert checkpoint.select_resume("unused", str(tag)).path == tag  # a tag dir directly
-    (tag / checkpoint.MODEL_STATES).write_bytes(b"")
+    assert protocol.select_resume("unused", str(tag)).path == tag  # a tag dir directly
+    (tag / protocol.MODEL_STATES).write_bytes(b"")
     with pytest.raises(ConfigError, match="is damaged"):
-        checkpoint.select_resume("unused", str(tag))
+        protocol.select_resume("unused", str(tag))
 
 
 def test_rotation_keeps_the_newest_and_the_protected(tmp_path: Path) -> None:
     for step in (10, 20, 30, 40, 50):
         fake_tag(tmp_path, step)
     fake_tag(tmp_path, 60, with_manifest=False)  # unverified: not counted, not deleted by rotation
-    deleted = checkpoint.rotate(tmp_path, keep=2, protect={"tiny_qwen3-10steps"})
+    deleted = protocol.rotate(tmp_path, keep=2, protect={"tiny_qwen3-10steps"})
     assert sorted(deleted) == ["tiny_qwen3-20steps", "tiny_qwen3-30steps"]
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left == ["tiny_qwen3-10steps", "tiny_qwen3-40steps", "tiny_qwen3-50steps", "tiny_qwen3-60steps"]
@@ -99,11 +100,11 @@ def test_rotation_removes_a_universal_copy_with_its_tag(tmp_path: Path) -> None:
     for step in (10, 20, 30):
         fake_tag(tmp_path, step)
     for step in (10, 20):  # universal copies (a world-size change resumed from them): never resume candidates
-        copy = tmp_path / checkpoint.universal_tag(f"tiny_qwen3-{step}steps")
+        copy = tmp_path / protocol.universal_tag(f"tiny_qwen3-{step}steps")
         copy.mkdir()
-        (copy / checkpoint.MODEL_STATES).write_bytes(b"x")
-    assert checkpoint.select_resume(str(tmp_path), None).tag == "tiny_qwen3-30steps"
-    assert checkpoint.rotate(tmp_path, keep=1, protect={"tiny_qwen3-10steps"}) == ["tiny_qwen3-20steps"]
+        (copy / protocol.MODEL_STATES).write_bytes(b"x")
+    assert protocol.select_resume(str(tmp_path), None).tag == "tiny_qwen3-30steps"
+    assert protocol.rotate(tmp_path, keep=1, protect={"tiny_qwen3-10steps"}) == ["tiny_qwen3-20steps"]
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left == ["tiny_qwen3-10steps", "tiny_qwen3-10steps-universal", "tiny_qwen3-30steps"]
 
@@ -111,13 +112,13 @@ def test_rotation_removes_a_universal_copy_with_its_tag(tmp_path: Path) -> None:
 def test_rotation_keeps_every_nth_step_permanently(tmp_path: Path) -> None:
     for step in (10, 20, 30, 40, 50, 60):
         fake_tag(tmp_path, step)
-    deleted = checkpoint.rotate(tmp_path, keep=1, protect=set(), keep_every=20)
+    deleted = protocol.rotate(tmp_path, keep=1, protect=set(), keep_every=20)
     assert sorted(deleted) == ["tiny_qwen3-10steps", "tiny_qwen3-30steps", "tiny_qwen3-50steps"]
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left == ["tiny_qwen3-20steps", "tiny_qwen3-40steps", "tiny_qwen3-60steps"]
     fake_tag(tmp_path, 70)
-    assert checkpoint.rotate(tmp_path, keep=1, protect=set(), keep_every=20) == []  # 60 is a multiple of 20
-    assert checkpoint.rotate(tmp_path, keep=1, protect=set(), keep_every=None) == [
+    assert protocol.rotate(tmp_path, keep=1, protect=set(), keep_every=20) == []  # 60 is a multiple of 20
+    assert protocol.rotate(tmp_path, keep=1, protect=set(), keep_every=None) == [
         "tiny_qwen3-60steps", "tiny_qwen3-40steps", "tiny_qwen3-20steps"
     ]  # fmt: skip
 
@@ -222,12 +223,12 @@ def test_kill_during_save_resumes_from_the_last_verified_checkpoint(
     base, args = base_checkpoints
     ckpt = tmp_path / "ck"
     shutil.copytree(base, ckpt)
-    crashed = torchrun([*args, "--checkpoint_dir", str(ckpt)], env={**ENV, checkpoint.FAULT_ENV: point})
+    crashed = torchrun([*args, "--checkpoint_dir", str(ckpt)], env={**ENV, protocol.FAULT_ENV: point})
     assert crashed.returncode != 0, crashed.stdout[-2000:]
     assert (
         "Resumed from" in crashed.stdout and "Saved checkpoint" not in crashed.stdout
     )  # died in its first save
-    target = checkpoint.select_resume(str(ckpt), None)
+    target = protocol.select_resume(str(ckpt), None)
     assert target is not None and target.tag == FAULTS[point]
     for tag in ("tiny_qwen3-2steps", "tiny_qwen3-4steps"):
         assert file_manifest.verify(ckpt / tag) is None  # older checkpoints untouched
@@ -254,7 +255,7 @@ def test_world_size_change_resumes_through_a_universal_copy_and_time_interval_sa
     copy = ckpt / "tiny_qwen3-4steps-universal"
     assert f"{UNIVERSAL} (converted in" in proc.stdout and f"to {copy})" in proc.stdout
     assert "loaded the weights only" not in proc.stdout
-    saved = torch.load(ckpt / "tiny_qwen3-4steps" / checkpoint.MODEL_STATES, weights_only=False)
+    saved = torch.load(ckpt / "tiny_qwen3-4steps" / protocol.MODEL_STATES, weights_only=False)
     consumed = saved["dskit"]["train_state"]["position"]["consumed"]  # global blocks: any world size reads it
     assert f"Resumed from {copy} at step 4 (epoch 0, block {consumed}," in proc.stdout
     assert "Step 8/8 | Loss" in proc.stdout
@@ -283,10 +284,10 @@ def test_a_crash_during_the_universal_conversion_converts_again_on_the_next_star
     ckpt.mkdir()
     shutil.copytree(base / "tiny_qwen3-4steps", ckpt / "tiny_qwen3-4steps")
     one_step = [*args[:-1], "5", "--checkpoint_dir", str(ckpt)]  # --max_steps 5
-    crashed = torchrun(one_step, nproc=1, env={**ENV, checkpoint.FAULT_ENV: "universal_before_rename"})
+    crashed = torchrun(one_step, nproc=1, env={**ENV, protocol.FAULT_ENV: "universal_before_rename"})
     assert crashed.returncode != 0
     assert not (ckpt / "tiny_qwen3-4steps-universal").exists()  # only the staging dir's debris
-    assert checkpoint.select_resume(str(ckpt), None).tag == "tiny_qwen3-4steps"
+    assert protocol.select_resume(str(ckpt), None).tag == "tiny_qwen3-4steps"
     done = torchrun(one_step, nproc=1)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert f"{UNIVERSAL} (converted in" in done.stdout and "Step 5/5 | Loss" in done.stdout
@@ -322,7 +323,7 @@ def test_disk_full_during_save_is_a_clear_error_and_keeps_older_checkpoints(
         assert "older checkpoints are intact" in line, line
         for tag in ("tiny_qwen3-2steps", "tiny_qwen3-4steps"):
             assert file_manifest.verify(ckpt / tag) is None
-        assert checkpoint.select_resume(str(ckpt), None) == checkpoint.ResumeTarget(ckpt, "tiny_qwen3-4steps")
+        assert protocol.select_resume(str(ckpt), None) == protocol.ResumeTarget(ckpt, "tiny_qwen3-4steps")
         assert (ckpt / "latest").read_text() == "tiny_qwen3-4steps"
         # The failed save leaves nothing behind: no .staging-tiny_qwen3-6steps, no tag of step 6.
         entries = sorted(p.name for p in ckpt.iterdir())

@@ -19,7 +19,7 @@ from support.torchrun import ENV, REPO
 
 pytestmark = pytest.mark.e2e
 
-STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"  # model_utils/log.py print0
+STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"  # model_utils/observe/log.py print0
 ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d"  # the launcher's `date -Is`
 DS = r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\] \[WARNING\] "  # DeepSpeed's logger
 
@@ -94,5 +94,5 @@ def test_every_line_of_a_default_launch_is_the_kits_own_or_actionable(tmp_path: 
     assert not offending, (
         f"{len(offending)} line(s) of the launch ({seconds:.0f} s) are neither the kit's own nor an "
         "actionable warning: prevent them (launcher environment) or filter them by logger and exact message "
-        "(src/model_utils/startup.py):\n" + "\n".join(offending)
+        "(src/model_utils/launch/startup.py):\n" + "\n".join(offending)
     )

@@ -18,7 +18,7 @@ import torch
 
 from dskit import cli
 from dskit.export import export
-from model_utils import file_manifest
+from model_utils.storage import file_manifest
 from support.torchrun import train
 
 REPO = Path(__file__).resolve().parents[2]
@@ -226,7 +226,7 @@ def test_a_checkpoint_dir_exports_what_resume_would_pick_not_latest(
     """The newest tag whose manifest verifies, as checkpoint.select_resume picks it; `latest` naming a
     missing or a damaged newer tag is reported and ignored."""
     from dskit.export import resolve_tag
-    from model_utils.checkpoint import select_resume
+    from model_utils.checkpoint.protocol import select_resume
 
     root = tmp_path / "ck"
     good = fake_tag(root)

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from model_utils import checkpoint, file_manifest
+from model_utils.checkpoint import protocol
+from model_utils.storage import file_manifest
 from support.metrics_file import step_records
 from support.small_trainer import make_trainer
 from support.torchrun import ENV, run_torchrun, train
@@ -33,8 +34,8 @@ def flags(cache: Path, ckpt: Path, metrics: Path, freq: int = 4, accumulation: i
 
 
 def client_state(tag_dir: Path) -> dict:
-    saved = torch.load(tag_dir / checkpoint.FSDP_STATE_FILE, weights_only=False)
-    return saved["client_state"][checkpoint.CLIENT_KEY]["train_state"]
+    saved = torch.load(tag_dir / protocol.FSDP_STATE_FILE, weights_only=False)
+    return saved["client_state"][protocol.CLIENT_KEY]["train_state"]
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +60,7 @@ def start_from(work: Path, name: str, *tags: Path) -> Path:
 def test_dcp_layout_inside_the_crash_safe_protocol(straight) -> None:
     work, _ = straight
     tag = work / "ck" / "tiny_qwen3-8steps"
-    assert file_manifest.verify(tag) is None and checkpoint.is_tag_dir(tag) and checkpoint.is_fsdp_tag(tag)
+    assert file_manifest.verify(tag) is None and protocol.is_tag_dir(tag) and protocol.is_fsdp_tag(tag)
     names = sorted(
         str(p.relative_to(tag)) for p in tag.rglob("*") if p.is_file() and "hf_config" not in p.parts
     )
@@ -141,13 +142,13 @@ def test_kill_during_an_fsdp_save_resumes_from_the_last_verified_checkpoint(poin
     crashed = run_torchrun(
         flags(work / "cache", ckpt, work / f"{point}.jsonl", freq=2),
         cwd=work,
-        env={**ENV, checkpoint.FAULT_ENV: point},
+        env={**ENV, protocol.FAULT_ENV: point},
     )
     assert crashed.returncode != 0, crashed.stdout[-2000:]
     assert (
         "Resumed from" in crashed.stdout and "Saved checkpoint" not in crashed.stdout
     )  # died in its first save
-    target = checkpoint.select_resume(str(ckpt), None)
+    target = protocol.select_resume(str(ckpt), None)
     assert target is not None and target.tag == FAULTS[point]
     assert file_manifest.verify(ckpt / "tiny_qwen3-4steps") is None  # the older checkpoint untouched
     if point == "mid_file":

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dskit import gpu_check
+from dskit.bench import gpu_check
 from support.torchrun import ENV, REPO
 
 pytestmark = pytest.mark.e2e

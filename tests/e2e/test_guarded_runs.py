@@ -1,4 +1,4 @@
-"""The spike guard in real DeepSpeed runs, with real faults injected (model_utils/faults.py).
+"""The spike guard in real DeepSpeed runs, with real faults injected (model_utils/loop/faults.py).
 
 What a skipped step must equal is a run that never saw its data: the fault `drop@N` consumes the N-th step's
 data without training, so a guarded run with a spike at N and an unguarded run dropping N must train the same
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from model_utils import launch_env
 from model_utils.errors import RunDiverged
+from model_utils.launch import launch_env
 from support.deepspeed_files import config_with
 from support.metrics_file import step_records, tensorboard_scalars
 from support.small_trainer import make_trainer

@@ -45,16 +45,16 @@ def test_a_default_rank_imports_only_what_it_uses(tmp_path: Path) -> None:
     tops = {name.split(".")[0] for name in modules}
     assert not tops & set(NEVER_ON_A_DEFAULT_RANK), sorted(tops & set(NEVER_ON_A_DEFAULT_RANK))
     assert "torch._inductor.compile_fx" not in modules  # no compiler backend without --compile
-    assert {"deepspeed", "transformers", "model_utils.trainer"} <= modules  # it did train
-    assert "model_utils.fsdp_engine" not in modules  # the other engine stays out
+    assert {"deepspeed", "transformers", "model_utils.loop.trainer"} <= modules  # it did train
+    assert "model_utils.engines.fsdp_engine" not in modules  # the other engine stays out
 
 
 def test_an_fsdp_rank_does_not_import_deepspeeds_engine(tmp_path: Path) -> None:
     modules = rank_modules(tmp_path, "--backend", "fsdp")
-    assert {"model_utils.fsdp_engine", "torch.distributed.checkpoint"} <= modules
+    assert {"model_utils.engines.fsdp_engine", "torch.distributed.checkpoint"} <= modules
     # DeepSpeed itself is imported (its config checker and scheduler classes serve both engines: one config
     # format, one schedule), the kit's DeepSpeed engine is not.
-    assert "model_utils.deepspeed_engine" not in modules
+    assert "model_utils.engines.deepspeed_engine" not in modules
 
 
 def test_a_feature_that_is_on_brings_its_imports(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 
 from dskit import cli
 from dskit.export import export
-from model_utils.presets import PRESETS
+from model_utils.config.presets import PRESETS
 from support.metrics_file import step_records
 from support.pretrained import save_tiny_qwen3
 from support.torchrun import train
@@ -198,9 +198,9 @@ def test_a_partitioned_tensor_is_refused_before_anything_is_written(base: Path, 
     from transformers import AutoModelForCausalLM
 
     from dskit.export import _check_complete
-    from model_utils import lora
-    from model_utils.arguments import LoraArgs
+    from model_utils.config.arguments import LoraArgs
     from model_utils.errors import ConfigError
+    from model_utils.model import lora
 
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(base), lora.peft_config(LoraArgs(lora_r=4)))
     state = dict(model.state_dict())
@@ -214,7 +214,7 @@ def test_a_partitioned_tensor_is_refused_before_anything_is_written(base: Path, 
 def test_adapter_only_of_a_run_without_lora_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from model_utils import file_manifest
+    from model_utils.storage import file_manifest
 
     tag = tmp_path / "ck" / "tiny_qwen3-3steps"
     (tag / "hf_config").mkdir(parents=True)

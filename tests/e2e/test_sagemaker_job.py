@@ -99,7 +99,7 @@ def start(bases: list[Path], port: int, logs: list[Path]) -> list[subprocess.Pop
         with log.open("a") as out:
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "dskit.sagemaker_entry"],
+                    [sys.executable, "-m", "dskit.sagemaker.entry"],
                     env=env,
                     stdout=out,
                     stderr=subprocess.STDOUT,

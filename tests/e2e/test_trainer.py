@@ -22,10 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from model_utils import launch_env, preflight
-from model_utils import trainer as training
-from model_utils.arguments import parse_args
-from model_utils.walltime import Decision, WalltimePlanner
+from model_utils.config.arguments import parse_args
+from model_utils.launch import launch_env
+from model_utils.launch.walltime import Decision, WalltimePlanner
+from model_utils.loop import trainer as training
+from model_utils.resolve import resolver
 
 pytestmark = pytest.mark.e2e
 
@@ -49,7 +50,7 @@ def make_trainer(tmp_path: Path, dist, max_steps: int, *extra: str) -> training.
             "--report_dir", str(tmp_path / "logs"), "--report_to", "tensorboard", *extra,
         ]
     )  # fmt: skip
-    return training.Trainer(preflight.prepare(cfg, world_size=dist.world_size), dist)
+    return training.Trainer(resolver.prepare(cfg, world_size=dist.world_size), dist)
 
 
 def records(path: Path) -> list[dict]:
@@ -152,7 +153,7 @@ def test_metrics_records_of_the_logged_steps(requeued: Requeued) -> None:
 
 
 def test_the_log_line_is_the_record_rendered(requeued: Requeued) -> None:
-    from model_utils import step_line
+    from model_utils.observe import step_line
 
     lines = {}
     for line in requeued.log.read_text().splitlines():

@@ -425,7 +425,7 @@ TEST_WHEELHOUSE = Path(os.environ.get("DSKIT_TEST_WHEELHOUSE", REPO / "wheelhous
 
 
 def wheelhouse_of_this_lock() -> Path:
-    from dskit import wheelhouse
+    from dskit.env import wheelhouse
 
     manifest = TEST_WHEELHOUSE / wheelhouse.MANIFEST
     arm = "`make offline-check` builds one (3 GiB from PyPI) and runs this test"
@@ -513,7 +513,7 @@ def test_offline_install_from_a_wheelhouse_trains_through_both_launchers(
     # make gpu-check's pytest, offline too (the launcher's venv is up to date: only the test tools go in)
     tools = subprocess.run(
         no_network_shell(
-            f"PYTHONPATH=src python3 -m dskit.wheelhouse install {shlex.quote(str(wh))} --venv .venv --test_tools"
+            f"PYTHONPATH=src python3 -m dskit.env.wheelhouse install {shlex.quote(str(wh))} --venv .venv --test_tools"
             " && .venv/bin/python -m pytest --version"
         ),
         cwd=copy, env=env, capture_output=True, text=True, timeout=300,

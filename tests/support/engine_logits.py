@@ -18,9 +18,12 @@ from pathlib import Path
 
 import torch
 
-from model_utils import distributed, lora, param_groups, preflight
-from model_utils.arguments import parse_args
-from model_utils.models import build_model, load_tokenizer
+from model_utils.config.arguments import parse_args
+from model_utils.launch import distributed
+from model_utils.model import lora
+from model_utils.model.models import build_model, load_tokenizer
+from model_utils.optim import param_groups
+from model_utils.resolve import resolver
 
 TEXTS = (
     "Once upon a time, Lily found a red ball under the tree. She was very happy and ran to show her mom.",
@@ -47,19 +50,19 @@ def main() -> None:
     config_flag = "--config" if args.deepspeed_config.endswith(".yaml") else "--deepspeed_config"
     cfg = parse_args(["--model", args.model, config_flag, args.deepspeed_config, *training_flags])
     dist = distributed.init_distributed()
-    settings = preflight.resolve_settings(cfg)
+    settings = resolver.resolve_settings(cfg)
     ds_config = settings.deepspeed.build(micro_batch_size=1, total_steps=cfg.loop.max_steps)
     ds = settings.deepspeed
     model = build_model(settings.source, settings.model_config, cfg.loop.seed, ds.model_dtype())
     model = lora.apply(model, cfg.lora, cfg.loop.seed)
     if ds.backend == "fsdp":
-        from model_utils import fsdp_engine
+        from model_utils.engines import fsdp_engine
 
         model = fsdp_engine.shard(model, dist.device, ds.precision == "bf16", cpu_offload=False)
         groups = param_groups.split_for_weight_decay(model, cfg.optim.no_decay_embeddings)
         engine = fsdp_engine.FsdpEngine(model, ds_config, groups.optimizer_groups(), dist.device)
     else:
-        from model_utils.deepspeed_engine import DeepSpeedEngine
+        from model_utils.engines.deepspeed_engine import DeepSpeedEngine
 
         engine = DeepSpeedEngine(model, ds_config)
     # Weights only: the logits need no optimizer state (whose parameter groups this engine does not share).

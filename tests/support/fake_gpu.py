@@ -1,4 +1,4 @@
-"""A stand-in for a CUDA GPU's memory, for code that probes it (model_utils.autobatch) on a machine without one.
+"""A stand-in for a CUDA GPU's memory, for code that probes it (model_utils.resolve.micro_batch_probe) on a machine without one.
 
 The memory is the real bytes of the CPU tensors created while it is active (a TorchDispatchMode sees every op's
 outputs; a tensor's bytes are freed when it is collected), against a given capacity: an allocation beyond it

@@ -120,7 +120,7 @@ def swiglu() -> dict[str, Any]:
     from liger_kernel.transformers.swiglu import LigerSwiGLUMLP
     from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP
 
-    from model_utils.presets import PRESETS
+    from model_utils.config.presets import PRESETS
 
     config = PRESETS["tiny-qwen3"].build_config()
     torch.manual_seed(0)
@@ -149,8 +149,8 @@ def _model_step(compiled: bool) -> dict[str, Any]:
     the same weights eagerly."""
     from transformers import AutoModelForCausalLM
 
-    from model_utils import kernels
-    from model_utils.presets import PRESETS
+    from model_utils.config.presets import PRESETS
+    from model_utils.model import kernels
 
     config = PRESETS["tiny-qwen3"].build_config()
     if compiled:

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from model_utils.assets import TOKENIZER_DIR
-from model_utils.presets import PRESETS
+from model_utils.config.presets import PRESETS
 
 
 def save_tiny_qwen3(out: Path, seed: int = 0) -> Path:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from model_utils import preflight
-from model_utils import trainer as training
-from model_utils.arguments import parse_args
+from model_utils.config.arguments import parse_args
+from model_utils.loop import trainer as training
+from model_utils.resolve import resolver
 
 
 def make_trainer(tmp_path: Path, dist, *flags: str) -> training.Trainer:
@@ -18,4 +18,4 @@ def make_trainer(tmp_path: Path, dist, *flags: str) -> training.Trainer:
             "--data_cache_dir", str(tmp_path / "cache"), "--checkpoint_dir", str(tmp_path / "ckpt"), *flags,
         ]
     )  # fmt: skip
-    return training.Trainer(preflight.prepare(cfg, world_size=dist.world_size), dist)
+    return training.Trainer(resolver.prepare(cfg, world_size=dist.world_size), dist)

@@ -1,4 +1,4 @@
-"""model_utils.accelerate_env against environments made by real `accelerate launch` runs.
+"""model_utils.launch.accelerate_env against environments made by real `accelerate launch` runs.
 
 Each accelerate config below is launched once (`accelerate launch --config_file X dump_env.py`, on CPU, all at
 once); the tiny script dumps rank 0's environment as JSON, which is what a training rank would read. Nothing is
@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from model_utils import accelerate_env
-from model_utils.accelerate_env import AccelerateRequest
-from model_utils.arguments import parse_args
-from model_utils.deepspeed_config import load_deepspeed_json
+from model_utils.config.arguments import parse_args
+from model_utils.engines.deepspeed_config import load_deepspeed_json
 from model_utils.errors import ConfigError
+from model_utils.launch import accelerate_env
+from model_utils.launch.accelerate_env import AccelerateRequest
 
 REPO = Path(__file__).resolve().parents[2]
 ACCELERATE = Path(sys.executable).parent / "accelerate"

@@ -20,11 +20,11 @@ import torch
 from dskit import cli
 from dskit import estimate as est
 from dskit.estimate import GiB, ZeroLayout
-from model_utils import activation_checkpointing as ac
-from model_utils import kernels
-from model_utils.arguments import parse_args
+from model_utils.config.arguments import parse_args
+from model_utils.config.presets import PRESETS
 from model_utils.errors import ConfigError
-from model_utils.presets import PRESETS
+from model_utils.model import activation_checkpointing as ac
+from model_utils.model import kernels
 from support.small_trainer import make_trainer
 from support.traced_memory import traced_activation_peak
 

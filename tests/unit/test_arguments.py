@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from model_utils import deepspeed_config
-from model_utils.arguments import CONFIG, TrainConfig, flag_fields, parse_args
-from model_utils.deepspeed_config import DeepSpeedSettings
+from model_utils.config.arguments import CONFIG, TrainConfig, flag_fields, parse_args
+from model_utils.engines import deepspeed_config
+from model_utils.engines.deepspeed_config import DeepSpeedSettings
 from model_utils.errors import ConfigError
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -288,7 +288,8 @@ OTHER_TOOLS_OPTIONS = {"frozen", "check", "offline", "logdir", "backend"} | {
 
 def _other_commands_options() -> set[str]:
     """The options of the other `dskit` commands, read from their own parsers."""
-    from dskit import bench, data_bench, estimate, export, gpu_check, plot, prepare_data, render
+    from dskit import bench, estimate, export, plot, prepare_data, render
+    from dskit.bench import data_bench, gpu_check
 
     commands = (bench, data_bench, estimate, export, gpu_check, plot, prepare_data, render)
     parsers = [module.build_parser() for module in commands]

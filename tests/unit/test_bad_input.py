@@ -32,8 +32,8 @@ def jsonl(path: Path, rows: list[dict]) -> str:
 def checkpoint_with(t: Path, hidden_size: int = 64, seq_length: int = 256, fsdp: bool = False) -> str:
     """A verified checkpoint dir whose saved model config / launch manifest differ from the defaults (fsdp: as
     the FSDP engine saves it)."""
-    from model_utils import file_manifest
-    from model_utils.presets import PRESETS
+    from model_utils.config.presets import PRESETS
+    from model_utils.storage import file_manifest
 
     tag = t / "old-run" / "tiny_qwen3-5steps"
     tag.mkdir(parents=True)

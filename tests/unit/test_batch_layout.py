@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from model_utils import batch_layout, deepspeed_config, preflight
-from model_utils.arguments import CUDA_GLOBAL_BATCH_TOKENS, parse_args
+from model_utils.config.arguments import CUDA_GLOBAL_BATCH_TOKENS, parse_args
+from model_utils.engines import deepspeed_config
 from model_utils.errors import ConfigError
-from model_utils.memory_estimate import GiB
+from model_utils.resolve import batch_layout, resolver
+from model_utils.resolve.memory_estimate import GiB
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +76,7 @@ def test_ranks_derive_the_accumulation_and_log_the_layout(
     flags: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     cfg = parse_args([*flags, "--global_batch_tokens", "256"])
-    run = preflight.prepare(cfg, world_size=2)  # the ranks' view (micro batch auto: 1 on CPU)
+    run = resolver.prepare(cfg, world_size=2)  # the ranks' view (micro batch auto: 1 on CPU)
     assert (run.micro_batch_size, run.gradient_accumulation_steps, run.tokens_per_step) == (1, 4, 256)
     assert run.deepspeed_config()["gradient_accumulation_steps"] == 4  # what DeepSpeed gets
     assert cfg.optim.gradient_accumulation_steps == 1  # the user's config is not changed
@@ -83,13 +84,11 @@ def test_ranks_derive_the_accumulation_and_log_the_layout(
     assert "1 x 4 x 2 x 32 = 256; requested 256 (--global_batch_tokens), +0.0%" in out
     assert run.to_dict()["resolved"]["gradient_accumulation_steps"] == 4
     # An explicit micro batch is kept; the nearest accumulation may miss N: the deviation is logged.
-    run = preflight.prepare(
-        parse_args([*flags, "--global_batch_tokens", "256", "--micro_batch_size", "3"]), 2
-    )
+    run = resolver.prepare(parse_args([*flags, "--global_batch_tokens", "256", "--micro_batch_size", "3"]), 2)
     assert (run.micro_batch_size, run.gradient_accumulation_steps) == (3, 1)
     assert "3 x 1 x 2 x 32 = 192; requested 256 (--global_batch_tokens), -25.0%" in capsys.readouterr().out
     # `dskit config` (no ranks): the request is shown, the per-rank values stay open.
-    resolved = preflight.prepare(cfg).to_dict()
+    resolved = resolver.prepare(cfg).to_dict()
     assert resolved["resolved"]["global_batch_tokens"] == 256
     assert resolved["resolved"]["gradient_accumulation_steps"].startswith("per rank")
     assert resolved["resolved"]["batch_layout"].startswith("per rank")
@@ -98,11 +97,11 @@ def test_ranks_derive_the_accumulation_and_log_the_layout(
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU resolution")
 def test_the_cpu_default_is_unchanged(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    run = preflight.prepare(parse_args(flags), world_size=1)
+    run = resolver.prepare(parse_args(flags), world_size=1)
     assert (run.micro_batch_size, run.gradient_accumulation_steps, run.tokens_per_step) == (1, 1, 32)
     out = capsys.readouterr().out
     assert "CUDA batch default" not in out and "1 x 1 x 1 x 32 = 32\n" in out
-    resolved = preflight.prepare(parse_args(flags)).to_dict()["resolved"]
+    resolved = resolver.prepare(parse_args(flags)).to_dict()["resolved"]
     assert resolved["deepspeed_config"].startswith(
         "deepspeed/ds_config.json; on CUDA ranks deepspeed/ds_config_gpu"
     )
@@ -121,7 +120,7 @@ def test_the_default_config_on_cuda_is_gpu_only_where_the_estimate_fits(
     """The decision with a GPU memory size given (as the ranks read it from their GPU; none here): Qwen3-0.6B
     at seq 2048, micro batch 1, fits an 80 GiB H100 without offload and not a 16 GiB GPU."""
     cfg = parse_args(["--model", "qwen3-0.6b", "--seq_length", "2048", "--liger", "off"])
-    on_h100 = preflight.resolve_settings(cfg, gpu_bytes=80 * GiB, world_size=1)
+    on_h100 = resolver.resolve_settings(cfg, gpu_bytes=80 * GiB, world_size=1)
     assert on_h100.deepspeed.path == deepspeed_config.GPU_CONFIG
     line = capsys.readouterr().out
     used = float(line.split("estimated ")[1].split(" GiB")[0])
@@ -130,13 +129,13 @@ def test_the_default_config_on_cuda_is_gpu_only_where_the_estimate_fits(
         f"deepspeed config: {deepspeed_config.GPU_CONFIG} (GPU-only: estimated {used} GiB of 80 GiB per GPU)"
         in line
     )
-    small = preflight.resolve_settings(cfg, gpu_bytes=int(used / 0.9 * GiB) - GiB, world_size=1)
+    small = resolver.resolve_settings(cfg, gpu_bytes=int(used / 0.9 * GiB) - GiB, world_size=1)
     assert small.deepspeed.path == "deepspeed/ds_config.json"
     assert "(CPU optimizer offload: GPU-only needs an estimated" in capsys.readouterr().out
     # Without a GPU (the batch host, CPU ranks) the default stays, and a given config is never replaced.
-    assert preflight.resolve_settings(cfg).deepspeed.path == "deepspeed/ds_config.json"
+    assert resolver.resolve_settings(cfg).deepspeed.path == "deepspeed/ds_config.json"
     for flags in (["--deepspeed_config", "deepspeed/ds_config.json"], ["--backend", "fsdp"]):
         given = parse_args([*flags, "--seq_length", "32"])
         assert not deepspeed_config.default_in_use(given)
-        path = preflight.resolve_settings(given, gpu_bytes=80 * GiB).deepspeed.path
+        path = resolver.resolve_settings(given, gpu_bytes=80 * GiB).deepspeed.path
         assert path == deepspeed_config.given(given)[0] and "deepspeed config:" not in capsys.readouterr().out

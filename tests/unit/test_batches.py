@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from model_utils.batches import StepBatches
-from model_utils.concat_dataset import BlockSampler, DataPosition
+from model_utils.data.block_cache import BlockSampler, DataPosition
+from model_utils.data.step_batches import StepBatches
 
 SEQ = 8
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from dskit import cli, data_bench
-from model_utils import metrics
+from dskit import cli
+from dskit.bench import data_bench
+from model_utils.observe import metrics
 
 TABLE_FIELDS = ("procs", "units", "wall s", "tokenize s", "tokens/s", "tokens/s/proc", "speed-up")
 TABLE_FIELDS += ("peak RSS tree GiB", "peak RSS proc GiB", "disk MB", "shards")

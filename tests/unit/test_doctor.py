@@ -20,7 +20,7 @@ import pytest
 
 from dskit import cli, doctor, render
 from dskit.doctor import GpuProbe, LaunchContext, Status
-from model_utils.arguments import DataArgs
+from model_utils.config.arguments import DataArgs
 from support.s3_server import S3Env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -298,7 +298,7 @@ def test_uv_check_skips_another_python(tmp_path: Path) -> None:
 
 def test_uv_check_of_a_venv_from_a_wheelhouse_compares_its_lock(tmp_path: Path) -> None:
     """Offline, uv is not there to ask: the install's stamp says which uv.lock its wheelhouse was built from."""
-    from dskit import wheelhouse
+    from dskit.env import wheelhouse
 
     tiny_project(tmp_path, with_dependency=False)
     (tmp_path / ".venv").mkdir()
@@ -571,7 +571,7 @@ def test_ops_need_a_toolchain_when_not_built(
 # other call is recorded (arguments, then the launch variables it was given); PREFLIGHT_EXIT sets the exit of
 # `dskit preflight` (1: a doctor FAIL; 2: prepare's one-line error).
 FAKE_PYTHON = r"""#!/usr/bin/env bash
-if [[ "$1 $2" == "-m dskit.python_env" ]]; then echo "0 3.11.7 2.6.0 none 0.19.8"; exit 0; fi
+if [[ "$1 $2" == "-m dskit.env.python_env" ]]; then echo "0 3.11.7 2.6.0 none 0.19.8"; exit 0; fi
 if [[ "$1 $2" == "-m torch.distributed.run" ]]; then shift 2; printf "%s\0" torchrun "$@" >"$CALLS/$(date +%s%N)"; exit; fi
 printf '%s\0' "$@" "ENV CUDA_VERSION=$CUDA_VERSION GPUS_PER_NODE=$GPUS_PER_NODE CPU_RANKS=$CPU_RANKS EFA=$EFA NODES=$SLURM_JOB_NUM_NODES" \
   >"$CALLS/$(date +%s%N)"
@@ -672,7 +672,7 @@ def test_the_real_doctor_stops_a_real_launcher(tmp_path: Path) -> None:
         repo / ".venv" / "bin" / "python",
         "#!/usr/bin/env bash\n"
         'if [[ "$3" == preflight ]]; then exec ' + sys.executable + ' "$@"; fi\n'
-        'if [[ "$1 $2" == "-m dskit.python_env" ]]; then echo "0 3.11.7 2.6.0 none 0.19.8"; exit 0; fi\n'
+        'if [[ "$1 $2" == "-m dskit.env.python_env" ]]; then echo "0 3.11.7 2.6.0 none 0.19.8"; exit 0; fi\n'
         'printf "%s\\0" "$@" >"$CALLS/$(date +%s%N)"\n',
     )
     executable(bin_dir / "uv", STUB)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from dskit import embedded_assets as embedded
+import embedded_assets as embedded
 
 TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}
 
@@ -30,7 +30,7 @@ def test_regenerated_assets_are_byte_identical_to_committed(tmp_path: Path) -> N
     # A separate process, as a maintainer would run it: also proves the build does not depend on
     # per-process state such as string hash randomisation.
     subprocess.run(
-        [sys.executable, "-m", "dskit.embedded_assets", "--out-dir", str(tmp_path)],
+        [sys.executable, str(embedded.__file__), "--out-dir", str(tmp_path)],
         check=True,
         capture_output=True,
     )

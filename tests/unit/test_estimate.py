@@ -19,7 +19,7 @@ import pytest
 from dskit import cli
 from dskit import estimate as est
 from dskit.estimate import GiB, ZeroLayout
-from model_utils.presets import PRESETS
+from model_utils.config.presets import PRESETS
 from support.traced_memory import traced_activation_peak
 
 REPO = Path(__file__).resolve().parents[2]
@@ -325,11 +325,11 @@ def test_verdict_against_this_machine(capsys) -> None:
 
 
 def test_estimate_for_config_reads_the_training_config() -> None:
-    from model_utils import preflight
-    from model_utils.arguments import parse_args
+    from model_utils.config.arguments import parse_args
+    from model_utils.resolve import resolver
 
     cfg = parse_args(["--model", "tiny-qwen3", "--micro_batch_size", "4", "--seq_length", "128"])
-    settings = preflight.resolve_settings(cfg)  # what doctor and estimate read, as the trainer does
+    settings = resolver.resolve_settings(cfg)  # what doctor and estimate read, as the trainer does
     e = est.estimate_for_config(settings, nodes=2, ranks_per_node=4)
     lay = e.layout
     assert (lay.stage, lay.offload, lay.micro_batch_size, lay.seq_length) == (2, "optimizer", 4, 128)

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dskit import cli, gpu_check
+from dskit import cli
+from dskit.bench import gpu_check
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -177,7 +178,7 @@ def test_the_cuda_bench_rows_parse_into_the_planned_configs(tmp_path: Path) -> N
     """What `dskit bench` trains on a GPU (it cannot train here): both references, then the GPU-only config with
     Liger off first (its probed micro batch is the references'), the offload config, Liger on, compile on."""
     from dskit import bench
-    from model_utils.arguments import parse_args
+    from model_utils.config.arguments import parse_args
 
     ns = bench.build_parser().parse_args(gpu_check.BENCH_ARGS["cuda"])
     assert bench.reference_modes(ns.reference, "cuda") == ["compiled", "eager"]

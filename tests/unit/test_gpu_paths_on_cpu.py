@@ -23,10 +23,14 @@ import numpy as np
 import pytest
 import torch
 
-from model_utils import autobatch, batches, deepspeed_config, kernels, preflight, startup
-from model_utils.arguments import CUDA_GLOBAL_BATCH_TOKENS, parse_args
-from model_utils.concat_dataset import BlockSampler, DataPosition
+from model_utils.config.arguments import CUDA_GLOBAL_BATCH_TOKENS, parse_args
+from model_utils.data import step_batches
+from model_utils.data.block_cache import BlockSampler, DataPosition
+from model_utils.engines import deepspeed_config
 from model_utils.errors import ConfigError
+from model_utils.launch import startup
+from model_utils.model import kernels
+from model_utils.resolve import micro_batch_probe, resolver
 from support.fake_gpu import FakeGpuMemory
 
 REPO = Path(__file__).resolve().parents[2]
@@ -130,7 +134,7 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> FakeGpuMemory:
         deepspeed.accelerator, "get_accelerator", lambda: types.SimpleNamespace(device_name=lambda: "cuda")
     )
 
-    class OnFakeGpu(autobatch._GpuProbe):
+    class OnFakeGpu(micro_batch_probe._GpuProbe):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)  # the limit from the fake's total memory
             self.device = CPU
@@ -143,7 +147,7 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> FakeGpuMemory:
             with memory:
                 return super().__call__(batch)
 
-    monkeypatch.setattr(autobatch, "_GpuProbe", OnFakeGpu)
+    monkeypatch.setattr(micro_batch_probe, "_GpuProbe", OnFakeGpu)
     return memory
 
 
@@ -167,17 +171,19 @@ def test_auto_micro_batch_finds_what_fits_beside_deepspeed_on_a_fake_gpu(
 ) -> None:
     cache_dir = tmp_path / "cache"
 
-    def settings(offload: bool) -> preflight.RunSettings:
+    def settings(offload: bool) -> resolver.RunSettings:
         config = _ds_config(tmp_path / f"ds_{offload}.json", offload)
         flags = ["--micro_batch_size", "auto", "--seq_length", "32", "--liger", "off"]
-        return preflight.resolve_settings(
+        return resolver.resolve_settings(
             parse_args([*flags, "--deepspeed_config", str(config), "--data_cache_dir", str(cache_dir)])
         )
 
     offloaded, on_gpu = settings(offload=True), settings(offload=False)
     # What forward and backward take at each size with no ballast (weights, gradients, activations): the
     # probe itself, on the unlimited fake.
-    probe = autobatch._GpuProbe(offloaded.model_config, offloaded.deepspeed.torch_dtype(), _PLAIN, 32, 0)
+    probe = micro_batch_probe._GpuProbe(
+        offloaded.model_config, offloaded.deepspeed.torch_dtype(), _PLAIN, 32, 0
+    )
     peaks = {}
     for batch in (1, 2, 4, 8):
         assert probe(batch)
@@ -186,16 +192,18 @@ def test_auto_micro_batch_finds_what_fits_beside_deepspeed_on_a_fake_gpu(
     assert peaks[1] < peaks[2] < peaks[4] < peaks[8]
     n_params = _n_params(offloaded)
     reserve = {
-        name: autobatch.gpu_reserve_bytes(s.deepspeed.build(micro_batch_size=1, total_steps=1), n_params, 1)
+        name: micro_batch_probe.gpu_reserve_bytes(
+            s.deepspeed.build(micro_batch_size=1, total_steps=1), n_params, 1
+        )
         for name, s in (("offloaded", offloaded), ("on_gpu", on_gpu))
     }
     assert reserve["on_gpu"] == reserve["offloaded"] + 16 * n_params  # the optimizer states stay on the GPU
     # A GPU on which micro batch 4 fits beside the offload config's reserve and 8 does not.
     limit = reserve["offloaded"] + (peaks[4] + peaks[8]) // 2
-    fake_gpu.total_memory = int(limit / autobatch.HEADROOM)
+    fake_gpu.total_memory = int(limit / micro_batch_probe.HEADROOM)
     fake_gpu.builds = 0
 
-    assert autobatch.resolve(offloaded, n_train_blocks=10**6, n_val_blocks=None, world_size=1) == 4
+    assert micro_batch_probe.resolve(offloaded, n_train_blocks=10**6, n_val_blocks=None, world_size=1) == 4
     assert fake_gpu.builds == 1
     # The optimizer states the GPU-only config keeps there leave room for less.
     expected = max((b for b in peaks if peaks[b] + reserve["on_gpu"] <= limit), default=None)
@@ -206,28 +214,28 @@ def test_auto_micro_batch_finds_what_fits_beside_deepspeed_on_a_fake_gpu(
     )  # the sizes must make the test meaningful
     if expected is None:
         with pytest.raises(ConfigError, match="even micro batch 1 does not fit Fake GPU"):
-            autobatch.resolve(on_gpu, 10**6, None, 1)
+            micro_batch_probe.resolve(on_gpu, 10**6, None, 1)
     else:
-        assert autobatch.resolve(on_gpu, 10**6, None, 1) == expected
+        assert micro_batch_probe.resolve(on_gpu, 10**6, None, 1) == expected
 
     # Cached per key in --data_cache_dir; a later run (any node sharing it) builds no probe model.
-    stored = json.loads((cache_dir / autobatch.CACHE_FILE).read_text())
+    stored = json.loads((cache_dir / micro_batch_probe.CACHE_FILE).read_text())
     (key,) = [k for k in stored if f"reserve {reserve['offloaded'] // 2**20} MiB" in k]
     assert "Fake GPU" in key and "seq 32" in key and stored[key]["micro_batch_size"] == 4
     builds = fake_gpu.builds
-    assert autobatch.resolve(offloaded, 10**6, None, 1) == 4
+    assert micro_batch_probe.resolve(offloaded, 10**6, None, 1) == 4
     assert (
-        autobatch.resolve(offloaded, n_train_blocks=3, n_val_blocks=None, world_size=1) == 3
+        micro_batch_probe.resolve(offloaded, n_train_blocks=3, n_val_blocks=None, world_size=1) == 3
     )  # the data caps
-    assert autobatch.resolve(offloaded, 10**6, n_val_blocks=2, world_size=1) == 2
+    assert micro_batch_probe.resolve(offloaded, 10**6, n_val_blocks=2, world_size=1) == 2
     assert fake_gpu.builds == builds
 
 
 def test_the_probe_survives_running_out_of_fake_gpu_memory(fake_gpu: FakeGpuMemory) -> None:
     """An allocation past the capacity raises torch.OutOfMemoryError inside forward/backward, as CUDA's
     allocator does: the probe says it does not fit, frees what it held, and the next size can be tried."""
-    config = preflight.resolve_settings(parse_args(["--seq_length", "32"])).model_config
-    probe = autobatch._GpuProbe(config, torch.bfloat16, _PLAIN, 32, 0)
+    config = resolver.resolve_settings(parse_args(["--seq_length", "32"])).model_config
+    probe = micro_batch_probe._GpuProbe(config, torch.bfloat16, _PLAIN, 32, 0)
     assert probe(1)
     one = fake_gpu.peak
     fake_gpu.total_memory = one + 1  # batch 1 and its ballast-free peak fit, batch 4 cannot
@@ -244,18 +252,18 @@ def test_cuda_ranks_default_to_auto_micro_batch_and_the_global_batch(
     DeepSpeed config from their GPU's memory."""
     flags = ["--seq_length", "32", "--liger", "off", "--data_cache_dir", str(tmp_path / "cache")]
     flags += ["--checkpoint_dir", str(tmp_path / "ckpt")]
-    settings = preflight.resolve_settings(parse_args(flags))
-    reserve = autobatch.gpu_reserve_bytes(settings.deepspeed.build(1, 1), _n_params(settings), 1)
+    settings = resolver.resolve_settings(parse_args(flags))
+    reserve = micro_batch_probe.gpu_reserve_bytes(settings.deepspeed.build(1, 1), _n_params(settings), 1)
     fake_gpu.total_memory = reserve + 2**24  # 16 MiB beside DeepSpeed's reserve: a few sequences of 32 fit
-    run = preflight.prepare(settings.config, world_size=1, settings=settings)
+    run = resolver.prepare(settings.config, world_size=1, settings=settings)
     micro = run.micro_batch_size
-    assert isinstance(micro, int) and 1 < micro < autobatch.MAX_MICRO_BATCH  # probed, not the CPU's 1
+    assert isinstance(micro, int) and 1 < micro < micro_batch_probe.MAX_MICRO_BATCH  # probed, not the CPU's 1
     assert run.gradient_accumulation_steps == round(CUDA_GLOBAL_BATCH_TOKENS / (micro * 32))
     out = capsys.readouterr().out
     assert f"--global_batch_tokens {CUDA_GLOBAL_BATCH_TOKENS}" in out
     assert f"requested {CUDA_GLOBAL_BATCH_TOKENS} (the CUDA default), +0.0%" in out
     # The ranks resolve the settings themselves: on a GPU this roomy the default config is the GPU-only one.
-    given = preflight.prepare(parse_args([*flags, "--micro_batch_size", "2"]), world_size=1)
+    given = resolver.prepare(parse_args([*flags, "--micro_batch_size", "2"]), world_size=1)
     assert (given.micro_batch_size, given.gradient_accumulation_steps) == (2, 1)
     assert given.settings.deepspeed.path == deepspeed_config.GPU_CONFIG
     out = capsys.readouterr().out
@@ -265,7 +273,7 @@ def test_cuda_ranks_default_to_auto_micro_batch_and_the_global_batch(
     )
 
 
-def _n_params(s: preflight.RunSettings) -> int:
+def _n_params(s: resolver.RunSettings) -> int:
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
@@ -306,7 +314,7 @@ def test_batches_for_a_gpu_are_pinned_in_the_worker_and_copied_without_blocking(
     monkeypatch.setattr(torch.Tensor, "to", record_to)
     blocks = np.arange(40 * 8, dtype=np.int32).reshape(40, 8)
     sampler = BlockSampler(40, micro_batch=2, grad_accum=2, dp_rank=0, dp_world=1, seed=0)
-    loader = batches.StepBatches(blocks, sampler, device)
+    loader = step_batches.StepBatches(blocks, sampler, device)
     first = DataPosition()
     loader.at(first)  # nothing prepared: read (and pinned) here, the next step in the worker
     loader._ahead[1].result()

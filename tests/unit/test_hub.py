@@ -1,4 +1,4 @@
-"""model_utils.hub against a pre-filled HF cache (the real layout: refs/<branch>, snapshots/<commit>/) and a
+"""model_utils.model.hub against a pre-filled HF cache (the real layout: refs/<branch>, snapshots/<commit>/) and a
 closed loopback port for an unreachable hub. The fetch itself, against a stand-in hub, is tests/e2e/test_hub_cache.py.
 """
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from huggingface_hub import constants
 
-from model_utils import hub
-from model_utils.arguments import parse_args
+from model_utils.config.arguments import parse_args
 from model_utils.errors import ConfigError
+from model_utils.model import hub
 
 REPO = "org/tiny"
 OLD, NEW = "a" * 40, "b" * 40
@@ -107,11 +107,11 @@ def test_an_unreachable_hub_falls_back_to_the_cache_and_says_so(cache: Path, clo
 
 
 def test_model_revision_needs_a_hub_model(tmp_path: Path) -> None:
-    from model_utils import preflight
+    from model_utils.resolve import resolver
 
     cfg = parse_args(["--model_revision", "v1", "--checkpoint_dir", str(tmp_path / "ck")])
     with pytest.raises(ConfigError, match=r"--model_revision v1 applies to a hub --model, not tiny-qwen3"):
-        preflight.resolve_settings(cfg)
+        resolver.resolve_settings(cfg)
 
 
 def test_a_snapshot_missing_its_weights_is_named_in_one_line(cache: Path, tmp_path: Path) -> None:

@@ -19,10 +19,12 @@ import pytest
 import torch
 
 from dskit import cli
-from model_utils import autobatch, deepspeed_config, kernels, preflight
-from model_utils.arguments import ModelArgs, parse_args
+from model_utils.config.arguments import ModelArgs, parse_args
+from model_utils.config.presets import PRESETS
+from model_utils.engines import deepspeed_config
 from model_utils.errors import ConfigError
-from model_utils.presets import PRESETS
+from model_utils.model import kernels
+from model_utils.resolve import micro_batch_probe, resolver
 from support.small_trainer import make_trainer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -237,47 +239,56 @@ def test_search_finds_the_largest_power_of_two_that_fits() -> None:
         tried.append(size)
         return size <= 12
 
-    assert autobatch.search_micro_batch(fits) == 8 and tried == [1, 2, 4, 8, 16]
-    assert autobatch.search_micro_batch(lambda b: True, max_size=64) == 64
-    assert autobatch.search_micro_batch(lambda b: False) is None
+    assert micro_batch_probe.search_micro_batch(fits) == 8 and tried == [1, 2, 4, 8, 16]
+    assert micro_batch_probe.search_micro_batch(lambda b: True, max_size=64) == 64
+    assert micro_batch_probe.search_micro_batch(lambda b: False) is None
 
 
 def test_probe_result_is_cached_per_key(tmp_path: Path) -> None:
     """A fake probe function stands in for the GPU forward/backward; the cache file is real."""
-    path = tmp_path / "cache" / autobatch.CACHE_FILE
-    cache = autobatch.ProbeCache(path)
+    path = tmp_path / "cache" / micro_batch_probe.CACHE_FILE
+    cache = micro_batch_probe.ProbeCache(path)
     calls = []
 
     def fits(size: int) -> bool:
         calls.append(size)
         return size <= 4
 
-    assert autobatch.cached_search(cache, "qwen3|H100|seq 2048", fits, {"gpu": "H100"}, "H100") == (4, False)
-    assert autobatch.cached_search(cache, "qwen3|H100|seq 2048", fits, {}, "H100") == (4, True)
+    assert micro_batch_probe.cached_search(cache, "qwen3|H100|seq 2048", fits, {"gpu": "H100"}, "H100") == (
+        4,
+        False,
+    )
+    assert micro_batch_probe.cached_search(cache, "qwen3|H100|seq 2048", fits, {}, "H100") == (4, True)
     assert calls == [1, 2, 4, 8]  # probed once
-    assert autobatch.cached_search(cache, "qwen3|H100|seq 4096", fits, {}, "H100") == (4, False)
+    assert micro_batch_probe.cached_search(cache, "qwen3|H100|seq 4096", fits, {}, "H100") == (4, False)
     assert len(calls) == 8  # another key probes again
     stored = json.loads(path.read_text())
     assert stored["qwen3|H100|seq 2048"] == {"micro_batch_size": 4, "gpu": "H100"}
     path.write_text("{torn")  # a damaged cache is probed again, never trusted
-    assert autobatch.cached_search(cache, "qwen3|H100|seq 2048", fits, {}, "H100") == (4, False)
-    assert [p.name for p in path.parent.iterdir()] == [autobatch.CACHE_FILE]  # no temp files left behind
+    assert micro_batch_probe.cached_search(cache, "qwen3|H100|seq 2048", fits, {}, "H100") == (4, False)
+    assert [p.name for p in path.parent.iterdir()] == [
+        micro_batch_probe.CACHE_FILE
+    ]  # no temp files left behind
     with pytest.raises(ConfigError, match="even micro batch 1 does not fit H100 at --seq_length 8192"):
-        autobatch.cached_search(cache, "huge", lambda b: False, {}, "H100 at --seq_length 8192")
+        micro_batch_probe.cached_search(cache, "huge", lambda b: False, {}, "H100 at --seq_length 8192")
     assert "huge" not in json.loads(path.read_text())
 
 
 def test_reserve_follows_the_deepspeed_config() -> None:
-    from model_utils.deepspeed_config import load_deepspeed_json
+    from model_utils.engines.deepspeed_config import load_deepspeed_json
 
     n = 600_000_000
     offload = load_deepspeed_json("deepspeed/ds_config.json")
     on_gpu = load_deepspeed_json("deepspeed/ds_config_gpu.json")
     buckets = int(2 * 4.5 * 400_000_000)  # overlap_comm keeps 4.5x the two 2e8-element buckets
-    assert autobatch.gpu_reserve_bytes(offload, n, world_size=8) == buckets  # optimizer states on the CPU
-    assert autobatch.gpu_reserve_bytes(on_gpu, n, world_size=1) == 16 * n + buckets
-    assert autobatch.gpu_reserve_bytes(on_gpu, n, world_size=8) == 16 * n // 8 + buckets
-    assert autobatch.gpu_reserve_bytes({"bf16": {"enabled": True}}, n, world_size=8) == 16 * n  # no ZeRO
+    assert (
+        micro_batch_probe.gpu_reserve_bytes(offload, n, world_size=8) == buckets
+    )  # optimizer states on the CPU
+    assert micro_batch_probe.gpu_reserve_bytes(on_gpu, n, world_size=1) == 16 * n + buckets
+    assert micro_batch_probe.gpu_reserve_bytes(on_gpu, n, world_size=8) == 16 * n // 8 + buckets
+    assert (
+        micro_batch_probe.gpu_reserve_bytes({"bf16": {"enabled": True}}, n, world_size=8) == 16 * n
+    )  # no ZeRO
 
 
 def test_auto_micro_batch_flag_and_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -308,14 +319,14 @@ def test_auto_micro_batch_resolves_on_the_ranks_only(
 ) -> None:
     flags = ["--micro_batch_size", "auto", "--seq_length", "32", "--data_cache_dir", str(tmp_path / "cache")]
     cfg = parse_args([*flags, "--checkpoint_dir", str(tmp_path / "ckpt")])
-    run = preflight.prepare(cfg, world_size=single_rank.world_size)  # a training rank, on CPU
+    run = resolver.prepare(cfg, world_size=single_rank.world_size)  # a training rank, on CPU
     assert (
         run.micro_batch_size == 1 and run.global_batch == 1 and run.steps_per_epoch == len(run.train_blocks)
     )
     assert cfg.optim.micro_batch_size == "auto"  # the user's config is not changed
     assert "--micro_batch_size auto: 1 (no CUDA GPU; the memory probe needs one)" in capsys.readouterr().out
     # `dskit prepare` (one process, no ranks): it leaves the probe to the ranks.
-    run = preflight.prepare(cfg)
+    run = resolver.prepare(cfg)
     assert run.micro_batch_size == "auto" and run.steps_per_epoch is None
     assert "probed on the GPU by the training ranks" in capsys.readouterr().out
 
@@ -372,15 +383,15 @@ def test_real_probe_on_gpu(tmp_path: Path) -> None:
             "on",
         ]
     )
-    settings = preflight.resolve_settings(cfg)
+    settings = resolver.resolve_settings(cfg)
     model_config = settings.model_config
-    found = autobatch.resolve(settings, n_train_blocks=10**6, n_val_blocks=None, world_size=1)
+    found = micro_batch_probe.resolve(settings, n_train_blocks=10**6, n_val_blocks=None, world_size=1)
     assert found >= 1 and found & (found - 1) == 0
-    (entry,) = json.loads((tmp_path / autobatch.CACHE_FILE).read_text()).values()
+    (entry,) = json.loads((tmp_path / micro_batch_probe.CACHE_FILE).read_text()).values()
     assert entry["micro_batch_size"] == found and entry["seq_length"] == 256
-    assert autobatch.resolve(settings, 3, None, 1) == min(found, 3)  # cached, capped by the data
+    assert micro_batch_probe.resolve(settings, 3, None, 1) == min(found, 3)  # cached, capped by the data
     # What was found trains: forward and backward at that size fit beside the ballast.
-    probe = autobatch._GpuProbe(model_config, torch.bfloat16, kernels.Plan(True, False), 256, 0)
+    probe = micro_batch_probe._GpuProbe(model_config, torch.bfloat16, kernels.Plan(True, False), 256, 0)
     with kernels.patches_undone(tiny_model()):  # Liger's module-wide patches must not reach later tests
         assert probe(found)
     probe.close()

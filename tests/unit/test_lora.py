@@ -12,11 +12,13 @@ import pytest
 import torch
 
 from dskit import estimate as est
-from model_utils import activation_checkpointing, lora, param_groups, preflight
-from model_utils.arguments import LoraArgs, parse_args
+from model_utils.config.arguments import LoraArgs, parse_args
+from model_utils.config.presets import PRESETS
 from model_utils.errors import ConfigError
-from model_utils.models import build_model
-from model_utils.presets import PRESETS
+from model_utils.model import activation_checkpointing, lora
+from model_utils.model.models import build_model
+from model_utils.optim import param_groups
+from model_utils.resolve import resolver
 from support.pretrained import save_tiny_qwen3
 
 
@@ -25,8 +27,8 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_tiny_qwen3(tmp_path_factory.mktemp("lora-unit") / "base")
 
 
-def settings(*flags: str) -> preflight.RunSettings:
-    return preflight.resolve_settings(parse_args(list(flags)))
+def settings(*flags: str) -> resolver.RunSettings:
+    return resolver.resolve_settings(parse_args(list(flags)))
 
 
 def test_lora_is_off_by_default_and_parses_its_flags() -> None:

@@ -13,8 +13,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from model_utils import metrics, step_line
-from model_utils.presets import PRESETS
+from model_utils.config.presets import PRESETS
+from model_utils.observe import metrics, step_line
 
 
 @pytest.mark.parametrize(

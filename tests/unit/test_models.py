@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from model_utils import models
+from model_utils.config.presets import PRESETS
 from model_utils.errors import ConfigError
-from model_utils.presets import PRESETS
+from model_utils.model import models
 
 
 def param_count(preset: str) -> int:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from model_utils.param_groups import split_for_weight_decay
-from model_utils.presets import PRESETS
+from model_utils.config.presets import PRESETS
+from model_utils.optim.param_groups import split_for_weight_decay
 
 
 def tiny_qwen3(tie: bool = True) -> torch.nn.Module:

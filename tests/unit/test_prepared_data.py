@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from dskit import prepare_data
-from dskit.embedded_assets import TOKENIZER_DIR
-from model_utils import concat_dataset, documents, token_shards
-from model_utils.arguments import DataArgs
+from embedded_assets import TOKENIZER_DIR
+from model_utils.config.arguments import DataArgs
+from model_utils.data import block_cache, documents, token_shards
+from model_utils.data.token_shards import TokenBlocks, TokenizerSpec
 from model_utils.errors import ConfigError
-from model_utils.token_shards import TokenBlocks, TokenizerSpec
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def here(fn):
 
 
 def run_data(data: DataArgs, tokenizer, explicit: frozenset[str] = frozenset()):
-    return concat_dataset.prepared(data, explicit, tokenizer, "tiny-qwen3", here)
+    return block_cache.prepared(data, explicit, tokenizer, "tiny-qwen3", here)
 
 
 def stream(dataset, split: str) -> list[int]:
@@ -346,8 +346,8 @@ def test_other_tokenizer_or_options_are_refused(tmp_path: Path, tokenizer) -> No
     ],
 )
 def test_bad_datasets(tmp_path: Path, setup, message: str, tokenizer) -> None:
-    from model_utils import preflight
-    from model_utils.arguments import parse_args
+    from model_utils.config.arguments import parse_args
+    from model_utils.resolve import resolver
 
     data = setup(tmp_path)
     args = [
@@ -361,7 +361,7 @@ def test_bad_datasets(tmp_path: Path, setup, message: str, tokenizer) -> None:
     if data.validation_split:
         args += ["--validation_split", data.validation_split]
     with pytest.raises(ConfigError, match=message):
-        preflight.prepare(parse_args(args))
+        resolver.prepare(parse_args(args))
 
 
 def test_a_field_missing_in_one_file_names_it(tmp_path: Path, tokenizer) -> None:

@@ -1,4 +1,4 @@
-"""dskit.python_env: what the launchers ask an interpreter before anything else (DSKIT_PYTHON, containers)."""
+"""dskit.env.python_env: what the launchers ask an interpreter before anything else (DSKIT_PYTHON, containers)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch as torch_module
 
-from dskit import python_env
+from dskit.env import python_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,7 +29,7 @@ def fake_distribution(site: Path, name: str, version: str) -> None:
 def run_module(python: str, *args: str, pythonpath: list[Path]) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in pythonpath)}
     return subprocess.run(
-        [python, "-m", "dskit.python_env", *args], env=env, capture_output=True, text=True, timeout=120
+        [python, "-m", "dskit.env.python_env", *args], env=env, capture_output=True, text=True, timeout=120
     )
 
 

@@ -341,7 +341,7 @@ stop_reason() {
 case "$name" in
   python | python3)
     case "$1 ${2-}" in
-      "-m dskit.python_env")
+      "-m dskit.env.python_env")
         # STUB_ENV_BROKEN: the interpreter lacks a package (python_env's one line, exit 2)
         if [[ -n "${STUB_ENV_BROKEN-}" ]]; then echo "error: $0 lacks what the kit needs: $STUB_ENV_BROKEN" >&2; exit 2; fi
         echo "${STUB_GPUS:-0} 3.11.7 2.6.0 none 0.19.8" ;;
@@ -650,7 +650,7 @@ def test_wheelhouse_installs_the_venv_then_it_is_reused(tmp_path: Path, given_py
     stub = Stubbed(tmp_path)
     env = {"WHEELHOUSE": "/fsx/wheelhouse", **({"DSKIT_PYTHON": str(python)} if given_python else {})}
     assert stub.run("train-singlenode.sh", env=env).returncode == 0
-    install = ["-m", "dskit.wheelhouse", "install", "/fsx/wheelhouse", "--venv", ".venv"]
+    install = ["-m", "dskit.env.wheelhouse", "install", "/fsx/wheelhouse", "--venv", ".venv"]
     (call,) = [c for c in stub.recorded("python3", with_env=True) if c[:2] == install[:2]]
     assert [f for f in call if not f.startswith("ENV ")] == install + (["--overlay"] if given_python else [])
     # the base interpreter installs (python3 on PATH, or DSKIT_PYTHON under it); the ranks run the venv's
@@ -673,10 +673,10 @@ def test_container_with_a_wheelhouse_installs_inside_the_image(tmp_path: Path) -
     image = "--container-image=nvcr.io#nvidia/pytorch:25.01-py3"
     install, probe, _preflight, ranks = stub.recorded("srun")
     assert image in install and install[install.index("python3") :] == [
-        "python3", "-m", "dskit.wheelhouse", "install", "/fsx/wheelhouse", "--venv", ".venv", "--overlay",
+        "python3", "-m", "dskit.env.wheelhouse", "install", "/fsx/wheelhouse", "--venv", ".venv", "--overlay",
     ]  # fmt: skip
     venv_python = str(stub.repo / ".venv" / "bin" / "python")
-    assert image in probe and probe[probe.index(venv_python) + 1 :][:2] == ["-m", "dskit.python_env"]
+    assert image in probe and probe[probe.index(venv_python) + 1 :][:2] == ["-m", "dskit.env.python_env"]
     assert image in ranks and ranks[ranks.index(venv_python) + 1 :][:2] == ["-m", "torch.distributed.run"]
     assert stub.recorded("uv") == []
 
@@ -685,7 +685,7 @@ def test_training_variables_come_from_one_table() -> None:
     """Each launcher variable of render.TRAINING_ENV is a training flag and a render value, and each rendered
     launcher passes it on as that flag and lists it in its usage text."""
     from dskit.render import TRAINING_ENV, LaunchValues
-    from model_utils.arguments import CONFIG, flag_fields
+    from model_utils.config.arguments import CONFIG, flag_fields
 
     values = {f.name for f in dataclasses.fields(LaunchValues)}
     for _, flag in TRAINING_ENV:

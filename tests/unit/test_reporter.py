@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from model_utils import launch_env, step_line
-from model_utils.reporter import metrics_path
+from model_utils.launch import launch_env
+from model_utils.observe import step_line
+from model_utils.observe.reporter import metrics_path
 
 
 def test_metrics_file_location(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from dskit import cli
-from model_utils import deepspeed_config, launch_record
-from model_utils.arguments import parse_args
+from model_utils.checkpoint import launch_record
+from model_utils.config.arguments import parse_args
+from model_utils.engines import deepspeed_config
 from model_utils.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]

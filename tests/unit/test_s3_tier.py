@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from botocore.exceptions import EndpointConnectionError
 
-from model_utils import file_manifest, s3_tier
 from model_utils.errors import ConfigError
-from model_utils.s3_tier import S3Tier, fetch_dataset, parse_s3_uri
+from model_utils.storage import file_manifest, s3_tier
+from model_utils.storage.s3_tier import S3Tier, fetch_dataset, parse_s3_uri
 from support.s3_server import FAKE_SECRET, S3Env
 
 MB = 1 << 20

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from dskit import cli, sagemaker
-from dskit.sagemaker_values import DEFAULT_IMAGE, SageMakerValues, load
-from model_utils import step_line
+from dskit.sagemaker.values import DEFAULT_IMAGE, SageMakerValues, load
 from model_utils.errors import ConfigError
+from model_utils.observe import step_line
 from support.s3_server import FAKE_SECRET, S3Env
 from support.sagemaker_proxy import SageMakerProxy
 
@@ -130,8 +130,8 @@ def test_submit_sends_the_job_and_uploads_the_kit(
         names = set(tar.getnames())
         packed_run_file = tar.extractfile(sagemaker.RUN_FILE_IN_SOURCE).read()  # type: ignore[union-attr]
     for required in (
-        "pyproject.toml", "uv.lock", "src/train_deepspeed.py", "src/model_utils/trainer.py",
-        "src/dskit/sagemaker_entry.py", "deepspeed/ds_config.json",
+        "pyproject.toml", "uv.lock", "src/train_deepspeed.py", "src/model_utils/loop/trainer.py",
+        "src/dskit/sagemaker/entry.py", "deepspeed/ds_config.json",
     ):  # fmt: skip
         assert required in names, required
     assert not any(n.startswith((".venv/", "checkpoints/tiny", ".git/")) for n in names)
@@ -324,7 +324,7 @@ def test_bootstrap_is_shellcheck_clean_and_unpacks_the_source(tmp_path: Path) ->
     code.mkdir(parents=True)
     with tarfile.open(code / sagemaker.SOURCE_ARCHIVE, "w:gz") as tar:
         entry = b"import os, sys; print('entry in', os.getcwd(), sys.argv[1:])\n"
-        info = tarfile.TarInfo("src/dskit/sagemaker_entry.py")
+        info = tarfile.TarInfo("src/dskit/sagemaker/entry.py")
         info.size = len(entry)
         tar.addfile(info, io.BytesIO(entry))
         tar.addfile(tarfile.TarInfo("src/dskit/__init__.py"), io.BytesIO(b""))

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from dskit import sagemaker_entry
-from dskit.sagemaker_entry import Contract, merge_host_shards, prune_staging, training_args
+from dskit.sagemaker import entry
+from dskit.sagemaker.entry import Contract, merge_host_shards, prune_staging, training_args
 from model_utils.errors import ConfigError
 
 
@@ -62,7 +62,7 @@ def test_unwritable_paths_name_the_fix(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.raises(ConfigError, match=r"file/model is not writable by uid \d+ .*run the image as root"):
-        sagemaker_entry.check_writable([blocker / "model"])
+        entry.check_writable([blocker / "model"])
 
 
 def committed(root: Path, tag: str, world: int, ranks: list[int]) -> None:

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from model_utils import deepspeed_config, schedules
-from model_utils.arguments import parse_args
+from model_utils.config.arguments import parse_args
+from model_utils.engines import deepspeed_config
 from model_utils.errors import ConfigError
+from model_utils.optim import schedules
 
 W0 = schedules.WARMUP_MIN_RATIO
 
@@ -110,7 +111,7 @@ def test_config_prints_the_schedule_and_the_lr_at_a_few_steps(tmp_path: Path, ca
 
 def test_plot_of_the_four_schedules(tmp_path: Path, capsys) -> None:
     from dskit import cli
-    from dskit.schedule_plot import curves
+    from dskit.plot.schedule_plot import curves
 
     out = tmp_path / "s.png"
     flags = ["--max_steps", "40", "--warmup_steps", "4", "--decay_fraction", "0.5"]

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from model_utils import faults, preflight, spike_guard
-from model_utils.arguments import GuardArgs, parse_args
-from model_utils.concat_dataset import DataPosition
+from model_utils.config.arguments import GuardArgs, parse_args
+from model_utils.data.block_cache import DataPosition
 from model_utils.errors import ConfigError
+from model_utils.loop import faults, spike_guard
+from model_utils.resolve import resolver
 from support.deepspeed_files import config_with
 
 
@@ -131,9 +132,7 @@ def test_where_deepspeed_can_discard_a_step_the_default_guard_runs_and_elsewhere
     case: str, tmp_path: Path, capsys
 ) -> None:
     changes, discards = CAN_DISCARD[case]
-    settings = preflight.resolve_settings(
-        parse_args(["--deepspeed_config", config_with(tmp_path, **changes)])
-    )
+    settings = resolver.resolve_settings(parse_args(["--deepspeed_config", config_with(tmp_path, **changes)]))
     assert settings.deepspeed.discards_nonfinite_steps is discards
     assert settings.spike_guard == ("skip" if discards else "off")
     assert (
@@ -141,6 +140,6 @@ def test_where_deepspeed_can_discard_a_step_the_default_guard_runs_and_elsewhere
     ) is not discards
     if not discards:  # asked for explicitly: an error, not a silent downgrade
         with pytest.raises(ConfigError, match="cannot be discarded: train in bf16 or under ZeRO"):
-            preflight.resolve_settings(
+            resolver.resolve_settings(
                 parse_args(["--deepspeed_config", config_with(tmp_path, **changes), "--spike_guard", "skip"])
             )

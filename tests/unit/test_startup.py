@@ -30,7 +30,7 @@ def test_parsing_training_flags_imports_deepspeed_without_mlflow() -> None:
     settings) skips MLflow, and MLflow still imports afterwards for dskit's own tracker."""
     lines = run_fresh(
         "import sys\n"
-        "from model_utils.arguments import parse_args\n"
+        "from model_utils.config.arguments import parse_args\n"
         "cfg = parse_args([])\n"
         "print('deepspeed' in sys.modules)\n"
         "from model_utils import deepspeed_config\n"
@@ -57,7 +57,7 @@ def test_an_earlier_mlflow_import_is_left_alone() -> None:
 COUNT_CPU_PROBES = """
 import contextlib, sys
 import cpuinfo, torch
-from model_utils import startup
+from model_utils.launch import startup
 startup.import_deepspeed()
 from deepspeed.ops.adam import DeepSpeedCPUAdam
 real, calls = cpuinfo.get_cpu_info, []
@@ -103,7 +103,7 @@ def test_deepspeed_muon_module_is_imported_without_compiling() -> None:
 def test_lazy_compile_compiles_on_the_first_call_only(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from model_utils import startup
+    from model_utils.launch import startup
 
     calls = []
 

@@ -16,7 +16,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from model_utils.errors import ConfigError
-from model_utils.trackers import (
+from model_utils.observe.trackers import (
     MLFLOW_RUN_ID_ENV,
     PARENT_TAG,
     MlflowTracker,

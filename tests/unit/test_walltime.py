@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from model_utils import walltime
-from model_utils.walltime import Decision, WalltimePlanner
+from model_utils.launch import walltime
+from model_utils.launch.walltime import Decision, WalltimePlanner
 
 
 class FakeClock:

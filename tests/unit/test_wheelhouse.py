@@ -1,4 +1,4 @@
-"""dskit.wheelhouse: which locked file a target gets, and the offline install's refusals and its overlay venv.
+"""dskit.env.wheelhouse: which locked file a target gets, and the offline install's refusals and its overlay venv.
 
 The full build (3 GiB from PyPI) and a full offline install with training runs are in tests/slurm (they run when
 ~/.cache/dskit/wheelhouse holds a wheelhouse of this uv.lock: docs/testing.md).
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from packaging.utils import parse_wheel_filename
 
-from dskit import wheelhouse
+from dskit.env import wheelhouse
 
 REPO = Path(__file__).resolve().parents[2]
 LOCK = tomllib.loads((REPO / "uv.lock").read_text())
@@ -78,7 +78,7 @@ def install(wheelhouse_dir: Path, venv: Path, *more: str) -> subprocess.Complete
     command = [
         sys.executable,
         "-m",
-        "dskit.wheelhouse",
+        "dskit.env.wheelhouse",
         "install",
         str(wheelhouse_dir),
         "--venv",

@@ -34,13 +34,16 @@ import numpy as np
 import torch
 
 from dskit import columns
-from model_utils import distributed, kernels, metrics, preflight, startup
-from model_utils.arguments import AUTO, LIGER_CHOICES, GuardArgs, parse_args
 from model_utils.assets import TOKENIZER_DIR
-from model_utils.concat_dataset import BlockSampler, DataPosition
-from model_utils.deepspeed_config import FSDP_CONFIG, load_deepspeed_json
+from model_utils.config.arguments import AUTO, LIGER_CHOICES, GuardArgs, parse_args
+from model_utils.data.block_cache import BlockSampler, DataPosition
+from model_utils.engines.deepspeed_config import FSDP_CONFIG, load_deepspeed_json
 from model_utils.errors import CommandParser, ConfigError
-from model_utils.log import print0
+from model_utils.launch import distributed, startup
+from model_utils.model import kernels
+from model_utils.observe import metrics
+from model_utils.observe.log import print0
+from model_utils.resolve import resolver
 
 GPU_MODEL = "qwen3-0.6b"
 CPU_MODEL = "tiny-qwen3"
@@ -178,7 +181,7 @@ def _peak_memory_gib(device: torch.device) -> float:
 class Workload:
     """What every row trains: the same blocks, batch shape and FLOPs accounting."""
 
-    run: preflight.ResolvedRun
+    run: resolver.ResolvedRun
     seq_length: int
     accumulation: int
     steps: int
@@ -207,7 +210,7 @@ def _guarded(row: Row, device: torch.device, train: Callable[[Row], None]) -> Ro
     return row
 
 
-def _layout(run: preflight.ResolvedRun) -> str:
+def _layout(run: resolver.ResolvedRun) -> str:
     layout = run.layout
     assert layout is not None, "bench resolves on its one rank"
     return layout.product()
@@ -229,7 +232,7 @@ def reference_modes(given: str | None, device_type: str) -> list[str]:
     return modes
 
 
-def run_reference(work: Workload, run: preflight.ResolvedRun, device: torch.device, compiled: bool) -> Row:
+def run_reference(work: Workload, run: resolver.ResolvedRun, device: torch.device, compiled: bool) -> Row:
     cfg = run.config
     fused = device.type == "cuda"
     row = Row(
@@ -340,7 +343,7 @@ def vary_variants(base: str, specs: list[str], out_dir: Path) -> list[Variant]:
     return variants
 
 
-def run_kit(work: Workload, run: preflight.ResolvedRun, dist: distributed.DistInfo, variant: Variant) -> Row:
+def run_kit(work: Workload, run: resolver.ResolvedRun, dist: distributed.DistInfo, variant: Variant) -> Row:
     cfg = run.config
     row = Row(
         name=f"dskit: {variant.label}, liger {cfg.model.liger}, compile {str(cfg.model.compile).lower()}",
@@ -356,7 +359,7 @@ def run_kit(work: Workload, run: preflight.ResolvedRun, dist: distributed.DistIn
     )
 
     def train(row: Row) -> None:
-        from model_utils.trainer import Trainer
+        from model_utils.loop.trainer import Trainer
 
         start = time.perf_counter()
         trainer = Trainer(run, dist)
@@ -399,9 +402,9 @@ def single_process_group() -> Iterator[distributed.DistInfo]:
             os.environ.pop(name, None)
 
 
-def guard_overhead(work: Workload, run: preflight.ResolvedRun, dist: distributed.DistInfo) -> str:
+def guard_overhead(work: Workload, run: resolver.ResolvedRun, dist: distributed.DistInfo) -> str:
     """Median step time with the spike guard off and on, alternating step by step in one run."""
-    from model_utils.trainer import Trainer
+    from model_utils.loop.trainer import Trainer
 
     trainer = Trainer(run, dist)
     try:
@@ -478,7 +481,7 @@ def format_table(rows: list[Row]) -> str:
 
 def main(argv: list[str]) -> int:
     if any(arg.split("=", 1)[0] in DATA_BENCH_FLAGS for arg in argv):
-        from dskit import data_bench
+        from dskit.bench import data_bench
 
         return data_bench.main(argv)
     ns = build_parser().parse_args(argv)
@@ -505,12 +508,12 @@ def main(argv: list[str]) -> int:
             parse_args(_training_flags(ns, model, v.path, checkpoint_dir) + list(v.flags)) for v in variants
         ]
         # Every variant checked by DeepSpeed before any row trains: a value it rejects is one error line.
-        settings = [preflight.resolve_settings(cfg) for cfg in configs]
+        settings = [resolver.resolve_settings(cfg) for cfg in configs]
         # Fail fast on an impossible --liger, before any process group, data or model work.
         kernels.plan(configs[0].model, settings[0].model_config.model_type, torch.device(device_type))
         with single_process_group() as dist:
             # Resolves the sequence length and an auto micro batch.
-            runs = [preflight.prepare(s.config, world_size=dist.world_size, settings=s) for s in settings]
+            runs = [resolver.prepare(s.config, world_size=dist.world_size, settings=s) for s in settings]
             first = runs[0]
             work = Workload(
                 run=runs[0],

@@ -40,8 +40,8 @@ from typing import Any
 import psutil
 
 from dskit import columns, prepare_data
-from model_utils import documents, token_shards
-from model_utils.arguments import DataArgs, ModelArgs, field_help
+from model_utils.config.arguments import DataArgs, ModelArgs, field_help
+from model_utils.data import documents, token_shards
 from model_utils.errors import CommandParser, ConfigError
 
 GIB = 2**30
@@ -357,8 +357,8 @@ def time_read(path: Path, seq_length: int, micro: int, accumulation: int, steps:
     """One rank's batch thread, alone: `steps` steps of `micro x accumulation` blocks, in sampler order."""
     import torch  # only the read path needs it
 
-    from model_utils import batches
-    from model_utils.concat_dataset import BlockSampler, DataPosition
+    from model_utils.data import step_batches
+    from model_utils.data.block_cache import BlockSampler, DataPosition
 
     dataset = token_shards.open_prepared(path)
     per_step = micro * accumulation
@@ -375,7 +375,7 @@ def time_read(path: Path, seq_length: int, micro: int, accumulation: int, steps:
     def step() -> None:
         nonlocal position
         for indices in sampler.step_indices(position):
-            batches.gather(blocks, indices, pin)
+            step_batches.gather(blocks, indices, pin)
         position = sampler.advance(position)
 
     step()  # untimed: the first mapping of the shards and torch's first tensor

@@ -13,7 +13,7 @@ import os
 import socket
 from typing import Any
 
-from model_utils.arguments import TrainConfig, parse_args
+from model_utils.config.arguments import TrainConfig, parse_args
 from model_utils.errors import ConfigError, first_line
 
 from .context import GpuProbe, LaunchContext, probe_gpus, ranks_per_node
@@ -71,14 +71,16 @@ def diagnose(cfg: TrainConfig, ctx: LaunchContext) -> tuple[list[Result], Any]:
     preflight` hands them on to prepare, so they are resolved once."""
     import torch
 
-    from model_utils import deepspeed_config, models, preflight
+    from model_utils.engines import deepspeed_config
+    from model_utils.model import models
+    from model_utils.resolve import resolver
 
     gpus = probe_gpus()
     _, on_gpus = ranks_per_node(ctx, gpus)
-    settings: preflight.RunSettings | None = None
+    settings: resolver.RunSettings | None = None
     model_error = ""
     try:  # a hub model needs the network or the HF cache: `dskit prepare` reports that in full
-        settings = preflight.resolve_settings(cfg)  # a misspelt --model or a bad DeepSpeed config: exit 2
+        settings = resolver.resolve_settings(cfg)  # a misspelt --model or a bad DeepSpeed config: exit 2
         half = settings.deepspeed.half_precision
     except models.ModelUnavailable as e:
         model_error = str(e)

@@ -8,7 +8,7 @@ import json
 import os
 from pathlib import Path
 
-from model_utils.arguments import DataArgs
+from model_utils.config.arguments import DataArgs
 from model_utils.errors import ConfigError, first_line
 
 from .context import _size
@@ -44,7 +44,7 @@ def _peek_columns(path: Path, builder: str) -> list[str] | None:
 
 
 def _check_prepared(path: Path, found: str) -> Result:
-    from model_utils import token_shards
+    from model_utils.data import token_shards
 
     if found == "unfinished":
         left = len(token_shards.missing_units(path))
@@ -65,7 +65,7 @@ def _check_prepared(path: Path, found: str) -> Result:
 
 
 def _check_local_dataset(path: Path, data: DataArgs) -> Result:
-    from model_utils import documents, token_shards
+    from model_utils.data import documents, token_shards
 
     name = "dataset"
     if not path.exists():
@@ -200,7 +200,7 @@ def _check_s3_dataset(uri: str, cache_dir: Path) -> Result:
     from botocore.config import Config
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from model_utils.s3_tier import describe_error, error_kind, parse_s3_uri
+    from model_utils.storage.s3_tier import describe_error, error_kind, parse_s3_uri
 
     name = "dataset"
     bucket, prefix = parse_s3_uri(uri)
@@ -243,7 +243,7 @@ def _check_s3_dataset(uri: str, cache_dir: Path) -> Result:
 
 def check_dataset(data: DataArgs) -> Result:
     from model_utils.assets import CORPUS_PATH
-    from model_utils.documents import EMBEDDED
+    from model_utils.data.documents import EMBEDDED
 
     name = data.dataset
     if name == EMBEDDED:
@@ -254,7 +254,7 @@ def check_dataset(data: DataArgs) -> Result:
         return Result("dataset", Status.PASS, f"embedded corpus ({_size(CORPUS_PATH.stat().st_size)})")
     if name.startswith("s3://"):
         return _check_s3_dataset(name, Path(data.data_cache_dir))
-    from model_utils.documents import is_local
+    from model_utils.data.documents import is_local
 
     path = Path(name).expanduser()
     return _check_local_dataset(path, data) if is_local(data) else _check_hub_dataset(data)

@@ -13,10 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dskit import wheelhouse
-from model_utils import startup
-from model_utils.arguments import REPO_ROOT
+from dskit.env import wheelhouse
+from model_utils.config.arguments import REPO_ROOT
 from model_utils.errors import first_line
+from model_utils.launch import startup
 
 from .context import LaunchContext, _run
 from .report import Result, Status

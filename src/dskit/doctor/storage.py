@@ -8,7 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
-from model_utils.arguments import TrainConfig
+from model_utils.config.arguments import TrainConfig
 
 from .context import _size
 from .report import Result, Status
@@ -53,7 +53,7 @@ def check_disk(cfg: TrainConfig, n_params: int | None, half_precision: bool) -> 
     copies = cfg.checkpoint.keep_checkpoints + 1
     needed = per_checkpoint * copies
     # Tags already there count toward the total: rotation deletes them as new ones arrive.
-    from model_utils.checkpoint import is_tag_dir
+    from model_utils.checkpoint.protocol import is_tag_dir
 
     existing = sum(_tree_bytes(t) for t in directory.glob("*") if is_tag_dir(t))
     usage = shutil.disk_usage(where)

@@ -5,8 +5,8 @@ dependencies from pyproject.toml and compares them with what importlib.metadata 
 their release numbers only, so a container's torch `2.6.0a0+ecf3bae40a.nv25.01` counts as 2.6 (pip would call it
 older than 2.6 and replace it). The fix it prints pins the installed torch, so pip never touches it.
 
-  python -m dskit.python_env probe     check, then print "GPUS PYTHON TORCH CUDA DEEPSPEED" for the launcher
-  python -m dskit.python_env missing   the requirements to install (for an install over a given interpreter)
+  python -m dskit.env.python_env probe     check, then print "GPUS PYTHON TORCH CUDA DEEPSPEED" for the launcher
+  python -m dskit.env.python_env missing   the requirements to install (for an install over a given interpreter)
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ def main(argv: list[str]) -> int:
             return 2
         print(probe())
         return 0
-    print("usage: python -m dskit.python_env probe|missing", file=sys.stderr)
+    print("usage: python -m dskit.env.python_env probe|missing", file=sys.stderr)
     return 2
 
 

@@ -363,7 +363,7 @@ def _install(wheelhouse: Path, venv: Path, repo: Path, overlay: bool) -> None:
     pip = _pip_install(venv, wheelhouse)
     if overlay:
         missing = subprocess.run(
-            [str(python), "-m", "dskit.python_env", "missing"], capture_output=True, text=True, check=True
+            [str(python), "-m", "dskit.env.python_env", "missing"], capture_output=True, text=True, check=True
         ).stdout.split()
         what = f"{len(missing)} requirement(s) the base lacks: {' '.join(missing)}" if missing else "nothing"
         print(f"Python: {venv} over {sys.executable}; installing {what}", flush=True)

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from model_utils import step_line
 from model_utils.errors import CommandParser, ConfigError, first_line
+from model_utils.observe import step_line
 
 # Record keys that are plotted, in the metrics JSONL's names.
 PLOTTED = (
@@ -249,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--schedules"]:
-        from dskit import schedule_plot
+        from dskit.plot import schedule_plot
 
         return schedule_plot.main(argv[1:])
     parser = build_parser()

@@ -9,10 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from dskit.plot import save_png
-from model_utils import deepspeed_config
-from model_utils.arguments import parse_args
+from model_utils.config.arguments import parse_args
+from model_utils.engines import deepspeed_config
 from model_utils.errors import ConfigError, first_line
-from model_utils.schedules import SCHEDULES
+from model_utils.optim.schedules import SCHEDULES
 
 WSD_ONLY = ("--decay_fraction", "--decay_type", "--decay_from_step")
 DEFAULT_OUTPUT = "lr-schedules.png"

@@ -8,7 +8,7 @@
 `submit` checks the values file and the training flags locally (the trainer's own parser and DeepSpeed config
 check), checks every S3 bucket and channel prefix, packs the kit's source (the files git tracks or would track,
 plus the run file) to <s3_prefix>/<job>/source/, and creates the job with boto3's `create_training_job`. The job
-runs `dskit.sagemaker_entry` on every instance (see there). The training flags travel as the job's
+runs `dskit.sagemaker.entry` on every instance (see there). The training flags travel as the job's
 hyperparameters. Role ARNs are printed with the account masked; credentials never.
 
 boto3, not the SageMaker Python SDK (v3 `ModelTrainer`): the SDK adds ~130 packages (docker, paramiko, fastapi,
@@ -28,10 +28,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dskit import sagemaker_entry
-from dskit.sagemaker_values import DEFAULT_IMAGE, SageMakerValues, bucket_of, load, redact_arn
-from model_utils import launch_env
+from dskit.sagemaker import entry
+from dskit.sagemaker.values import DEFAULT_IMAGE, SageMakerValues, bucket_of, load, redact_arn
 from model_utils.errors import CommandParser, ConfigError, first_line
+from model_utils.launch import launch_env
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE_ARCHIVE = "sourcedir.tar.gz"
@@ -50,9 +50,9 @@ mkdir -p "$src" "${TMPDIR:-/tmp}"
 tar -xzf "$base/input/data/code/sourcedir.tar.gz" -C "$src"
 cd "$src"
 export PYTHONPATH="$src/src${PYTHONPATH:+:$PYTHONPATH}"
-exec python3 -m dskit.sagemaker_entry
+exec python3 -m dskit.sagemaker.entry
 """
-# SageMaker metric definitions: regexes over the rank-0 step and validation lines (model_utils/step_line.py),
+# SageMaker metric definitions: regexes over the rank-0 step and validation lines (model_utils/observe/step_line.py),
 # first group the value. Plain groups only (no look-arounds or non-capturing groups).
 _NUMBER = r"([-+]?[0-9][0-9.eE+-]*|nan|inf)"
 METRIC_DEFINITIONS = [
@@ -99,9 +99,9 @@ def training_hyperparameters(train_args: list[str]) -> tuple[dict[str, str], Pat
             value = train_args[i + 1]
             i += 1
         i += 1
-        if name in sagemaker_entry.OWNED_FLAGS:
+        if name in entry.OWNED_FLAGS:
             raise ConfigError(
-                f"--{name} is set by the job ({sagemaker_entry.OWNED_FLAGS[name]}): "
+                f"--{name} is set by the job ({entry.OWNED_FLAGS[name]}): "
                 + ("set the channel in the values file" if name != "checkpoint_dir" else "drop it")
             )
         hps[name] = value  # the last occurrence wins, as on the command line
@@ -116,8 +116,8 @@ def training_hyperparameters(train_args: list[str]) -> tuple[dict[str, str], Pat
 def check_training_flags(hps: dict[str, str], run_file: Path | None, values: SageMakerValues) -> None:
     """The trainer's own parser and DeepSpeed check on the flags as the job will run them (the channels stand in
     for the model and data, which are in S3), from the source root like the job."""
-    from model_utils import deepspeed_config
-    from model_utils.arguments import parse_args
+    from model_utils.config.arguments import parse_args
+    from model_utils.engines import deepspeed_config
 
     argv: list[str] = []
     for name, value in hps.items():
@@ -129,12 +129,10 @@ def check_training_flags(hps: dict[str, str], run_file: Path | None, values: Sag
         cfg = parse_args(argv)
         deepspeed_config.resolve(cfg)
     if run_file is not None:
-        from model_utils import run_file as run_files
-        from model_utils.arguments import SECTIONS
+        from model_utils.config import run_file as run_files
+        from model_utils.config.arguments import SECTIONS
 
-        overridden = sorted(
-            set(run_files.load(str(run_file), SECTIONS).values) & set(sagemaker_entry.OWNED_FLAGS)
-        )
+        overridden = sorted(set(run_files.load(str(run_file), SECTIONS).values) & set(entry.OWNED_FLAGS))
         if overridden:
             print(f"note: the job sets {', '.join(overridden)} (from its channels), not the run file")
 
@@ -143,7 +141,7 @@ def check_training_flags(hps: dict[str, str], run_file: Path | None, values: Sag
 
 
 def job_environment(values: SageMakerValues) -> dict[str, str]:
-    scratch = f"{sagemaker_entry.DEFAULT_BASE}/input/dskit"  # the ML storage volume (see sagemaker_entry)
+    scratch = f"{entry.DEFAULT_BASE}/input/dskit"  # the ML storage volume (see sagemaker_entry)
     env = {
         launch_env.SAGEMAKER_SETUP: values.setup,
         launch_env.SAGEMAKER_CPU_RANKS: str(values.cpu_ranks_per_instance),
@@ -197,7 +195,7 @@ def build_request(
         "StoppingCondition": {"MaxRuntimeInSeconds": values.max_runtime_s},
         "CheckpointConfig": {
             "S3Uri": values.checkpoint_s3_uri or f"{prefix}/{job_name}/checkpoints",
-            "LocalPath": f"{sagemaker_entry.DEFAULT_BASE}/checkpoints",
+            "LocalPath": f"{entry.DEFAULT_BASE}/checkpoints",
         },
         "Environment": job_environment(values),
         "EnableManagedSpotTraining": values.spot,

@@ -1,6 +1,6 @@
 """The entry of a SageMaker training job (`dskit sagemaker submit` makes the job run it on every instance).
 
-    python -m dskit.sagemaker_entry          # from the kit's source root, inside the job
+    python -m dskit.sagemaker.entry          # from the kit's source root, inside the job
 
 It reads SageMaker's contract under DSKIT_SM_BASE (default /opt/ml; any dir runs the same contract outside
 SageMaker): input/config/resourceconfig.json (hosts, this host, network interface), input/config/
@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from model_utils import launch_env
 from model_utils.errors import ConfigError
+from model_utils.launch import launch_env
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN_SCRIPT = REPO / "src" / "train_deepspeed.py"
@@ -218,7 +218,7 @@ def check_writable(paths: list[Path]) -> None:
 
 
 def _tag_step(name: str) -> int | None:
-    from model_utils.checkpoint import tag_step
+    from model_utils.checkpoint.protocol import tag_step
 
     return tag_step(name)
 
@@ -226,8 +226,9 @@ def _tag_step(name: str) -> int | None:
 def merge_host_shards(checkpoint_dir: Path) -> list[str]:
     """Move other hosts' files of committed tags (left in `.staging-<tag>`) into the tag; demote committed tags
     that still lack a rank's files (renamed `.incomplete-<tag>`, which no resume picks). Returns what it did."""
-    from model_utils import file_manifest, launch_record
-    from model_utils.checkpoint import STAGING_PREFIX
+    from model_utils.checkpoint import launch_record
+    from model_utils.checkpoint.protocol import STAGING_PREFIX
+    from model_utils.storage import file_manifest
 
     done: list[str] = []
     if not checkpoint_dir.is_dir():
@@ -260,7 +261,7 @@ def merge_host_shards(checkpoint_dir: Path) -> list[str]:
 def prune_staging(checkpoint_dir: Path, keep: int) -> None:
     """On hosts other than the first: drop the staging dirs of all but the newest keep + 1 saves (the first
     host's rotation deletes the tags they belong to; nothing here would ever delete them)."""
-    from model_utils.checkpoint import STAGING_PREFIX
+    from model_utils.checkpoint.protocol import STAGING_PREFIX
 
     staged = [p for p in checkpoint_dir.glob(f"{STAGING_PREFIX}*") if p.is_dir()]
     staged.sort(key=lambda p: _tag_step(p.name[len(STAGING_PREFIX) :]) or 0, reverse=True)
@@ -277,7 +278,7 @@ def gather_final_shards(contract: Contract, port: int) -> str:
     import torch
     import torch.distributed as dist
 
-    from model_utils.checkpoint import STAGING_PREFIX, newest_verified
+    from model_utils.checkpoint.protocol import STAGING_PREFIX, newest_verified
 
     index, hosts = contract.host_index, contract.hosts
     dist.init_process_group(
@@ -329,7 +330,7 @@ def gather_final_shards(contract: Contract, port: int) -> str:
 def _keep_checkpoints(hps: dict[str, str]) -> int:
     import dataclasses
 
-    from model_utils.arguments import CheckpointArgs
+    from model_utils.config.arguments import CheckpointArgs
 
     default = next(f.default for f in dataclasses.fields(CheckpointArgs) if f.name == "keep_checkpoints")
     text = hps.get("keep_checkpoints")
@@ -405,7 +406,7 @@ def _ensure_environment(contract: Contract, argv: list[str]) -> None:
     Path(env["TMPDIR"]).mkdir(parents=True, exist_ok=True)
     log("installing the locked environment (uv sync --frozen --no-dev)")
     subprocess.run([*uv, "sync", "--frozen", "--no-dev", "--compile-bytecode"], cwd=REPO, env=env, check=True)
-    os.execv(venv_python, [str(venv_python), "-m", "dskit.sagemaker_entry", *argv])
+    os.execv(venv_python, [str(venv_python), "-m", "dskit.sagemaker.entry", *argv])
 
 
 def _fail(contract: Contract, message: str) -> None:

@@ -154,7 +154,7 @@ class SageMakerValues:
                 f"unknown instance type {self.instance_type!r}: "
                 + (f"did you mean {hint}? " if hint else "")
                 + "use a SageMaker training type such as ml.p5.48xlarge (a new type: add it to "
-                "INSTANCE_GPUS in src/dskit/sagemaker_values.py)"
+                "INSTANCE_GPUS in src/dskit/sagemaker/values.py)"
             )
         for name, low in (
             ("instance_count", 1),

@@ -95,7 +95,7 @@ def check_resume(
     another layout of the optimizer's parameter groups), else None. world_size and optimizer_groups None: not
     known yet, as in `dskit prepare`. backend: --backend, checked against the engine that wrote the tag."""
     if backend is not None:
-        from model_utils.checkpoint import is_fsdp_tag
+        from model_utils.checkpoint.protocol import is_fsdp_tag
 
         saved_backend = "fsdp" if is_fsdp_tag(tag_dir) else "deepspeed"
         if saved_backend != backend:

@@ -36,10 +36,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from model_utils import file_manifest, launch_env
-from model_utils.engine import Engine
+from model_utils.engines.base import Engine
 from model_utils.errors import ConfigError, first_line
-from model_utils.log import error_line, print0, warn0
+from model_utils.launch import launch_env
+from model_utils.observe.log import error_line, print0, warn0
+from model_utils.storage import file_manifest
 
 CLIENT_KEY = "dskit"
 MODEL_STATES = "mp_rank_00_model_states.pt"

@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from model_utils import accelerate_env, activation_checkpointing
+from model_utils.config.presets import PRESETS, PRETRAINED_LR
 from model_utils.errors import ConfigError
-from model_utils.presets import PRESETS, PRETRAINED_LR
-from model_utils.schedules import DECAY_TYPES, SCHEDULES
+from model_utils.launch import accelerate_env
+from model_utils.model import activation_checkpointing
+from model_utils.optim.schedules import DECAY_TYPES, SCHEDULES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 AUTO = "auto"
@@ -654,7 +655,7 @@ def build_parser(prog: str = "train_deepspeed.py") -> argparse.ArgumentParser:
         prog=prog,
         allow_abbrev=False,
         argument_default=argparse.SUPPRESS,
-        description="Train a causal LM with DeepSpeed ZeRO. Every default lives in model_utils/arguments.py.",
+        description="Train a causal LM with DeepSpeed ZeRO. Every default lives in model_utils/config/arguments.py.",
     )
     parser.add_argument(
         f"--{CONFIG}",
@@ -706,7 +707,7 @@ def parse_args(argv: list[str] | None = None, env: Mapping[str, str] | None = No
     inline = None
     config_path = given.pop(CONFIG, None)
     if config_path is not None:
-        from model_utils import run_file
+        from model_utils.config import run_file
 
         loaded = run_file.load(config_path, SECTIONS)
         values = dict(loaded.values)

@@ -23,12 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from model_utils import documents, token_shards
-from model_utils.documents import EMBEDDED
+from model_utils.config.presets import PRESETS
+from model_utils.data import documents, token_shards
+from model_utils.data.documents import EMBEDDED
+from model_utils.data.token_shards import PreparedDataset, TokenizerSpec
 from model_utils.errors import ConfigError
-from model_utils.log import print0
-from model_utils.presets import PRESETS
-from model_utils.token_shards import PreparedDataset, TokenizerSpec
+from model_utils.observe.log import print0
 
 # --- which blocks ---------------------------------------------------------------------------------------
 
@@ -78,7 +78,7 @@ def _check_size(data: Any, tokenizer_name: str) -> None:
     if name == EMBEDDED:
         return
     if name.startswith("s3://"):
-        from model_utils import s3_tier
+        from model_utils.storage import s3_tier
 
         size: int | None = sum(size for _, size, _ in s3_tier.list_objects(name)[1])
     elif documents.is_local(data):
@@ -147,7 +147,7 @@ def prepared(
         if data.dataset.startswith("s3://"):  # mirrored: a save_to_disk dir in S3 works like a local one
             import dataclasses
 
-            from model_utils import s3_tier
+            from model_utils.storage import s3_tier
 
             path = s3_tier.fetch_dataset(data.dataset, Path(data.data_cache_dir))
             local = dataclasses.replace(data, dataset=str(path), local_dataset=True)

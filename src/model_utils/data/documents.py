@@ -189,7 +189,7 @@ def _local_units(path: Path, split: str, role: str, unit_bytes: int) -> tuple[li
 
 
 def _s3_units(uri: str, role: str) -> tuple[list[Unit], list[Any]]:
-    from model_utils import s3_tier
+    from model_utils.storage import s3_tier
 
     bucket, objects = s3_tier.list_objects(uri)
     units = []
@@ -481,7 +481,7 @@ def _read(unit: Unit, field: str, scratch_dir: Path) -> Iterator[tuple[list[Any]
     if unit.s3_bucket is None:
         yield from _local_texts(unit, unit.location, field)
         return
-    from model_utils import s3_tier
+    from model_utils.storage import s3_tier
 
     scratch_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=scratch_dir, suffix=format_suffix(unit.location))

@@ -32,10 +32,10 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from model_utils import documents
-from model_utils.documents import SPLIT, TRAIN, VALIDATION, Plan, Unit
+from model_utils.data import documents
+from model_utils.data.documents import SPLIT, TRAIN, VALIDATION, Plan, Unit
 from model_utils.errors import ConfigError
-from model_utils.file_manifest import atomic_write_text
+from model_utils.storage.file_manifest import atomic_write_text
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from model_utils import schedules
-from model_utils.arguments import AUTO, REPO_ROOT, TrainConfig
+from model_utils.config.arguments import AUTO, REPO_ROOT, TrainConfig
+from model_utils.config.presets import default_lr
 from model_utils.errors import ConfigError
-from model_utils.presets import default_lr
+from model_utils.optim import schedules
 
 # (flag, path of the DeepSpeed key). Each flag fills an "auto" key; an explicit key must agree with the flag.
 DS_OVERRIDES: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -350,7 +350,7 @@ def resolve(cfg: TrainConfig, gpu_only: bool = False) -> DeepSpeedSettings:
         )
     _check_deepspeed_keys(ds, path)
     if cfg.accelerate is not None:  # the accelerate config the ranks were launched with must agree
-        from model_utils import accelerate_env
+        from model_utils.launch import accelerate_env
 
         if fsdp:
             accelerate_env.check_precision(cfg.accelerate, precision_of(ds), path)
@@ -499,7 +499,7 @@ class _RecordingDict(dict):
 
 
 def _check_deepspeed_keys(ds: dict[str, Any], path: str) -> None:
-    from model_utils import startup
+    from model_utils.launch import startup
 
     startup.import_deepspeed()
     from deepspeed.runtime.config import DeepSpeedConfig

@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 
-from model_utils import schedules, startup
+from model_utils.launch import startup
+from model_utils.optim import schedules
 
 # DeepSpeed's global timers (deepspeed.utils.timer): summed over the micro-batches of one optimizer step, and
 # reset at its accumulation boundary. Its *_microstep timers hold the last micro-batch only.

@@ -27,8 +27,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-from model_utils import schedules
-from model_utils.checkpoint import FSDP_DCP_DIR, FSDP_STATE_FILE
+from model_utils.checkpoint.protocol import FSDP_DCP_DIR, FSDP_STATE_FILE
+from model_utils.optim import schedules
 
 
 def shard(model: torch.nn.Module, device: torch.device, bf16: bool, cpu_offload: bool) -> torch.nn.Module:

@@ -29,7 +29,7 @@ from model_utils.errors import ConfigError
 # Every launcher accelerate has sets this one (the DeepSpeed launcher sets no dynamo variables, the plain
 # multi-GPU one no type variable): its presence is what "started by accelerate launch" means.
 MARKER = "ACCELERATE_MIXED_PRECISION"
-# The kit's own flags the request sets (names in model_utils.arguments; `backend` is --backend
+# The kit's own flags the request sets (names in model_utils.config.arguments; `backend` is --backend
 # deepspeed|fsdp, `fsdp_cpu_offload` the FSDP engine's parameter/optimizer offload switch).
 BACKEND_FLAG = "backend"
 FSDP_OFFLOAD_FLAG = "fsdp_cpu_offload"
@@ -330,7 +330,7 @@ def check_precision(request: AccelerateRequest, precision: str, where: str) -> N
 def check_deepspeed(request: AccelerateRequest, ds: Mapping[str, Any], where: str) -> None:
     """A ConfigError when the DeepSpeed dict the kit trains with (`ds`, from `where`) contradicts what the
     accelerate config asks: ZeRO stage, offload devices, gradient clipping, precision."""
-    from model_utils.deepspeed_config import precision_of
+    from model_utils.engines.deepspeed_config import precision_of
 
     check_precision(request, precision_of(dict(ds)), where)
     zero = ds.get("zero_optimization") if isinstance(ds.get("zero_optimization"), Mapping) else {}

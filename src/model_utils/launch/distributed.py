@@ -9,7 +9,7 @@ from typing import TypeVar
 
 import torch
 
-from model_utils import startup
+from model_utils.launch import startup
 
 T = TypeVar("T")
 

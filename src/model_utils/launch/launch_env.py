@@ -9,7 +9,7 @@ TTY = "DSKIT_TTY"  # the launcher's terminal: rank 0 draws its progress bar ther
 SINGLENODE_LOGGED = "DSKIT_SINGLENODE_LOGGED"  # train-singlenode.sh re-executed itself under its log tee
 FAULT_INJECT = "DSKIT_FAULT_INJECT"  # tests only: a rank SIGKILLs itself at a named point of a save
 SPIKE_FAULT = "DSKIT_SPIKE_FAULT"  # tests only: a loss or gradient fault on a step's data (faults.py)
-# The SageMaker entry (dskit.sagemaker_entry), set in the job's environment by `dskit sagemaker submit`:
+# The SageMaker entry (dskit.sagemaker.entry), set in the job's environment by `dskit sagemaker submit`:
 # the root of SageMaker's /opt/ml tree (another dir runs the contract anywhere); uv: `uv sync --frozen` in the
 # job, image: the image holds the environment; ranks per instance without GPUs (gloo); the first host's port.
 SAGEMAKER_BASE = "DSKIT_SM_BASE"

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from model_utils import launch_env
 from model_utils.errors import ConfigError
+from model_utils.launch import launch_env
 
 FACTOR = 1000.0
 KINDS = ("loss", "grad", "drop")

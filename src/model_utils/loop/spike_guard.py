@@ -17,8 +17,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from model_utils.arguments import GuardArgs
-from model_utils.concat_dataset import DataPosition
+from model_utils.config.arguments import GuardArgs
+from model_utils.data.block_cache import DataPosition
 
 # The next action after a step the guard judged.
 CONTINUE, ROLLBACK, STOP = "continue", "rollback", "stop"

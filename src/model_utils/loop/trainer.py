@@ -16,31 +16,22 @@ from typing import Any, NoReturn
 import numpy as np
 import torch
 
-from model_utils import (
-    activation_checkpointing,
-    batches,
-    checkpoint,
-    faults,
-    kernels,
-    launch_env,
-    launch_record,
-    lora,
-    metrics,
-    param_groups,
-    profiling,
-    spike_guard,
-    step_line,
-    walltime,
-)
-from model_utils.concat_dataset import BlockSampler, DataPosition, validation_indices
-from model_utils.distributed import DistInfo, all_reduce_mean, any_rank, decide_on_main, global_mean
-from model_utils.engine import Engine
+from model_utils.checkpoint import launch_record, protocol
+from model_utils.data import step_batches
+from model_utils.data.block_cache import BlockSampler, DataPosition, validation_indices
+from model_utils.engines.base import Engine
 from model_utils.errors import ConfigError, RunDiverged
-from model_utils.log import print0, warn0
-from model_utils.models import build_model
-from model_utils.preemption import StopRequest, slurm_restart_count
-from model_utils.preflight import ResolvedRun
-from model_utils.reporter import Reporter
+from model_utils.launch import launch_env, walltime
+from model_utils.launch.distributed import DistInfo, all_reduce_mean, any_rank, decide_on_main, global_mean
+from model_utils.launch.preemption import StopRequest, slurm_restart_count
+from model_utils.loop import faults, spike_guard
+from model_utils.model import activation_checkpointing, kernels, lora
+from model_utils.model.models import build_model
+from model_utils.observe import metrics, profiling, step_line
+from model_utils.observe.log import print0, warn0
+from model_utils.observe.reporter import Reporter
+from model_utils.optim import param_groups
+from model_utils.resolve.resolver import ResolvedRun
 
 
 @dataclass
@@ -103,7 +94,7 @@ def create_engine(run: ResolvedRun, dist: DistInfo) -> tuple[Engine, param_group
     model = lora.apply(model, cfg.lora, cfg.loop.seed)
     kernels.optimize_model(lora.hf_model(model), cfg.model, dist.device)
     if ds.backend == "fsdp":
-        from model_utils import fsdp_engine
+        from model_utils.engines import fsdp_engine
 
         # Sharding swaps every parameter for a DTensor: the decay groups are of the sharded ones.
         model = fsdp_engine.shard(model, dist.device, ds.precision == "bf16", ds.fsdp_cpu_offload)
@@ -124,7 +115,7 @@ def create_engine(run: ResolvedRun, dist: DistInfo) -> tuple[Engine, param_group
             cpu_offload=ds.fsdp_cpu_offload,
         )
         return engine, groups
-    from model_utils.deepspeed_engine import DeepSpeedEngine
+    from model_utils.engines.deepspeed_engine import DeepSpeedEngine
 
     engine = DeepSpeedEngine(model, run.deepspeed_config(), groups.optimizer_groups(), lr_scheduler=scheduler)
     return engine, groups
@@ -139,7 +130,7 @@ class Trainer:
         self.run, self.dist, self.cfg = run, dist, run.config
         self.max_steps: int = run.max_steps
         self.reporter: Reporter | None = None
-        self.batches: batches.StepBatches | None = None
+        self.batches: step_batches.StepBatches | None = None
         self.s3: Any = None
         self.profiler: profiling.StepProfiler | None = None
         self.fault: faults.FaultInjector | None = None
@@ -166,7 +157,7 @@ class Trainer:
             self.reporter = Reporter(
                 self.cfg, dist, self.max_steps, run.tokens_per_step, self.flops_per_token, peak_tflops
             )
-            self.batches = batches.StepBatches(run.train_blocks, self.sampler, dist.device)
+            self.batches = step_batches.StepBatches(run.train_blocks, self.sampler, dist.device)
             resolved = {**run.to_dict()["resolved"], "optimizer_groups": self.decay_groups.layout()}
             self.launch = launch_record.collect(
                 self.cfg.to_dict(), resolved, run.deepspeed_config(), dist.world_size
@@ -222,7 +213,7 @@ class Trainer:
         print0(step_line.resumed_line(target.path, state.step, pos.epoch, pos.consumed, self.engine.lr()))
         return state
 
-    def _load(self, target: checkpoint.ResumeTarget) -> tuple[TrainState, checkpoint.ResumeTarget]:
+    def _load(self, target: protocol.ResumeTarget) -> tuple[TrainState, protocol.ResumeTarget]:
         """The engine and the run's state from a checkpoint (a resume, a rollback); the target actually read."""
         # The world size is checked apart: another one is resumed whole through a universal copy.
         why_weights_only = launch_record.check_resume(
@@ -255,7 +246,7 @@ class Trainer:
                 "schedule state, resharded on load (Distributed Checkpoint)"
             )
         state = TrainState.from_dict(
-            checkpoint.load(self.engine, target, self.dist.rank, weights_only, universal)
+            protocol.load(self.engine, target, self.dist.rank, weights_only, universal)
         )
         if weights_only:
             warn0(
@@ -267,14 +258,14 @@ class Trainer:
         state.run_id = state.run_id or new_run_id(self.run.source.short_name)  # checkpoints of older kits
         return state, target
 
-    def _universal_copy(self, source: checkpoint.ResumeTarget, why: str) -> checkpoint.ResumeTarget:
+    def _universal_copy(self, source: protocol.ResumeTarget, why: str) -> protocol.ResumeTarget:
         """The universal copy of `source` in --checkpoint_dir, converted on rank 0 if not there yet (the
         other ranks wait); ConfigError on every rank when it cannot be made."""
         root = Path(self.cfg.checkpoint.checkpoint_dir)
         engine_type = type(self.engine)
 
         def convert() -> tuple[str, float | None]:
-            target, seconds = checkpoint.convert_universal(engine_type, source, root)
+            target, seconds = protocol.convert_universal(engine_type, source, root)
             return target.tag, seconds
 
         tag, seconds = decide_on_main(convert, self.dist)
@@ -283,13 +274,13 @@ class Trainer:
             f"{why}: resuming optimizer and lr schedule state through DeepSpeed's universal checkpoint "
             f"({how} {root / tag})"
         )
-        return checkpoint.ResumeTarget(root, tag)
+        return protocol.ResumeTarget(root, tag)
 
     def _s3_tier(self) -> Any:
         uri = self.cfg.checkpoint.s3_checkpoint_uri
         if uri is None or not self.dist.is_main:
             return None
-        from model_utils.s3_tier import S3Tier
+        from model_utils.storage.s3_tier import S3Tier
 
         return S3Tier(uri)  # access was checked in preflight, before the first step
 
@@ -392,7 +383,7 @@ class Trainer:
                 "run keeps diverging; lower --lr, or inspect the data around the skipped ranges in the metrics file"
             )
         root = Path(self.cfg.checkpoint.checkpoint_dir)
-        target = decide_on_main(lambda: checkpoint.newest_verified(root), self.dist)
+        target = decide_on_main(lambda: protocol.newest_verified(root), self.dist)
         if target is None:
             if must:
                 self._diverged(f"{why} and no verified checkpoint in {root} to roll back to: lower --lr")
@@ -466,7 +457,7 @@ class Trainer:
 
     def _val_batch(self, indices: np.ndarray) -> torch.Tensor:
         assert self.run.val_blocks is not None
-        return batches.gather(self.run.val_blocks, indices, pin=False).to(self.dist.device)
+        return step_batches.gather(self.run.val_blocks, indices, pin=False).to(self.dist.device)
 
     def log_step(self) -> None:
         assert self.reporter is not None
@@ -476,9 +467,9 @@ class Trainer:
     def save_checkpoint(self) -> None:
         assert self.reporter is not None
         started = time.perf_counter()
-        tag = checkpoint.checkpoint_tag(self.run.source.short_name, self.state.step)
+        tag = protocol.checkpoint_tag(self.run.source.short_name, self.state.step)
         self.state.guard = self.guard.state_dict()
-        request = checkpoint.SaveRequest(
+        request = protocol.SaveRequest(
             checkpoint_dir=self.cfg.checkpoint.checkpoint_dir,
             tag=tag,
             step=self.state.step,
@@ -486,16 +477,14 @@ class Trainer:
             config=self.cfg.to_dict(),
             launch=self.launch,
         )
-        final = checkpoint.save(
-            self.engine, request, self.dist.rank, self.run.model_config, self.run.tokenizer
-        )
+        final = protocol.save(self.engine, request, self.dist.rank, self.run.model_config, self.run.tokenizer)
         if final is not None:
             if self.s3 is not None:
                 self.s3.upload_async(final)  # in the background: training does not wait
             protect = {self.run.resume.tag} if self.run.resume else set()
             protect |= set(self.s3.pending()) if self.s3 is not None else set()
             ckpt = self.cfg.checkpoint
-            checkpoint.rotate(final.parent, ckpt.keep_checkpoints, protect, ckpt.keep_every_steps)
+            protocol.rotate(final.parent, ckpt.keep_checkpoints, protect, ckpt.keep_every_steps)
         seconds = time.perf_counter() - started
         if self.walltime is not None:
             self.walltime.record_save(seconds)

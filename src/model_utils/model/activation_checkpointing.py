@@ -25,7 +25,7 @@ import re
 from typing import Any
 
 from model_utils.errors import ConfigError
-from model_utils.log import print0
+from model_utils.observe.log import print0
 
 NONE, FULL = "none", "full"
 FORMS = "none, full, or every_N with N a whole number of layers (e.g. every_2: every second decoder layer)"

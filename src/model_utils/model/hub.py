@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from model_utils.errors import first_line
-from model_utils.log import print0
-from model_utils.models import ModelUnavailable
+from model_utils.model.models import ModelUnavailable
+from model_utils.observe.log import print0
 
 PIN_FILE = "hub-pins.json"
 DEFAULT_REVISION = "main"
@@ -73,7 +73,7 @@ def read_pins(checkpoint_dir: str | Path) -> dict[str, Any]:
 
 
 def write_pins(checkpoint_dir: str | Path, pins: dict[str, Snapshot]) -> None:
-    from model_utils.file_manifest import atomic_write_text
+    from model_utils.storage.file_manifest import atomic_write_text
 
     text = json.dumps({role: snap.to_dict() for role, snap in pins.items()}, indent=2, sort_keys=True)
     Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)

@@ -32,9 +32,9 @@ from typing import Any
 
 import torch
 
-from model_utils.arguments import REPO_ROOT, ModelArgs
+from model_utils.config.arguments import REPO_ROOT, ModelArgs
 from model_utils.errors import ConfigError
-from model_utils.log import print0
+from model_utils.observe.log import print0
 
 # --- DeepSpeed's JIT-built ops ------------------------------------------------------------------------------
 
@@ -91,7 +91,7 @@ def prepare_jit_env(environ: MutableMapping[str, str] = os.environ) -> None:
 
 def warm_deepspeed_ops(names: Iterable[str]) -> None:
     """Build (or load from the extensions dir) DeepSpeed's ops once, outside any timed run."""
-    from model_utils import startup
+    from model_utils.launch import startup
 
     prepare_jit_env()
     startup.import_deepspeed()

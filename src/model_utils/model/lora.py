@@ -26,9 +26,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from model_utils.arguments import LoraArgs, names_list
+from model_utils.config.arguments import LoraArgs, names_list
 from model_utils.errors import ConfigError
-from model_utils.log import print0
+from model_utils.observe.log import print0
 
 
 def peft_config(args: LoraArgs, base_model: str | None = None) -> Any:
@@ -111,7 +111,7 @@ def _shaping(args: LoraArgs | None) -> tuple[Any, ...] | None:
 def check_resume(tag_dir: Any, args: LoraArgs) -> None:
     """Refuse to resume a checkpoint whose parameters are not this run's: with or without LoRA, or another rank
     or module set (the names and shapes differ, so DeepSpeed could load none of it)."""
-    from model_utils import launch_record
+    from model_utils.checkpoint import launch_record
 
     launch = launch_record.read(tag_dir)
     if launch is None:

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from model_utils.config.presets import PRESETS, Preset
 from model_utils.errors import ConfigError, first_line
-from model_utils.presets import PRESETS, Preset
 
 if TYPE_CHECKING:
-    from model_utils.hub import Snapshot
+    from model_utils.model.hub import Snapshot
 
 MAX_DEFAULT_SEQ_LENGTH = 2048
 

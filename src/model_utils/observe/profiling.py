@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from model_utils.log import print0, warn0
+from model_utils.observe.log import print0, warn0
 
 TRACE_SUFFIX = ".pt.trace.json.gz"
 

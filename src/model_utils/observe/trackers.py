@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlparse
 
-from model_utils.arguments import REPORT_TO
+from model_utils.config.arguments import REPORT_TO
 from model_utils.errors import ConfigError, first_line
-from model_utils.log import print0, warn0
+from model_utils.observe.log import print0, warn0
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient

@@ -89,7 +89,7 @@ def deepspeed_lr_at(scheduler_section: dict[str, Any], peak_lr: float, iteration
     the real class on a one-parameter optimizer, so what is shown is what trains."""
     import torch
 
-    from model_utils import startup
+    from model_utils.launch import startup
 
     startup.import_deepspeed()
     from deepspeed.runtime import lr_schedules
@@ -107,7 +107,7 @@ def deepspeed_lr_at(scheduler_section: dict[str, Any], peak_lr: float, iteration
 def deepspeed_scheduler(scheduler_section: dict[str, Any], optimizer: Any) -> Any:
     """DeepSpeed's own scheduler class (cosine, constant) on any torch optimizer, constructed at iteration -1 as
     deepspeed.initialize does: what the FSDP engine runs, so both engines train the same lr."""
-    from model_utils import startup
+    from model_utils.launch import startup
 
     startup.import_deepspeed()
     from deepspeed.runtime import lr_schedules

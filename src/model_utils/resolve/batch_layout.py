@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from model_utils import startup
+from model_utils.launch import startup
 
 
 def trains_on_cuda() -> bool:

@@ -19,9 +19,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from model_utils import startup
-from model_utils.activation_checkpointing import checkpointed_layers, every_n_layers
 from model_utils.errors import ConfigError, first_line
+from model_utils.launch import startup
+from model_utils.model.activation_checkpointing import checkpointed_layers, every_n_layers
 
 GiB = 2**30
 OFFLOADS = ("none", "optimizer", "optimizer+params")
@@ -607,7 +607,7 @@ def resolve_liger(choice: str, model_type: str) -> bool:
     """--liger auto|on|off for a GPU run, decided as kernels.plan decides it on a CUDA device."""
     if choice == "off":
         return False
-    from model_utils.kernels import liger_model_types
+    from model_utils.model.kernels import liger_model_types
 
     types = liger_model_types()
     if types is not None and model_type in types:
@@ -629,7 +629,7 @@ def resolve_layout(
     on_gpus: bool = True,
 ) -> tuple[ModelShape, ZeroLayout]:
     """The shape and layout of a resolved run's settings (preflight.RunSettings)."""
-    from model_utils.arguments import AUTO
+    from model_utils.config.arguments import AUTO
 
     cfg, ds, model_config = settings.config, settings.deepspeed, settings.model_config
     # A micro batch of "auto" (probed on the GPU at launch) is estimated at 1, the smallest the probe picks.
@@ -667,7 +667,7 @@ def with_lora(shape: ModelShape, model_config: Any, lora_args: Any) -> ModelShap
     import torch
     from transformers import AutoModelForCausalLM
 
-    from model_utils import lora
+    from model_utils.model import lora
 
     with torch.device("meta"):
         model = lora.wrap(AutoModelForCausalLM.from_config(model_config), lora_args)

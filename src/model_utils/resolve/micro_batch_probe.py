@@ -26,12 +26,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from model_utils import activation_checkpointing, batch_layout, kernels
 from model_utils.errors import ConfigError
-from model_utils.log import print0
+from model_utils.model import activation_checkpointing, kernels
+from model_utils.observe.log import print0
+from model_utils.resolve import batch_layout
 
 if TYPE_CHECKING:
-    from model_utils.preflight import RunSettings
+    from model_utils.resolve.resolver import RunSettings
 
 HEADROOM = 0.9  # a candidate must peak under this fraction of the GPU's memory
 MAX_MICRO_BATCH = 256  # the probe stops here even when more would fit

@@ -19,24 +19,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from model_utils import (
-    accelerate_env,
-    activation_checkpointing,
-    batch_layout,
-    checkpoint,
-    concat_dataset,
-    deepspeed_config,
-    hub,
-    launch_record,
-    lora,
-    models,
-    startup,
-    token_shards,
-)
-from model_utils.arguments import AUTO, CUDA_GLOBAL_BATCH_TOKENS, TrainConfig
-from model_utils.deepspeed_config import DeepSpeedSettings
+from model_utils.checkpoint import launch_record, protocol
+from model_utils.config.arguments import AUTO, CUDA_GLOBAL_BATCH_TOKENS, TrainConfig
+from model_utils.data import block_cache, token_shards
+from model_utils.engines import deepspeed_config
+from model_utils.engines.deepspeed_config import DeepSpeedSettings
 from model_utils.errors import ConfigError
-from model_utils.log import print0
+from model_utils.launch import accelerate_env, startup
+from model_utils.model import activation_checkpointing, hub, lora, models
+from model_utils.observe.log import print0
+from model_utils.resolve import batch_layout
 
 
 @dataclass(frozen=True)
@@ -83,7 +75,7 @@ class ResolvedRun:
     tokenizer: Any
     train_blocks: token_shards.TokenBlocks
     val_blocks: token_shards.TokenBlocks | None
-    resume: checkpoint.ResumeTarget | None
+    resume: protocol.ResumeTarget | None
     world_size: int | None  # None outside the ranks (`dskit prepare`/`config`): per-rank values stay open
     micro_batch_size: int | str  # AUTO only outside the ranks: rank 0 probes its GPU
     steps_per_epoch: int | None
@@ -232,7 +224,7 @@ def choose_default_config(settings: RunSettings, gpu_bytes: int, world_size: int
     ~0.22 s an optimizer step on a 0.6B model, docs/speed.md) where the memory estimate of it, at this run's
     micro batch (auto: 1, the least the probe picks), fits the GPU; else the offload default. One log line says
     which and why."""
-    from model_utils import memory_estimate
+    from model_utils.resolve import memory_estimate
 
     cfg = settings.config
     on_gpu = deepspeed_config.resolve(cfg, gpu_only=True)
@@ -325,13 +317,13 @@ def _blocks_or_error(
     return blocks
 
 
-def _select_resume(cfg: TrainConfig) -> checkpoint.ResumeTarget | None:
+def _select_resume(cfg: TrainConfig) -> protocol.ResumeTarget | None:
     """The newest verified local checkpoint; with an S3 tier and none local, the newest complete one in S3."""
     ckpt = cfg.checkpoint
-    target = checkpoint.select_resume(ckpt.checkpoint_dir, ckpt.resume_from_checkpoint)
+    target = protocol.select_resume(ckpt.checkpoint_dir, ckpt.resume_from_checkpoint)
     if ckpt.s3_checkpoint_uri is None:
         return target
-    from model_utils import s3_tier
+    from model_utils.storage import s3_tier
 
     tier = s3_tier.S3Tier(ckpt.s3_checkpoint_uri)
     tier.check_access()
@@ -342,7 +334,7 @@ def _select_resume(cfg: TrainConfig) -> checkpoint.ResumeTarget | None:
         return None
     print0(f"No verified local checkpoint: downloading {tag} from {ckpt.s3_checkpoint_uri}")
     tier.download(tag, Path(ckpt.checkpoint_dir))
-    return checkpoint.select_resume(ckpt.checkpoint_dir, None)
+    return protocol.select_resume(ckpt.checkpoint_dir, None)
 
 
 def _here(fn: Callable[[], Any]) -> Any:
@@ -369,13 +361,13 @@ def prepare(
         cfg, _rank_gpu_bytes(world_size), world_size or 1, on_ranks=world_size is not None
     )
     assert settings.config is cfg  # the batch decided below replaces settings.deepspeed in the run's copy
-    checkpoint.check_writable(cfg.checkpoint.checkpoint_dir)
+    protocol.check_writable(cfg.checkpoint.checkpoint_dir)
     on_ranks = world_size is not None
     settings = dataclasses.replace(settings, tokenizer=_hub_tokenizer(cfg, settings.source, on_ranks))
     if fetch_hub:
         settings = _fetch_hub(settings)
     if cfg.report.tracking_uri is not None:
-        from model_utils import trackers
+        from model_utils.observe import trackers
 
         # Fails in seconds when a tracking server is down, not after MLflow's minutes of retries.
         decide_once(lambda: trackers.check_reachable(cfg.report.tracking_uri))
@@ -394,7 +386,7 @@ def prepare(
     tokenizer = models.load_tokenizer(settings.source, cfg.model.tokenizer, settings.tokenizer)
     models.check_vocab(tokenizer, settings.model_config)
     tokenizer_name = cfg.model.tokenizer or settings.source.name
-    dataset = concat_dataset.prepared(cfg.data, cfg.explicit, tokenizer, tokenizer_name, run_first)
+    dataset = block_cache.prepared(cfg.data, cfg.explicit, tokenizer, tokenizer_name, run_first)
     seq = settings.seq_length
     train_blocks = _blocks_or_error(dataset, "train", cfg, seq)
     val_blocks = _blocks_or_error(dataset, "validation", cfg, seq) if dataset.holds_validation else None
@@ -478,7 +470,7 @@ def _check_mlflow_parent(cfg: TrainConfig, decide_once: Callable[[Callable[[], A
     report = cfg.report
     if report.report_to != "mlflow":
         return
-    from model_utils import trackers
+    from model_utils.observe import trackers
 
     parent = report.mlflow_parent_run_id
     trackers.take_env_run_id(parent)
@@ -532,7 +524,7 @@ def _micro_batch(
     if world_size is None:
         print0("--micro_batch_size auto: probed on the GPU by the training ranks when they start")
         return AUTO
-    from model_utils import autobatch
+    from model_utils.resolve import micro_batch_probe
 
     n_val = None if val_blocks is None else len(val_blocks)
-    return decide_once(lambda: autobatch.resolve(settings, len(train_blocks), n_val, world_size))
+    return decide_once(lambda: micro_batch_probe.resolve(settings, len(train_blocks), n_val, world_size))

@@ -31,9 +31,9 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-from model_utils import file_manifest
 from model_utils.errors import ConfigError
-from model_utils.log import print0, warn0
+from model_utils.observe.log import print0, warn0
+from model_utils.storage import file_manifest
 
 T = TypeVar("T")
 

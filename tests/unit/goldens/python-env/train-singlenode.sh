@@ -55,7 +55,7 @@ setup_python() {
   if [[ -n "$WHEELHOUSE" ]]; then
     local base=${DSKIT_PYTHON:-python3} overlay=()
     [[ -z "$DSKIT_PYTHON" ]] || overlay=(--overlay)
-    "$base" -m dskit.wheelhouse install "$WHEELHOUSE" --venv .venv "${overlay[@]}" || exit "$?"
+    "$base" -m dskit.env.wheelhouse install "$WHEELHOUSE" --venv .venv "${overlay[@]}" || exit "$?"
     py=("$PWD/.venv/bin/python")
   elif [[ -n "$DSKIT_PYTHON" ]]; then
     py=("$DSKIT_PYTHON")
@@ -74,7 +74,7 @@ setup_python() {
 # versions this run uses.
 probe() {
   local versions
-  versions=$("${py[@]}" -m dskit.python_env probe) || exit "$?"
+  versions=$("${py[@]}" -m dskit.env.python_env probe) || exit "$?"
   read -r gpus python_version torch_version torch_cuda deepspeed_version <<<"$versions"
   echo "Versions: python $python_version, torch $torch_version (CUDA $torch_cuda), deepspeed $deepspeed_version"
 }
