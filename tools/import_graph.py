@@ -81,14 +81,12 @@ def _is_type_checking(test: ast.expr) -> bool:
 
 
 def graph() -> tuple[dict[str, Path], dict[str, set[str]], dict[str, set[str]]]:
-    """(modules, all edges, deferred edges). A package's own __init__ importing its children is not an edge."""
+    """(modules, all edges, deferred edges); imports under `if TYPE_CHECKING:` count (they couple modules too)."""
     known = modules()
     edges: dict[str, set[str]] = defaultdict(set)
     deferred: dict[str, set[str]] = defaultdict(set)
     for name, path in known.items():
         for target, is_deferred in imports(name, path, known):
-            if path.name == "__init__.py" and target.startswith(name + "."):
-                continue
             edges[name].add(target)
             if is_deferred:
                 deferred[name].add(target)

@@ -10,6 +10,10 @@ class ConfigError(ValueError):
     """Bad input from the user (flags, config files, data, paths). Reported as one line, exit status 2."""
 
 
+class ModelUnavailable(ConfigError):
+    """A model, config or tokenizer that could not be loaded from the hub or the HF cache (offline?)."""
+
+
 class RunDiverged(RuntimeError):
     """The spike guard stopped the run (a requeue would only repeat it). One line, exit status 4."""
 

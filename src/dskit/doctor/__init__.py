@@ -14,7 +14,7 @@ import socket
 from typing import Any
 
 from model_utils.config.arguments import TrainConfig, parse_args
-from model_utils.errors import ConfigError, first_line
+from model_utils.errors import ConfigError, ModelUnavailable, first_line
 
 from .context import GpuProbe, LaunchContext, probe_gpus, ranks_per_node
 from .cuda import check_driver, check_gpus, check_toolkit, driver_verdict
@@ -72,7 +72,6 @@ def diagnose(cfg: TrainConfig, ctx: LaunchContext) -> tuple[list[Result], Any]:
     import torch
 
     from model_utils.engines import deepspeed_config
-    from model_utils.model import models
     from model_utils.resolve import resolver
 
     gpus = probe_gpus()
@@ -82,7 +81,7 @@ def diagnose(cfg: TrainConfig, ctx: LaunchContext) -> tuple[list[Result], Any]:
     try:  # a hub model needs the network or the HF cache: `dskit prepare` reports that in full
         settings = resolver.resolve_settings(cfg)  # a misspelt --model or a bad DeepSpeed config: exit 2
         half = settings.deepspeed.half_precision
-    except models.ModelUnavailable as e:
+    except ModelUnavailable as e:
         model_error = str(e)
         half = deepspeed_config.resolve(cfg).half_precision
     n_params: int | None = None

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from dskit.env import wheelhouse
+from dskit.env.uv import uv_command
 from model_utils.config.arguments import REPO_ROOT
 from model_utils.errors import first_line
 from model_utils.launch import startup
@@ -22,20 +23,6 @@ from .context import LaunchContext, _run
 from .report import Result, Status
 
 # --- 1. the uv environment ------------------------------------------------------------------------------
-
-
-def _uv_command() -> list[str] | None:
-    """uv on PATH, else the one the launchers bootstrap with pip (`python3 -m uv`)."""
-    if found := shutil.which("uv"):
-        return [found]
-    python3 = shutil.which("python3")
-    if python3:
-        try:
-            if _run([python3, "-m", "uv", "--version"]).returncode == 0:
-                return [python3, "-m", "uv"]
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-    return None
 
 
 def check_uv(project: Path = REPO_ROOT, python_prefix: Path = Path(sys.prefix)) -> Result:
@@ -62,7 +49,7 @@ def check_uv(project: Path = REPO_ROOT, python_prefix: Path = Path(sys.prefix)) 
             f"{env_dir} was installed from a wheelhouse of another uv.lock",
             "launch once with WHEELHOUSE=DIR built from this checkout (make wheelhouse)",
         )
-    uv = _uv_command()
+    uv = uv_command()
     if uv is None:
         return Result(
             name,

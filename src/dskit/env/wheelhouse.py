@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from dskit.env.uv import uv_command
+
 MANIFEST = "dskit-wheelhouse.json"
 REQUIREMENTS = "requirements.txt"
 # pytest for the gpu tests of `make gpu-check` (a container with no network has no pytest either)
@@ -165,10 +167,8 @@ def choose_files(lock: dict, pins: list[tuple[str, str]], tag_order: list) -> li
 
 
 def _uv() -> list[str]:
-    """uv as `make env` bootstrapped it (the doctor's lookup: on PATH, or `python3 -m uv`)."""
-    from dskit.doctor.environment import _uv_command
-
-    uv = _uv_command()
+    """uv as `make env` bootstrapped it (on PATH, or `python3 -m uv`)."""
+    uv = uv_command()
     if uv is None:
         raise WheelhouseError("uv not found (neither `uv` nor `python3 -m uv`): python3 -m pip install uv")
     return uv

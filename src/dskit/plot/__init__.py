@@ -11,12 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dskit.plot.png import save_png
 from model_utils.errors import CommandParser, ConfigError, first_line
 from model_utils.observe import step_line
 
@@ -205,16 +205,6 @@ def render(run: RunSeries, out: Path) -> None:
         save_png(fig, out)
     finally:
         plt.close(fig)
-
-
-def save_png(fig: Any, out: Path) -> None:
-    """Through a temp file and a rename: a failed write leaves any earlier plot at `out` as it was."""
-    partial = out.with_name(f".{out.name}.partial")
-    try:
-        fig.savefig(partial, format="png", dpi=100)
-        os.replace(partial, out)
-    finally:
-        partial.unlink(missing_ok=True)
 
 
 def _check_output(out: Path, inputs: tuple[Path, ...]) -> None:

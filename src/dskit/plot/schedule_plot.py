@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dskit.plot import save_png
+from dskit.plot.png import save_png
 from model_utils.config.arguments import parse_args
 from model_utils.engines import deepspeed_config
 from model_utils.errors import ConfigError, first_line

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from model_utils.errors import first_line
-from model_utils.model.models import ModelUnavailable
+from model_utils.errors import ModelUnavailable, first_line
 from model_utils.observe.log import print0
 
 PIN_FILE = "hub-pins.json"

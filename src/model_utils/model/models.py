@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from model_utils.config.presets import PRESETS, Preset
-from model_utils.errors import ConfigError, first_line
+from model_utils.errors import ConfigError, ModelUnavailable, first_line
 
 if TYPE_CHECKING:
     from model_utils.model.hub import Snapshot
@@ -72,10 +72,6 @@ def resolve_model_source(name: str) -> ModelSource:
             "and not a hub id of the form org/name"
         )
     return ModelSource(name=name)
-
-
-class ModelUnavailable(ConfigError):
-    """A model, config or tokenizer that could not be loaded from the hub or the HF cache (offline?)."""
 
 
 def _hub_error(what: str, name: str, err: Exception) -> ConfigError:
