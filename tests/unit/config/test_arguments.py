@@ -15,7 +15,7 @@ from model_utils.engines import deepspeed_config
 from model_utils.engines.deepspeed_config import DeepSpeedSettings
 from model_utils.errors import ConfigError
 
-SRC = Path(__file__).resolve().parents[2] / "src"
+SRC = Path(__file__).resolve().parents[3] / "src"
 DEFAULT_DS = str(SRC.parent / "deepspeed" / "ds_config.json")
 DOCS = SRC.parent / "docs"
 

@@ -14,7 +14,7 @@ from model_utils.config.arguments import parse_args
 from model_utils.engines import deepspeed_config
 from model_utils.errors import ConfigError
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def write(path: Path, text: str) -> str:

@@ -22,7 +22,7 @@ from dskit.estimate import GiB, ZeroLayout
 from model_utils.config.presets import PRESETS
 from support.traced_memory import traced_activation_peak
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 # (ZeRO stage, offload) pairs DeepSpeed's estimators cover.
 DS_CASES = [(2, "none"), (2, "optimizer"), (3, "none"), (3, "optimizer"), (3, "optimizer+params")]
 

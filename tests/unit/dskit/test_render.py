@@ -16,7 +16,7 @@ import pytest
 from dskit import cli, render
 from model_utils.errors import ConfigError
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 # Every rendered script; the training launchers among them (prepare-data.sbatch runs no training).
 SCRIPTS = tuple(render.RENDERED)
 LAUNCHERS = tuple(render.SCRIPTS)
@@ -95,8 +95,8 @@ def test_golden_renders(tmp_path: Path, golden: str) -> None:
     render_to(tmp_path, "--values", str(GOLDENS / golden / "values.yaml"))
     for name in SCRIPTS:
         assert (tmp_path / name).read_text() == (GOLDENS / golden / name).read_text(), (
-            f"{name} differs from tests/unit/goldens/{golden}/{name}: review the diff, then regenerate with "
-            f"`.venv/bin/dskit render --values tests/unit/goldens/{golden}/values.yaml --out tests/unit/goldens/{golden}`"
+            f"{name} differs from tests/unit/dskit/goldens/{golden}/{name}: review the diff, then regenerate with "
+            f"`.venv/bin/dskit render --values tests/unit/dskit/goldens/{golden}/values.yaml --out tests/unit/dskit/goldens/{golden}`"
         )
 
 

@@ -21,7 +21,7 @@ from model_utils.errors import ConfigError
 from model_utils.launch import accelerate_env
 from model_utils.launch.accelerate_env import AccelerateRequest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 ACCELERATE = Path(sys.executable).parent / "accelerate"
 ZERO3 = str(REPO / "deepspeed" / "ds_config_zero3.json")
 SHIPPED = REPO / "configs" / "accelerate" / "deepspeed-zero2.yaml"

@@ -27,7 +27,7 @@ from model_utils.model import kernels
 from model_utils.resolve import micro_batch_probe, resolver
 from support.small_trainer import make_trainer
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
 

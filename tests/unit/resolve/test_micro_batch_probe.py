@@ -33,7 +33,7 @@ from model_utils.model import kernels
 from model_utils.resolve import micro_batch_probe, resolver
 from support.fake_gpu import FakeGpuMemory
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CPU = torch.device("cpu")
 _PLAIN = kernels.Plan(liger=False, compile=False)  # Liger needs Triton on a GPU (or the interpreter above)
 

@@ -16,7 +16,7 @@ import pytest
 from dskit import cli
 from support.deepspeed_files import config_with
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DS = str(REPO / "deepspeed" / "ds_config.json")
 
 

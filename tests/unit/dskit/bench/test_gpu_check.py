@@ -21,7 +21,7 @@ import torch
 from dskit import cli
 from dskit.bench import gpu_check
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[4]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU subset; on a GPU `make gpu-check` is the run")

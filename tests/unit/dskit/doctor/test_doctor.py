@@ -23,7 +23,7 @@ from dskit.doctor import GpuProbe, LaunchContext, Status
 from model_utils.config.arguments import DataArgs
 from support.s3_server import S3Env
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[4]
 QWEN3_0_6B_PARAMS = 596_049_920  # tests/test_models.py checks the preset is the real architecture
 
 NO_GPU = GpuProbe(smi_count=0, torch_count=0, names=(), driver=None, memory_bytes=None, smi_error=None)

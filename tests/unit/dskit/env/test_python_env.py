@@ -13,7 +13,7 @@ import torch as torch_module
 
 from dskit.env import python_env
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[4]
 
 
 def fake_distribution(site: Path, name: str, version: str) -> None:

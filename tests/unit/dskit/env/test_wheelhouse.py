@@ -19,7 +19,7 @@ from packaging.utils import parse_wheel_filename
 
 from dskit.env import wheelhouse
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[4]
 LOCK = tomllib.loads((REPO / "uv.lock").read_text())
 
 
