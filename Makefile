@@ -34,7 +34,7 @@ env: tools
 # DeepSpeed compiles its CPU ops on first use (~1-2 min each); do it once here, not inside a timed test.
 # Through the same set-up as training (model_utils.model.kernels.prepare_jit_env: extensions dir, TORCH_CUDA_ARCH_LIST).
 warm: env
-	$(PY) -c "from model_utils import kernels; kernels.warm_deepspeed_ops(['ShareMemCommBuilder', 'CPUAdamBuilder'])"
+	$(PY) -c "from model_utils.model import kernels; kernels.warm_deepspeed_ops(['ShareMemCommBuilder', 'CPUAdamBuilder'])"
 
 lint: env
 	.venv/bin/ruff format --check src tests examples

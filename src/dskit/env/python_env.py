@@ -162,7 +162,7 @@ def probe() -> str:
 
 
 def main(argv: list[str]) -> int:
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     if argv == ["missing"]:
         problems = unmet(requirements(repo))
         print("\n".join(install_arguments(problems) if problems else []))

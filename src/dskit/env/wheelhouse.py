@@ -446,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     i.add_argument("--test_tools", action="store_true", help="also pytest, for make gpu-check's gpu tests")
     args = parser.parse_args(argv)
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     try:
         if args.command == "build":
             glibc = args.glibc or platform.libc_ver()[1]

@@ -43,7 +43,7 @@ from types import FrameType
 from model_utils.errors import ConfigError
 from model_utils.launch import launch_env
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TRAIN_SCRIPT = REPO / "src" / "train_deepspeed.py"
 DEFAULT_BASE = "/opt/ml"
 DEFAULT_MASTER_PORT = 29500

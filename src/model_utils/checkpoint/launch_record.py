@@ -19,7 +19,7 @@ from typing import Any
 
 from model_utils.errors import ConfigError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 # Keys of a transformers config that define the architecture; others (dtype, name, ...) may change freely.
 ARCHITECTURE_KEYS = (
     "model_type",

@@ -29,7 +29,7 @@ from model_utils.launch import accelerate_env
 from model_utils.model import activation_checkpointing
 from model_utils.optim.schedules import DECAY_TYPES, SCHEDULES
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 AUTO = "auto"
 CONFIG = "config"  # --config RUN.yaml: the run file (run_file.py), not a field: it sets the fields
 LIGER_CHOICES = (AUTO, "on", "off")

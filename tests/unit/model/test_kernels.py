@@ -225,7 +225,7 @@ def test_training_and_the_warm_step_share_the_jit_env_setup() -> None:
     makefile = (REPO / "Makefile").read_text()
     warm = makefile[makefile.index("\nwarm:") :].split("\n\n")[0]
     assert "kernels.warm_deepspeed_ops(" in warm
-    assert "kernels.optimize_model(" in (REPO / "src" / "model_utils" / "trainer.py").read_text()
+    assert "kernels.optimize_model(" in (REPO / "src" / "model_utils" / "loop" / "trainer.py").read_text()
 
 
 # --- --micro_batch_size auto ------------------------------------------------------------------------------
