@@ -1,12 +1,11 @@
-"""Checkpoints that never lie: manifests, verified resume with fallback, rotation, launch manifests.
-
-The fast tests build tag directories by hand; the crash tests (marked e2e) kill a real 2-rank DeepSpeed run
-with SIGKILL at each point of a save, then check what the next start resumes from.
+"""Checkpoints that never lie, against real saves: the crash tests (marked e2e) kill a real 2-rank DeepSpeed run
+with SIGKILL at each point of a save, then check what the next start resumes from; a world-size change, a full
+disk and the S3 tier. The tests on tag directories built by hand are beside the code: tests/unit/checkpoint/
+(test_protocol.py, test_launch_record.py) and tests/unit/storage/test_file_manifest.py.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -15,178 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from model_utils.checkpoint import launch_record, protocol
-from model_utils.config.presets import PRESETS
-from model_utils.errors import ConfigError
+from model_utils.checkpoint import protocol
 from model_utils.storage import file_manifest
 from support.torchrun import ENV
 from support.torchrun import run_torchrun as torchrun
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def fake_tag(root: Path, step: int, size: int = 1000, with_manifest: bool = True) -> Path:
-    tag_dir = root / f"tiny_qwen3-{step}steps"
-    tag_dir.mkdir(parents=True)
-    (tag_dir / protocol.MODEL_STATES).write_bytes(os.urandom(size))
-    (tag_dir / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(os.urandom(size))
-    if with_manifest:
-        file_manifest.write(tag_dir, file_manifest.build(tag_dir, {"tag": tag_dir.name, "step": step}))
-    return tag_dir
-
-
-def test_manifest_detects_missing_short_and_corrupt_files(tmp_path: Path) -> None:
-    tag = fake_tag(tmp_path, 10)
-    assert file_manifest.verify(tag) is None
-    shard = tag / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"
-    data = shard.read_bytes()
-    shard.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # same size, one bit flipped
-    assert "does not match its checksum" in file_manifest.verify(tag)
-    shard.write_bytes(data[:500])
-    assert "has 500 bytes, the manifest says 1000" in file_manifest.verify(tag)
-    shard.unlink()
-    assert "is missing" in file_manifest.verify(tag)
-    (tag / file_manifest.MANIFEST).unlink()
-    assert "no readable dskit_manifest.json" in file_manifest.verify(tag)
-
-
-def test_resume_falls_back_past_bad_tags_with_a_warning(tmp_path: Path, capsys) -> None:
-    fake_tag(tmp_path, 10)
-    good = fake_tag(tmp_path, 20)
-    corrupt = fake_tag(tmp_path, 30)
-    (corrupt / protocol.MODEL_STATES).write_bytes(b"x" * 1000)
-    fake_tag(tmp_path, 40, with_manifest=False)  # a save that died before its manifest
-    (tmp_path / ".staging-tiny_qwen3-50steps").mkdir()  # and one that died earlier still
-    (tmp_path / "latest").write_text("tiny_qwen3-40steps")
-    target = protocol.select_resume(str(tmp_path), None)
-    assert target is not None and target.path == good
-    out = capsys.readouterr().out
-    assert "skipping checkpoint" in out and "tiny_qwen3-40steps: no readable dskit_manifest.json" in out
-    assert "tiny_qwen3-30steps: mp_rank_00_model_states.pt does not match its checksum" in out
-    assert "names 'tiny_qwen3-40steps', which is not the newest verified checkpoint" in out
-
-
-@pytest.mark.parametrize("latest", ["", "tiny_qwen3-2", "garbage\x00\x01"])
-def test_empty_or_truncated_latest_falls_back(tmp_path: Path, latest: str, capsys) -> None:
-    fake_tag(tmp_path, 1)
-    newest = fake_tag(tmp_path, 2)
-    (tmp_path / "latest").write_text(latest)
-    assert protocol.select_resume(str(tmp_path), None).path == newest
-    assert "latest" in capsys.readouterr().out
-
-
-def test_no_checkpoint_is_a_fresh_start_but_an_explicit_resume_is_an_error(tmp_path: Path) -> None:
-    assert protocol.select_resume(str(tmp_path / "nothing-yet"), None) is None
-    with pytest.raises(ConfigError, match="holds no verified checkpoint"):
-        protocol.select_resume(str(tmp_path), str(tmp_path))
-    tag = fake_tag(tmp_path, 5)
-    assert protocol.select_resume("unused", str(tag)).path == tag  # a tag dir directly
-    (tag / protocol.MODEL_STATES).write_bytes(b"")
-    with pytest.raises(ConfigError, match="is damaged"):
-        protocol.select_resume("unused", str(tag))
-
-
-def test_rotation_keeps_the_newest_and_the_protected(tmp_path: Path) -> None:
-    for step in (10, 20, 30, 40, 50):
-        fake_tag(tmp_path, step)
-    fake_tag(tmp_path, 60, with_manifest=False)  # unverified: not counted, not deleted by rotation
-    deleted = protocol.rotate(tmp_path, keep=2, protect={"tiny_qwen3-10steps"})
-    assert sorted(deleted) == ["tiny_qwen3-20steps", "tiny_qwen3-30steps"]
-    left = sorted(p.name for p in tmp_path.iterdir())
-    assert left == ["tiny_qwen3-10steps", "tiny_qwen3-40steps", "tiny_qwen3-50steps", "tiny_qwen3-60steps"]
-
-
-def test_rotation_removes_a_universal_copy_with_its_tag(tmp_path: Path) -> None:
-    for step in (10, 20, 30):
-        fake_tag(tmp_path, step)
-    for step in (10, 20):  # universal copies (a world-size change resumed from them): never resume candidates
-        copy = tmp_path / protocol.universal_tag(f"tiny_qwen3-{step}steps")
-        copy.mkdir()
-        (copy / protocol.MODEL_STATES).write_bytes(b"x")
-    assert protocol.select_resume(str(tmp_path), None).tag == "tiny_qwen3-30steps"
-    assert protocol.rotate(tmp_path, keep=1, protect={"tiny_qwen3-10steps"}) == ["tiny_qwen3-20steps"]
-    left = sorted(p.name for p in tmp_path.iterdir())
-    assert left == ["tiny_qwen3-10steps", "tiny_qwen3-10steps-universal", "tiny_qwen3-30steps"]
-
-
-def test_rotation_keeps_every_nth_step_permanently(tmp_path: Path) -> None:
-    for step in (10, 20, 30, 40, 50, 60):
-        fake_tag(tmp_path, step)
-    deleted = protocol.rotate(tmp_path, keep=1, protect=set(), keep_every=20)
-    assert sorted(deleted) == ["tiny_qwen3-10steps", "tiny_qwen3-30steps", "tiny_qwen3-50steps"]
-    left = sorted(p.name for p in tmp_path.iterdir())
-    assert left == ["tiny_qwen3-20steps", "tiny_qwen3-40steps", "tiny_qwen3-60steps"]
-    fake_tag(tmp_path, 70)
-    assert protocol.rotate(tmp_path, keep=1, protect=set(), keep_every=20) == []  # 60 is a multiple of 20
-    assert protocol.rotate(tmp_path, keep=1, protect=set(), keep_every=None) == [
-        "tiny_qwen3-60steps", "tiny_qwen3-40steps", "tiny_qwen3-20steps"
-    ]  # fmt: skip
-
-
-def _launch_tag(tmp_path: Path, world_size: int = 2, seq_length: int = 64) -> tuple[Path, object]:
-    config = PRESETS["tiny-qwen3"].build_config()
-    tag = fake_tag(tmp_path, 4)
-    config.save_pretrained(tag / "hf_config")
-    # As a run with the default --seq_length records it: the user's config says None, the resolved run 64.
-    launch = {
-        "config": {"data": {"seq_length": None}},
-        "resolved": {"seq_length": seq_length},
-        "world_size": world_size,
-    }
-    (tag / "launch.json").write_text(json.dumps(launch))
-    return tag, config
-
-
-def test_launch_manifest_refuses_another_architecture_or_sequence_length(tmp_path: Path) -> None:
-    tag, config = _launch_tag(tmp_path)
-    assert launch_record.check_resume(tag, config, 64, world_size=2) is None
-    # Weights only: another world size, or optimizer groups this checkpoint was not saved with.
-    assert launch_record.check_resume(tag, config, 64, world_size=1) == "world size changed from 2 to 1"
-    why = launch_record.check_resume(tag, config, 64, world_size=2, optimizer_groups=[[3, 100], [2, 8]])
-    assert (
-        why
-        == "the optimizer's parameter groups changed from one group (a kit before weight-decay groups) to [[3, 100], [2, 8]]"
-    )
-    wider = PRESETS["tiny-qwen3"].build_config()
-    wider.hidden_size = 128
-    with pytest.raises(ConfigError, match="has hidden_size=64 but the model now has hidden_size=128"):
-        launch_record.check_resume(tag, wider, 64, world_size=2)
-    with pytest.raises(ConfigError, match="was trained with --seq_length 64, not 128"):
-        launch_record.check_resume(tag, config, 128, world_size=2)
-    # A checkpoint of a kit before the resolved run: the resolved length was written into the config.
-    (tag / "launch.json").write_text(json.dumps({"config": {"data": {"seq_length": 64}}, "world_size": 2}))
-    assert launch_record.check_resume(tag, config, 64, world_size=2) is None
-    with pytest.raises(ConfigError, match="was trained with --seq_length 64, not 128"):
-        launch_record.check_resume(tag, config, 128, world_size=2)
-
-
-def test_launch_manifest_records_how_the_run_was_launched(monkeypatch) -> None:
-    monkeypatch.setenv("NCCL_DEBUG", "INFO")
-    monkeypatch.setenv("FI_PROVIDER", "efa")
-    monkeypatch.setenv("CUDA_VERSION", "12.9")
-    monkeypatch.setenv("SLURM_JOB_NODELIST", "node[1-2]")
-    info = launch_record.collect(
-        {"a": 1}, {"seq_length": 64}, {"zero_optimization": {"stage": 2}}, world_size=16
-    )
-    assert (info["config"], info["resolved"]) == ({"a": 1}, {"seq_length": 64})
-    assert info["env"] == {"FI_PROVIDER": "efa", "NCCL_DEBUG": "INFO"}
-    assert (info["nodes"], info["world_size"], info["cuda_version"]) == ("node[1-2]", 16, "12.9")
-    assert info["uv_lock_sha256"] and len(info["uv_lock_sha256"]) == 64
-    # The tests run from a git checkout (CI clones the repo): the record names its exact commit.
-    head = subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    assert len(head) == 40 and info["git_commit"] == head
-
-
-def test_launch_manifest_has_no_commit_outside_a_git_checkout(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(launch_record, "REPO_ROOT", tmp_path)  # the kit unpacked from an archive, say
-    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))  # no repo above tmp_path either
-    for name in ("GIT_DIR", "GIT_WORK_TREE"):
-        monkeypatch.delenv(name, raising=False)
-    info = launch_record.collect({}, {}, {}, world_size=1)
-    assert info["git_commit"] is None
-    assert info["uv_lock_sha256"] is None  # no uv.lock there either
 
 
 # --- real crashes ---------------------------------------------------------------------------------------
