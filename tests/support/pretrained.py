@@ -1,5 +1,6 @@
-"""A "pretrained" model without the hub: the tiny-qwen3 preset saved with its tokenizer, like a downloaded model
-dir (what --model takes as a local dir; LoRA refuses presets, which are random init)."""
+"""Tiny models without the hub: the tiny-qwen3 preset in memory (seeded, fp32 by default), and saved with its
+tokenizer as a "pretrained" model dir (what --model takes as a local dir; LoRA refuses presets, which are random
+init)."""
 
 from __future__ import annotations
 
@@ -18,3 +19,13 @@ def save_tiny_qwen3(out: Path, seed: int = 0) -> Path:
     AutoModelForCausalLM.from_config(PRESETS["tiny-qwen3"].build_config()).save_pretrained(out)
     AutoTokenizer.from_pretrained(TOKENIZER_DIR).save_pretrained(out)
     return out
+
+
+def tiny_model(dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.nn.Module:
+    """The tiny-qwen3 preset, randomly initialised from `seed`, with SDPA attention."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(
+        PRESETS["tiny-qwen3"].build_config(), attn_implementation="sdpa", dtype=dtype
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from model_utils.data.block_cache import BlockSampler, DataPosition
 from model_utils.data.step_batches import StepBatches
 
 SEQ = 8
+CPU = torch.device("cpu")
 
 
 class RecordingBlocks:
@@ -103,3 +105,54 @@ def test_cuda_batches_are_pinned_and_copied_without_blocking() -> None:
     want = expected(blocks, sampler, sampler.advance(pos))
     assert all(torch.equal(g.cpu(), w) for g, w in zip(got, want, strict=True))
     loader.close()
+
+
+def test_pinning_needs_a_cuda_driver() -> None:
+    """Why the next test records the pin instead of pinning: if this starts to pass, pin for real."""
+    if torch.cuda.is_available():
+        pytest.skip(
+            "a CUDA GPU is here: test_cuda_batches_are_pinned_and_copied_without_blocking pins for real"
+        )
+    with pytest.raises(RuntimeError, match="NVIDIA driver"):
+        torch.arange(3).pin_memory()
+
+
+@pytest.mark.parametrize(("device", "pinned"), [(torch.device("cuda", 0), True), (CPU, False)])
+def test_batches_for_a_gpu_are_pinned_in_the_worker_and_copied_without_blocking(
+    monkeypatch: pytest.MonkeyPatch, device: torch.device, pinned: bool
+) -> None:
+    """StepBatches on a CUDA device: rows pinned off the training thread, copies non_blocking; on CPU neither.
+    pin_memory and Tensor.to are recorded instead of run (they need a CUDA driver; what they do on a GPU is in
+    test_cuda_batches_are_pinned_and_copied_without_blocking, marked gpu)."""
+    pins: list[str] = []
+    copies: list[tuple[torch.device, bool]] = []
+    to = torch.Tensor.to
+
+    def pin_memory(self: torch.Tensor) -> torch.Tensor:
+        pins.append(threading.current_thread().name)
+        return self
+
+    def record_to(self: torch.Tensor, target: Any, non_blocking: bool = False) -> torch.Tensor:
+        copies.append((target, non_blocking))
+        return to(self, CPU)
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
+    monkeypatch.setattr(torch.Tensor, "to", record_to)
+    blocks = np.arange(40 * 8, dtype=np.int32).reshape(40, 8)
+    sampler = BlockSampler(40, micro_batch=2, grad_accum=2, dp_rank=0, dp_world=1, seed=0)
+    loader = StepBatches(blocks, sampler, device)
+    first = DataPosition()
+    loader.at(first)  # nothing prepared: read (and pinned) here, the next step in the worker
+    loader._ahead[1].result()
+    main = threading.current_thread().name
+    assert pins == ([main] * 2 + ["dskit-data_0"] * 2 if pinned else [])
+    pins.clear()
+    got = loader.at(sampler.advance(first))  # the prepared step: nothing pinned on the training thread
+    loader._ahead[1].result()
+    loader.close()
+    want = [
+        torch.from_numpy(blocks[idx].astype(np.int64)) for idx in sampler.step_indices(sampler.advance(first))
+    ]
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    assert copies[-2:] == [(device, pinned)] * 2  # the step's two micro-batches
+    assert pins == (["dskit-data_0"] * 2 if pinned else [])  # the step after, in the worker

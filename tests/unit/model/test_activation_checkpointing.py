@@ -25,19 +25,11 @@ from model_utils.config.presets import PRESETS
 from model_utils.errors import ConfigError
 from model_utils.model import activation_checkpointing as ac
 from model_utils.model import kernels
+from support.pretrained import tiny_model
 from support.small_trainer import make_trainer
 from support.traced_memory import traced_activation_peak
 
 LEVELS = ("none", "full", "every_2")
-
-
-def tiny_model(seed: int = 0):
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(
-        PRESETS["tiny-qwen3"].build_config(), attn_implementation="sdpa", dtype=torch.float32
-    )
 
 
 def checkpointed(model) -> list[bool]:

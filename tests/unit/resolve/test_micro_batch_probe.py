@@ -1,122 +1,33 @@
-"""The GPU-only paths, run on CPU wherever a real mechanism exists (issue #17, item 4).
+"""`--micro_batch_size auto`: the memory probe, run on CPU wherever a real mechanism exists (issue #17, item 4).
 
-- Liger's Triton kernels (RMSNorm, RoPE, SwiGLU, fused linear cross-entropy) and the kit's Liger patching of a
-  tiny Qwen3, eager and beside inductor's compiled decoder: under Triton's CPU interpreter (TRITON_INTERPRET=1,
-  in a process of its own: tests/support/liger_interpreted.py, which says which interpreter gaps it bridges).
-- `--micro_batch_size auto`: autobatch.resolve and its real _GpuProbe against a fake GPU whose memory is the
-  real bytes of the probe's CPU tensors (tests/support/fake_gpu.py); only the GPU is faked.
-- Pinned batches: pinning needs a CUDA driver, so the pin and the non-blocking copy are recorded on CPU tensors.
+micro_batch_probe.resolve and its real _GpuProbe against a fake GPU whose memory is the real bytes of the
+probe's CPU tensors (tests/support/fake_gpu.py; only the GPU is faked); the search, the cache and the reserve
+with a fake probe function; the flag through the config and the ranks; and, marked `gpu`, the real probe.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import threading
 import types
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
+from dskit import cli
 from model_utils.config.arguments import CUDA_GLOBAL_BATCH_TOKENS, parse_args
-from model_utils.data import step_batches
-from model_utils.data.block_cache import BlockSampler, DataPosition
 from model_utils.engines import deepspeed_config
 from model_utils.errors import ConfigError
 from model_utils.launch import startup
 from model_utils.model import kernels
 from model_utils.resolve import micro_batch_probe, resolver
 from support.fake_gpu import FakeGpuMemory
+from support.pretrained import tiny_model
 
 REPO = Path(__file__).resolve().parents[3]
 CPU = torch.device("cpu")
 _PLAIN = kernels.Plan(liger=False, compile=False)  # Liger needs Triton on a GPU (or the interpreter above)
-
-# --- Liger's kernels under Triton's interpreter -------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def interpreted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """All parts in one process: the interpreter's start-up (importing triton, liger, transformers) once."""
-    out = tmp_path_factory.mktemp("liger") / "interpreted.json"
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO / "tests")}
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "tests/support/liger_interpreted.py"), str(out)],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(out.read_text())
-
-
-def _result(interpreted: dict[str, Any], part: str) -> dict[str, Any]:
-    result = interpreted["parts"][part]
-    if "error" in result:
-        if result["error"].startswith(
-            "InterpreterError"
-        ):  # a limit of the interpreter, not of Liger or the kit
-            pytest.skip(
-                f"Triton {interpreted['triton']}'s CPU interpreter cannot run Liger's {part}: {result['error']}"
-            )
-        pytest.fail(f"{part}: {result['error']}\n{result['traceback']}")
-    return result
-
-
-@pytest.mark.parametrize(
-    ("part", "kernels_run"),
-    [
-        ("rms_norm", ["_rms_norm_backward_kernel", "_rms_norm_forward_kernel"]),
-        ("rope", ["_triton_rope"]),  # one kernel, both directions
-        ("swiglu", ["_swiglu_backward_kernel", "_swiglu_forward_kernel"]),
-        ("fused_linear_cross_entropy", ["element_mul_kernel", "liger_cross_entropy_kernel"]),
-    ],
-)
-def test_liger_kernel_matches_eager_under_the_triton_interpreter(
-    interpreted: dict[str, Any], part: str, kernels_run: list[str]
-) -> None:
-    """Each kernel the kit applies against the Hugging Face Qwen3 module it replaces: fp32, small shapes."""
-    result = _result(interpreted, part)
-    assert result["kernels"] == kernels_run  # Liger's Triton kernels ran, not a PyTorch fallback
-    assert result["forward"] < 1e-5 and result["gradients"] < 1e-5, result
-
-
-def test_kit_liger_patching_trains_like_eager_under_the_triton_interpreter(
-    interpreted: dict[str, Any],
-) -> None:
-    """kernels.apply_plan with Liger on (as optimize_model applies it on CUDA): one step of tiny-qwen3."""
-    result = _result(interpreted, "model_step")
-    assert {
-        "_rms_norm_forward_kernel",
-        "_swiglu_forward_kernel",
-        "_triton_rope",
-        "liger_cross_entropy_kernel",
-    } <= set(result["kernels"])
-    assert not result["logits_materialised"]  # the fused loss never builds the logits
-    assert result["loss"] == pytest.approx(result["loss_eager"], rel=1e-6)
-    assert result["gradients"] < 1e-5
-
-
-def test_liger_loss_beside_the_inductor_compiled_decoder_under_the_triton_interpreter(
-    interpreted: dict[str, Any],
-) -> None:
-    """--liger on --compile: the decoder compiled by inductor (CPU backend), Liger's fused loss eagerly on its
-    output, with labels holding ignore_index (the case Liger's loss gets wrong inside a compiled graph)."""
-    result = _result(interpreted, "compiled_model_step")
-    assert result["compiled_in_place"]
-    assert result["kernels"] == ["liger_cross_entropy_kernel"]  # norms, RoPE and SwiGLU left to inductor
-    assert result["loss"] == pytest.approx(result["loss_eager"], rel=1e-6)
-    assert result["gradients"] < 1e-5
-
-
-# --- --micro_batch_size auto against a fake GPU ---------------------------------------------------------------
 
 
 @pytest.fixture
@@ -280,53 +191,135 @@ def _n_params(s: resolver.RunSettings) -> int:
         return sum(p.numel() for p in AutoModelForCausalLM.from_config(s.model_config).parameters())
 
 
-# --- pinned batches -------------------------------------------------------------------------------------------
+# --- the search, the cache and the reserve, with a fake probe function --------------------------------------
 
 
-def test_pinning_needs_a_cuda_driver() -> None:
-    """Why the next test records the pin instead of pinning: if this starts to pass, pin for real."""
-    if torch.cuda.is_available():
-        pytest.skip("a CUDA GPU is here: tests/unit/test_batches.py pins for real")
-    with pytest.raises(RuntimeError, match="NVIDIA driver"):
-        torch.arange(3).pin_memory()
+def test_search_finds_the_largest_power_of_two_that_fits() -> None:
+    """A fake probe (the real one needs a CUDA GPU): sizes up to 12 'fit'."""
+    tried = []
+
+    def fits(size: int) -> bool:
+        tried.append(size)
+        return size <= 12
+
+    assert micro_batch_probe.search_micro_batch(fits) == 8 and tried == [1, 2, 4, 8, 16]
+    assert micro_batch_probe.search_micro_batch(lambda b: True, max_size=64) == 64
+    assert micro_batch_probe.search_micro_batch(lambda b: False) is None
 
 
-@pytest.mark.parametrize(("device", "pinned"), [(torch.device("cuda", 0), True), (CPU, False)])
-def test_batches_for_a_gpu_are_pinned_in_the_worker_and_copied_without_blocking(
-    monkeypatch: pytest.MonkeyPatch, device: torch.device, pinned: bool
+def test_probe_result_is_cached_per_key(tmp_path: Path) -> None:
+    """A fake probe function stands in for the GPU forward/backward; the cache file is real."""
+    path = tmp_path / "cache" / micro_batch_probe.CACHE_FILE
+    cache = micro_batch_probe.ProbeCache(path)
+    calls = []
+
+    def fits(size: int) -> bool:
+        calls.append(size)
+        return size <= 4
+
+    assert micro_batch_probe.cached_search(cache, "qwen3|H100|seq 2048", fits, {"gpu": "H100"}, "H100") == (
+        4,
+        False,
+    )
+    assert micro_batch_probe.cached_search(cache, "qwen3|H100|seq 2048", fits, {}, "H100") == (4, True)
+    assert calls == [1, 2, 4, 8]  # probed once
+    assert micro_batch_probe.cached_search(cache, "qwen3|H100|seq 4096", fits, {}, "H100") == (4, False)
+    assert len(calls) == 8  # another key probes again
+    stored = json.loads(path.read_text())
+    assert stored["qwen3|H100|seq 2048"] == {"micro_batch_size": 4, "gpu": "H100"}
+    path.write_text("{torn")  # a damaged cache is probed again, never trusted
+    assert micro_batch_probe.cached_search(cache, "qwen3|H100|seq 2048", fits, {}, "H100") == (4, False)
+    assert [p.name for p in path.parent.iterdir()] == [
+        micro_batch_probe.CACHE_FILE
+    ]  # no temp files left behind
+    with pytest.raises(ConfigError, match="even micro batch 1 does not fit H100 at --seq_length 8192"):
+        micro_batch_probe.cached_search(cache, "huge", lambda b: False, {}, "H100 at --seq_length 8192")
+    assert "huge" not in json.loads(path.read_text())
+
+
+def test_reserve_follows_the_deepspeed_config() -> None:
+    from model_utils.engines.deepspeed_config import load_deepspeed_json
+
+    n = 600_000_000
+    offload = load_deepspeed_json("deepspeed/ds_config.json")
+    on_gpu = load_deepspeed_json("deepspeed/ds_config_gpu.json")
+    buckets = int(2 * 4.5 * 400_000_000)  # overlap_comm keeps 4.5x the two 2e8-element buckets
+    assert (
+        micro_batch_probe.gpu_reserve_bytes(offload, n, world_size=8) == buckets
+    )  # optimizer states on the CPU
+    assert micro_batch_probe.gpu_reserve_bytes(on_gpu, n, world_size=1) == 16 * n + buckets
+    assert micro_batch_probe.gpu_reserve_bytes(on_gpu, n, world_size=8) == 16 * n // 8 + buckets
+    assert (
+        micro_batch_probe.gpu_reserve_bytes({"bf16": {"enabled": True}}, n, world_size=8) == 16 * n
+    )  # no ZeRO
+
+
+def test_auto_micro_batch_flag_and_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = parse_args(["--micro_batch_size", "auto"])
+    assert cfg.optim.micro_batch_size == "auto"
+    assert deepspeed_config.resolve(cfg).micro_batch_size == "auto"  # DeepSpeed checked it with 1
+    assert (
+        cli.main(["config", "--micro_batch_size", "auto", "--data_cache_dir", str(tmp_path / "cache")]) == 0
+    )
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["config"]["optim"]["micro_batch_size"] == "auto"
+    assert printed["resolved"]["micro_batch_size"] == "auto"  # probed by the ranks when they start
+    explicit = tmp_path / "ds.json"
+    explicit.write_text(json.dumps({"train_micro_batch_size_per_gpu": 16, "zero_optimization": {"stage": 2}}))
+    with pytest.raises(
+        ConfigError, match="--micro_batch_size auto disagrees with train_micro_batch_size_per_gpu"
+    ):
+        deepspeed_config.resolve(
+            parse_args(["--micro_batch_size", "auto", "--deepspeed_config", str(explicit)])
+        )
+    with pytest.raises(ConfigError, match="expected an integer or 'auto', got 'big'"):
+        parse_args(["--micro_batch_size", "big"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU resolution")
+def test_auto_micro_batch_resolves_on_the_ranks_only(
+    tmp_path: Path, single_rank, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """StepBatches on a CUDA device: rows pinned off the training thread, copies non_blocking; on CPU neither.
-    pin_memory and Tensor.to are recorded instead of run (they need a CUDA driver; what they do on a GPU is in
-    tests/unit/test_batches.py, marked gpu)."""
-    pins: list[str] = []
-    copies: list[tuple[torch.device, bool]] = []
-    to = torch.Tensor.to
+    flags = ["--micro_batch_size", "auto", "--seq_length", "32", "--data_cache_dir", str(tmp_path / "cache")]
+    cfg = parse_args([*flags, "--checkpoint_dir", str(tmp_path / "ckpt")])
+    run = resolver.prepare(cfg, world_size=single_rank.world_size)  # a training rank, on CPU
+    assert (
+        run.micro_batch_size == 1 and run.global_batch == 1 and run.steps_per_epoch == len(run.train_blocks)
+    )
+    assert cfg.optim.micro_batch_size == "auto"  # the user's config is not changed
+    assert "--micro_batch_size auto: 1 (no CUDA GPU; the memory probe needs one)" in capsys.readouterr().out
+    # `dskit prepare` (one process, no ranks): it leaves the probe to the ranks.
+    run = resolver.prepare(cfg)
+    assert run.micro_batch_size == "auto" and run.steps_per_epoch is None
+    assert "probed on the GPU by the training ranks" in capsys.readouterr().out
 
-    def pin_memory(self: torch.Tensor) -> torch.Tensor:
-        pins.append(threading.current_thread().name)
-        return self
 
-    def record_to(self: torch.Tensor, target: Any, non_blocking: bool = False) -> torch.Tensor:
-        copies.append((target, non_blocking))
-        return to(self, CPU)
+# --- on a GPU -----------------------------------------------------------------------------------------------
 
-    monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
-    monkeypatch.setattr(torch.Tensor, "to", record_to)
-    blocks = np.arange(40 * 8, dtype=np.int32).reshape(40, 8)
-    sampler = BlockSampler(40, micro_batch=2, grad_accum=2, dp_rank=0, dp_world=1, seed=0)
-    loader = step_batches.StepBatches(blocks, sampler, device)
-    first = DataPosition()
-    loader.at(first)  # nothing prepared: read (and pinned) here, the next step in the worker
-    loader._ahead[1].result()
-    main = threading.current_thread().name
-    assert pins == ([main] * 2 + ["dskit-data_0"] * 2 if pinned else [])
-    pins.clear()
-    got = loader.at(sampler.advance(first))  # the prepared step: nothing pinned on the training thread
-    loader._ahead[1].result()
-    loader.close()
-    want = [
-        torch.from_numpy(blocks[idx].astype(np.int64)) for idx in sampler.step_indices(sampler.advance(first))
-    ]
-    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
-    assert copies[-2:] == [(device, pinned)] * 2  # the step's two micro-batches
-    assert pins == (["dskit-data_0"] * 2 if pinned else [])  # the step after, in the worker
+
+@pytest.mark.gpu
+def test_real_probe_on_gpu(tmp_path: Path) -> None:
+    cfg = parse_args(
+        [
+            "--micro_batch_size",
+            "auto",
+            "--seq_length",
+            "256",
+            "--data_cache_dir",
+            str(tmp_path),
+            "--liger",
+            "on",
+        ]
+    )
+    settings = resolver.resolve_settings(cfg)
+    model_config = settings.model_config
+    found = micro_batch_probe.resolve(settings, n_train_blocks=10**6, n_val_blocks=None, world_size=1)
+    assert found >= 1 and found & (found - 1) == 0
+    (entry,) = json.loads((tmp_path / micro_batch_probe.CACHE_FILE).read_text()).values()
+    assert entry["micro_batch_size"] == found and entry["seq_length"] == 256
+    assert micro_batch_probe.resolve(settings, 3, None, 1) == min(found, 3)  # cached, capped by the data
+    # What was found trains: forward and backward at that size fit beside the ballast.
+    probe = micro_batch_probe._GpuProbe(model_config, torch.bfloat16, kernels.Plan(True, False), 256, 0)
+    with kernels.patches_undone(tiny_model()):  # Liger's module-wide patches must not reach later tests
+        assert probe(found)
+    probe.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from pathlib import Path
 
@@ -13,12 +14,14 @@ import pytest
 import torch
 
 from dskit import bench, cli
+from model_utils.model import kernels
+from support.pretrained import tiny_model
 
 CONFIGS = ["deepspeed/ds_config.json", "deepspeed/ds_config_gpu.json"]
 
 
 @pytest.mark.skipif(
-    torch.cuda.is_available(), reason="the CPU defaults (tiny preset); test_kernels has the GPU run"
+    torch.cuda.is_available(), reason="the CPU defaults (tiny preset); test_bench_on_gpu is the GPU run"
 )
 def test_bench_prints_and_writes_both_rows(
     tmp_path: Path, single_rank, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
@@ -150,3 +153,20 @@ def test_a_row_that_ran_out_of_memory_stays_in_the_table() -> None:
     table = format_table(rows).splitlines()
     assert "out of memory" in table[1] and table[1].rstrip().endswith("-")
     assert "73,500" in table[2] and "30.0%" in table[2] and "61.00" in table[2]
+
+
+@pytest.mark.gpu
+def test_bench_on_gpu(tmp_path: Path, single_rank, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shipped configs (offload, GPU-only, ZeRO-3 with Liger's fallback) through the kit on a GPU."""
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "bench.json"
+    configs = ["deepspeed/ds_config.json", "deepspeed/ds_config_gpu.json", "deepspeed/ds_config_zero3.json"]
+    argv = ["bench", "--model", "tiny-qwen3", "--seq_length", "256", "--micro_batch_size", "auto"]
+    with kernels.patches_undone(tiny_model()):  # the kit's rows patch transformers' Qwen3 module with Liger
+        assert cli.main([*argv, "--steps", "3", "--deepspeed_config", *configs, "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["kind"] for r in rows] == ["reference", "dskit", "dskit", "dskit"]
+    for r in rows:
+        assert r["tokens_per_s"] > 0 and r["peak_mem_gib"] > 0 and all(map(math.isfinite, r["losses"]))
+        assert abs(r["losses"][0] - math.log(2048)) < 0.3
+    assert os.environ.get("TORCH_EXTENSIONS_DIR")  # set for DeepSpeed's JIT builds
