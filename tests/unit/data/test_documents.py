@@ -1,0 +1,146 @@
+"""Where documents come from: every local format, a directory of files, S3 objects, a streamed hub dataset's
+shards, and the refusals of bad datasets (one line naming the file, the field or the split)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from model_utils.config.arguments import DataArgs
+from model_utils.data import documents, token_shards
+from model_utils.data.token_shards import TokenizerSpec
+from model_utils.errors import ConfigError
+from support.prepared_data import DOCS, ids_of, prep, run_data, stream, write_jsonl
+
+
+@pytest.mark.parametrize(
+    "kind", ["txt", "txt.gz", "jsonl", "jsonl.gz", "json-array", "csv", "parquet", "saved", "dir"]
+)
+def test_local_dataset_formats(tmp_path: Path, kind: str, tokenizer) -> None:
+    import datasets
+
+    texts = ["first document", "second document, with a comma", "third"]
+    ds = datasets.Dataset.from_dict({"text": texts})
+    if kind == "txt":
+        path = tmp_path / "d.txt"
+        path.write_text("\n\n".join(texts) + "\n")  # blank-line separated paragraphs are the documents
+    elif kind == "jsonl":
+        path = write_jsonl(tmp_path / "d.jsonl", texts)
+    elif kind.endswith(".gz"):  # compressed corpora as published (C4's .json.gz)
+        plain = tmp_path / f"d.{kind[:-3]}"
+        if kind == "txt.gz":
+            plain.write_text("\n\n".join(texts) + "\n")
+        else:
+            write_jsonl(plain, texts)
+        path = tmp_path / f"d.{kind}"
+        path.write_bytes(gzip.compress(plain.read_bytes()))
+        plain.unlink()
+    elif kind == "json-array":
+        path = tmp_path / "d.json"
+        path.write_text(json.dumps([{"text": t} for t in texts]))
+    elif kind == "csv":
+        path = tmp_path / "d.csv"
+        ds.to_csv(str(path), index=False)
+    elif kind == "parquet":
+        path = tmp_path / "d.parquet"
+        ds.to_parquet(str(path))
+    elif kind == "saved":
+        path = tmp_path / "saved"
+        datasets.DatasetDict({"train": ds, "validation": ds.select([0])}).save_to_disk(str(path))
+    else:
+        path = tmp_path / "files"
+        path.mkdir()
+        write_jsonl(path / "a.jsonl", texts[:2])
+        write_jsonl(path / "b.jsonl", texts[2:])
+    data = DataArgs(dataset=str(path), validation_fraction=0, data_cache_dir=str(tmp_path / "c"))
+    assert stream(run_data(data, tokenizer), "train") == ids_of(tokenizer, texts)
+    if kind == "saved":
+        data = DataArgs(dataset=str(path), validation_split="validation", data_cache_dir=str(tmp_path / "c"))
+        assert stream(run_data(data, tokenizer), "validation") == ids_of(tokenizer, texts[:1])
+
+
+def test_hub_streaming_path_reads_shards(tmp_path: Path, tokenizer) -> None:
+    # A directory given as a hub name goes through the same streamed load_dataset(..., streaming=True) path as
+    # a hub dataset (the hub itself cannot be reached here): its files are the shards.
+    (tmp_path / "hubby").mkdir()
+    write_jsonl(tmp_path / "hubby" / "a.jsonl", DOCS[:2])
+    write_jsonl(tmp_path / "hubby" / "b.jsonl", DOCS[2:])
+    data = DataArgs(dataset=str(tmp_path / "hubby"), local_dataset=False, validation_fraction=0)
+    plan = documents.plan(data)
+    assert [u.kind for u in plan.units] == ["hub", "hub"] and plan.total_bytes is None
+    record = token_shards.plan_record(data, plan, TokenizerSpec.of(tokenizer, "t"), None)
+    token_shards.prepare_in_process(tmp_path / "p", record, TokenizerSpec.of(tokenizer, "t"))
+    assert stream(token_shards.open_prepared(tmp_path / "p"), "train") == ids_of(tokenizer, DOCS)
+
+
+def test_a_field_missing_in_one_file_names_it(tmp_path: Path, tokenizer) -> None:
+    (tmp_path / "d").mkdir()
+    write_jsonl(tmp_path / "d" / "a.jsonl", ["fine"] * 3)
+    write_jsonl(tmp_path / "d" / "b.jsonl", ["oops"], field="content")
+    with pytest.raises(
+        ConfigError, match=r"record at byte 0 of .*b.jsonl has no field 'text' \(fields: content\)"
+    ):
+        prep(tmp_path / "p", "--dataset", str(tmp_path / "d"))
+    assert token_shards.state(tmp_path / "p") == "unfinished"
+
+
+def test_s3_source_is_read_object_by_object(tmp_path: Path, tokenizer, s3) -> None:
+    import datasets
+
+    datasets.Dataset.from_dict({"text": DOCS[2:]}).to_parquet(str(tmp_path / "b.parquet"))
+    body = "".join(json.dumps({"text": t}) + "\n" for t in DOCS[:2])
+    s3.client.put_object(Bucket=s3.bucket, Key="data/a.jsonl", Body=body)
+    s3.client.put_object(Bucket=s3.bucket, Key="data/b.parquet", Body=(tmp_path / "b.parquet").read_bytes())
+    assert (
+        prep(tmp_path / "p", "--dataset", s3.uri("data"), "--validation_fraction", "0", "--num_proc", "2")
+        == 0
+    )
+    prepared = token_shards.open_prepared(tmp_path / "p")
+    assert stream(prepared, "train") == ids_of(tokenizer, DOCS)
+    assert not (tmp_path / "p" / ".staging").exists()  # the downloaded objects are gone
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        (lambda p: DataArgs(dataset=str(p / "missing.jsonl")), "does not exist"),
+        (
+            lambda p: DataArgs(dataset=str(write_jsonl(p / "d.jsonl", ["x"], field="body"))),
+            "has no field 'text' \\(fields: body\\)",
+        ),
+        (lambda p: DataArgs(dataset=str(write_jsonl(p / "d.jsonl", []))), "is empty"),
+        (lambda p: DataArgs(dataset=str(p)), "is not a save_to_disk dir nor"),
+        (
+            lambda p: DataArgs(dataset=str((p / "bad.jsonl").write_text("{oops\n") and p / "bad.jsonl")),
+            "is not valid JSON",
+        ),
+        (
+            lambda p: DataArgs(dataset=str(write_jsonl(p / "d.jsonl", ["a", "b"])), validation_split="test"),
+            "single split",
+        ),
+        (
+            lambda p: DataArgs(dataset=str(write_jsonl(p / "d.jsonl", ["one " * 1000]))),
+            "validation data of .* fewer than one block",
+        ),
+    ],
+)
+def test_bad_datasets(tmp_path: Path, setup, message: str, tokenizer) -> None:
+    from model_utils.config.arguments import parse_args
+    from model_utils.resolve import resolver
+
+    data = setup(tmp_path)
+    args = [
+        "--dataset",
+        data.dataset,
+        "--data_cache_dir",
+        str(tmp_path / "c"),
+        "--checkpoint_dir",
+        str(tmp_path / "ck"),
+    ]
+    if data.validation_split:
+        args += ["--validation_split", data.validation_split]
+    with pytest.raises(ConfigError, match=message):
+        resolver.prepare(parse_args(args))
