@@ -29,11 +29,9 @@ from model_utils.resolve.memory_estimate import (
     resolve_layout,
 )
 
-# The memory model's names the doctor and tests/unit/test_estimate.py reach through this module.
+# The memory model's names the doctor and tests/unit/model/test_lora.py reach through this module (the model's
+# own tests import it: tests/unit/resolve/test_memory_estimate.py).
 estimate_for_config = memory_estimate.estimate_for_config
-flce_chunk_rows = memory_estimate.flce_chunk_rows
-layer_bytes_per_token = memory_estimate.layer_bytes_per_token
-layout_from_deepspeed = memory_estimate.layout_from_deepspeed
 model_shape = memory_estimate.model_shape
 with_lora = memory_estimate.with_lora
 

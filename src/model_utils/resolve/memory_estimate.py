@@ -4,9 +4,9 @@ The byte counts follow what DeepSpeed 0.19 allocates (runtime/zero/stage_1_and_2
 kit trains: a Hugging Face causal LM in bf16, built in full in every process (no zero.Init), AdamW, and the loss
 of transformers' ForCausalLMLoss (or Liger's kernels). The model states (parameters, gradients, optimizer
 states) follow DeepSpeed's own estimators, estimate_zero2_model_states_mem_needs and
-estimate_zero3_model_states_mem_needs, within 10% for the configurations tests/test_estimate.py compares; each
-place that counts differently says why. Activations are counted per saved tensor and checked against a traced
-forward and backward.
+estimate_zero3_model_states_mem_needs, within 10% for the configurations tests/unit/resolve/test_memory_estimate.py
+compares; each place that counts differently says why. Activations are counted per saved tensor and checked
+against a traced forward and backward.
 
 A model_utils module because a training rank needs it too: on CUDA the kit's default DeepSpeed config is the
 GPU-only one where this estimate says it fits (preflight); `dskit estimate` (dskit/estimate.py) renders it and
@@ -38,7 +38,8 @@ FIT_FRACTION = 0.9
 MAX_MICRO_BATCH = 64
 # fp32 log-softmax saved for backward, its incoming gradient and the gradient it produces, all alive at the
 # start of backward (bytes per token per vocab entry). The forward peak is lower: the bf16 logits (2), their
-# fp32 upcast in ForCausalLMLoss (4) and the log-softmax (4). Measured in tests/test_estimate.py.
+# fp32 upcast in ForCausalLMLoss (4) and the log-softmax (4). Measured in
+# tests/unit/resolve/test_memory_estimate.py.
 LOGITS_PEAK_BYTES = 12
 
 
@@ -240,8 +241,9 @@ def layer_bytes_per_token(m: ModelShape, b: int, liger: bool = False) -> int:
     """Bytes one decoder layer saves for backward per token (bf16: b = 2), without activation checkpointing.
 
     Counted from what autograd keeps in transformers' Llama-family layers (Qwen2/3, Llama, Mistral) with SDPA;
-    tests/test_estimate.py checks the eager count against a traced forward and backward. The Liger count is
-    read from liger-kernel 0.8.5's save_for_backward calls (its Triton kernels cannot run without a GPU).
+    tests/unit/resolve/test_memory_estimate.py checks the eager count against a traced forward and backward. The
+    Liger count is read from liger-kernel 0.8.5's save_for_backward calls (its Triton kernels cannot run without
+    a GPU).
     """
     h, i = m.hidden_size, m.intermediate_size
     q, kv = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim
@@ -309,7 +311,7 @@ def _activations(m: ModelShape, lay: ZeroLayout) -> tuple[int, int, str, str]:
         # freed the logits and the final norm, and holds the layer's own temporaries (the gradients of the MLP's
         # intermediate tensors and of a few hidden states, measured) -- and, when the top layer itself is
         # checkpointed (full, or L-1 a multiple of N), its recomputed activations: the peak is the larger of
-        # the two moments. Within 5% of a traced forward and backward (tests/unit/test_activation_checkpointing.py).
+        # the two moments. Within 5% of a traced forward and backward (tests/unit/resolve/test_memory_estimate.py).
         kept = tokens * ((L - recomputed) * per_layer + recomputed * b * h)
         top_recomputed = (L - 1) % every == 0
         at_start = tokens * final_norm  # with the logits, at the start of backward

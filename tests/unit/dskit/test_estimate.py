@@ -1,191 +1,26 @@
-"""`dskit estimate`: memory figures against DeepSpeed's own estimators and a traced forward/backward, the verdict
-and the recommendation for given memory sizes, and bad input as one line.
+"""`dskit estimate`: the verdict and the recommendation for given memory sizes (activation checkpointing only
+when that makes it fit), the printed table, flags over the DeepSpeed config, and bad input as one line. The memory
+model's figures themselves: tests/unit/resolve/test_memory_estimate.py.
 
-Models are counted on the meta device or traced with fake tensors: nothing is downloaded, nothing is allocated.
-There is no GPU here, so GPU sizes are given with --gpu_memory_gib (and host RAM with --host_memory_gib).
+Models are counted on the meta device: nothing is downloaded, nothing is allocated. There is no GPU here, so GPU
+sizes are given with --gpu_memory_gib (and host RAM with --host_memory_gib).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import re
-from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
 
 from dskit import cli
 from dskit import estimate as est
-from dskit.estimate import GiB, ZeroLayout
-from model_utils.config.presets import PRESETS
-from support.traced_memory import traced_activation_peak
+from dskit.estimate import GiB
+from support.estimates import checkpointing_layout, layout
 
 REPO = Path(__file__).resolve().parents[3]
-# (ZeRO stage, offload) pairs DeepSpeed's estimators cover.
-DS_CASES = [(2, "none"), (2, "optimizer"), (3, "none"), (3, "optimizer"), (3, "optimizer+params")]
-
-
-@pytest.fixture(scope="module")
-def shapes() -> dict[str, est.ModelShape]:
-    return {name: est.model_shape(PRESETS[name].build_config(), name, True) for name in PRESETS}
-
-
-def layout(stage: int, offload: str, **kw) -> ZeroLayout:
-    values = dict(micro_batch_size=1, seq_length=2048, nodes=2, ranks_per_node=8, overlap_comm=True)
-    values.update(kw)
-    return ZeroLayout(
-        stage=stage,
-        offload_optimizer=offload != "none",
-        offload_params=offload == "optimizer+params",
-        **values,
-    )
-
-
-def deepspeed_estimate(
-    shape: est.ModelShape, stage: int, offload: str, nodes: int, gpus: int
-) -> tuple[int, int]:
-    """(host bytes per node, GPU bytes) from DeepSpeed's own estimator functions."""
-    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
-    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
-
-    if stage == 2:
-        cpu, gpu = estimate_zero2_model_states_mem_needs(
-            shape.total_params, num_gpus_per_node=gpus, num_nodes=nodes, cpu_offload=offload != "none"
-        )
-        if offload != "none":
-            # DeepSpeed's code multiplies by 4 * total_gpus here, its documentation (memory.rst) by n_gpus, the
-            # GPUs of one node: every process of the node builds the model on the CPU. Nothing in
-            # stage_1_and_2.py allocates host RAM per GPU of other nodes, so the per-node figure is the one to
-            # compare with; test_host_ram_per_node_does_not_grow_with_nodes pins that behaviour.
-            cpu, _ = estimate_zero2_model_states_mem_needs(
-                shape.total_params, num_gpus_per_node=gpus, num_nodes=1, cpu_offload=True
-            )
-        return cpu, gpu
-    cpu, gpu, _ = estimate_zero3_model_states_mem_needs(
-        shape.total_params,
-        shape.largest_layer_params,
-        num_gpus_per_node=gpus,
-        num_nodes=nodes,
-        cpu_offload=offload != "none",
-        cpu_offload_params=offload == "optimizer+params",
-        zero_init=False,  # the kit builds the whole model in every process (models.build_model)
-    )
-    return cpu, gpu
-
-
-def test_model_shapes(shapes) -> None:
-    qwen = shapes["qwen3-0.6b"]
-    assert 590e6 < qwen.total_params < 600e6  # tied embeddings counted once
-    assert qwen.largest_layer_params == qwen.largest_param == 151936 * 1024  # the embedding / lm_head
-    assert qwen.qk_norm and (qwen.num_heads, qwen.num_kv_heads, qwen.head_dim) == (16, 8, 128)
-    assert 100_000 < shapes["tiny-qwen3"].total_params < 1_000_000
-
-
-@pytest.mark.parametrize("preset", ["qwen3-0.6b", "tiny-qwen3"])
-@pytest.mark.parametrize(("stage", "offload"), DS_CASES)
-def test_model_states_agree_with_deepspeeds_estimators(shapes, preset: str, stage: int, offload: str) -> None:
-    shape = shapes[preset]
-    mine = est.estimate(shape, layout(stage, offload))
-    ds_cpu, ds_gpu = deepspeed_estimate(shape, stage, offload, nodes=2, gpus=8)
-    assert mine.model_states_device_bytes == pytest.approx(ds_gpu, rel=0.10)
-    assert mine.model_states_host_bytes_per_node == pytest.approx(ds_cpu, rel=0.10)
-
-
-def test_model_states_agree_with_deepspeeds_printed_tables(shapes) -> None:
-    """The `_all_cold` functions print a table per ZeRO stage: the same figures, in GiB with 2 decimals."""
-    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs_all_cold
-    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs_all_cold
-
-    shape = shapes["qwen3-0.6b"]
-    out = io.StringIO()
-    with redirect_stdout(out):
-        estimate_zero2_model_states_mem_needs_all_cold(shape.total_params, num_gpus_per_node=8, num_nodes=2)
-        estimate_zero3_model_states_mem_needs_all_cold(
-            shape.total_params, shape.largest_layer_params, num_gpus_per_node=8, num_nodes=2
-        )
-    rows = re.findall(r"^\s*([\d.]+)GB \|\s*([\d.]+)GB \| (.+)$", out.getvalue(), re.M)
-    # Options read "offload_optimizer=cpu" or, on Python 3.11, "offload_optimizer=OffloadDeviceEnum.cpu".
-    table = {
-        options.replace(" ", "").replace("OffloadDeviceEnum.", ""): (float(cpu), float(gpu))
-        for cpu, gpu, options in rows
-    }
-    keys = {
-        (2, "none"): "offload_optimizer=none",
-        (2, "optimizer"): "offload_optimizer=cpu",
-        (3, "none"): "offload_param=none,offload_optimizer=none,zero_init=0",
-        (3, "optimizer"): "offload_param=none,offload_optimizer=cpu,zero_init=0",
-        (3, "optimizer+params"): "offload_param=cpu,offload_optimizer=cpu,zero_init=0",
-    }
-    for (stage, offload), key in keys.items():
-        ds_cpu, ds_gpu = table[key]
-        mine = est.estimate(shape, layout(stage, offload))
-        assert mine.model_states_device_bytes / GiB == pytest.approx(ds_gpu, rel=0.10), key
-        if (stage, offload) != (2, "optimizer"):  # per node, not per cluster: see deepspeed_estimate
-            assert mine.model_states_host_bytes_per_node / GiB == pytest.approx(ds_cpu, rel=0.10), key
-
-
-def test_host_ram_per_node_does_not_grow_with_nodes(shapes) -> None:
-    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
-
-    shape = shapes["qwen3-0.6b"]
-    one, two = (est.estimate(shape, layout(2, "optimizer", nodes=n)) for n in (1, 2))
-    assert one.model_states_host_bytes_per_node == two.model_states_host_bytes_per_node  # the model build
-    assert two.host_offload < one.host_offload  # each rank's optimizer partition halves
-    ds_one, ds_two = (
-        estimate_zero2_model_states_mem_needs(shape.total_params, 8, n, cpu_offload=True)[0] for n in (1, 2)
-    )
-    assert ds_two == 2 * ds_one  # DeepSpeed's code grows with the cluster; its documentation does not
-
-
-def test_offloaded_optimizer_fills_host_ram_per_rank(shapes) -> None:
-    """Pinned buffers per rank x ranks per node: what runs hosts out of memory with ZeRO CPU offload."""
-    shape = shapes["qwen3-0.6b"]
-    single = est.estimate(shape, layout(2, "optimizer", nodes=1, ranks_per_node=1))
-    P = shape.total_params
-    # fp32 master 2.4 GB and fp32 gradients 2.4 GB pinned (4 GiB each once rounded to a power of two), the bf16
-    # copy 1.2 GB (2 GiB), the 311 MB staging buffer (512 MiB), and Adam's m and v in ordinary memory.
-    assert single.host_offload == 4 * GiB + 4 * GiB + 2 * GiB + GiB // 2 + 8 * P
-    unpinned = est.estimate(shape, dataclasses.replace(single.layout, pin_memory=False))
-    assert unpinned.host_offload == 18 * P + 2 * shape.largest_param
-    eight = est.estimate(shape, layout(2, "optimizer", nodes=1, ranks_per_node=8))
-    assert eight.host_bytes_per_node == max(eight.host_model_build, eight.host_offload) + 8 * 2 * GiB
-    accumulating = est.estimate(shape, dataclasses.replace(single.layout, gradient_accumulation_steps=4))
-    assert accumulating.host_offload > single.host_offload  # gradients accumulate on the CPU too
-
-
-def test_activations_match_a_traced_forward_and_backward(shapes) -> None:
-    config = PRESETS["qwen3-0.6b"].build_config()
-    config.num_hidden_layers = 2  # the real layer, fewer of them: the trace stays a few seconds
-    shape = dataclasses.replace(shapes["qwen3-0.6b"], num_layers=2)
-    lay = layout(2, "none", micro_batch_size=2, seq_length=256)
-    mine = est.estimate(shape, lay)
-    traced = traced_activation_peak(config, batch=2, seq=256)
-    assert mine.activations + mine.logits == pytest.approx(traced, rel=0.01)
-    # The logits are most of it at this size: 12 bytes per token and vocabulary entry, not the bf16 2.
-    assert mine.logits == 2 * 256 * (2 * 1024 + 12 * 151936)
-
-
-def test_liger_kernels_keep_fewer_activations(shapes) -> None:
-    """Liger's kernels are Triton GPU kernels: counted from their save_for_backward calls, not traced here."""
-    shape = shapes["qwen3-0.6b"]
-    eager = est.estimate(shape, layout(2, "none"))
-    liger = est.estimate(shape, layout(2, "none", liger=True))
-    # Per layer: norms keep their bf16 input and a fp32 1/rms, SwiGLU recomputes the SiLU.
-    assert est.layer_bytes_per_token(shape, 2, liger=True) == 45_224
-    assert est.layer_bytes_per_token(shape, 2, liger=False) == 71_744
-    # The fused linear cross-entropy never materialises the 2048 x 151936 logits: one 16-row chunk.
-    assert est.flce_chunk_rows(2048, shape) == 16
-    assert liger.logits == 2048 * (2 * 1024 + 4) + 16 * 151936 * 2
-    assert liger.device_bytes_per_rank < eager.device_bytes_per_rank - 4 * GiB
-    # Under ZeRO-3 the kit turns the fused loss off (lm_head.weight is a shard); torch.compile keeps at most
-    # what eager keeps.
-    zero3 = est.estimate(shape, layout(3, "none", liger=True))
-    assert zero3.logits == est.estimate(shape, layout(3, "none")).logits
-    assert zero3.activations == liger.activations
-    compiled = est.estimate(shape, layout(2, "none", liger=True, compile=True))
-    assert compiled.activations == eager.activations and compiled.logits == liger.logits
 
 
 def test_80_gib_fits_qwen3_zero2_without_offload_at_micro_batch_8(shapes) -> None:
@@ -324,43 +159,6 @@ def test_verdict_against_this_machine(capsys) -> None:
     assert "recommend: pass --gpu_memory_gib" in out
 
 
-def test_estimate_for_config_reads_the_training_config() -> None:
-    from model_utils.config.arguments import parse_args
-    from model_utils.resolve import resolver
-
-    cfg = parse_args(["--model", "tiny-qwen3", "--micro_batch_size", "4", "--seq_length", "128"])
-    settings = resolver.resolve_settings(cfg)  # what doctor and estimate read, as the trainer does
-    e = est.estimate_for_config(settings, nodes=2, ranks_per_node=4)
-    lay = e.layout
-    assert (lay.stage, lay.offload, lay.micro_batch_size, lay.seq_length) == (2, "optimizer", 4, 128)
-    assert (lay.nodes, lay.ranks_per_node, lay.overlap_comm, lay.pin_memory) == (2, 4, True, True)
-    assert e.device_bytes_per_rank == sum(line.bytes for line in e.device_lines)
-    assert e.host_bytes_per_node == max(e.host_model_build, e.host_offload) + e.host_processes
-    # GPU ranks use Liger for a model it covers (--liger auto); CPU ranks never do, so their activations
-    # include the full logits.
-    on_cpu = est.estimate_for_config(settings, nodes=2, ranks_per_node=4, on_gpus=False)
-    assert (lay.liger, on_cpu.layout.liger) == (True, False)
-    assert on_cpu.device_bytes_per_rank > e.device_bytes_per_rank
-
-
-def test_bucket_sizes_come_from_the_deepspeed_config(shapes) -> None:
-    ds = {"bf16": {"enabled": True}, "zero_optimization": {"stage": 2, "overlap_comm": True}}
-    base = dict(micro_batch_size=1, seq_length=256, gradient_accumulation_steps=1, nodes=1, ranks_per_node=8)
-    default = est.layout_from_deepspeed(ds, "ds.json", **base)
-    ds["zero_optimization"]["reduce_bucket_size"] = 50_000_000
-    smaller = est.layout_from_deepspeed(ds, "ds.json", **base)
-    assert (default.reduce_bucket_size, smaller.reduce_bucket_size) == (
-        500_000_000,
-        50_000_000,
-    )  # DeepSpeed's
-    shape = shapes["tiny-qwen3"]
-    saved = est.estimate(shape, default).buffers - est.estimate(shape, smaller).buffers
-    assert saved == 2 * 2 * 450_000_000  # two buckets (overlap_comm), bf16
-    ds["zero_optimization"]["overlap_comm"] = False
-    single = est.layout_from_deepspeed(ds, "ds.json", **base)
-    assert est.estimate(shape, smaller).buffers - est.estimate(shape, single).buffers == 2 * 50_000_000
-
-
 def write_ds(tmp_path: Path, zero: dict) -> str:
     ds = json.loads((REPO / "deepspeed" / "ds_config.json").read_text())
     ds["zero_optimization"] = zero
@@ -412,32 +210,6 @@ def test_bad_deepspeed_offload_sections_are_one_line(capsys, tmp_path: Path) -> 
     assert rc == 2 and "needs ZeRO stage 3, not 2" in err
 
 
-def test_fsdp_shards_every_model_state_and_offload_moves_them_to_the_host(shapes) -> None:
-    """--backend fsdp: 16 bytes per parameter / N (fp32 master, gradient, Adam m and v) plus two gathered layers
-    and one unsharded fp32 layer gradient; --fsdp_cpu_offload leaves only the gathered layers on the GPU."""
-    shape = shapes["qwen3-0.6b"]
-    P, L = shape.total_params, shape.largest_layer_params
-    for gpus in (8, 16):
-        lay = layout(0, "none", nodes=1, ranks_per_node=gpus, backend="fsdp")
-        e = est.estimate(shape, lay)
-        shard = -(-P // gpus)
-        assert (e.parameters, e.gradients, e.optimizer_states) == (
-            4 * shard + 4 * L,
-            4 * shard + 4 * L,
-            8 * shard,
-        )
-        assert e.buffers == 0 and lay.describe() == "FSDP2, no offload, micro batch 1"
-    off = est.estimate(shape, layout(0, "optimizer", nodes=1, ranks_per_node=8, backend="fsdp"))
-    assert (off.parameters, off.gradients, off.optimizer_states) == (4 * L, 4 * L, 0)
-    assert off.host_offload == 8 * 16 * -(-P // 8)
-    accumulated = est.estimate(
-        shape, layout(0, "none", nodes=1, ranks_per_node=8, backend="fsdp", gradient_accumulation_steps=4)
-    )
-    assert (
-        accumulated.gradients == 4 * -(-P // 8) + 4 * L + 2 * P
-    )  # the unsharded bf16 gradients between micro-batches
-
-
 def test_fsdp_from_the_command_line_and_zero_flags_refused(capsys) -> None:
     rc, out, err = run_cli(capsys, "--backend", "fsdp", "--gpus_per_node", "8", "--gpu_memory_gib", "80")
     assert rc == 0, err
@@ -445,3 +217,48 @@ def test_fsdp_from_the_command_line_and_zero_flags_refused(capsys) -> None:
     assert out.strip().splitlines()[-1].startswith("recommend: FSDP2, no offload, micro batch 64")
     rc, out, err = run_cli(capsys, "--backend", "fsdp", "--zero_stage", "2")
     assert rc == 2 and "--zero_stage is DeepSpeed's ZeRO: under --backend fsdp use --fsdp_cpu_offload" in err
+
+
+def test_recommendation_adds_checkpointing_only_when_that_makes_it_fit(shapes, capsys) -> None:
+    shape = shapes["qwen3-0.6b"]
+    cap = est.Capacity(24 * GiB, "--gpu_memory_gib", 512 * GiB, "--host_memory_gib")
+    # seq 2048 fits without it: nothing is recomputed.
+    rec = est.recommend(shape, checkpointing_layout(micro_batch_size=4), cap)
+    assert rec.estimate is not None and rec.estimate.layout.activation_checkpointing == "none"
+    # seq 8192 (eager loss): not even ZeRO-3 with everything offloaded fits at micro batch 1 without it;
+    # ZeRO-1 with full checkpointing does, before any offload.
+    at_8k = checkpointing_layout(micro_batch_size=4, seq_length=8192)
+    without = [
+        est.estimate(shape, dataclasses.replace(at_8k, stage=s, micro_batch_size=1, **off))
+        for s, off in [(1, {}), (3, {"offload_optimizer": True, "offload_params": True})]
+    ]
+    assert not any(est.fits(e, cap) for e in without)
+    rec = est.recommend(shape, at_8k, cap)
+    assert rec.estimate is not None
+    chosen = rec.estimate.layout
+    assert (chosen.stage, chosen.offload, chosen.activation_checkpointing) == (1, "none", "full")
+    assert (
+        "activation checkpointing full is what makes it fit (without it ZeRO-1 with no offload needs"
+        in rec.reason
+    )
+    assert chosen.describe_recommended().endswith(", --activation_checkpointing full")
+    # The command says so too.
+    argv = [
+        "estimate",
+        "--model",
+        "qwen3-0.6b",
+        "--seq_length",
+        "8192",
+        "--liger",
+        "off",
+        "--zero_stage",
+        "2",
+    ]
+    assert (
+        cli.main([*argv, "--gpus_per_node", "8", "--gpu_memory_gib", "24", "--host_memory_gib", "512"]) == 0
+    )
+    out = capsys.readouterr().out
+    assert "recommend: ZeRO-1, no offload, micro batch 1, --activation_checkpointing full — " in out
+    assert cli.main([*argv, "--activation_checkpointing", "every_2", "--gpu_memory_gib", "24"]) == 0
+    header = capsys.readouterr().out.splitlines()[1]
+    assert header.endswith("eager (no Liger), activation checkpointing every_2")
