@@ -13,7 +13,7 @@ import pytest
 from model_utils.config.arguments import GuardArgs, parse_args
 from model_utils.data.block_cache import DataPosition
 from model_utils.errors import ConfigError
-from model_utils.loop import faults, spike_guard
+from model_utils.loop import spike_guard
 from model_utils.resolve import resolver
 from support.deepspeed_files import config_with
 
@@ -105,15 +105,6 @@ def test_the_guard_state_round_trips_through_json_and_a_resized_window_keeps_the
     fresh = guard()
     fresh.load_state_dict({})  # a checkpoint of a kit without the guard
     assert fresh.skipped_steps == 0 and not fresh.loss_window.values
-
-
-def test_the_test_faults_parse_and_hit_the_draws_they_name() -> None:
-    once, lasting = faults.Fault.parse("loss@3"), faults.Fault.parse("grad@5+")
-    assert [once.hits(d) for d in (2, 3, 4)] == [False, True, False]
-    assert [lasting.hits(d) for d in (4, 5, 9)] == [False, True, True]
-    for bad in ("loss", "boom@3", "loss@0", "loss@x"):
-        with pytest.raises(ConfigError, match="is not KIND@N"):
-            faults.Fault.parse(bad)
 
 
 CAN_DISCARD = {
