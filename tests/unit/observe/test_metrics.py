@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from model_utils.config.presets import PRESETS
-from model_utils.observe import metrics, step_line
+from model_utils.observe import metrics
 
 
 @pytest.mark.parametrize(
@@ -105,7 +105,3 @@ def test_metrics_file_appends_strict_json(tmp_path: Path) -> None:
     assert all(isinstance(r["time"], float) for r in records)
     metrics.MetricsFile(None).write({"step": 3})  # off: writes nothing, no error
 
-
-def test_format_duration() -> None:
-    assert step_line.format_duration(3725.9) == "1:02:05"
-    assert step_line.format_duration(-3) == "0:00:00"
