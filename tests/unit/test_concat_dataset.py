@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 
-from model_utils.data.block_cache import BlockSampler, DataPosition, validation_indices
+from model_utils.data.sampler import BlockSampler, DataPosition, validation_indices
 
 
 def consumed_by_rank(

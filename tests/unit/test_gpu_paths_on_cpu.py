@@ -25,7 +25,7 @@ import torch
 
 from model_utils.config.arguments import CUDA_GLOBAL_BATCH_TOKENS, parse_args
 from model_utils.data import step_batches
-from model_utils.data.block_cache import BlockSampler, DataPosition
+from model_utils.data.sampler import BlockSampler, DataPosition
 from model_utils.engines import deepspeed_config
 from model_utils.errors import ConfigError
 from model_utils.launch import startup
