@@ -18,18 +18,18 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 PACKAGES = ("model_utils", "dskit")
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(SRC).with_suffix("").parts)
+def module_name(path: Path, src: Path = SRC) -> str:
+    parts = list(path.relative_to(src).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
-def modules() -> dict[str, Path]:
+def modules(src: Path = SRC, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
     found = {}
-    for package in PACKAGES:
-        for path in sorted((SRC / package).rglob("*.py")):
-            found[module_name(path)] = path
+    for package in packages:
+        for path in sorted((src / package).rglob("*.py")):
+            found[module_name(path, src)] = path
     return found
 
 
@@ -80,9 +80,11 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def graph() -> tuple[dict[str, Path], dict[str, set[str]], dict[str, set[str]]]:
+def graph(
+    src: Path = SRC, packages: tuple[str, ...] = PACKAGES
+) -> tuple[dict[str, Path], dict[str, set[str]], dict[str, set[str]]]:
     """(modules, all edges, deferred edges); imports under `if TYPE_CHECKING:` count (they couple modules too)."""
-    known = modules()
+    known = modules(src, packages)
     edges: dict[str, set[str]] = defaultdict(set)
     deferred: dict[str, set[str]] = defaultdict(set)
     for name, path in known.items():

@@ -27,8 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from model_utils.observe import step_line
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from model_utils.repo import REPO_ROOT
 
 _DONE = re.compile(r"Done: step (\d+)/(\d+)")
 _SAVED = re.compile(r"Saved checkpoint (\S+) \(")

@@ -27,8 +27,8 @@ import jinja2
 import yaml
 
 from model_utils.errors import CommandParser, ConfigError
+from model_utils.repo import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE_DIR = REPO_ROOT / "templates"
 # output file name -> template name. SCRIPTS: the training launchers (each runs `dskit preflight`, then torchrun).
 SCRIPTS = {"train.sbatch": "train.sbatch.j2", "train-singlenode.sh": "train-singlenode.sh.j2"}

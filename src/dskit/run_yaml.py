@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from model_utils.config import run_file as run_file_format
 from model_utils.config.arguments import ONE_OF, SECTIONS, GuardArgs
 from model_utils.engines import deepspeed_config
 from model_utils.resolve.resolver import ResolvedRun
@@ -51,19 +52,19 @@ def run_file(run: ResolvedRun) -> dict[str, Any]:
         flat[flag][flag] = None
     if deepspeed_config.default_in_use(cfg):
         return sections  # no section: fed back, CUDA ranks still choose between the default and GPU-only
-    return {**sections, "deepspeed": deepspeed_config.given(cfg)[1]}
+    return {**sections, run_file_format.DEEPSPEED: deepspeed_config.given(cfg)[1]}
 
 
 def dump(run: ResolvedRun) -> str:
-    import yaml
-
     header = (
-        "# The resolved run (dskit config --format yaml): train it with --config THIS_FILE. Flags given after\n"
-        "# --config override it; null means not given.\n"
+        "The resolved run (dskit config --format yaml): train it with --config THIS_FILE. Flags given after\n"
+        "--config override it; null means not given."
     )
     if deepspeed_config.default_in_use(run.config):
         header += (
-            f"# No deepspeed section: the default {run.settings.deepspeed.path} (on CUDA ranks "
-            f"{deepspeed_config.GPU_CONFIG} where the memory estimate fits the GPU).\n"
+            f"\nNo deepspeed section: the default {run.settings.deepspeed.path} (on CUDA ranks "
+            f"{deepspeed_config.GPU_CONFIG} where the memory estimate fits the GPU)."
         )
-    return header + yaml.safe_dump(run_file(run), sort_keys=False, default_flow_style=False)
+    sections = run_file(run)
+    deepspeed = sections.pop(run_file_format.DEEPSPEED, None)
+    return run_file_format.dumps(sections, header, deepspeed)

@@ -36,7 +36,7 @@ import torch
 from dskit import columns
 from model_utils.assets import TOKENIZER_DIR
 from model_utils.config.arguments import AUTO, LIGER_CHOICES, GuardArgs, parse_args
-from model_utils.data.block_cache import BlockSampler, DataPosition
+from model_utils.data.sampler import BlockSampler, DataPosition
 from model_utils.engines.deepspeed_config import FSDP_CONFIG, load_deepspeed_json
 from model_utils.errors import CommandParser, ConfigError
 from model_utils.launch import distributed, startup

@@ -358,7 +358,7 @@ def time_read(path: Path, seq_length: int, micro: int, accumulation: int, steps:
     import torch  # only the read path needs it
 
     from model_utils.data import step_batches
-    from model_utils.data.block_cache import BlockSampler, DataPosition
+    from model_utils.data.sampler import BlockSampler, DataPosition
 
     dataset = token_shards.open_prepared(path)
     per_step = micro * accumulation

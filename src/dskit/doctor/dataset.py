@@ -200,7 +200,7 @@ def _check_s3_dataset(uri: str, cache_dir: Path) -> Result:
     from botocore.config import Config
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from model_utils.storage.s3_tier import describe_error, error_kind, parse_s3_uri
+    from model_utils.storage.s3 import describe_error, error_kind, parse_s3_uri
 
     name = "dataset"
     bucket, prefix = parse_s3_uri(uri)

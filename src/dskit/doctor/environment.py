@@ -15,9 +15,9 @@ from pathlib import Path
 
 from dskit.env import wheelhouse
 from dskit.env.uv import uv_command
-from model_utils.config.arguments import REPO_ROOT
 from model_utils.errors import first_line
 from model_utils.launch import startup
+from model_utils.repo import REPO_ROOT
 
 from .context import LaunchContext, _run
 from .report import Result, Status

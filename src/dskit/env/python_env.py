@@ -19,6 +19,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from model_utils.repo import REPO_ROOT
+
 MIN_PYTHON = (3, 11)
 # distributions whose import name is not their name with '-' -> '_'
 IMPORT_NAMES = {"pyyaml": "yaml"}
@@ -162,7 +164,7 @@ def probe() -> str:
 
 
 def main(argv: list[str]) -> int:
-    repo = Path(__file__).resolve().parents[3]
+    repo = REPO_ROOT
     if argv == ["missing"]:
         problems = unmet(requirements(repo))
         print("\n".join(install_arguments(problems) if problems else []))

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from dskit.env.uv import uv_command
+from model_utils.repo import REPO_ROOT
 
 MANIFEST = "dskit-wheelhouse.json"
 REQUIREMENTS = "requirements.txt"
@@ -446,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     i.add_argument("--test_tools", action="store_true", help="also pytest, for make gpu-check's gpu tests")
     args = parser.parse_args(argv)
-    repo = Path(__file__).resolve().parents[3]
+    repo = REPO_ROOT
     try:
         if args.command == "build":
             glibc = args.glibc or platform.libc_ver()[1]

@@ -32,8 +32,8 @@ from dskit.sagemaker import entry
 from dskit.sagemaker.values import DEFAULT_IMAGE, SageMakerValues, bucket_of, load, redact_arn
 from model_utils.errors import CommandParser, ConfigError, first_line
 from model_utils.launch import launch_env
+from model_utils.repo import REPO_ROOT as REPO
 
-REPO = Path(__file__).resolve().parents[3]
 SOURCE_ARCHIVE = "sourcedir.tar.gz"
 CODE_CHANNEL = "code"
 RUN_FILE_IN_SOURCE = ".dskit-sagemaker/run.yaml"  # where the run file lands inside the job's source root

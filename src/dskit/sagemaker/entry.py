@@ -42,8 +42,8 @@ from types import FrameType
 
 from model_utils.errors import ConfigError
 from model_utils.launch import launch_env
+from model_utils.repo import REPO_ROOT as REPO
 
-REPO = Path(__file__).resolve().parents[3]
 TRAIN_SCRIPT = REPO / "src" / "train_deepspeed.py"
 DEFAULT_BASE = "/opt/ml"
 DEFAULT_MASTER_PORT = 29500

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from model_utils.errors import ConfigError
+from model_utils.repo import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 # Keys of a transformers config that define the architecture; others (dtype, name, ...) may change freely.
 ARCHITECTURE_KEYS = (
     "model_type",

@@ -20,7 +20,6 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from model_utils.config.presets import PRESETS, PRETRAINED_LR
@@ -29,7 +28,6 @@ from model_utils.launch import accelerate_env
 from model_utils.model import activation_checkpointing
 from model_utils.optim.schedules import DECAY_TYPES, SCHEDULES
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 AUTO = "auto"
 CONFIG = "config"  # --config RUN.yaml: the run file (run_file.py), not a field: it sets the fields
 LIGER_CHOICES = (AUTO, "on", "off")

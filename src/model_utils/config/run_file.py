@@ -175,5 +175,17 @@ def load(path: str, sections: dict[str, type]) -> RunFile:
     return RunFile(path, values, deepspeed)
 
 
+def dumps(sections: dict[str, dict[str, Any]], header: str, deepspeed: dict[str, Any] | None = None) -> str:
+    """A run file's text: `header` (comment lines), the sections in order, and the embedded DeepSpeed config
+    (none: the launch picks its default). `load` reads it back to the same values."""
+    import yaml
+
+    tree: dict[str, Any] = dict(sections)
+    if deepspeed is not None:
+        tree[DEEPSPEED] = deepspeed
+    comments = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
+    return comments + yaml.safe_dump(tree, sort_keys=False, default_flow_style=False)
+
+
 def _fields(cls: type) -> list[Any]:
     return list(dataclasses.fields(cls))

@@ -1,14 +1,9 @@
-"""The token blocks a run reads, and the sharded, resumable order in which ranks read them.
-
-Which blocks: a dataset prepared by `dskit prepare-data` (token shards + manifest, see token_shards.py) is read
+"""The token blocks a run reads: a dataset prepared by `dskit prepare-data` (token shards + manifest, see token_shards.py) is read
 as it is; any other dataset small enough (--unprepared_limit_mb) is prepared the same way, in this process, into
 --data_cache_dir, keyed by its content, the tokenizer and the options, so a second run neither reads nor
 tokenizes it again. Documents are concatenated with an EOS after each and cut into blocks of --seq_length
 tokens: nothing is padded, no document truncated, only the final partial block of the stream is unused.
-
-Order: each epoch is a permutation of the blocks, seeded by (seed, epoch). An optimizer step consumes one global
-batch (micro batch x accumulation x data-parallel ranks) of consecutive permuted blocks; rank r reads its own
-contiguous slice of it, so ranks never overlap. The position (epoch, blocks consumed) is all resume needs.
+The order in which ranks read them is sampler.py's.
 """
 
 from __future__ import annotations
@@ -17,11 +12,8 @@ import hashlib
 import json
 import shlex
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from model_utils.config.presets import PRESETS
 from model_utils.data import documents, token_shards
@@ -29,8 +21,6 @@ from model_utils.data.documents import EMBEDDED
 from model_utils.data.token_shards import PreparedDataset, TokenizerSpec
 from model_utils.errors import ConfigError
 from model_utils.observe.log import print0
-
-# --- which blocks ---------------------------------------------------------------------------------------
 
 
 def _prepared_dir(data: Any) -> Path | None:
@@ -78,9 +68,9 @@ def _check_size(data: Any, tokenizer_name: str) -> None:
     if name == EMBEDDED:
         return
     if name.startswith("s3://"):
-        from model_utils.storage import s3_tier
+        from model_utils.storage import s3
 
-        size: int | None = sum(size for _, size, _ in s3_tier.list_objects(name)[1])
+        size: int | None = sum(size for _, size, _ in s3.list_objects(name)[1])
     elif documents.is_local(data):
         path = Path(name).expanduser()
         size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else None
@@ -147,9 +137,9 @@ def prepared(
         if data.dataset.startswith("s3://"):  # mirrored: a save_to_disk dir in S3 works like a local one
             import dataclasses
 
-            from model_utils.storage import s3_tier
+            from model_utils.storage import s3
 
-            path = s3_tier.fetch_dataset(data.dataset, Path(data.data_cache_dir))
+            path = s3.fetch_dataset(data.dataset, Path(data.data_cache_dir))
             local = dataclasses.replace(data, dataset=str(path), local_dataset=True)
         plan = documents.plan(local)
         record = token_shards.plan_record(local, plan, spec, None)
@@ -166,74 +156,3 @@ def prepared(
         return token_shards.open_prepared(out)
 
     return run_first(build)
-
-
-# --- the sharded, resumable order -----------------------------------------------------------------------
-
-
-@dataclass
-class DataPosition:
-    """Where training is in the data: the epoch and how many of its permuted blocks were consumed."""
-
-    epoch: int = 0
-    consumed: int = 0
-
-    def to_dict(self) -> dict[str, int]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, int]) -> DataPosition:
-        return cls(epoch=int(d["epoch"]), consumed=int(d["consumed"]))
-
-
-class BlockSampler:
-    """Which blocks each data-parallel rank reads for each optimizer step."""
-
-    def __init__(
-        self, num_blocks: int, micro_batch: int, grad_accum: int, dp_rank: int, dp_world: int, seed: int
-    ) -> None:
-        assert 0 <= dp_rank < dp_world
-        self.num_blocks = num_blocks
-        self.micro_batch = micro_batch
-        self.grad_accum = grad_accum
-        self.dp_rank = dp_rank
-        self.dp_world = dp_world
-        self.seed = seed
-        self.per_rank = micro_batch * grad_accum
-        self.global_batch = self.per_rank * dp_world
-        self._order: tuple[int, np.ndarray] | None = None
-
-    @property
-    def steps_per_epoch(self) -> int:
-        return self.num_blocks // self.global_batch
-
-    def order(self, epoch: int) -> np.ndarray:
-        if self._order is None or self._order[0] != epoch:
-            self._order = (epoch, np.random.default_rng([self.seed, epoch]).permutation(self.num_blocks))
-        return self._order[1]
-
-    def _normalise(self, pos: DataPosition) -> DataPosition:
-        # A global batch that would run past the end starts the next epoch (the tail is seen next epoch).
-        if pos.consumed + self.global_batch > self.num_blocks:
-            return DataPosition(pos.epoch + 1, 0)
-        return pos
-
-    def step_indices(self, pos: DataPosition) -> np.ndarray:
-        """This rank's block indices for the step at `pos`, shaped [grad_accum, micro_batch]."""
-        pos = self._normalise(pos)
-        start = pos.consumed + self.dp_rank * self.per_rank
-        mine = self.order(pos.epoch)[start : start + self.per_rank]
-        return mine.reshape(self.grad_accum, self.micro_batch)
-
-    def advance(self, pos: DataPosition) -> DataPosition:
-        pos = self._normalise(pos)
-        return DataPosition(pos.epoch, pos.consumed + self.global_batch)
-
-
-def validation_indices(
-    num_blocks: int, batches: int, micro_batch: int, dp_rank: int, dp_world: int
-) -> np.ndarray:
-    """A fixed, disjoint slice of validation blocks per rank, [n_batches, micro_batch], same every evaluation."""
-    per_rank = min(batches * micro_batch, num_blocks // dp_world) // micro_batch * micro_batch
-    idx = np.arange(dp_rank, per_rank * dp_world, dp_world)
-    return idx.reshape(-1, micro_batch)

@@ -189,9 +189,9 @@ def _local_units(path: Path, split: str, role: str, unit_bytes: int) -> tuple[li
 
 
 def _s3_units(uri: str, role: str) -> tuple[list[Unit], list[Any]]:
-    from model_utils.storage import s3_tier
+    from model_utils.storage import s3
 
-    bucket, objects = s3_tier.list_objects(uri)
+    bucket, objects = s3.list_objects(uri)
     units = []
     for key, size, _etag in objects:
         suffix = format_suffix(key)
@@ -481,13 +481,13 @@ def _read(unit: Unit, field: str, scratch_dir: Path) -> Iterator[tuple[list[Any]
     if unit.s3_bucket is None:
         yield from _local_texts(unit, unit.location, field)
         return
-    from model_utils.storage import s3_tier
+    from model_utils.storage import s3
 
     scratch_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=scratch_dir, suffix=format_suffix(unit.location))
     os.close(fd)
     try:
-        s3_tier.download_object(unit.s3_bucket, unit.location, Path(tmp))
+        s3.download_object(unit.s3_bucket, unit.location, Path(tmp))
         yield from _local_texts(unit, tmp, field)
     finally:
         Path(tmp).unlink(missing_ok=True)

@@ -14,7 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import torch
 
-from model_utils.data.block_cache import BlockSampler, DataPosition
+from model_utils.data.sampler import BlockSampler, DataPosition
 
 
 def gather(blocks: np.ndarray, indices: np.ndarray, pin: bool) -> torch.Tensor:

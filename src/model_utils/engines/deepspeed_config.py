@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from model_utils.config.arguments import AUTO, REPO_ROOT, TrainConfig
+from model_utils.config.arguments import AUTO, TrainConfig
 from model_utils.config.presets import default_lr
 from model_utils.errors import ConfigError
 from model_utils.optim import schedules
+from model_utils.repo import REPO_ROOT
 
 # (flag, path of the DeepSpeed key). Each flag fills an "auto" key; an explicit key must agree with the flag.
 DS_OVERRIDES: tuple[tuple[str, tuple[str, ...]], ...] = (

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from model_utils.config.arguments import GuardArgs
-from model_utils.data.block_cache import DataPosition
+from model_utils.data.sampler import DataPosition
 
 # The next action after a step the guard judged.
 CONTINUE, ROLLBACK, STOP = "continue", "rollback", "stop"

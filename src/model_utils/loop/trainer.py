@@ -18,7 +18,7 @@ import torch
 
 from model_utils.checkpoint import launch_record, protocol
 from model_utils.data import step_batches
-from model_utils.data.block_cache import BlockSampler, DataPosition, validation_indices
+from model_utils.data.sampler import BlockSampler, DataPosition, validation_indices
 from model_utils.engines.base import Engine
 from model_utils.errors import ConfigError, RunDiverged
 from model_utils.launch import launch_env, walltime
@@ -280,7 +280,7 @@ class Trainer:
         uri = self.cfg.checkpoint.s3_checkpoint_uri
         if uri is None or not self.dist.is_main:
             return None
-        from model_utils.storage.s3_tier import S3Tier
+        from model_utils.checkpoint.s3_tier import S3Tier
 
         return S3Tier(uri)  # access was checked in preflight, before the first step
 

@@ -32,9 +32,10 @@ from typing import Any
 
 import torch
 
-from model_utils.config.arguments import REPO_ROOT, ModelArgs
+from model_utils.config.arguments import ModelArgs
 from model_utils.errors import ConfigError
 from model_utils.observe.log import print0
+from model_utils.repo import REPO_ROOT
 
 # --- DeepSpeed's JIT-built ops ------------------------------------------------------------------------------
 

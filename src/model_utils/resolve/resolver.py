@@ -323,7 +323,7 @@ def _select_resume(cfg: TrainConfig) -> protocol.ResumeTarget | None:
     target = protocol.select_resume(ckpt.checkpoint_dir, ckpt.resume_from_checkpoint)
     if ckpt.s3_checkpoint_uri is None:
         return target
-    from model_utils.storage import s3_tier
+    from model_utils.checkpoint import s3_tier
 
     tier = s3_tier.S3Tier(ckpt.s3_checkpoint_uri)
     tier.check_access()

@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 from botocore.exceptions import EndpointConnectionError
 
+from model_utils.checkpoint.s3_tier import S3Tier
 from model_utils.errors import ConfigError
-from model_utils.storage import file_manifest, s3_tier
-from model_utils.storage.s3_tier import S3Tier, fetch_dataset, parse_s3_uri
+from model_utils.storage import file_manifest
+from model_utils.storage import s3 as storage_s3
+from model_utils.storage.s3 import fetch_dataset, parse_s3_uri
 from support.s3_server import FAKE_SECRET, S3Env
 
 MB = 1 << 20
@@ -318,14 +320,14 @@ def test_fetch_dataset_caches(s3: S3Env, tmp_path: Path, monkeypatch: pytest.Mon
 
     # fetch_dataset makes its own client: count the GETs of every client it makes
     records: list[list[tuple[str, dict[str, Any]]]] = []
-    real_client = s3_tier._client
+    real_client = storage_s3.new_client
 
     def counting_client() -> Any:
         client = real_client()
         records.append(record_calls(client))
         return client
 
-    monkeypatch.setattr(s3_tier, "_client", counting_client)
+    monkeypatch.setattr(storage_s3, "new_client", counting_client)
 
     def gets() -> int:
         n = sum(op == "GetObject" for record in records for op, _ in record)

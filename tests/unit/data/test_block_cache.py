@@ -15,7 +15,7 @@ import pytest
 from dskit import prepare_data
 from model_utils.config.arguments import DataArgs
 from model_utils.data import token_shards
-from model_utils.data.block_cache import BlockSampler, DataPosition, validation_indices
+from model_utils.data.sampler import BlockSampler, DataPosition, validation_indices
 from model_utils.errors import ConfigError
 from support.prepared_data import DOCS, ids_of, run_data, write_jsonl
 

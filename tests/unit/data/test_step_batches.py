@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from model_utils.data.block_cache import BlockSampler, DataPosition
+from model_utils.data.sampler import BlockSampler, DataPosition
 from model_utils.data.step_batches import StepBatches
 
 SEQ = 8

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from model_utils.config.arguments import GuardArgs, parse_args
-from model_utils.data.block_cache import DataPosition
+from model_utils.data.sampler import DataPosition
 from model_utils.errors import ConfigError
 from model_utils.loop import spike_guard
 from model_utils.resolve import resolver

@@ -1,0 +1,80 @@
+"""The sharded, resumable order in which ranks read the token blocks.
+
+Each epoch is a permutation of the blocks, seeded by (seed, epoch). An optimizer step consumes one global batch
+(micro batch x accumulation x data-parallel ranks) of consecutive permuted blocks; rank r reads its own contiguous
+slice of it, so ranks never overlap. The position (epoch, blocks consumed) is all resume needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+@dataclass
+class DataPosition:
+    """Where training is in the data: the epoch and how many of its permuted blocks were consumed."""
+
+    epoch: int = 0
+    consumed: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, int]) -> DataPosition:
+        return cls(epoch=int(d["epoch"]), consumed=int(d["consumed"]))
+
+
+class BlockSampler:
+    """Which blocks each data-parallel rank reads for each optimizer step."""
+
+    def __init__(
+        self, num_blocks: int, micro_batch: int, grad_accum: int, dp_rank: int, dp_world: int, seed: int
+    ) -> None:
+        assert 0 <= dp_rank < dp_world
+        self.num_blocks = num_blocks
+        self.micro_batch = micro_batch
+        self.grad_accum = grad_accum
+        self.dp_rank = dp_rank
+        self.dp_world = dp_world
+        self.seed = seed
+        self.per_rank = micro_batch * grad_accum
+        self.global_batch = self.per_rank * dp_world
+        self._order: tuple[int, np.ndarray] | None = None
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.num_blocks // self.global_batch
+
+    def order(self, epoch: int) -> np.ndarray:
+        if self._order is None or self._order[0] != epoch:
+            self._order = (epoch, np.random.default_rng([self.seed, epoch]).permutation(self.num_blocks))
+        return self._order[1]
+
+    def _normalise(self, pos: DataPosition) -> DataPosition:
+        # A global batch that would run past the end starts the next epoch (the tail is seen next epoch).
+        if pos.consumed + self.global_batch > self.num_blocks:
+            return DataPosition(pos.epoch + 1, 0)
+        return pos
+
+    def step_indices(self, pos: DataPosition) -> np.ndarray:
+        """This rank's block indices for the step at `pos`, shaped [grad_accum, micro_batch]."""
+        pos = self._normalise(pos)
+        start = pos.consumed + self.dp_rank * self.per_rank
+        mine = self.order(pos.epoch)[start : start + self.per_rank]
+        return mine.reshape(self.grad_accum, self.micro_batch)
+
+    def advance(self, pos: DataPosition) -> DataPosition:
+        pos = self._normalise(pos)
+        return DataPosition(pos.epoch, pos.consumed + self.global_batch)
+
+
+def validation_indices(
+    num_blocks: int, batches: int, micro_batch: int, dp_rank: int, dp_world: int
+) -> np.ndarray:
+    """A fixed, disjoint slice of validation blocks per rank, [n_batches, micro_batch], same every evaluation."""
+    per_rank = min(batches * micro_batch, num_blocks // dp_world) // micro_batch * micro_batch
+    idx = np.arange(dp_rank, per_rank * dp_world, dp_world)
+    return idx.reshape(-1, micro_batch)
