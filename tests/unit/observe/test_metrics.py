@@ -104,4 +104,3 @@ def test_metrics_file_appends_strict_json(tmp_path: Path) -> None:
     assert records[0]["grad_norm"] is None and records[0]["loss"] == 2.5 and records[1]["loss"] is None
     assert all(isinstance(r["time"], float) for r in records)
     metrics.MetricsFile(None).write({"step": 3})  # off: writes nothing, no error
-
