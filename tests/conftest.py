@@ -1,8 +1,8 @@
 """Shared fixtures and hooks for tests/unit, tests/e2e and tests/slurm.
 
 - `single_rank`: one in-process gloo process group of one rank, for tests that drive the real Trainer.
-- `moto_endpoint`, `s3`, `denied_server`, `s3_denied`: a real S3 API (moto server) on loopback
-  (tests/support/s3_server.py).
+- `moto_endpoint`, `s3`, `denied_server`, `s3_denied`: a real S3 API (moto server) on loopback, and
+  `no_secret_in_output` (tests/support/s3_server.py).
 - Tests marked `gpu` are skipped, with the reason, where torch sees no CUDA GPU (one hook, not a skipif each).
 """
 
@@ -13,7 +13,13 @@ import socket
 
 import pytest
 
-from support.s3_server import denied_server, moto_endpoint, s3, s3_denied  # noqa: F401  (fixtures)
+from support.s3_server import (  # noqa: F401  (fixtures)
+    denied_server,
+    moto_endpoint,
+    no_secret_in_output,
+    s3,
+    s3_denied,
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -4,17 +4,21 @@ Its fixtures reach every test through tests/conftest.py.
 
 `moto_endpoint` (session) starts `moto_server` on a free loopback port and stops it at the end; `s3` (per test)
 points boto3 at it through the standard AWS_ENDPOINT_URL variable, sets fake credentials and creates a fresh
-bucket, so tests never see each other's objects.
+bucket, so tests never see each other's objects. `no_secret_in_output` checks that the fake secret reaches no
+output or log record (a test module of S3 code uses it on every test: pytestmark); `record_calls` records a boto3
+client's API calls.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -182,3 +186,42 @@ def s3_denied(denied_server: DeniedS3, monkeypatch: pytest.MonkeyPatch) -> Denie
     """Environment set to a valid IAM user that has no permission on `bucket` (S3 answers 403)."""
     point_boto3_at(monkeypatch, denied_server.endpoint, denied_server.key_id, denied_server.secret)
     return denied_server
+
+
+def record_calls(client: Any, hook: Any = None) -> list[tuple[str, dict[str, Any]]]:
+    """Wrap every API call of a boto3 client (all generated methods go through _make_api_call)."""
+    calls: list[tuple[str, dict[str, Any]]] = []
+    real = client._make_api_call
+    lock = threading.Lock()
+
+    def wrapped(operation: str, params: dict[str, Any]) -> Any:
+        with lock:
+            calls.append((operation, params))
+        if hook is not None:
+            hook(operation, params)
+        return real(operation, params)
+
+    client._make_api_call = wrapped
+    return calls
+
+
+@pytest.fixture
+def no_secret_in_output(
+    request: pytest.FixtureRequest, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> Any:
+    """Every test here also checks that the secret key reaches neither stdout/stderr nor any log record,
+    with botocore logging at DEBUG (its most talkative: request headers, retries)."""
+    caplog.set_level(logging.DEBUG, logger="botocore")
+    caplog.set_level(logging.DEBUG, logger="s3transfer")
+    yield
+    out, err = capfd.readouterr()
+    logged = "\n".join(r.getMessage() for phase in ("setup", "call") for r in caplog.get_records(phase))
+    # (monkeypatch has already restored the environment here: take the denied user's secret from its fixture)
+    denied = request.node.funcargs.get("s3_denied")
+    secrets = {FAKE_SECRET, *([denied.secret] if denied else [])}
+    for secret in secrets:
+        assert secret not in out + err
+        assert secret not in logged
+    if "s3" in request.fixturenames:
+        assert "Sending http request" in logged  # the DEBUG capture did see botocore's traffic
+    print(out, end="")  # show it again for -s and failure reports

@@ -1,10 +1,9 @@
 """S3 tier against a real moto server on loopback: manifest-last uploads, complete-tag detection, verified
-downloads, dataset mirroring, retries, access errors, and no secret in any output."""
+downloads, retries, access errors, and no secret in any output. URIs and datasets: tests/unit/storage/test_s3.py."""
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import threading
 import time
@@ -17,10 +16,10 @@ from botocore.exceptions import EndpointConnectionError
 from model_utils.checkpoint.s3_tier import S3Tier
 from model_utils.errors import ConfigError
 from model_utils.storage import file_manifest
-from model_utils.storage import s3 as storage_s3
-from model_utils.storage.s3 import fetch_dataset, parse_s3_uri
-from support.s3_server import FAKE_SECRET, S3Env
+from model_utils.storage.s3 import fetch_dataset
+from support.s3_server import S3Env, record_calls
 
+pytestmark = pytest.mark.usefixtures("no_secret_in_output")
 MB = 1 << 20
 
 
@@ -40,82 +39,8 @@ def make_tag(root: Path, step: int, big: bool = False, model: str = "tiny_qwen3"
     return tag_dir
 
 
-def record_calls(client: Any, hook: Any = None) -> list[tuple[str, dict[str, Any]]]:
-    """Wrap every API call of a boto3 client (all generated methods go through _make_api_call)."""
-    calls: list[tuple[str, dict[str, Any]]] = []
-    real = client._make_api_call
-    lock = threading.Lock()
-
-    def wrapped(operation: str, params: dict[str, Any]) -> Any:
-        with lock:
-            calls.append((operation, params))
-        if hook is not None:
-            hook(operation, params)
-        return real(operation, params)
-
-    client._make_api_call = wrapped
-    return calls
-
-
 def files_of(tag_dir: Path) -> dict[str, bytes]:
     return {str(p.relative_to(tag_dir)): p.read_bytes() for p in sorted(tag_dir.rglob("*")) if p.is_file()}
-
-
-@pytest.fixture(autouse=True)
-def _no_secret_in_output(
-    request: pytest.FixtureRequest, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
-) -> Any:
-    """Every test here also checks that the secret key reaches neither stdout/stderr nor any log record,
-    with botocore logging at DEBUG (its most talkative: request headers, retries)."""
-    caplog.set_level(logging.DEBUG, logger="botocore")
-    caplog.set_level(logging.DEBUG, logger="s3transfer")
-    yield
-    out, err = capfd.readouterr()
-    logged = "\n".join(r.getMessage() for phase in ("setup", "call") for r in caplog.get_records(phase))
-    # (monkeypatch has already restored the environment here: take the denied user's secret from its fixture)
-    denied = request.node.funcargs.get("s3_denied")
-    secrets = {FAKE_SECRET, *([denied.secret] if denied else [])}
-    for secret in secrets:
-        assert secret not in out + err
-        assert secret not in logged
-    if "s3" in request.fixturenames:
-        assert "Sending http request" in logged  # the DEBUG capture did see botocore's traffic
-    print(out, end="")  # show it again for -s and failure reports
-
-
-GOOD_URIS = [
-    ("s3://bucket", ("bucket", "")),
-    ("s3://bucket/", ("bucket", "")),
-    ("s3://my.bucket-1/a/b/", ("my.bucket-1", "a/b")),
-    ("s3://abc/ckpt/run-7", ("abc", "ckpt/run-7")),
-]
-BAD_URIS = [
-    "s3://",
-    "s3:///x",
-    "http://bucket/x",
-    "bucket/x",
-    "s3:/bucket",
-    "s3://Bucket/x",
-    "s3://ab/x",
-    "s3://my_bucket/x",
-    "s3://-bucket/x",
-    "s3://bucket-/x",
-    "s3://a..b/x",
-    "S3://bucket/x",
-    "",
-]
-
-
-@pytest.mark.parametrize(("uri", "expected"), GOOD_URIS)
-def test_parse_s3_uri(uri: str, expected: tuple[str, str]) -> None:
-    assert parse_s3_uri(uri) == expected
-
-
-@pytest.mark.parametrize("uri", BAD_URIS)
-def test_parse_s3_uri_rejects(uri: str) -> None:
-    with pytest.raises(ConfigError, match=r"S3|bucket") as exc:
-        parse_s3_uri(uri)
-    assert "\n" not in str(exc.value)
 
 
 def test_client_uses_standard_endpoint_and_retries(s3: S3Env) -> None:
@@ -306,54 +231,3 @@ def test_wait_with_timeout(s3: S3Env, tmp_path: Path, capfd: pytest.CaptureFixtu
     assert "not waiting for: tiny_qwen3-3steps" in capfd.readouterr().out
     gate.set()
     assert tier.wait(timeout_s=60) is True
-
-
-def test_fetch_dataset_caches(s3: S3Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    rows = {
-        "train/part-0.jsonl": b"".join(json.dumps({"text": f"doc {i}"}).encode() + b"\n" for i in range(100)),
-        "train/part-1.jsonl": b'{"text": "last"}\n',
-        "README.md": b"# data",
-    }
-    for rel, body in rows.items():
-        s3.client.put_object(Bucket=s3.bucket, Key=f"datasets/web/{rel}", Body=body)
-    s3.client.put_object(Bucket=s3.bucket, Key="datasets/web2/other.jsonl", Body=b"{}\n")  # not under web/
-
-    # fetch_dataset makes its own client: count the GETs of every client it makes
-    records: list[list[tuple[str, dict[str, Any]]]] = []
-    real_client = storage_s3.new_client
-
-    def counting_client() -> Any:
-        client = real_client()
-        records.append(record_calls(client))
-        return client
-
-    monkeypatch.setattr(storage_s3, "new_client", counting_client)
-
-    def gets() -> int:
-        n = sum(op == "GetObject" for record in records for op, _ in record)
-        records.clear()
-        return n
-
-    cache = tmp_path / "cache"
-    path = fetch_dataset(s3.uri("datasets/web/"), cache)
-    assert path == cache / "s3" / s3.bucket / "datasets" / "web"
-    assert {str(p.relative_to(path)): p.read_bytes() for p in path.rglob("*") if p.is_file()} == rows
-    assert gets() == 3
-
-    assert fetch_dataset(s3.uri("datasets/web"), cache) == path
-    assert gets() == 0  # unchanged: nothing downloaded
-
-    s3.client.put_object(Bucket=s3.bucket, Key="datasets/web/train/part-1.jsonl", Body=b'{"text": "new"}\n')
-    s3.client.delete_object(Bucket=s3.bucket, Key="datasets/web/README.md")
-    fetch_dataset(s3.uri("datasets/web"), cache)
-    assert gets() == 1
-    assert (path / "train/part-1.jsonl").read_bytes() == b'{"text": "new"}\n'
-    assert not (path / "README.md").exists()
-
-    single = fetch_dataset(s3.uri("datasets/web/train/part-0.jsonl"), cache)
-    assert single.is_file() and single.read_bytes() == rows["train/part-0.jsonl"]
-
-    with pytest.raises(ConfigError, match="no objects under"):
-        fetch_dataset(s3.uri("datasets/nothing-here"), cache)
-    with pytest.raises(ConfigError, match="does not exist"):
-        fetch_dataset("s3://no-such-bucket-dskit/data", cache)
