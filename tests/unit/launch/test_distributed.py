@@ -1,0 +1,51 @@
+"""The process group from torchrun's environment and the loop's collectives, on one real gloo rank in this process
+(`single_rank`): what each returns and how a ConfigError on rank 0 reaches every rank. Several ranks: the 2-rank
+runs in tests/e2e."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from model_utils.errors import ConfigError
+from model_utils.launch import distributed
+
+
+def test_without_torchrun_the_missing_variables_are_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    for name in ("RANK", "WORLD_SIZE", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ConfigError) as err:
+        distributed.init_distributed()
+    message = str(err.value)
+    assert message.startswith("RANK, WORLD_SIZE, MASTER_PORT not set: launch with torchrun")
+    assert "\n" not in message
+
+
+def test_the_collectives_on_one_rank(single_rank) -> None:
+    assert (single_rank.rank, single_rank.world_size, single_rank.is_main) == (0, 1, True)
+    cpu = single_rank.device
+    assert distributed.all_reduce_mean(2.5, cpu) == 2.5
+    assert distributed.global_mean(torch.tensor([4.0])) == 4.0
+    assert distributed.mean_and_max([1.0, 2.0], [7.0], cpu) == ([1.0, 2.0], [7.0])
+    assert distributed.any_rank([True, False, True], cpu) == [True, False, True]
+
+
+def test_main_first_and_decide_on_main_run_once_and_carry_rank_0s_error(single_rank) -> None:
+    calls = []
+
+    def build() -> str:
+        calls.append("built")
+        return "cache"
+
+    assert distributed.main_first(build, single_rank) == "cache" and calls == ["built"]
+    assert distributed.decide_on_main(lambda: {"micro_batch": 4}, single_rank) == {"micro_batch": 4}
+
+    def refuse() -> None:
+        raise ConfigError("dataset d.jsonl is empty")
+
+    with pytest.raises(ConfigError, match=r"^dataset d\.jsonl is empty$"):
+        distributed.main_first(refuse, single_rank)
+    with pytest.raises(ConfigError, match=r"^dataset d\.jsonl is empty$"):
+        distributed.decide_on_main(refuse, single_rank)

@@ -1,0 +1,68 @@
+"""Rank-0 logging: timestamped lines from rank 0 only, one `error:` line, and the progress bar drawn on the
+launcher's terminal (DSKIT_TTY), never into the log. The bar in a real run: tests/e2e/test_trainer.py."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from model_utils.launch import launch_env
+from model_utils.observe import log
+
+
+@pytest.fixture(autouse=True)
+def fresh_bar(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bar opens its terminal once per process: each test gets its own."""
+    monkeypatch.setattr(log, "_bar", log._ProgressBar())
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv(launch_env.TTY, raising=False)
+
+
+def test_lines_come_from_rank_0_only(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log.print0("Step 1/8 | Loss 7.6")
+    log.warn0("the data is small")
+    log.error_line("--lr must be positive")
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \| Step 1/8 \| Loss 7.6", lines[0]), lines
+    assert lines[1].endswith(" | WARNING: the data is small") and len(lines) == 2
+    assert err == "error: --lr must be positive\n"
+    monkeypatch.setenv("RANK", "1")
+    log.print0("again")
+    log.warn0("again")
+    log.error_line("again")
+    log.progress0(1, 8, "again")
+    assert capsys.readouterr() == ("", "")
+
+
+def test_the_bar_goes_to_the_launchers_terminal_and_is_cleared_before_a_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    controller, terminal = os.openpty()
+    try:
+        monkeypatch.setenv(launch_env.TTY, os.ttyname(terminal))
+        log.progress0(3, 12, "loss 7.1")
+        log.print0("Saved checkpoint")
+        drawn = os.read(controller, 4096).decode()
+        assert drawn == "\r\033[K[#######.......................] 3/12 (25%) loss 7.1\r\033[K"
+        assert "Saved checkpoint" in capsys.readouterr().out  # the line goes to stdout (the log), the bar not
+        log.progress0(12, 12, "done")
+        log.end_progress0()
+        assert os.read(controller, 4096).decode().endswith("12/12 (100%) done\r\033[K")
+    finally:
+        os.close(controller)
+        os.close(terminal)
+
+
+def test_no_terminal_no_bar(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    not_a_tty = tmp_path / "log.txt"
+    not_a_tty.write_text("")
+    monkeypatch.setenv(launch_env.TTY, str(not_a_tty))
+    log.progress0(1, 2, "x")
+    assert not_a_tty.read_text() == "" and capsys.readouterr().out == ""
