@@ -33,7 +33,7 @@ def test_parsing_training_flags_imports_deepspeed_without_mlflow() -> None:
         "from model_utils.config.arguments import parse_args\n"
         "cfg = parse_args([])\n"
         "print('deepspeed' in sys.modules)\n"
-        "from model_utils import deepspeed_config\n"
+        "from model_utils.engines import deepspeed_config\n"
         "deepspeed_config.resolve(cfg)\n"
         "from deepspeed.autotuning import autotuner\n"
         "print('deepspeed' in sys.modules, 'mlflow' in sys.modules, autotuner.has_mlflow)\n"
@@ -46,7 +46,7 @@ def test_parsing_training_flags_imports_deepspeed_without_mlflow() -> None:
 def test_an_earlier_mlflow_import_is_left_alone() -> None:
     lines = run_fresh(
         "import sys, mlflow\n"
-        "from model_utils import startup\n"
+        "from model_utils.launch import startup\n"
         "startup.import_deepspeed()\n"
         "from deepspeed.autotuning import autotuner\n"
         "print(sys.modules['mlflow'] is mlflow, autotuner.has_mlflow)\n"
@@ -89,7 +89,7 @@ def test_deepspeed_muon_module_is_imported_without_compiling() -> None:
     torch's inductor, and its compiled functions are still torch.compile'd, on their first call."""
     lines = run_fresh(
         "import sys\n"
-        "from model_utils import startup\n"
+        "from model_utils.launch import startup\n"
         "startup.import_deepspeed()\n"
         "print(startup.MUON_MODULE in sys.modules, 'torch._inductor.compile_fx' in sys.modules)\n"
         "from deepspeed.runtime import compiler\n"
@@ -125,7 +125,7 @@ def test_transformers_import_holds_back_what_ranks_do_not_use() -> None:
     normally afterwards (dskit's S3 tier imports boto3 when it is used)."""
     lines = run_fresh(
         "import sys\n"
-        "from model_utils import startup\n"
+        "from model_utils.launch import startup\n"
         "startup.import_transformers()\n"
         "from transformers import Qwen3Config, Qwen3ForCausalLM\n"
         "print('jinja2' in sys.modules, 'boto3' in sys.modules, 'transformers' in sys.modules)\n"
