@@ -2,8 +2,8 @@
 
 `TRITON_INTERPRET=1 python liger_interpreted.py OUT.json [PART ...]` writes, per part, the largest forward and
 gradient differences from eager, the Triton kernels that ran, or the error that stopped the part. The
-environment variable must be set before triton is imported, hence a process of its own (tests/unit/
-test_gpu_paths_on_cpu.py starts it).
+environment variable must be set before triton is imported, hence a process of its own (tests/e2e/
+test_liger_on_cpu.py starts it).
 
 Two gaps in Triton 3.9's interpreter would stop the RMSNorm and SwiGLU kernels, so this script bridges them,
 only where they are found (each one is named in the output):

@@ -29,3 +29,10 @@ def tiny_model(dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.nn.Mo
     return AutoModelForCausalLM.from_config(
         PRESETS["tiny-qwen3"].build_config(), attn_implementation="sdpa", dtype=dtype
     )
+
+
+def checkpointed(model) -> list[bool]:
+    """For each decoder layer, whether it is activation-checkpointed."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return [m.gradient_checkpointing for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]

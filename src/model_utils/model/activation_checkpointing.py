@@ -12,7 +12,7 @@ which sets `gradient_checkpointing` on each `GradientCheckpointingLayer` (the de
 `forward`, not `__call__`: module hooks (DeepSpeed ZeRO-3's parameter gathering) stay outside the checkpoint, and
 the recompute gathers through the submodules' own hooks. The checkpoint is torch's non-reentrant one
 (`use_reentrant=False`): it needs no input that requires grad, and dynamo traces it under torch.compile as a
-checkpointed region (tests/unit/test_activation_checkpointing.py trains through it with aot_eager on CPU; inductor
+checkpointed region (tests/e2e/test_model_setup.py trains through it with aot_eager on CPU; inductor
 and Liger's autograd functions inside a recomputed layer need a GPU to test). transformers also registers
 `enable_input_require_grads()` (a hook making the embedding output require grad), which only the reentrant
 checkpoint needs, e.g. with frozen embeddings; it changes nothing when the embeddings train, so it is left on.

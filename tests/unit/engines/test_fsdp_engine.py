@@ -12,8 +12,8 @@ from model_utils.engines import fsdp_engine
 from support.pretrained import tiny_model
 
 
-def test_shard_wraps_every_decoder_layer_then_the_root(single_rank) -> None:
-    model = fsdp_engine.shard(tiny_model(), single_rank.device, bf16=True, cpu_offload=False)
+def test_shard_wraps_every_decoder_layer_then_the_root(gloo_rank) -> None:
+    model = fsdp_engine.shard(tiny_model(), gloo_rank.device, bf16=True, cpu_offload=False)
     layers = [m for m in model.modules() if type(m).__name__.startswith("FSDPQwen3DecoderLayer")]
     assert len(layers) == 2 and all(isinstance(m, FSDPModule) for m in layers)
     assert isinstance(model, FSDPModule)  # the root: embeddings, final norm, head

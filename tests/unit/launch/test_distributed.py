@@ -1,5 +1,5 @@
 """The process group from torchrun's environment and the loop's collectives, on one real gloo rank in this process
-(`single_rank`): what each returns and how a ConfigError on rank 0 reaches every rank. Several ranks: the 2-rank
+(`gloo_rank`): what each returns and how a ConfigError on rank 0 reaches every rank. Several ranks: the 2-rank
 runs in tests/e2e."""
 
 from __future__ import annotations
@@ -23,29 +23,29 @@ def test_without_torchrun_the_missing_variables_are_one_line(monkeypatch: pytest
     assert "\n" not in message
 
 
-def test_the_collectives_on_one_rank(single_rank) -> None:
-    assert (single_rank.rank, single_rank.world_size, single_rank.is_main) == (0, 1, True)
-    cpu = single_rank.device
+def test_the_collectives_on_one_rank(gloo_rank) -> None:
+    assert (gloo_rank.rank, gloo_rank.world_size, gloo_rank.is_main) == (0, 1, True)
+    cpu = gloo_rank.device
     assert distributed.all_reduce_mean(2.5, cpu) == 2.5
     assert distributed.global_mean(torch.tensor([4.0])) == 4.0
     assert distributed.mean_and_max([1.0, 2.0], [7.0], cpu) == ([1.0, 2.0], [7.0])
     assert distributed.any_rank([True, False, True], cpu) == [True, False, True]
 
 
-def test_main_first_and_decide_on_main_run_once_and_carry_rank_0s_error(single_rank) -> None:
+def test_main_first_and_decide_on_main_run_once_and_carry_rank_0s_error(gloo_rank) -> None:
     calls = []
 
     def build() -> str:
         calls.append("built")
         return "cache"
 
-    assert distributed.main_first(build, single_rank) == "cache" and calls == ["built"]
-    assert distributed.decide_on_main(lambda: {"micro_batch": 4}, single_rank) == {"micro_batch": 4}
+    assert distributed.main_first(build, gloo_rank) == "cache" and calls == ["built"]
+    assert distributed.decide_on_main(lambda: {"micro_batch": 4}, gloo_rank) == {"micro_batch": 4}
 
     def refuse() -> None:
         raise ConfigError("dataset d.jsonl is empty")
 
     with pytest.raises(ConfigError, match=r"^dataset d\.jsonl is empty$"):
-        distributed.main_first(refuse, single_rank)
+        distributed.main_first(refuse, gloo_rank)
     with pytest.raises(ConfigError, match=r"^dataset d\.jsonl is empty$"):
-        distributed.decide_on_main(refuse, single_rank)
+        distributed.decide_on_main(refuse, gloo_rank)

@@ -1,6 +1,7 @@
 """--activation_checkpointing none|full|every_N: the same training, fewer saved activations, bad values refused,
-the resolved run, and the real Trainer (with torch.compile). The estimate's activation memory per level:
-tests/unit/resolve/test_memory_estimate.py; `dskit estimate`'s recommendation: tests/unit/dskit/test_estimate.py.
+and the resolved run. Through the real Trainer with torch.compile: tests/e2e/test_model_setup.py. The estimate's
+activation memory per level: tests/unit/resolve/test_memory_estimate.py; `dskit estimate`'s recommendation:
+tests/unit/dskit/test_estimate.py.
 
 On CPU in fp32 with the tiny preset (2 decoder layers: every_2 checkpoints layer 0 of 2). Liger's kernels need a
 GPU and are not run here.
@@ -9,7 +10,6 @@ GPU and are not run here.
 from __future__ import annotations
 
 import copy
-import functools
 import json
 from pathlib import Path
 
@@ -20,17 +20,9 @@ from dskit import cli
 from model_utils.config.arguments import parse_args
 from model_utils.errors import ConfigError
 from model_utils.model import activation_checkpointing as ac
-from model_utils.model import kernels
-from support.pretrained import tiny_model
-from support.small_trainer import make_trainer
+from support.pretrained import checkpointed, tiny_model
 
 LEVELS = ("none", "full", "every_2")
-
-
-def checkpointed(model) -> list[bool]:
-    from transformers.modeling_layers import GradientCheckpointingLayer
-
-    return [m.gradient_checkpointing for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
 
 
 # --- the model: what is checkpointed, and the same training --------------------------------------------------
@@ -131,7 +123,7 @@ def test_models_without_checkpointing_are_refused() -> None:
         ac.apply(NoCheckpointing(), "full")
 
 
-# --- the resolved run and the Trainer ---------------------------------------------------------------------------
+# --- the resolved run ----------------------------------------------------------------------------------------------
 
 
 def test_resolved_run_says_what_is_checkpointed(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -141,28 +133,3 @@ def test_resolved_run_says_what_is_checkpointed(capsys: pytest.CaptureFixture[st
         printed = json.loads(capsys.readouterr().out)
         assert printed["config"]["model"]["activation_checkpointing"] == value  # as given
         assert printed["resolved"]["activation_checkpointing"] == resolved
-
-
-def test_trainer_checkpoints_under_deepspeed_and_compile(
-    tmp_path: Path, single_rank, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Through the real Trainer (ZeRO-2, CPU Adam): every_2 with torch.compile trains as eager without
-    checkpointing. Dynamo and AOTAutograd trace the checkpointed layer for real; the backend is aot_eager, as in
-    test_kernels.py (inductor's cold C++ build takes minutes on 2 cores)."""
-    losses = {}
-    for value, compiled in (("none", False), ("every_2", True)):
-        if compiled:
-            aot_eager = functools.partialmethod(torch.nn.Module.compile, backend="aot_eager")
-            monkeypatch.setattr(torch.nn.Module, "compile", aot_eager)
-        trainer = make_trainer(
-            tmp_path, single_rank, "--activation_checkpointing", value, "--compile", str(compiled).lower()
-        )
-        module = trainer.engine.module
-        assert checkpointed(module) == ([True, False] if value == "every_2" else [False, False])
-        assert kernels.compiled_in_place(module) is compiled
-        trainer.engine.train()
-        losses[value] = [trainer.step()[1] for _ in range(3)]
-        trainer.close()
-    assert "Activation checkpointing: 1 of 2 decoder layers (every_2)" in capsys.readouterr().out
-    # bf16 training: the compiled graph may fuse differently, as in test_kernels' compile test.
-    assert losses["every_2"] == pytest.approx(losses["none"], abs=2e-3)

@@ -1,22 +1,15 @@
 """--liger/--compile and the TORCH_CUDA_ARCH_LIST fix for DeepSpeed's op builder.
 
-Without a GPU: the CPU tests check the decisions (which kernels for which device), Liger's real patching, and
-torch.compile through the real Trainer; Liger's four Triton kernels and the kit's Liger patching of tiny-qwen3
-(eager, and beside inductor's CPU-compiled decoder) run against eager under Triton's CPU interpreter
-(TRITON_INTERPRET=1, in a process of its own: tests/support/liger_interpreted.py, which says which interpreter
-gaps it bridges). The tests marked `gpu` check the kernels' numbers and inductor on a CUDA GPU (skipped here).
+Without a GPU: the CPU tests check the decisions (which kernels for which device) and Liger's real patching. The
+tests marked `gpu` check the kernels' numbers and inductor on a CUDA GPU (skipped here). Liger's Triton kernels
+under Triton's CPU interpreter: tests/e2e/test_liger_on_cpu.py; torch.compile through the real Trainer and each
+engine: tests/e2e/test_model_setup.py.
 """
 
 from __future__ import annotations
 
 import copy
-import functools
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -26,7 +19,6 @@ from model_utils.config.arguments import ModelArgs
 from model_utils.errors import ConfigError
 from model_utils.model import kernels
 from support.pretrained import tiny_model
-from support.small_trainer import make_trainer
 
 REPO = Path(__file__).resolve().parents[3]
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
@@ -128,37 +120,6 @@ def test_liger_loss_falls_back_to_the_model_forward_under_zero3() -> None:
     assert len(calls) == 1 and torch.allclose(loss, reference(input_ids=ids, labels=ids).loss)
 
 
-@pytest.mark.parametrize("backend", ["deepspeed", "fsdp"])
-def test_compile_trains_like_eager_through_each_engine(
-    backend: str, tmp_path: Path, single_rank, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """--compile true through the real Trainer (ZeRO-2 with CPU Adam; FSDP2, compiled before sharding): the same
-    losses as eager, the same state_dict keys. Dynamo and AOTAutograd run for real; the backend is aot_eager
-    because inductor's cold C++ build takes ~90 s on 2 cores (inductor runs in the GPU test below)."""
-    losses = {}
-    for compiled in (False, True):
-        if compiled:
-            aot_eager = functools.partialmethod(torch.nn.Module.compile, backend="aot_eager")
-            monkeypatch.setattr(torch.nn.Module, "compile", aot_eager)
-        trainer = make_trainer(
-            tmp_path / f"{backend}-{compiled}",
-            single_rank,
-            "--compile",
-            str(compiled).lower(),
-            "--backend",
-            backend,
-        )
-        module = trainer.engine.module
-        assert kernels.compiled_in_place(module) is compiled
-        assert not any(key.startswith("_orig_mod") for key in module.state_dict())
-        trainer.engine.train()
-        losses[compiled] = [trainer.step()[1] for _ in range(3)]
-        trainer.close()
-    # Steps 2 and 3 ran after optimizer updates: the compiled module trained exactly as the eager one did.
-    assert losses[True] == pytest.approx(losses[False], abs=2e-3)
-    assert len(set(losses[True])) == 3
-
-
 # --- TORCH_CUDA_ARCH_LIST and DeepSpeed's op builder --------------------------------------------------------
 
 
@@ -218,85 +179,6 @@ def test_training_and_the_warm_step_share_the_jit_env_setup() -> None:
     warm = makefile[makefile.index("\nwarm:") :].split("\n\n")[0]
     assert "kernels.warm_deepspeed_ops(" in warm
     assert "kernels.optimize_model(" in (REPO / "src" / "model_utils" / "loop" / "trainer.py").read_text()
-
-
-# --- Liger's kernels under Triton's interpreter -------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def interpreted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """All parts in one process: the interpreter's start-up (importing triton, liger, transformers) once."""
-    out = tmp_path_factory.mktemp("liger") / "interpreted.json"
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO / "tests")}
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "tests/support/liger_interpreted.py"), str(out)],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(out.read_text())
-
-
-def _result(interpreted: dict[str, Any], part: str) -> dict[str, Any]:
-    result = interpreted["parts"][part]
-    if "error" in result:
-        if result["error"].startswith(
-            "InterpreterError"
-        ):  # a limit of the interpreter, not of Liger or the kit
-            pytest.skip(
-                f"Triton {interpreted['triton']}'s CPU interpreter cannot run Liger's {part}: {result['error']}"
-            )
-        pytest.fail(f"{part}: {result['error']}\n{result['traceback']}")
-    return result
-
-
-@pytest.mark.parametrize(
-    ("part", "kernels_run"),
-    [
-        ("rms_norm", ["_rms_norm_backward_kernel", "_rms_norm_forward_kernel"]),
-        ("rope", ["_triton_rope"]),  # one kernel, both directions
-        ("swiglu", ["_swiglu_backward_kernel", "_swiglu_forward_kernel"]),
-        ("fused_linear_cross_entropy", ["element_mul_kernel", "liger_cross_entropy_kernel"]),
-    ],
-)
-def test_liger_kernel_matches_eager_under_the_triton_interpreter(
-    interpreted: dict[str, Any], part: str, kernels_run: list[str]
-) -> None:
-    """Each kernel the kit applies against the Hugging Face Qwen3 module it replaces: fp32, small shapes."""
-    result = _result(interpreted, part)
-    assert result["kernels"] == kernels_run  # Liger's Triton kernels ran, not a PyTorch fallback
-    assert result["forward"] < 1e-5 and result["gradients"] < 1e-5, result
-
-
-def test_kit_liger_patching_trains_like_eager_under_the_triton_interpreter(
-    interpreted: dict[str, Any],
-) -> None:
-    """kernels.apply_plan with Liger on (as optimize_model applies it on CUDA): one step of tiny-qwen3."""
-    result = _result(interpreted, "model_step")
-    assert {
-        "_rms_norm_forward_kernel",
-        "_swiglu_forward_kernel",
-        "_triton_rope",
-        "liger_cross_entropy_kernel",
-    } <= set(result["kernels"])
-    assert not result["logits_materialised"]  # the fused loss never builds the logits
-    assert result["loss"] == pytest.approx(result["loss_eager"], rel=1e-6)
-    assert result["gradients"] < 1e-5
-
-
-def test_liger_loss_beside_the_inductor_compiled_decoder_under_the_triton_interpreter(
-    interpreted: dict[str, Any],
-) -> None:
-    """--liger on --compile: the decoder compiled by inductor (CPU backend), Liger's fused loss eagerly on its
-    output, with labels holding ignore_index (the case Liger's loss gets wrong inside a compiled graph)."""
-    result = _result(interpreted, "compiled_model_step")
-    assert result["compiled_in_place"]
-    assert result["kernels"] == ["liger_cross_entropy_kernel"]  # norms, RoPE and SwiGLU left to inductor
-    assert result["loss"] == pytest.approx(result["loss_eager"], rel=1e-6)
-    assert result["gradients"] < 1e-5
 
 
 # --- on a GPU -----------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """--global_batch_tokens: the accumulation derived from a global batch in tokens, its errors, the run-file key,
 the layout's log line and `dskit config`; the embedded default on CPU stays micro batch 1 x accumulation 1; the
 default DeepSpeed config on CUDA, GPU-only where the memory estimate fits a given GPU memory size. (The CUDA
-batch default on the ranks, against a fake GPU: tests/unit/test_gpu_paths_on_cpu.py.)"""
+batch default on the ranks, against a fake GPU: tests/unit/resolve/test_micro_batch_probe.py.)"""
 
 from __future__ import annotations
 

@@ -278,11 +278,11 @@ def test_auto_micro_batch_flag_and_config(tmp_path: Path, capsys: pytest.Capture
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU resolution")
 def test_auto_micro_batch_resolves_on_the_ranks_only(
-    tmp_path: Path, single_rank, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, gloo_rank, capsys: pytest.CaptureFixture[str]
 ) -> None:
     flags = ["--micro_batch_size", "auto", "--seq_length", "32", "--data_cache_dir", str(tmp_path / "cache")]
     cfg = parse_args([*flags, "--checkpoint_dir", str(tmp_path / "ckpt")])
-    run = resolver.prepare(cfg, world_size=single_rank.world_size)  # a training rank, on CPU
+    run = resolver.prepare(cfg, world_size=gloo_rank.world_size)  # a training rank, on CPU
     assert (
         run.micro_batch_size == 1 and run.global_batch == 1 and run.steps_per_epoch == len(run.train_blocks)
     )

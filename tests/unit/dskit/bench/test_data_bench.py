@@ -1,6 +1,6 @@
-"""`dskit bench --data`: prepare-data at 1 and 2 processes (real child processes), the read path and the headroom
-against a metrics file, printed and written as JSON; and the benchmark corpus maker. Not a timing test: it checks
-that every figure is there, positive and consistent with the others."""
+"""`dskit bench --data`: the headroom only where there is a need, bad input and what prepare-data refuses as one
+line before any preparation, the help, and the benchmark corpus maker. The benchmark itself (prepare-data at 1
+and 2 real child processes, the read path, the headroom against a metrics file): tests/e2e/test_bench.py."""
 
 from __future__ import annotations
 
@@ -11,65 +11,6 @@ import pytest
 
 from dskit import cli
 from dskit.bench import data_bench
-from model_utils.observe import metrics
-
-TABLE_FIELDS = ("procs", "units", "wall s", "tokenize s", "tokens/s", "tokens/s/proc", "speed-up")
-TABLE_FIELDS += ("peak RSS tree GiB", "peak RSS proc GiB", "disk MB", "shards")
-
-
-def _metrics_file(path: Path) -> None:
-    """What a 2-rank run writes: a start event, then one record per logged interval (the first one slow)."""
-    file = metrics.MetricsFile(path)
-    file.write({"event": "start", "step": 0, "world_size": 2, "max_steps": 40})
-    for step, rate in ((10, 100.0), (20, 1000.0), (30, 1200.0), (40, 800.0)):
-        file.write(
-            {"step": step, "tokens_per_s": 2 * rate, "tokens_per_s_per_device": rate, "step_time_s": 0.5}
-        )
-
-
-def test_data_bench_prepares_reads_and_compares(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _metrics_file(tmp_path / "run.metrics.jsonl")
-    out, work = tmp_path / "data.json", tmp_path / "work"
-    argv = ["bench", "--data", "embedded", "--procs", "1,2", "--unit_mb", "1", "--read_steps", "20"]
-    argv += ["--metrics", str(tmp_path / "run.metrics.jsonl"), "--json", str(out), "--work_dir", str(work)]
-    assert cli.main(argv) == 0
-    printed = capsys.readouterr().out
-
-    table = printed[printed.index("procs  ") :].splitlines()
-    assert all(name in table[0] for name in TABLE_FIELDS)
-    assert table[1].split()[0] == "1" and table[2].split()[0] == "2"
-    assert "shards: identical at 1, 2 processes" in printed
-    assert "read path" in printed and "blocks/s" in printed
-    assert "trainer's need: 1,000 tokens/s per rank" in printed and "world size 2" in printed
-    assert list(work.iterdir()) == []  # the preparations are deleted
-
-    result = json.loads(out.read_text())
-    assert result["source"] == "embedded" and result["tokenizer"] == "tiny-qwen3" and result["units"] == 3
-    runs = result["runs"]
-    assert [r["procs"] for r in runs] == [1, 2]
-    # The same stream at every process count: the same tokens and the same shard checksums.
-    assert runs[0]["tokens"] == runs[1]["tokens"] > 0 and runs[0]["documents"] == runs[1]["documents"] > 0
-    assert runs[0]["shards_digest"] == runs[1]["shards_digest"] and result["shards_identical"] is True
-    for r in runs:
-        assert r["wall_s"] > r["tokenize_s"] > 0
-        assert r["tokens_per_s"] == pytest.approx(r["tokens"] / r["tokenize_s"])
-        assert r["tokens_per_s_wall"] == pytest.approx(r["tokens"] / r["wall_s"])
-        assert r["tokens_per_s_per_proc"] == pytest.approx(r["tokens_per_s"] / min(r["procs"], r["units"]))
-        assert r["peak_rss_tree_gib"] >= r["peak_rss_process_gib"] > 0 and r["rss_samples"] >= 1
-        assert r["disk_mb"] * 2**20 >= 2 * r["tokens"]  # uint16 tokens (a 2048-token vocabulary), plus JSON
-    assert runs[0]["speedup"] == 1.0
-    assert runs[1]["speedup"] == pytest.approx(runs[1]["tokens_per_s"] / runs[0]["tokens_per_s"])
-
-    read = result["read"]
-    assert (read["seq_length"], read["micro_batch_size"], read["steps"]) == (2048, 8, 20)
-    assert 0 < read["blocks"] <= runs[0]["tokens"] // 2048  # the train split's blocks
-    assert read["blocks_per_s"] == pytest.approx(20 * 8 / read["seconds"])
-    assert read["tokens_per_s"] == pytest.approx(read["blocks_per_s"] * 2048)
-    need = result["need"]
-    # The median of the intervals after the first (which holds the warm-up), per rank.
-    assert (need["tokens_per_s_per_rank"], need["world_size"], need["intervals"]) == (1000.0, 2, 3)
-    assert need["step_time_s"] == 0.5
-    assert result["headroom"] == pytest.approx(read["tokens_per_s"] / 1000.0)
 
 
 def test_headroom_is_not_computed_without_a_need() -> None:

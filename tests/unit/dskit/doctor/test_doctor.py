@@ -24,7 +24,7 @@ from model_utils.config.arguments import DataArgs
 from support.s3_server import S3Env
 
 REPO = Path(__file__).resolve().parents[4]
-QWEN3_0_6B_PARAMS = 596_049_920  # tests/test_models.py checks the preset is the real architecture
+QWEN3_0_6B_PARAMS = 596_049_920  # tests/unit/config/test_presets.py checks it is the real one
 
 NO_GPU = GpuProbe(smi_count=0, torch_count=0, names=(), driver=None, memory_bytes=None, smi_error=None)
 # Stand-in for an 8-GPU node (no GPU here).
