@@ -10,7 +10,7 @@ export HF_DATASETS_OFFLINE ?= 1
 # One JIT-ops cache per checkout: checkouts sharing ~/.cache/torch_extensions rebuild each other's ops.
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
-.PHONY: test env tools warm lint wheelhouse offline-check gpu-check
+.PHONY: test test-fast env tools warm lint wheelhouse offline-check gpu-check
 # make wheelhouse: every locked dependency as wheels, for an air-gapped cluster (WHEELHOUSE=DIR on the launchers).
 # The target defaults to this machine; set WHEELHOUSE_PYTHON=3.12 WHEELHOUSE_MACHINE=aarch64 WHEELHOUSE_GLIBC=2.28
 # for another. `make offline-check` builds it, then runs the air-gapped install test against it (docs/testing.md).
@@ -42,6 +42,11 @@ lint: env
 
 test: warm lint
 	$(PY) -m pytest tests -q
+
+# The edit loop: ruff and the unit tier (tests/unit mirrors src/: no engine built, no multi-rank run, no DeepSpeed
+# op build, so no warm), about 2 minutes on 2 cores (docs/testing.md).
+test-fast: lint
+	$(PY) -m pytest tests/unit -q
 
 wheelhouse: env
 	$(PY) -m dskit.cli wheelhouse build $(WHEELHOUSE_DIR) $(WHEELHOUSE_OPTS)

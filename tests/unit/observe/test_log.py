@@ -5,11 +5,20 @@ from __future__ import annotations
 
 import os
 import re
+import select
 
 import pytest
 
 from model_utils.launch import launch_env
 from model_utils.observe import log
+
+
+def drawn(controller: int) -> str:
+    """What reached the terminal so far (the pty may hand it over in pieces)."""
+    chunks = []
+    while select.select([controller], [], [], 0.5)[0]:
+        chunks.append(os.read(controller, 4096))
+    return b"".join(chunks).decode()
 
 
 @pytest.fixture(autouse=True)
@@ -47,12 +56,11 @@ def test_the_bar_goes_to_the_launchers_terminal_and_is_cleared_before_a_line(
         monkeypatch.setenv(launch_env.TTY, os.ttyname(terminal))
         log.progress0(3, 12, "loss 7.1")
         log.print0("Saved checkpoint")
-        drawn = os.read(controller, 4096).decode()
-        assert drawn == "\r\033[K[#######.......................] 3/12 (25%) loss 7.1\r\033[K"
+        assert drawn(controller) == "\r\033[K[#######.......................] 3/12 (25%) loss 7.1\r\033[K"
         assert "Saved checkpoint" in capsys.readouterr().out  # the line goes to stdout (the log), the bar not
         log.progress0(12, 12, "done")
         log.end_progress0()
-        assert os.read(controller, 4096).decode().endswith("12/12 (100%) done\r\033[K")
+        assert drawn(controller).endswith("12/12 (100%) done\r\033[K")
     finally:
         os.close(controller)
         os.close(terminal)
