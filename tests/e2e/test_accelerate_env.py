@@ -2,7 +2,8 @@
 
 Each accelerate config below is launched once (`accelerate launch --config_file X dump_env.py`, on CPU, all at
 once); the tiny script dumps rank 0's environment as JSON, which is what a training rank would read. Nothing is
-mocked: if accelerate renames a variable or stops passing a setting, these tests fail.
+mocked: if accelerate renames a variable or stops passing a setting, these tests fail. (Out of the unit tier for
+its launches; training through `accelerate launch`: test_accelerate_launch.py.)
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ from model_utils.errors import ConfigError
 from model_utils.launch import accelerate_env
 from model_utils.launch.accelerate_env import AccelerateRequest
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 ACCELERATE = Path(sys.executable).parent / "accelerate"
 ZERO3 = str(REPO / "deepspeed" / "ds_config_zero3.json")
 SHIPPED = REPO / "configs" / "accelerate" / "deepspeed-zero2.yaml"
+
+pytestmark = pytest.mark.e2e
 
 DUMP_ENV = """\
 import json, os, sys
@@ -112,12 +115,6 @@ def one_line_error(env: dict[str, str]) -> str:
     text = str(e.value)
     assert "\n" not in text
     return text
-
-
-def test_not_launched_by_accelerate() -> None:
-    torchrun_env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
-    assert accelerate_env.from_environment(torchrun_env) is None
-    assert accelerate_env.from_environment(os.environ | {"ACCELERATE_USE_FSDP": "true"}) is None  # no marker
 
 
 def test_deepspeed_with_a_config_file(envs: dict[str, dict[str, str]]) -> None:
