@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from model_utils import engines
 from model_utils.checkpoint import launch_record, protocol
 from model_utils.config.presets import PRESETS
+from model_utils.engines.deepspeed_engine import MODEL_STATES, DeepSpeedEngine
 from model_utils.errors import ConfigError
 from model_utils.storage import file_manifest
 from support.torchrun import ENV
@@ -28,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 def fake_tag(root: Path, step: int, size: int = 1000, with_manifest: bool = True) -> Path:
     tag_dir = root / f"tiny_qwen3-{step}steps"
     tag_dir.mkdir(parents=True)
-    (tag_dir / protocol.MODEL_STATES).write_bytes(os.urandom(size))
+    (tag_dir / MODEL_STATES).write_bytes(os.urandom(size))
     (tag_dir / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(os.urandom(size))
     if with_manifest:
         file_manifest.write(tag_dir, file_manifest.build(tag_dir, {"tag": tag_dir.name, "step": step}))
@@ -54,7 +56,7 @@ def test_resume_falls_back_past_bad_tags_with_a_warning(tmp_path: Path, capsys) 
     fake_tag(tmp_path, 10)
     good = fake_tag(tmp_path, 20)
     corrupt = fake_tag(tmp_path, 30)
-    (corrupt / protocol.MODEL_STATES).write_bytes(b"x" * 1000)
+    (corrupt / MODEL_STATES).write_bytes(b"x" * 1000)
     fake_tag(tmp_path, 40, with_manifest=False)  # a save that died before its manifest
     (tmp_path / ".staging-tiny_qwen3-50steps").mkdir()  # and one that died earlier still
     (tmp_path / "latest").write_text("tiny_qwen3-40steps")
@@ -81,7 +83,7 @@ def test_no_checkpoint_is_a_fresh_start_but_an_explicit_resume_is_an_error(tmp_p
         protocol.select_resume(str(tmp_path), str(tmp_path))
     tag = fake_tag(tmp_path, 5)
     assert protocol.select_resume("unused", str(tag)).path == tag  # a tag dir directly
-    (tag / protocol.MODEL_STATES).write_bytes(b"")
+    (tag / MODEL_STATES).write_bytes(b"")
     with pytest.raises(ConfigError, match="is damaged"):
         protocol.select_resume("unused", str(tag))
 
@@ -100,11 +102,13 @@ def test_rotation_removes_a_universal_copy_with_its_tag(tmp_path: Path) -> None:
     for step in (10, 20, 30):
         fake_tag(tmp_path, step)
     for step in (10, 20):  # universal copies (a world-size change resumed from them): never resume candidates
-        copy = tmp_path / protocol.universal_tag(f"tiny_qwen3-{step}steps")
+        copy = tmp_path / DeepSpeedEngine.converted_tag(f"tiny_qwen3-{step}steps")
         copy.mkdir()
-        (copy / protocol.MODEL_STATES).write_bytes(b"x")
+        (copy / MODEL_STATES).write_bytes(b"x")
     assert protocol.select_resume(str(tmp_path), None).tag == "tiny_qwen3-30steps"
-    assert protocol.rotate(tmp_path, keep=1, protect={"tiny_qwen3-10steps"}) == ["tiny_qwen3-20steps"]
+    # The run's engine names the copies that go with their tags.
+    rotated = protocol.rotate(tmp_path, keep=1, protect={"tiny_qwen3-10steps"}, engine=DeepSpeedEngine)
+    assert rotated == ["tiny_qwen3-20steps"]
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left == ["tiny_qwen3-10steps", "tiny_qwen3-10steps-universal", "tiny_qwen3-30steps"]
 
@@ -255,7 +259,8 @@ def test_world_size_change_resumes_through_a_universal_copy_and_time_interval_sa
     copy = ckpt / "tiny_qwen3-4steps-universal"
     assert f"{UNIVERSAL} (converted in" in proc.stdout and f"to {copy})" in proc.stdout
     assert "loaded the weights only" not in proc.stdout
-    saved = torch.load(ckpt / "tiny_qwen3-4steps" / protocol.MODEL_STATES, weights_only=False)
+    assert engines.engine_of_tag(ckpt / "tiny_qwen3-4steps") == "deepspeed"  # DeepSpeed's real files
+    saved = torch.load(ckpt / "tiny_qwen3-4steps" / MODEL_STATES, weights_only=False)
     consumed = saved["dskit"]["train_state"]["position"]["consumed"]  # global blocks: any world size reads it
     assert f"Resumed from {copy} at step 4 (epoch 0, block {consumed}," in proc.stdout
     assert "Step 8/8 | Loss" in proc.stdout

@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 import numpy as np
 import torch
 
+from model_utils import engines
 from model_utils.checkpoint import launch_record, protocol
 from model_utils.data import step_batches
 from model_utils.data.sampler import BlockSampler, DataPosition, validation_indices
@@ -93,11 +94,10 @@ def create_engine(run: ResolvedRun, dist: DistInfo) -> tuple[Engine, param_group
     # the decay groups below (trainable parameters only) hold the adapters alone.
     model = lora.apply(model, cfg.lora, cfg.loop.seed)
     kernels.optimize_model(lora.hf_model(model), cfg.model, dist.device)
-    if ds.backend == "fsdp":
-        from model_utils.engines import fsdp_engine
-
-        # Sharding swaps every parameter for a DTensor: the decay groups are of the sharded ones.
-        model = fsdp_engine.shard(model, dist.device, ds.precision == "bf16", ds.fsdp_cpu_offload)
+    engine_type = engines.engine_class(cfg.optim.backend)
+    # Before the decay groups: the engine may swap the parameters (FSDP shards them into DTensors); the groups are
+    # of what it trains.
+    model = engine_type.prepare_model(model, run, dist.device)
     groups = param_groups.split_for_weight_decay(model, cfg.optim.no_decay_embeddings)
     print0(groups.describe(ds.weight_decay, cfg.optim.no_decay_embeddings))
     assert run.max_steps is not None
@@ -105,19 +105,7 @@ def create_engine(run: ResolvedRun, dist: DistInfo) -> tuple[Engine, param_group
     client = ds.client_schedule(run.max_steps)
     torch.manual_seed(cfg.loop.seed + dist.rank)
     scheduler = None if client is None else client.lambda_lr
-    if ds.backend == "fsdp":
-        engine: Engine = fsdp_engine.FsdpEngine(
-            model,
-            run.deepspeed_config(),
-            groups.optimizer_groups(),
-            dist.device,
-            lr_scheduler=scheduler,
-            cpu_offload=ds.fsdp_cpu_offload,
-        )
-        return engine, groups
-    from model_utils.engines.deepspeed_engine import DeepSpeedEngine
-
-    engine = DeepSpeedEngine(model, run.deepspeed_config(), groups.optimizer_groups(), lr_scheduler=scheduler)
+    engine = engine_type.from_run(model, run, dist.device, groups.optimizer_groups(), scheduler)
     return engine, groups
 
 
@@ -484,7 +472,9 @@ class Trainer:
             protect = {self.run.resume.tag} if self.run.resume else set()
             protect |= set(self.s3.pending()) if self.s3 is not None else set()
             ckpt = self.cfg.checkpoint
-            protocol.rotate(final.parent, ckpt.keep_checkpoints, protect, ckpt.keep_every_steps)
+            protocol.rotate(
+                final.parent, ckpt.keep_checkpoints, protect, ckpt.keep_every_steps, type(self.engine)
+            )
         seconds = time.perf_counter() - started
         if self.walltime is not None:
             self.walltime.record_save(seconds)
