@@ -1,0 +1,45 @@
+"""The run's observers (loop/hooks.py), one file each, built once the loop is set up.
+
+A new one (an evaluator, a watchdog) is a file here and a line in `build`; the Trainer does not change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from model_utils.loop.hooks import Observer
+from model_utils.loop.observers.guard_records import GuardRecords
+from model_utils.loop.observers.profiler import Profiler
+from model_utils.loop.observers.reporting import Reporting
+from model_utils.loop.observers.s3_uploads import S3Uploads
+
+if TYPE_CHECKING:
+    from model_utils.engines.base import Engine
+    from model_utils.launch.distributed import DistInfo
+    from model_utils.observe.reporter import Reporter
+    from model_utils.resolve.resolver import ResolvedRun
+
+
+@dataclass(frozen=True)
+class LoopContext:
+    """What an observer may be built from: the resolved run, this rank, the engine (the model an evaluator
+    runs), the reporter (the run's log line, metrics file and tracker, and the step clock), and the step the loop
+    starts at (0, or where it resumed)."""
+
+    run: ResolvedRun
+    dist: DistInfo
+    engine: Engine
+    reporter: Reporter
+    start_step: int
+
+
+def build(ctx: LoopContext) -> list[Observer]:
+    """The observers this run has, in calling order; the reporter's output last (see loop/hooks.py)."""
+    found = [
+        S3Uploads.from_loop(ctx),
+        Profiler.from_loop(ctx),
+        GuardRecords(ctx.reporter),
+        Reporting.from_loop(ctx),
+    ]
+    return [observer for observer in found if observer is not None]
