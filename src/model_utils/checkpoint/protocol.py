@@ -41,6 +41,7 @@ from model_utils import engines
 from model_utils.engines.base import Engine
 from model_utils.errors import ConfigError, first_line
 from model_utils.launch import launch_env
+from model_utils.observe import step_line
 from model_utils.observe.log import error_line, print0, warn0
 from model_utils.storage import file_manifest
 
@@ -258,9 +259,7 @@ def save(engine: Engine, req: SaveRequest, rank: int, model_config: Any, tokeniz
     torch.distributed.barrier()
     final = _commit(root, staging, req) if rank == 0 else None
     torch.distributed.barrier()
-    print0(
-        f"Saved checkpoint {root / req.tag} ({_throughput(root / req.tag, time.perf_counter() - started)})"
-    )
+    print0(step_line.saved_line(root / req.tag, _throughput(root / req.tag, time.perf_counter() - started)))
     return final
 
 
