@@ -29,11 +29,6 @@ from typing import Any
 from model_utils.observe import step_line
 from model_utils.repo import REPO_ROOT
 
-_DONE = re.compile(r"Done: step (\d+)/(\d+)")
-_SAVED = re.compile(r"Saved checkpoint (\S+) \(")
-_METRICS = re.compile(r"Run (\S+): metrics to (\S+)$", re.MULTILINE)
-_MLFLOW = re.compile(r"MLflow run ([0-9a-f]{32})")
-_ERROR = re.compile(r"^(?:\S+ \| )?error: (.*)$")
 _SUBMITTED = re.compile(r"^(\d+)(?:;\S+)?$")
 
 
@@ -116,23 +111,23 @@ def _slurm_lines(proc: subprocess.Popen[str]) -> Iterator[str]:
 
 
 def _result(lines: list[str], seconds: float, root: Path) -> TrainResult:
-    """What the log says; paths made absolute (the launcher runs in the repo)."""
-    text = "\n".join(lines)
-    records = step_line.parse_log(text)
+    """What the log says (its lines are step_line's); paths made absolute (the launcher runs in the repo)."""
+    records = step_line.parse_log("\n".join(lines))
     train = [r for r in records if "loss" in r]
     val = [r for r in records if "val_loss" in r]
-    done = _DONE.findall(text)
-    saved = _SAVED.findall(text)
-    metrics = _METRICS.findall(text)
-    mlflow = _MLFLOW.findall(text)
+    done = [end for end in map(step_line.parse_end, lines) if end is not None and end.reason == "done"]
+    saved = [path for path in map(step_line.parse_saved, lines) if path is not None]
+    runs = [run for run in map(step_line.parse_run, lines) if run is not None]
+    mlflow = [run_id for run_id in map(step_line.parse_mlflow, lines) if run_id is not None]
+    metrics_file = runs[-1].metrics_file if runs else None  # None: --metrics_file none
     return TrainResult(
-        final_step=int(done[-1][0]) if done else (int(train[-1]["step"]) if train else None),
-        max_steps=int(done[-1][1]) if done else None,
+        final_step=done[-1].step if done else (int(train[-1]["step"]) if train else None),
+        max_steps=done[-1].max_steps if done else None,
         train_loss=float(train[-1]["loss"]) if train else None,
         validation_loss=float(val[-1]["val_loss"]) if val else None,
         checkpoint=str(root / saved[-1]) if saved else None,
-        metrics_file=str(root / metrics[-1][1]) if metrics else None,  # none: "nowhere (--metrics_file none)"
-        run_id=metrics[-1][0] if metrics else None,
+        metrics_file=str(root / metrics_file) if metrics_file is not None else None,
+        run_id=runs[-1].run_id if runs else None,
         mlflow_run_id=mlflow[-1] if mlflow else None,
         exported=None,
         seconds=seconds,
@@ -141,9 +136,9 @@ def _result(lines: list[str], seconds: float, root: Path) -> TrainResult:
 
 def _error(lines: list[str], status: int) -> str:
     for line in reversed(lines):
-        match = _ERROR.match(line.strip())
-        if match:
-            return match.group(1)
+        message = step_line.parse_error(line)
+        if message is not None:
+            return message
     tail = " | ".join(lines[-3:]) if lines else "no output"
     return f"training exited with status {status}: {tail}"
 

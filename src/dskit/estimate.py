@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from model_utils import engines
 from model_utils.errors import CommandParser, ConfigError
 from model_utils.model.activation_checkpointing import NONE, checkpointed_layers, every_n_layers
 from model_utils.resolve import memory_estimate
@@ -137,9 +138,9 @@ def recommend(shape: ModelShape, layout: ZeroLayout, cap: Capacity) -> Recommend
         )
     batches = [2**k for k in range(int(math.log2(MAX_MICRO_BATCH)) + 1)]
     nearest_faster: str | None = None  # why the layout just faster than the chosen one does not fit
-    fsdp = layout.backend == "fsdp"
+    zero_stages = engines.engine_class(layout.backend).zero_stages
     candidates = _candidates(shape.num_layers)
-    if fsdp:  # FSDP2 has no stages: no offload before --fsdp_cpu_offload, each with the checkpointing levels
+    if not zero_stages:  # FSDP2: no stages, no offload before offloading everything, each checkpointing level
         candidates = list(
             dict.fromkeys((o, level, 0) for o, level, _ in candidates if o in ("none", "optimizer"))
         )
@@ -162,7 +163,7 @@ def recommend(shape: ModelShape, layout: ZeroLayout, cap: Capacity) -> Recommend
         why = (
             f"the fastest that fits ({nearest_faster})"
             if nearest_faster
-            else "the fastest: nothing offloaded" + ("" if fsdp else ", the lowest ZeRO stage")
+            else "the fastest: nothing offloaded" + (", the lowest ZeRO stage" if zero_stages else "")
         )
         reason = (
             f"{why}; {best} is the largest micro batch (powers of two up to {MAX_MICRO_BATCH}) within "
@@ -182,9 +183,9 @@ def recommend(shape: ModelShape, layout: ZeroLayout, cap: Capacity) -> Recommend
         shape,
         dataclasses.replace(
             layout,
-            stage=0 if fsdp else 3,
+            stage=3 if zero_stages else 0,
             offload_optimizer=True,
-            offload_params=not fsdp,
+            offload_params=zero_stages,
             micro_batch_size=1,
             activation_checkpointing="full",
         ),
@@ -371,10 +372,12 @@ def main(argv: list[str]) -> int:
     if ns.zero_stage is not None:  # fail before loading the model; stages from the file are checked later
         offload = ns.offload or "none"
         check_zero(ns.zero_stage, offload != "none", offload == "optimizer+params")
-    if ns.backend == "fsdp" and (ns.zero_stage is not None or ns.offload is not None):
+    if not engines.engine_class(ns.backend).zero_stages and (
+        ns.zero_stage is not None or ns.offload is not None
+    ):
         flag = "--zero_stage" if ns.zero_stage is not None else "--offload"
         raise ConfigError(
-            f"{flag} is DeepSpeed's ZeRO: under --backend fsdp use --fsdp_cpu_offload, or drop it"
+            f"{flag} is DeepSpeed's ZeRO: under --backend {ns.backend} use --fsdp_cpu_offload, or drop it"
         )
     explicit = {"micro_batch_size"} if ns.micro_batch_size is not None else set()
     optim: dict[str, Any] = {"deepspeed_config": ns.deepspeed_config, "backend": ns.backend}

@@ -25,6 +25,8 @@ Memory (P = parameter count; "copies" are of the full weights):
     (torch.distributed.checkpoint with no_dist) into full fp32 tensors (4 B/P), then cast: 4 B/P plus the
     output at peak.
 
+The engine that wrote the tag reads it (its read_full_state_dict, engines/): this module knows no engine.
+
 Every tensor is checked to hold its full shape's elements before anything is written: a ZeRO-3 parameter
 saved while partitioned (what a plain save_pretrained of a live ZeRO-3 PeftModel writes: 0-element adapters)
 is refused, not exported.
@@ -38,17 +40,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from model_utils import engines
 from model_utils.checkpoint import launch_record
-from model_utils.checkpoint.protocol import (
-    FSDP_DCP_DIR,
-    HF_CONFIG_DIR,
-    is_fsdp_tag,
-    is_tag_dir,
-    newest_verified,
-)
+from model_utils.checkpoint.protocol import HF_CONFIG_DIR, is_tag_dir, newest_verified
 from model_utils.config.arguments import LoraArgs
+from model_utils.engines.base import Engine
 from model_utils.errors import CommandParser, ConfigError, first_line
-from model_utils.launch import startup
 from model_utils.model import lora
 from model_utils.storage import file_manifest
 
@@ -74,31 +71,29 @@ def resolve_tag(checkpoint: Path) -> tuple[Path, str]:
     return target.load_dir, target.tag
 
 
-def _check_tag(tag_dir: Path) -> Path:
-    """The tag's hf_config dir, after checking the tag is complete (its manifest verifies) and exportable."""
+def _check_tag(tag_dir: Path) -> tuple[type[Engine], Path]:
+    """The engine that wrote the tag and the tag's hf_config dir, after checking the tag is complete (its
+    manifest verifies) and exportable."""
     problem = file_manifest.verify(tag_dir)
     if problem is not None:
         raise ConfigError(
             f"checkpoint {tag_dir} is incomplete or damaged ({problem}): export an older tag of that run"
         )
-    if is_fsdp_tag(tag_dir):
-        if not (tag_dir / FSDP_DCP_DIR / ".metadata").is_file():
-            raise ConfigError(
-                f"checkpoint {tag_dir} has no {FSDP_DCP_DIR}/.metadata: its Distributed Checkpoint shards are "
-                "missing; export another tag"
-            )
-    elif not any(tag_dir.glob("*optim_states.pt")):
+    name = engines.engine_of_tag(tag_dir)
+    if name is None:
         raise ConfigError(
-            f"checkpoint {tag_dir} has no *optim_states.pt: export needs ZeRO's fp32 master weights, "
-            "saved with the optimizer state; export another tag"
+            f"checkpoint {tag_dir} holds no training engine's files ({', '.join(engines.NAMES)} wrote none of "
+            "them): export a tag of a dskit run"
         )
+    engine = engines.engine_class(name)
+    engine.check_exportable(tag_dir)
     hf_config = tag_dir / HF_CONFIG_DIR
     if not (hf_config / "config.json").is_file():
         raise ConfigError(
             f"checkpoint {tag_dir} has no {HF_CONFIG_DIR}/config.json (saved by an older dskit?): copy the "
             f"model's config.json and tokenizer files into {hf_config}"
         )
-    return hf_config
+    return engine, hf_config
 
 
 def _check_out_dir(out_dir: Path) -> None:
@@ -113,60 +108,6 @@ def _torch_dtype(dtype: str) -> Any:
     if dtype not in DTYPES:
         raise ConfigError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
     return {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
-
-
-def _dcp_state_dict(tag_dir: Path, dtype: Any) -> dict[str, Any]:
-    """An FSDP tag's weights: DCP's shards read into full tensors in this one process (no process group:
-    `no_dist`), whatever world size wrote them. The shards hold the fp32 masters; each is cast after reading."""
-    import torch
-    import torch.distributed.checkpoint as dcp
-
-    dcp_dir = tag_dir / FSDP_DCP_DIR
-    metadata = dcp.FileSystemReader(str(dcp_dir)).read_metadata().state_dict_metadata
-    # The engine saved {"model": ..., "optim": ...}; DCP flattens the keys to "model.<name>".
-    wanted = {
-        key.removeprefix("model."): torch.empty(meta.size, dtype=meta.properties.dtype)
-        for key, meta in metadata.items()
-        if key.startswith("model.") and isinstance(meta, dcp.metadata.TensorStorageMetadata)
-    }
-    loaded = {"model": wanted}
-    import warnings
-
-    with warnings.catch_warnings():
-        # "torch.distributed is disabled ... assuming the intent is to load in a single process": it is.
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-        dcp.load(loaded, checkpoint_id=str(dcp_dir), no_dist=True)
-    return {name: t.to(dtype) if t.is_floating_point() else t for name, t in loaded["model"].items()}
-
-
-def _state_dict(load_dir: Path, tag: str, dtype: Any) -> dict[str, Any]:
-    """The consolidated fp32 weights, each materialised and cast one tensor at a time (see the module doc)."""
-    if is_fsdp_tag(load_dir / tag):
-        return _dcp_state_dict(load_dir / tag, dtype)
-    startup.import_deepspeed()
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    try:
-        lazy = get_fp32_state_dict_from_zero_checkpoint(str(load_dir), tag, lazy_mode=True)
-    except (ValueError, FileNotFoundError) as e:  # its checks of the shard set (count, stage, sizes)
-        reason = " ".join(str(e).split()) or type(e).__name__
-        raise ConfigError(
-            f"DeepSpeed cannot consolidate {load_dir / tag} ({reason}): export another tag of that run"
-        ) from None
-    # Tied weights (Qwen3's lm_head and embed_tokens) are one object under two names: materialise it once
-    # so the tie survives as shared storage. Ids are read while every object is alive.
-    first_name: dict[int, str] = {}
-    alias = {name: first_name.setdefault(id(t), name) for name, t in lazy.items()}
-    state: dict[str, Any] = {}
-    for name in list(lazy):
-        tensor = lazy.pop(name)
-        if alias[name] != name:
-            continue
-        tensor = tensor.contiguous()  # ZeRO-3: gathers this one parameter from the shards; ZeRO-2: a view
-        state[name] = tensor.to(dtype) if tensor.is_floating_point() else tensor
-    for name, source in alias.items():
-        state.setdefault(name, state[source])
-    return state
 
 
 def _check_complete(model: Any, state: dict[str, Any], tag_dir: Path) -> None:
@@ -221,7 +162,7 @@ def export(checkpoint: Path, out_dir: Path, dtype: str = "bf16", adapter_only: b
     torch_dtype = _torch_dtype(dtype)
     load_dir, tag = resolve_tag(Path(checkpoint))
     _check_out_dir(Path(out_dir))
-    hf_config = _check_tag(load_dir / tag)
+    engine, hf_config = _check_tag(load_dir / tag)
     launch = launch_record.read(load_dir / tag)
     lora_args = lora.saved_args(launch)
     if adapter_only and lora_args is None:
@@ -243,7 +184,9 @@ def export(checkpoint: Path, out_dir: Path, dtype: str = "bf16", adapter_only: b
 
     # LoRA: fp32 until the merge (or the adapter's cast), so the merged weights are rounded once.
     load_dtype = torch.float32 if lora_args is not None else torch_dtype
-    model = _build_model(hf_config, _state_dict(load_dir, tag, load_dtype), lora_args, load_dir / tag)
+    # The consolidated fp32 weights, each materialised and cast one tensor at a time (see the module doc).
+    state = engine.read_full_state_dict(load_dir / tag, load_dtype)
+    model = _build_model(hf_config, state, lora_args, load_dir / tag)
     if lora_args is not None:
         if adapter_only:
             base = ((launch or {}).get("config") or {}).get("model", {})

@@ -16,7 +16,7 @@ import dataclasses
 from typing import Any
 
 from model_utils.config import run_file as run_file_format
-from model_utils.config.arguments import ONE_OF, SECTIONS, GuardArgs
+from model_utils.config.arguments import ONE_OF, SECTIONS, GuardArgs, engine_only_flags
 from model_utils.engines import deepspeed_config
 from model_utils.resolve.resolver import ResolvedRun
 
@@ -45,8 +45,8 @@ def run_file(run: ResolvedRun) -> dict[str, Any]:
     if ds.schedule != "wsd":
         for flag in _WSD_ONLY:
             flat[flag][flag] = None
-    if cfg.optim.backend != "fsdp":
-        optim["fsdp_cpu_offload"] = None  # an FSDP-only flag: given under deepspeed, it is an error
+    for flag in engine_only_flags(cfg.optim.backend):
+        flat[flag][flag] = None  # another engine's flag (--fsdp_cpu_offload under deepspeed): given, an error
     sections["guard"]["spike_guard"] = run.settings.spike_guard
     for flag in GuardArgs.unused_in(run.settings.spike_guard):
         flat[flag][flag] = None

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from model_utils import engines
 from model_utils.checkpoint import protocol
+from model_utils.engines.deepspeed_engine import MODEL_STATES
 from model_utils.storage import file_manifest
 from support.torchrun import ENV
 from support.torchrun import run_torchrun as torchrun
@@ -88,7 +90,8 @@ def test_world_size_change_resumes_through_a_universal_copy_and_time_interval_sa
     copy = ckpt / "tiny_qwen3-4steps-universal"
     assert f"{UNIVERSAL} (converted in" in proc.stdout and f"to {copy})" in proc.stdout
     assert "loaded the weights only" not in proc.stdout
-    saved = torch.load(ckpt / "tiny_qwen3-4steps" / protocol.MODEL_STATES, weights_only=False)
+    assert engines.engine_of_tag(ckpt / "tiny_qwen3-4steps") == "deepspeed"  # DeepSpeed's real files
+    saved = torch.load(ckpt / "tiny_qwen3-4steps" / MODEL_STATES, weights_only=False)
     consumed = saved["dskit"]["train_state"]["position"]["consumed"]  # global blocks: any world size reads it
     assert f"Resumed from {copy} at step 4 (epoch 0, block {consumed}," in proc.stdout
     assert "Step 8/8 | Loss" in proc.stdout

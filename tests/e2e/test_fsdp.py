@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from model_utils import engines
 from model_utils.checkpoint import protocol
+from model_utils.engines.fsdp_engine import STATE_FILE
 from model_utils.storage import file_manifest
 from support.metrics_file import step_records
 from support.small_trainer import make_trainer
@@ -34,7 +36,7 @@ def flags(cache: Path, ckpt: Path, metrics: Path, freq: int = 4, accumulation: i
 
 
 def client_state(tag_dir: Path) -> dict:
-    saved = torch.load(tag_dir / protocol.FSDP_STATE_FILE, weights_only=False)
+    saved = torch.load(tag_dir / STATE_FILE, weights_only=False)
     return saved["client_state"][protocol.CLIENT_KEY]["train_state"]
 
 
@@ -60,7 +62,8 @@ def start_from(work: Path, name: str, *tags: Path) -> Path:
 def test_dcp_layout_inside_the_crash_safe_protocol(straight) -> None:
     work, _ = straight
     tag = work / "ck" / "tiny_qwen3-8steps"
-    assert file_manifest.verify(tag) is None and protocol.is_tag_dir(tag) and protocol.is_fsdp_tag(tag)
+    assert file_manifest.verify(tag) is None and protocol.is_tag_dir(tag)
+    assert engines.engine_of_tag(tag) == "fsdp"
     names = sorted(
         str(p.relative_to(tag)) for p in tag.rglob("*") if p.is_file() and "hf_config" not in p.parts
     )

@@ -35,9 +35,10 @@ import torch
 
 from dskit import columns
 from model_utils.assets import TOKENIZER_DIR
-from model_utils.config.arguments import AUTO, LIGER_CHOICES, GuardArgs, parse_args
+from model_utils.config.arguments import AUTO, LIGER_CHOICES, GuardArgs, OptimArgs, TrainConfig, parse_args
 from model_utils.data.sampler import BlockSampler, DataPosition
-from model_utils.engines.deepspeed_config import FSDP_CONFIG, load_deepspeed_json
+from model_utils.engines import deepspeed_config
+from model_utils.engines.deepspeed_config import load_deepspeed_json
 from model_utils.errors import CommandParser, ConfigError
 from model_utils.launch import distributed, startup
 from model_utils.model import kernels
@@ -309,6 +310,11 @@ def _json_or_text(raw: str) -> Any:
         return raw  # e.g. cpu, nvme
 
 
+def _default_config(backend: str) -> str:
+    """The DeepSpeed-format config --backend `backend` trains with when none is given."""
+    return deepspeed_config.given(TrainConfig(optim=OptimArgs(backend=backend)))[0]
+
+
 def vary_variants(base: str, specs: list[str], out_dir: Path) -> list[Variant]:
     """A row per value of each `KEY=V1,V2` spec: `base` with that one DeepSpeed key set (a config written to
     `out_dir`), or with that one training flag (FLAG_KEYS) given; the flag's parser checks the value."""
@@ -323,9 +329,9 @@ def vary_variants(base: str, specs: list[str], out_dir: Path) -> list[Variant]:
             )
         for raw in values.split(","):
             if key in FLAG_KEYS:
-                # backend=fsdp of the kit's default ZeRO config: fsdp's own default (the ZeRO section is refused
-                # under fsdp), as training picks it without --deepspeed_config.
-                path = FSDP_CONFIG if (key, raw, base) == ("backend", "fsdp", DEFAULT_CONFIG) else base
+                # backend=X of the kit's default ZeRO config: X's own default (fsdp refuses the ZeRO section), as
+                # training picks it without --deepspeed_config.
+                path = _default_config(raw) if key == "backend" and base == DEFAULT_CONFIG else base
                 variants.append(
                     Variant(path, path, f"{Path(path).name} {key}={raw}", {key: raw}, (f"--{key}", raw))
                 )

@@ -8,15 +8,11 @@ import os
 import shutil
 from pathlib import Path
 
+from model_utils import engines
 from model_utils.config.arguments import TrainConfig
 
 from .context import _size
 from .report import Result, Status
-
-# bf16/fp16 weights + fp32 master weights + Adam's two fp32 moments, per parameter, in every checkpoint.
-CHECKPOINT_BYTES_PER_PARAM = {True: 2 + 12, False: 4 + 12}  # keyed by "half-precision training"
-# --backend fsdp: the DCP shards hold the fp32 parameters (the masters) and Adam's two moments, no 16-bit copy.
-FSDP_CHECKPOINT_BYTES_PER_PARAM = 12
 
 
 def _existing_ancestor(path: Path) -> Path:
@@ -44,11 +40,8 @@ def check_disk(cfg: TrainConfig, n_params: int | None, half_precision: bool) -> 
         )
     if n_params is None:
         return Result(name, Status.WARN, "could not count the model's parameters (see 'host RAM')", "")
-    per_param = (
-        FSDP_CHECKPOINT_BYTES_PER_PARAM
-        if cfg.optim.backend == "fsdp"
-        else CHECKPOINT_BYTES_PER_PARAM[half_precision]
-    )
+    # What a tag holds per parameter is the engine's (weights, fp32 masters, Adam's moments).
+    per_param = engines.engine_class(cfg.optim.backend).checkpoint_bytes_per_param(half_precision)
     per_checkpoint = n_params * per_param
     copies = cfg.checkpoint.keep_checkpoints + 1
     needed = per_checkpoint * copies

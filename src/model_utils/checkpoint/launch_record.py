@@ -2,7 +2,7 @@
 
 A resume with another model architecture or sequence length is refused (the weights or the data position would
 not mean the same thing). A different world size is allowed: the trainer converts a DeepSpeed checkpoint to DeepSpeed's
-universal layout once and resumes it whole (checkpoint.convert_universal; an FSDP checkpoint reshards on load),
+universal layout once and resumes it whole (protocol.convert_universal; an FSDP checkpoint reshards on load),
 or loads the weights alone when the optimizer's parameter groups changed too or the conversion fails, with a
 warning. A checkpoint of the other --backend is refused.
 """
@@ -17,6 +17,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from model_utils import engines
 from model_utils.errors import ConfigError
 from model_utils.repo import REPO_ROOT
 
@@ -94,11 +95,10 @@ def check_resume(
     """Raise on an incompatible resume. Return why only the weights can be loaded (another world size, or
     another layout of the optimizer's parameter groups), else None. world_size and optimizer_groups None: not
     known yet, as in `dskit prepare`. backend: --backend, checked against the engine that wrote the tag."""
-    if backend is not None:
-        from model_utils.checkpoint.protocol import is_fsdp_tag
-
-        saved_backend = "fsdp" if is_fsdp_tag(tag_dir) else "deepspeed"
-        if saved_backend != backend:
+    # The other engines are asked (imported) only when the run's own does not recognise the tag.
+    if backend is not None and not engines.engine_class(backend).owns_tag(tag_dir):
+        saved_backend = engines.engine_of_tag(tag_dir)
+        if saved_backend is not None:
             raise ConfigError(
                 f"checkpoint {tag_dir} was saved by --backend {saved_backend}, not {backend}: resume with --backend "
                 f"{saved_backend}, or start a new --checkpoint_dir from its weights (dskit export, then --model)"

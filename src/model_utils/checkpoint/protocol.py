@@ -1,7 +1,8 @@
 """Checkpoints that never lie: crash-safe saves, verified resume with fallback, and rotation.
 
-The protocol sits above the engine seam (engine.py): an engine writes and reads only its own sharded state
-inside the directory it is handed, so every engine gets the same guarantees.
+The protocol sits above the engine seam (engines/base.py): an engine writes and reads only its own sharded state
+inside the directory it is handed, and answers for its own files (which tag it wrote, how it converts one for
+another world size), so every engine gets the same guarantees.
 
 Save: every rank writes into a staging dir `.staging-<tag>`; after a barrier rank 0 writes a manifest of every
 file's size and checksum, renames the staging dir to `<tag>` (atomic), and only then replaces `latest` (temp file,
@@ -12,9 +13,9 @@ Resume: the newest tag whose manifest verifies (sizes and checksums). A tag with
 or without a manifest, is skipped with a warning naming it; a `latest` that is empty, truncated or names a bad tag
 is reported and ignored the same way.
 
-Layout of a tag: the engine's files (DeepSpeed: mp_rank_00_model_states.pt with our client state, one optimizer
-shard per rank; FSDP: dcp/ with one .distcp shard file per rank and DCP's .metadata, and fsdp_client_state.pt
-with our client state and the lr scheduler's), rng_state_rank<R>.pt, hf_config/ (model config and tokenizer, for export), launch.json (how the
+Layout of a tag: the engine's files (each engine module lists them; DeepSpeed: mp_rank_00_model_states.pt with our
+client state, one optimizer shard per rank; FSDP: dcp/ with one .distcp shard file per rank and DCP's .metadata,
+and fsdp_client_state.pt with our client state and the lr scheduler's), rng_state_rank<R>.pt, hf_config/ (model config and tokenizer, for export), launch.json (how the
 run was launched, and the resolved run) and dskit_manifest.json, written last.
 """
 
@@ -36,24 +37,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from model_utils import engines
 from model_utils.engines.base import Engine
 from model_utils.errors import ConfigError, first_line
 from model_utils.launch import launch_env
+from model_utils.observe import step_line
 from model_utils.observe.log import error_line, print0, warn0
 from model_utils.storage import file_manifest
 
 CLIENT_KEY = "dskit"
-MODEL_STATES = "mp_rank_00_model_states.pt"
 HF_CONFIG_DIR = "hf_config"
 LAUNCH_FILE = "launch.json"
 STAGING_PREFIX = ".staging-"
-# The FSDP engine's files in a tag (fsdp_engine.py): DCP shards of model and optimizer, and rank 0's small file of
-# scheduler and client state.
-FSDP_DCP_DIR = "dcp"
-FSDP_STATE_FILE = "fsdp_client_state.pt"
-# A tag converted for another world size (universal layout): `<tag>-universal`, never itself a resume candidate
-# (its name is no tag's), kept while its source tag is.
-UNIVERSAL_SUFFIX = "-universal"
 _TAG_RE = re.compile(r"^(?P<name>[^.].*)-(?P<step>\d+)steps$")
 # Fault injection for the crash tests: the process SIGKILLs itself at the named point of a save.
 FAULT_ENV = launch_env.FAULT_INJECT
@@ -95,14 +90,8 @@ class ResumeTarget:
 
 
 def is_tag_dir(path: Path) -> bool:
-    """Whether path is one checkpoint (a tag dir), not a dir of them, of either engine. DeepSpeed ZeRO-1/2 write
-    mp_rank_00_model_states.pt, ZeRO-3 zero_pp_rank_*_mp_rank_00_model_states.pt; FSDP fsdp_client_state.pt."""
-    return path.is_dir() and (any(path.glob("*model_states.pt")) or is_fsdp_tag(path))
-
-
-def is_fsdp_tag(path: Path) -> bool:
-    """A tag saved by the FSDP engine (DCP shards), not by DeepSpeed."""
-    return (path / FSDP_STATE_FILE).is_file()
+    """Whether path is one checkpoint (a tag dir), not a dir of them: some engine's files are in it."""
+    return path.is_dir() and engines.engine_of_tag(path) is not None
 
 
 def _tags_newest_first(root: Path) -> list[str]:
@@ -270,9 +259,7 @@ def save(engine: Engine, req: SaveRequest, rank: int, model_config: Any, tokeniz
     torch.distributed.barrier()
     final = _commit(root, staging, req) if rank == 0 else None
     torch.distributed.barrier()
-    print0(
-        f"Saved checkpoint {root / req.tag} ({_throughput(root / req.tag, time.perf_counter() - started)})"
-    )
+    print0(step_line.saved_line(root / req.tag, _throughput(root / req.tag, time.perf_counter() - started)))
     return final
 
 
@@ -292,26 +279,31 @@ def _throughput(tag_dir: Path, seconds: float) -> str:
     return f"{size / 1e9:.3f} GB in {seconds:.2f} s, {size / 1e9 / max(seconds, 1e-9):.2f} GB/s"
 
 
-def rotate(root: Path, keep: int, protect: set[str], keep_every: int | None = None) -> list[str]:
+def rotate(
+    root: Path,
+    keep: int,
+    protect: set[str],
+    keep_every: int | None = None,
+    engine: type[Engine] | None = None,
+) -> list[str]:
     """Delete all but the newest `keep` complete tags; never a protected one (e.g. the one resumed from), nor,
-    with `keep_every`, one whose step is a multiple of it (kept permanently)."""
+    with `keep_every`, one whose step is a multiple of it (kept permanently). `engine`: the run's, whose copies
+    of a tag converted for another world size (convert_universal) go with the tag."""
     complete = [t for t in _tags_newest_first(root) if (root / t / file_manifest.MANIFEST).is_file()]
     if keep_every is not None:
         protect = protect | {t for t in complete if (tag_step(t) or 0) % keep_every == 0}
     doomed = [t for t in complete[keep:] if t not in protect]
     for tag in doomed:
         shutil.rmtree(root / tag, ignore_errors=True)
-        shutil.rmtree(root / universal_tag(tag), ignore_errors=True)  # its universal copy goes with it
+        copy = None if engine is None else engine.converted_tag(tag)
+        if copy is not None:
+            shutil.rmtree(root / copy, ignore_errors=True)  # its universal copy goes with it
     if doomed:
         print0(f"Removed old checkpoints (keeping {keep}): {', '.join(doomed)}")
     return doomed
 
 
-# --- another world size: a universal copy -----------------------------------------------------------
-
-
-def universal_tag(tag: str) -> str:
-    return f"{tag}{UNIVERSAL_SUFFIX}"
+# --- another world size: a universal copy (engines that do not reshard on load) ----------------------
 
 
 def _source_id(source: Path) -> str:
@@ -324,10 +316,11 @@ def _source_id(source: Path) -> str:
 def convert_universal(
     engine: type[Engine] | Engine, source: ResumeTarget, root: Path
 ) -> tuple[ResumeTarget, float | None]:
-    """Rank 0: the universal copy of `source` in `root` (`<tag>-universal`), converted once with the save's
-    crash-safe protocol (staging dir, manifest, atomic rename) and reused while it verifies and was converted
-    from this very checkpoint. Returns it and the conversion's seconds (None: reused)."""
-    name = universal_tag(source.tag)
+    """Rank 0: the universal copy of `source` in `root` (named by engine.converted_tag), converted once by the
+    engine with the save's crash-safe protocol (staging dir, manifest, atomic rename) and reused while it
+    verifies and was converted from this very checkpoint. Returns it and the conversion's seconds (None: reused)."""
+    name = engine.converted_tag(source.tag)
+    assert name is not None, f"{engine} reshards on load: it converts nothing"
     final = root / name
     source_id = _source_id(source.path)
     verified = final.is_dir() and file_manifest.verify(final) is None
@@ -338,7 +331,8 @@ def convert_universal(
     if staging.exists():
         shutil.rmtree(staging)  # debris of a conversion that crashed
     staging.mkdir(parents=True)
-    # DeepSpeed writes its output dir and, beside it, a `latest_universal`: both inside the staging dir.
+    # The engine writes its output dir and may write beside it (DeepSpeed: `latest_universal`): all inside the
+    # staging dir.
     out = staging / name
     try:
         engine.convert_universal(source.path, out)

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from model_utils import engines
 from model_utils.config.presets import PRESETS, PRETRAINED_LR
 from model_utils.errors import ConfigError
 from model_utils.launch import accelerate_env
@@ -31,7 +32,7 @@ from model_utils.optim.schedules import DECAY_TYPES, SCHEDULES
 AUTO = "auto"
 CONFIG = "config"  # --config RUN.yaml: the run file (run_file.py), not a field: it sets the fields
 LIGER_CHOICES = (AUTO, "on", "off")
-BACKENDS = ("deepspeed", "fsdp")
+BACKENDS = engines.NAMES  # --backend: the registered training engines
 # The global batch on CUDA when no batch flag is given (with micro batch auto): 2^18 tokens, the top of the
 # range the H100 anchors for a 0.6B model use (16 x 8 x 2048, where CPU offload reached 94% of GPU-only); README.
 CUDA_GLOBAL_BATCH_TOKENS = 262_144
@@ -161,7 +162,7 @@ class DataArgs:
 @dataclass(frozen=True)
 class OptimArgs:
     backend: str = field(
-        default="deepspeed",
+        default=engines.DEFAULT,
         metadata=_flag(
             "the training engine: 'deepspeed' (ZeRO, from the DeepSpeed config) or 'fsdp' (PyTorch FSDP2, "
             "sharded checkpoints in Distributed Checkpoint format; docs/fsdp.md)"
@@ -171,7 +172,11 @@ class OptimArgs:
         default=False,
         metadata=_flag(
             "--backend fsdp: keep the sharded parameters, gradients and optimizer state in CPU memory "
-            "(FSDP2's CPUOffloadPolicy; the optimizer steps on the CPU)"
+            "(FSDP2's CPUOffloadPolicy; the optimizer steps on the CPU)",
+            # Read by this engine alone (engine_only_flags); the hint for a run on another one.
+            engine="fsdp",
+            elsewhere="under DeepSpeed, offload is the DeepSpeed config's zero_optimization.offload_optimizer "
+            "(e.g. deepspeed/ds_config.json)",
         ),
     )
     deepspeed_config: str = field(
@@ -578,11 +583,11 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         reject_both_given(self.explicit)
-        if "fsdp_cpu_offload" in self.explicit and self.optim.backend != "fsdp":
-            raise ConfigError(
-                "--fsdp_cpu_offload applies to --backend fsdp only: under DeepSpeed, offload is the DeepSpeed "
-                "config's zero_optimization.offload_optimizer (e.g. deepspeed/ds_config.json)"
-            )
+        for flag, f in sorted(engine_only_flags(self.optim.backend).items()):
+            if flag in self.explicit:
+                raise ConfigError(
+                    f"--{flag} applies to --backend {f.metadata['engine']} only: {f.metadata['elsewhere']}"
+                )
         wsd_only = sorted(
             f"--{f}" for f in ("decay_fraction", "decay_type", "decay_from_step") if f in self.explicit
         )
@@ -611,6 +616,12 @@ def flag_fields() -> dict[str, tuple[str, dataclasses.Field]]:
             assert f.name not in out, f"flag --{f.name} defined twice"
             out[f.name] = (section, f)
     return out
+
+
+def engine_only_flags(backend: str) -> dict[str, dataclasses.Field]:
+    """The flags that another engine than `backend` reads alone (their field's metadata names it, `engine`):
+    given, they are an error; a run file leaves them null."""
+    return {name: f for name, (_, f) in flag_fields().items() if f.metadata.get("engine", backend) != backend}
 
 
 def _parse_bool(text: str) -> bool:

@@ -1,8 +1,10 @@
-"""The engine seam: what the trainer and the checkpoint protocol need of a training engine.
+"""The engine seam: what the trainer, the checkpoint protocol and the tools need of a training engine.
 
-DeepSpeed (deepspeed_engine.py) and PyTorch FSDP2 (fsdp_engine.py, --backend fsdp) implement it. The crash-safe checkpoint protocol (staging,
-manifest, atomic rename, `latest`, verified resume, rotation, S3) sits above this seam in checkpoint.py, so
-another engine only has to write and read its own sharded state inside the directory it is given.
+DeepSpeed (deepspeed_engine.py) and PyTorch FSDP2 (fsdp_engine.py, --backend fsdp) implement it; the registry
+(engines/__init__.py) names them. The crash-safe checkpoint protocol (staging, manifest, atomic rename, `latest`,
+verified resume, rotation, S3) sits above this seam in checkpoint/protocol.py, so another engine only has to write
+and read its own sharded state inside the directory it is given. What an engine knows without being built (its
+checkpoint files, its conversions, its memory model) is class-level: static and class methods, class attributes.
 """
 
 from __future__ import annotations
@@ -19,6 +21,30 @@ class Engine(Protocol):
     # True: load() reads a checkpoint of any world size, optimizer state included (FSDP's DCP); False: one of
     # another world size is rewritten by convert_universal first (DeepSpeed).
     reshards_on_load: ClassVar[bool]
+    # True: the engine shards by ZeRO stage (0-3) with optimizer and parameter offload, as the memory model's
+    # layout says (memory_estimate.check_zero); False: it shards everything, with one switch to offload it all.
+    zero_stages: ClassVar[bool]
+
+    # --- building (trainer.create_engine); `run` is the resolved run (resolve.resolver.ResolvedRun) ---
+
+    @staticmethod
+    def prepare_model(model: torch.nn.Module, run: Any, device: torch.device) -> torch.nn.Module:
+        """The model as the engine trains it, before anything holds its parameters (the optimizer's groups are
+        built from what this returns): FSDP shards it, DeepSpeed leaves it as it is."""
+        ...
+
+    @classmethod
+    def from_run(
+        cls,
+        model: torch.nn.Module,
+        run: Any,
+        device: torch.device,
+        param_groups: list[dict[str, Any]],
+        lr_scheduler: Callable[[Any], Any] | None,
+    ) -> Engine:
+        """The engine for the resolved run, around the prepared model. `lr_scheduler`: optimizer -> the kit's
+        own scheduler (wsd, linear), else the config's scheduler section drives the lr."""
+        ...
 
     def train_step(
         self, micro_batches: list[torch.Tensor], keep: Callable[[torch.Tensor], bool] | None = None
@@ -73,11 +99,52 @@ class Engine(Protocol):
         convert_universal (a checkpoint of another world size)."""
         ...
 
+    # --- a checkpoint tag's files, without an engine (checkpoint/protocol.py, dskit export, dskit doctor) ---
+
+    @staticmethod
+    def owns_tag(tag_dir: Path) -> bool:
+        """Whether tag_dir holds a checkpoint this engine wrote (its own files are there)."""
+        ...
+
+    @staticmethod
+    def converted_tag(tag: str) -> str | None:
+        """The name of `tag`'s copy made by convert_universal, beside it (never a tag's name: never a resume
+        candidate); None for an engine that reshards on load and makes none."""
+        ...
+
     @staticmethod
     def convert_universal(source: Path, output: Path) -> str:
         """Rewrite the checkpoint in `source` into `output` so that load(output, universal=True) restores it,
         optimizer and scheduler state included, at any world size. One process; returns its chatter. Called
         only for an engine that does not reshard on load."""
+        ...
+
+    @staticmethod
+    def check_exportable(tag_dir: Path) -> None:
+        """A ConfigError (one line) when the tag lacks what read_full_state_dict reads."""
+        ...
+
+    @staticmethod
+    def read_full_state_dict(tag_dir: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """The tag's full (unsharded) weights in `dtype`, read in this one process with no process group, whatever
+        world size wrote them (dskit export); a ConfigError when they cannot be read."""
+        ...
+
+    @staticmethod
+    def checkpoint_bytes_per_param(half_precision: bool) -> int:
+        """Bytes one parameter takes in a tag (weights, masters, optimizer state), for the doctor's disk check."""
+        ...
+
+    # --- the memory model (resolve/memory_estimate.py); the layout's `backend` names the engine ---
+
+    @staticmethod
+    def estimate_memory(shape: Any, layout: Any) -> Any:
+        """memory_estimate.MemoryEstimate of a ModelShape trained in a ZeroLayout by this engine."""
+        ...
+
+    @staticmethod
+    def describe_layout(layout: Any) -> str:
+        """The layout in a few words for logs and `dskit estimate` (sharding, offload, micro batch)."""
         ...
 
     def close(self) -> None:

@@ -1,4 +1,8 @@
-"""DeepSpeed behind the engine seam (engine.py): ZeRO stages, offload and precision come from its config."""
+"""DeepSpeed behind the engine seam (base.py), `--backend deepspeed`: ZeRO stages, offload and precision come from its
+config. Everything DeepSpeed-specific outside training itself lives here too: the files of its checkpoint tags, the
+conversion of a tag for another world size (its universal layout), reading a tag's full weights for `dskit
+export`, and which memory model and checkpoint size apply.
+"""
 
 from __future__ import annotations
 
@@ -7,23 +11,40 @@ import io
 import types
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from model_utils.errors import ConfigError
 from model_utils.launch import startup
 from model_utils.optim import schedules
+
+if TYPE_CHECKING:
+    from model_utils.resolve.memory_estimate import MemoryEstimate, ModelShape, ZeroLayout
+    from model_utils.resolve.resolver import ResolvedRun
 
 # DeepSpeed's global timers (deepspeed.utils.timer): summed over the micro-batches of one optimizer step, and
 # reset at its accumulation boundary. Its *_microstep timers hold the last micro-batch only.
 WALL_CLOCK_TIMERS = ("fwd", "bwd", "bwd_inner", "bwd_allreduce", "step")
 # DeepSpeed counts a discarded step in global_steps; the count of them travels with the checkpoint.
 DISCARDED_KEY = "dskit_discarded_steps"
+# A tag's files: ZeRO-1/2 write mp_rank_00_model_states.pt (with the client state), ZeRO-3
+# zero_pp_rank_<R>_mp_rank_00_model_states.pt; each rank one *optim_states.pt shard (the fp32 masters).
+MODEL_STATES = "mp_rank_00_model_states.pt"
+MODEL_STATES_GLOB = "*model_states.pt"
+OPTIM_STATES_GLOB = "*optim_states.pt"
+# A tag converted for another world size (universal layout): `<tag>-universal`, never itself a resume candidate
+# (its name is no tag's), kept while its source tag is.
+UNIVERSAL_SUFFIX = "-universal"
+# Bytes per parameter in a tag: the 16-bit (or fp32) module weights, the fp32 masters and Adam's two fp32 moments.
+_CHECKPOINT_BYTES_PER_PARAM = {True: 2 + 12, False: 4 + 12}  # keyed by "half-precision training"
 
 
 class DeepSpeedEngine:
     # A checkpoint of another world size goes through convert_universal first (trainer._load).
     reshards_on_load = False
+    # ZeRO stages 0-3, with optimizer and parameter offload (memory_estimate.check_zero).
+    zero_stages = True
 
     def __init__(
         self,
@@ -45,6 +66,21 @@ class DeepSpeedEngine:
             )
         self.module = self._engine.module
         self._discarded = 0  # steps discarded at the caller's request (train_step's `keep`)
+
+    @staticmethod
+    def prepare_model(model: torch.nn.Module, run: ResolvedRun, device: torch.device) -> torch.nn.Module:
+        return model  # deepspeed.initialize partitions the model itself
+
+    @classmethod
+    def from_run(
+        cls,
+        model: torch.nn.Module,
+        run: ResolvedRun,
+        device: torch.device,
+        param_groups: list[dict[str, Any]],
+        lr_scheduler: Callable[[Any], Any] | None,
+    ) -> DeepSpeedEngine:
+        return cls(model, run.deepspeed_config(), param_groups, lr_scheduler=lr_scheduler)
 
     def train_step(
         self, micro_batches: list[torch.Tensor], keep: Callable[[torch.Tensor], bool] | None = None
@@ -143,6 +179,16 @@ class DeepSpeedEngine:
         self._discarded = int(client_state.get(DISCARDED_KEY, 0))  # global_steps came back with them
         return client_state
 
+    # --- the checkpoint's files, without an engine ---
+
+    @staticmethod
+    def owns_tag(tag_dir: Path) -> bool:
+        return any(tag_dir.glob(MODEL_STATES_GLOB))
+
+    @staticmethod
+    def converted_tag(tag: str) -> str:
+        return f"{tag}{UNIVERSAL_SUFFIX}"
+
     @staticmethod
     def convert_universal(source: Path, output: Path) -> str:
         """Rewrite the checkpoint in `source` (saved at any world size) into `output` in DeepSpeed's universal
@@ -166,6 +212,66 @@ class DeepSpeedEngine:
         # main() also writes `latest_universal` beside output with a plain open(); dskit never reads it.
         (output.parent / "latest_universal").unlink(missing_ok=True)
         return chatter.getvalue()
+
+    @staticmethod
+    def check_exportable(tag_dir: Path) -> None:
+        if not any(tag_dir.glob(OPTIM_STATES_GLOB)):
+            raise ConfigError(
+                f"checkpoint {tag_dir} has no {OPTIM_STATES_GLOB}: export needs ZeRO's fp32 master weights, "
+                "saved with the optimizer state; export another tag"
+            )
+
+    @staticmethod
+    def read_full_state_dict(tag_dir: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """The consolidated fp32 masters (DeepSpeed's zero_to_fp32 over the optimizer shards, any stage), each
+        materialised and cast one tensor at a time, in this one process (memory: dskit/export.py)."""
+        startup.import_deepspeed()
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        try:
+            lazy = get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag_dir.name, lazy_mode=True)
+        except (ValueError, FileNotFoundError) as e:  # its checks of the shard set (count, stage, sizes)
+            reason = " ".join(str(e).split()) or type(e).__name__
+            raise ConfigError(
+                f"DeepSpeed cannot consolidate {tag_dir} ({reason}): export another tag of that run"
+            ) from None
+        # Tied weights (Qwen3's lm_head and embed_tokens) are one object under two names: materialise it once
+        # so the tie survives as shared storage. Ids are read while every object is alive.
+        first_name: dict[int, str] = {}
+        alias = {name: first_name.setdefault(id(t), name) for name, t in lazy.items()}
+        state: dict[str, torch.Tensor] = {}
+        for name in list(lazy):
+            tensor = lazy.pop(name)
+            if alias[name] != name:
+                continue
+            tensor = tensor.contiguous()  # ZeRO-3: gathers this one parameter from the shards; ZeRO-2: a view
+            state[name] = tensor.to(dtype) if tensor.is_floating_point() else tensor
+        for name, source in alias.items():
+            state.setdefault(name, state[source])
+        return state
+
+    @staticmethod
+    def checkpoint_bytes_per_param(half_precision: bool) -> int:
+        return _CHECKPOINT_BYTES_PER_PARAM[half_precision]
+
+    # --- the memory model (resolve/memory_estimate.py) ---
+
+    @staticmethod
+    def estimate_memory(shape: ModelShape, layout: ZeroLayout) -> MemoryEstimate:
+        from model_utils.resolve import memory_estimate
+
+        return memory_estimate.estimate_zero(shape, layout)
+
+    @staticmethod
+    def describe_layout(layout: ZeroLayout) -> str:
+        where = {
+            "none": "no offload",
+            "optimizer": "optimizer offloaded to CPU",
+            "optimizer+params": "optimizer and parameters offloaded to CPU",
+            "params": "parameters offloaded to CPU",
+        }[layout.offload]
+        pinned = " (pinned)" if layout.pin_memory and layout.offload != "none" else ""
+        return f"ZeRO-{layout.stage}, {where}{pinned}, micro batch {layout.micro_batch_size}"
 
     def close(self) -> None:
         self._engine.destroy()

@@ -1,4 +1,4 @@
-"""PyTorch FSDP2 behind the engine seam (engine.py): `--backend fsdp`.
+"""PyTorch FSDP2 behind the engine seam (base.py): `--backend fsdp`.
 
 The model is built in fp32 (the sharded parameters are the master weights), each decoder layer and then the
 root are sharded with `fully_shard` on a one-dimensional device mesh of the rank's device type (a CPU mesh on
@@ -8,14 +8,14 @@ and clipping come from the same DeepSpeed-format config DeepSpeed reads: torch A
 own scheduler class for cosine/constant and the kit's LambdaLR for wsd/linear (schedules.py), so both engines
 train the same lr. A checkpoint is Distributed Checkpoint (DCP) shards of model and optimizer in `dcp/` plus one
 small torch file of the scheduler and the client state, written by rank 0; DCP reshards on load, so a resume on
-another world size needs no conversion.
+another world size needs no conversion. `dskit export` reads those shards here too (read_full_state_dict).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.distributed.checkpoint.state_dict import (
@@ -27,8 +27,19 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-from model_utils.checkpoint.protocol import FSDP_DCP_DIR, FSDP_STATE_FILE
+from model_utils.errors import ConfigError
 from model_utils.optim import schedules
+
+if TYPE_CHECKING:
+    from model_utils.resolve.memory_estimate import MemoryEstimate, ModelShape, ZeroLayout
+    from model_utils.resolve.resolver import ResolvedRun
+
+# A tag's files: DCP shards of model and optimizer in dcp/ (one .distcp file per rank and DCP's .metadata), and
+# rank 0's small file of scheduler and client state.
+DCP_DIR = "dcp"
+STATE_FILE = "fsdp_client_state.pt"
+# Bytes per parameter in a tag: the fp32 parameters (the masters) and Adam's two moments, no 16-bit copy.
+CHECKPOINT_BYTES_PER_PARAM = 12
 
 
 def shard(model: torch.nn.Module, device: torch.device, bf16: bool, cpu_offload: bool) -> torch.nn.Module:
@@ -59,6 +70,8 @@ def _hf_model(model: torch.nn.Module) -> Any:
 class FsdpEngine:
     # DCP reshards to any world size on load: trainer._load makes no universal copy for this engine.
     reshards_on_load = True
+    # No ZeRO stages: everything is sharded, and --fsdp_cpu_offload moves all of it to the host.
+    zero_stages = False
 
     def __init__(
         self,
@@ -93,6 +106,29 @@ class FsdpEngine:
         self._clip = float(ds_config.get("gradient_clipping") or 0.0)
         self._steps = 0  # applied optimizer steps
         self._grad_norm: float | None = None
+
+    @staticmethod
+    def prepare_model(model: torch.nn.Module, run: ResolvedRun, device: torch.device) -> torch.nn.Module:
+        ds = run.settings.deepspeed
+        return shard(model, device, ds.precision == "bf16", ds.fsdp_cpu_offload)
+
+    @classmethod
+    def from_run(
+        cls,
+        model: torch.nn.Module,
+        run: ResolvedRun,
+        device: torch.device,
+        param_groups: list[dict[str, Any]],
+        lr_scheduler: Callable[[Any], Any] | None,
+    ) -> FsdpEngine:
+        return cls(
+            model,
+            run.deepspeed_config(),
+            param_groups,
+            device,
+            lr_scheduler=lr_scheduler,
+            cpu_offload=run.settings.deepspeed.fsdp_cpu_offload,
+        )
 
     def train_step(
         self, micro_batches: list[torch.Tensor], keep: Callable[[torch.Tensor], bool] | None = None
@@ -168,23 +204,23 @@ class FsdpEngine:
 
         model_state, optim_state = get_state_dict(self.module, self._optimizer)
         # Every rank writes its own shards (and rank 0 the metadata) into dcp/.
-        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tag_dir / FSDP_DCP_DIR))
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tag_dir / DCP_DIR))
         if torch.distributed.get_rank() == 0:
             state = {
                 "client_state": client_state,
                 "scheduler": None if self._scheduler is None else self._scheduler.state_dict(),
                 "optimizer_steps": self._steps,
             }
-            torch.save(state, tag_dir / FSDP_STATE_FILE)
+            torch.save(state, tag_dir / STATE_FILE)
 
     def load(self, tag_dir: Path, weights_only: bool, universal: bool = False) -> dict[str, Any] | None:
         import torch.distributed.checkpoint as dcp
 
         assert not universal, "DCP reshards on load: no universal copy is made for FSDP"
-        state_file = tag_dir / FSDP_STATE_FILE
-        if not state_file.is_file() or not (tag_dir / FSDP_DCP_DIR).is_dir():
+        state_file = tag_dir / STATE_FILE
+        if not state_file.is_file() or not (tag_dir / DCP_DIR).is_dir():
             return None
-        dcp_dir = str(tag_dir / FSDP_DCP_DIR)
+        dcp_dir = str(tag_dir / DCP_DIR)
         if weights_only:
             model_state = get_model_state_dict(self.module)
             dcp.load({"model": model_state}, checkpoint_id=dcp_dir)
@@ -210,9 +246,68 @@ class FsdpEngine:
         self._steps = int(saved["optimizer_steps"])
         return saved["client_state"]
 
+    # --- the checkpoint's files, without an engine ---
+
+    @staticmethod
+    def owns_tag(tag_dir: Path) -> bool:
+        return (tag_dir / STATE_FILE).is_file()
+
+    @staticmethod
+    def converted_tag(tag: str) -> None:
+        return None  # no converted copies: DCP reshards on load
+
     @staticmethod
     def convert_universal(source: Path, output: Path) -> str:
         raise AssertionError("FSDP checkpoints reshard on load (reshards_on_load): nothing to convert")
+
+    @staticmethod
+    def check_exportable(tag_dir: Path) -> None:
+        if not (tag_dir / DCP_DIR / ".metadata").is_file():
+            raise ConfigError(
+                f"checkpoint {tag_dir} has no {DCP_DIR}/.metadata: its Distributed Checkpoint shards are "
+                "missing; export another tag"
+            )
+
+    @staticmethod
+    def read_full_state_dict(tag_dir: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """The tag's weights: DCP's shards read into full tensors in this one process (no process group:
+        `no_dist`), whatever world size wrote them. The shards hold the fp32 masters; each is cast after reading."""
+        import warnings
+
+        import torch.distributed.checkpoint as dcp
+
+        dcp_dir = tag_dir / DCP_DIR
+        metadata = dcp.FileSystemReader(str(dcp_dir)).read_metadata().state_dict_metadata
+        # save() wrote {"model": ..., "optim": ...}; DCP flattens the keys to "model.<name>".
+        wanted = {
+            key.removeprefix("model."): torch.empty(meta.size, dtype=meta.properties.dtype)
+            for key, meta in metadata.items()
+            if key.startswith("model.") and isinstance(meta, dcp.metadata.TensorStorageMetadata)
+        }
+        loaded = {"model": wanted}
+        with warnings.catch_warnings():
+            # "torch.distributed is disabled ... assuming the intent is to load in a single process": it is.
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+            dcp.load(loaded, checkpoint_id=str(dcp_dir), no_dist=True)
+        return {name: t.to(dtype) if t.is_floating_point() else t for name, t in loaded["model"].items()}
+
+    @staticmethod
+    def checkpoint_bytes_per_param(half_precision: bool) -> int:
+        return CHECKPOINT_BYTES_PER_PARAM  # fp32 masters whatever the compute precision
+
+    # --- the memory model (resolve/memory_estimate.py) ---
+
+    @staticmethod
+    def estimate_memory(shape: ModelShape, layout: ZeroLayout) -> MemoryEstimate:
+        from model_utils.resolve import memory_estimate
+
+        return memory_estimate.estimate_fsdp(shape, layout)
+
+    @staticmethod
+    def describe_layout(layout: ZeroLayout) -> str:
+        # offload_optimizer is --fsdp_cpu_offload here, which moves all sharded state
+        where = "sharded state offloaded to CPU" if layout.offload_optimizer else "no offload"
+        return f"FSDP2, {where}, micro batch {layout.micro_batch_size}"
 
     def close(self) -> None:
         self._optimizer.zero_grad(set_to_none=True)

@@ -1,77 +1,43 @@
 """The training loop, split into named steps, over explicit checkpointable state.
 
 Steps are optimizer steps (accumulation boundaries), never micro-batches: `max_steps`, logging, validation and
-checkpoint frequencies all count them. The trainer reads the resolved run (preflight.py) and talks to an engine
-(engine.py) and a reporter (reporter.py); `close()` runs on every exit path.
+checkpoint frequencies all count them. The trainer reads the resolved run (preflight.py), talks to an engine
+(engine.py), feeds the reporter's step clock (reporter.py), and calls its observers at the loop's named points
+(hooks.py: the reporter's output, the profiler, the S3 uploads, the spike guard's records); `close()` runs on
+every exit path.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import numpy as np
 import torch
 
+from model_utils import engines
 from model_utils.checkpoint import launch_record, protocol
 from model_utils.data import step_batches
-from model_utils.data.sampler import BlockSampler, DataPosition, validation_indices
+from model_utils.data.sampler import BlockSampler, validation_indices
 from model_utils.engines.base import Engine
 from model_utils.errors import ConfigError, RunDiverged
 from model_utils.launch import launch_env, walltime
 from model_utils.launch.distributed import DistInfo, all_reduce_mean, any_rank, decide_on_main, global_mean
 from model_utils.launch.preemption import StopRequest, slurm_restart_count
-from model_utils.loop import faults, spike_guard
+from model_utils.loop import faults, hooks, observers, spike_guard
+from model_utils.loop.state import TrainState
 from model_utils.model import activation_checkpointing, kernels, lora
 from model_utils.model.models import build_model
-from model_utils.observe import metrics, profiling, step_line
+from model_utils.observe import metrics, step_line
 from model_utils.observe.log import print0, warn0
 from model_utils.observe.reporter import Reporter
 from model_utils.optim import param_groups
 from model_utils.resolve.resolver import ResolvedRun
 
-
-@dataclass
-class TrainState:
-    """Everything about progress that a resume must restore (model/optimizer/scheduler live in the engine)."""
-
-    step: int = 0
-    tokens_seen: int = 0
-    position: DataPosition = field(default_factory=DataPosition)
-    run_id: str = ""  # names the run in metrics files and trackers; a resume continues it
-    tracker_state: dict[str, Any] = field(default_factory=dict)  # e.g. the MLflow run id
-    skipped_steps: int = 0  # optimizer steps the engine skipped (fp16 overflow), over the whole run
-    guard: dict[str, Any] = field(default_factory=dict)  # the spike guard's windows and counters
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "tokens_seen": self.tokens_seen,
-            "position": self.position.to_dict(),
-            "run_id": self.run_id,
-            "tracker_state": self.tracker_state,
-            "skipped_steps": self.skipped_steps,
-            "guard": self.guard,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TrainState:
-        return cls(
-            step=int(d["step"]),
-            tokens_seen=int(d["tokens_seen"]),
-            position=DataPosition.from_dict(d["position"]),
-            run_id=str(d.get("run_id", "")),
-            tracker_state=dict(d.get("tracker_state", {})),
-            skipped_steps=int(d.get("skipped_steps", 0)),
-            guard=dict(d.get("guard", {})),
-        )
-
-
-# What became of a step's data (Trainer.train_step).
-APPLIED, DISCARDED, DROPPED = "applied", "discarded", "dropped"
+# What became of a step's data (Trainer.train_step); an applied one then stands or is rolled back (hooks.py).
+APPLIED, DISCARDED, DROPPED = "applied", hooks.DISCARDED, hooks.DROPPED
 
 
 def new_run_id(short_name: str) -> str:
@@ -93,11 +59,10 @@ def create_engine(run: ResolvedRun, dist: DistInfo) -> tuple[Engine, param_group
     # the decay groups below (trainable parameters only) hold the adapters alone.
     model = lora.apply(model, cfg.lora, cfg.loop.seed)
     kernels.optimize_model(lora.hf_model(model), cfg.model, dist.device)
-    if ds.backend == "fsdp":
-        from model_utils.engines import fsdp_engine
-
-        # Sharding swaps every parameter for a DTensor: the decay groups are of the sharded ones.
-        model = fsdp_engine.shard(model, dist.device, ds.precision == "bf16", ds.fsdp_cpu_offload)
+    engine_type = engines.engine_class(cfg.optim.backend)
+    # Before the decay groups: the engine may swap the parameters (FSDP shards them into DTensors); the groups are
+    # of what it trains.
+    model = engine_type.prepare_model(model, run, dist.device)
     groups = param_groups.split_for_weight_decay(model, cfg.optim.no_decay_embeddings)
     print0(groups.describe(ds.weight_decay, cfg.optim.no_decay_embeddings))
     assert run.max_steps is not None
@@ -105,19 +70,7 @@ def create_engine(run: ResolvedRun, dist: DistInfo) -> tuple[Engine, param_group
     client = ds.client_schedule(run.max_steps)
     torch.manual_seed(cfg.loop.seed + dist.rank)
     scheduler = None if client is None else client.lambda_lr
-    if ds.backend == "fsdp":
-        engine: Engine = fsdp_engine.FsdpEngine(
-            model,
-            run.deepspeed_config(),
-            groups.optimizer_groups(),
-            dist.device,
-            lr_scheduler=scheduler,
-            cpu_offload=ds.fsdp_cpu_offload,
-        )
-        return engine, groups
-    from model_utils.engines.deepspeed_engine import DeepSpeedEngine
-
-    engine = DeepSpeedEngine(model, run.deepspeed_config(), groups.optimizer_groups(), lr_scheduler=scheduler)
+    engine = engine_type.from_run(model, run, dist.device, groups.optimizer_groups(), scheduler)
     return engine, groups
 
 
@@ -130,9 +83,8 @@ class Trainer:
         self.run, self.dist, self.cfg = run, dist, run.config
         self.max_steps: int = run.max_steps
         self.reporter: Reporter | None = None
+        self.hooks = hooks.Hooks()  # the observers, once the loop is set up
         self.batches: step_batches.StepBatches | None = None
-        self.s3: Any = None
-        self.profiler: profiling.StepProfiler | None = None
         self.fault: faults.FaultInjector | None = None
         self.guard = spike_guard.SpikeGuard(self.cfg.guard, run.settings.spike_guard)
         self.global_loss = float("nan")  # the last step's loss over all ranks (when the guard watches)
@@ -165,7 +117,6 @@ class Trainer:
             self.state = self._resume_or_start()
             self.guard.load_state_dict(self.state.guard)
             print0(self.guard.describe())
-            self.s3 = self._s3_tier()
             self.stop = StopRequest()
             self.last_save_time = time.monotonic()
             self.walltime = walltime.WalltimePlanner() if dist.is_main else None
@@ -173,11 +124,8 @@ class Trainer:
             self.state.tracker_state = self.reporter.open(
                 self.state.run_id, self.state.tracker_state, resumed_at
             )
-            window = self.cfg.report.profile_window()
-            if window is not None and self.reporter.output_base is not None:  # rank 0
-                self.profiler = profiling.StepProfiler(
-                    window, self.reporter.output_base, dist.device, self.state.step
-                )
+            context = observers.LoopContext(run, dist, self.engine, self.reporter, self.state.step)
+            self.hooks = hooks.Hooks(observers.build(context))
         except BaseException:
             self.close()  # the batch worker and a tracker run opened before the error
             raise
@@ -276,14 +224,6 @@ class Trainer:
         )
         return protocol.ResumeTarget(root, tag)
 
-    def _s3_tier(self) -> Any:
-        uri = self.cfg.checkpoint.s3_checkpoint_uri
-        if uri is None or not self.dist.is_main:
-            return None
-        from model_utils.checkpoint.s3_tier import S3Tier
-
-        return S3Tier(uri)  # access was checked in preflight, before the first step
-
     # --- the loop ---
 
     def train_step(self) -> tuple[str, float]:
@@ -297,9 +237,9 @@ class Trainer:
             return DROPPED, float("nan")
         fetch_started = time.perf_counter()
         micro_batches = self.batches.at(position)
-        self.reporter.data_waited(time.perf_counter() - fetch_started)
-        if self.profiler is not None:
-            self.profiler.step_starting(self.state.step + 1)
+        self.data_wait_s = time.perf_counter() - fetch_started
+        self.reporter.data_waited(self.data_wait_s)
+        self.hooks.before_step(self.state.step + 1)
         self.guard.step_starting(position)
         mean_loss, applied = self.engine.train_step(micro_batches, self._keep if self.guard.active else None)
         if self.fault is not None:
@@ -316,20 +256,39 @@ class Trainer:
         self.state.skipped_steps = self.engine.skipped_steps()
         loss = mean_loss.item()  # one wait for the device per step, not one per micro-batch
         self.reporter.step_done(loss, self.engine.wall_clock_ms())
-        if self.profiler is not None:
-            self._profiled(self.profiler)
         return APPLIED, loss
 
-    def step(self) -> tuple[bool, float]:
+    def turn(self) -> hooks.StepReport:
         """One turn of the loop: data a rollback ruled out is passed over, then one step is trained and judged
-        by the spike guard. Returns whether an optimizer step now stands (not discarded, not rolled back) and its
-        loss (NaN when none)."""
+        by the spike guard. Returns what it did (its observers get it from `fit`)."""
+        started = time.perf_counter()
         self.skip_guarded_data()
+        step = self.state.step + 1
+        self.data_wait_s = 0.0
         outcome, loss = self.train_step()
-        trained = outcome == APPLIED
+        grad_norm = self.engine.grad_norm() if outcome == APPLIED else None
+        stands = outcome == APPLIED
         if outcome != DROPPED and self.guard.active:
-            trained = self.guard_step(outcome) and trained
-        return trained, loss
+            stands = self.guard_step(outcome) and stands
+        if outcome == APPLIED:
+            outcome = hooks.TRAINED if stands else hooks.ROLLED_BACK
+        return hooks.StepReport(
+            step=step,
+            outcome=outcome,
+            loss=loss,
+            lr=self.step_lr,
+            grad_norm=grad_norm,
+            data_wait_s=self.data_wait_s,
+            seconds=time.perf_counter() - started,
+            time_left=self.walltime.remaining() if self.walltime is not None else None,
+            state=self.state,
+        )
+
+    def step(self) -> tuple[bool, float]:
+        """A turn as bench and tests drive one: whether an optimizer step now stands (not discarded, not rolled
+        back) and its loss (NaN when none). The turn's report goes to the observers (after_step) in `fit` only."""
+        report = self.turn()
+        return report.trained, report.loss
 
     def _keep(self, mean_loss: torch.Tensor) -> bool:
         """The engine asks, before the update, whether this step happens: the guard judges the loss of the
@@ -403,27 +362,17 @@ class Trainer:
             f"from epoch {start.epoch} block {start.consumed} to epoch {end.epoch} block {end.consumed} will be "
             f"skipped (rollback {guard.rollbacks} of at most {self.cfg.guard.max_rollbacks})"
         )
-        self.reporter.guard_event(
-            {
-                "event": "rollback",
-                "step": state.step,
-                "from_step": live.step,
-                "tag": target.tag,
-                "reason": why,
-                "skip_from": start.to_dict(),
-                "skip_to": end.to_dict(),
-            },
-            guard.counters(),
+        rollback = hooks.Rollback(live.step, target.tag, why, start, end)
+        self.hooks.on_guard_event(
+            hooks.GuardEvent("rollback", state.step, guard.counters(), rollback=rollback)
         )
         return False
 
     def _guard_event(self, event: str, step: int, spike: spike_guard.Spike) -> None:
-        assert self.reporter is not None
-        self.reporter.guard_event({"event": event, "step": step, **spike.to_dict()}, self.guard.counters())
+        self.hooks.on_guard_event(hooks.GuardEvent(event, step, self.guard.counters(), spike=spike))
 
     def _diverged(self, why: str) -> NoReturn:
-        assert self.reporter is not None
-        self.reporter.event({"event": "end", "step": self.state.step, "reason": "diverged"})
+        self.hooks.on_end(self.state, "diverged")
         raise RunDiverged(f"the spike guard stopped the run at step {self.state.step}: {why}")
 
     def skip_guarded_data(self) -> None:
@@ -439,14 +388,6 @@ class Trainer:
                 "(what led to a rollback)"
             )
 
-    def _profiled(self, profiler: profiling.StepProfiler) -> None:
-        assert self.reporter is not None
-        started = time.perf_counter()
-        trace = profiler.step_done(self.state.step)
-        if trace is not None:
-            self.reporter.artifact(trace, "profiler")
-            self.reporter.exclude(time.perf_counter() - started)  # writing the trace is not training
-
     @torch.no_grad()
     def validate(self) -> float:
         assert self.val_idx is not None
@@ -459,13 +400,7 @@ class Trainer:
         assert self.run.val_blocks is not None
         return step_batches.gather(self.run.val_blocks, indices, pin=False).to(self.dist.device)
 
-    def log_step(self) -> None:
-        assert self.reporter is not None
-        remaining = self.walltime.remaining() if self.walltime is not None else None
-        self.reporter.log_step(self.state, self.step_lr, self.engine.grad_norm(), remaining)
-
     def save_checkpoint(self) -> None:
-        assert self.reporter is not None
         started = time.perf_counter()
         tag = protocol.checkpoint_tag(self.run.source.short_name, self.state.step)
         self.state.guard = self.guard.state_dict()
@@ -479,16 +414,16 @@ class Trainer:
         )
         final = protocol.save(self.engine, request, self.dist.rank, self.run.model_config, self.run.tokenizer)
         if final is not None:
-            if self.s3 is not None:
-                self.s3.upload_async(final)  # in the background: training does not wait
             protect = {self.run.resume.tag} if self.run.resume else set()
-            protect |= set(self.s3.pending()) if self.s3 is not None else set()
+            protect |= self.hooks.tags_in_use(tag)  # e.g. uploads in flight
             ckpt = self.cfg.checkpoint
-            protocol.rotate(final.parent, ckpt.keep_checkpoints, protect, ckpt.keep_every_steps)
+            protocol.rotate(
+                final.parent, ckpt.keep_checkpoints, protect, ckpt.keep_every_steps, type(self.engine)
+            )
         seconds = time.perf_counter() - started
         if self.walltime is not None:
             self.walltime.record_save(seconds)
-        self.reporter.event({"event": "checkpoint", "step": self.state.step, "tag": tag, "save_s": seconds})
+        self.hooks.after_checkpoint_saved(hooks.SavedCheckpoint(self.state.step, tag, final, seconds))
         self.last_save_time = time.monotonic()
 
     def fit(self) -> TrainState:
@@ -508,24 +443,21 @@ class Trainer:
         self.reporter.restart_clock()
         reason = None
         while self.state.step < self.max_steps and reason is None:
-            trained, loss = self.step()
-            if trained:
-                if self.state.step % self.cfg.loop.logging_freq == 0 or self.state.step == self.max_steps:
-                    self.log_step()
-                else:
-                    self.reporter.progress(self.state.step, loss)
-            reason = self.after_step(trained)
-        self.finish_uploads()
-        self._announce_end(reason or "done", time.perf_counter() - train_started)
+            report = self.turn()
+            self.hooks.after_step(report)
+            reason = self.after_step(report.trained)
+        reason = reason or "done"
+        self.hooks.on_end(self.state, reason)  # uploads finish, then the end record
+        self.reporter.close()  # the progress bar goes before the closing lines
+        self._announce_end(reason, time.perf_counter() - train_started)
         return self.state
 
     def close(self) -> None:
-        """Stop the batch worker, end the tracker's run and release the engine: on success and on errors alike.
-        Idempotent."""
+        """Stop the batch worker, close the observers, end the tracker's run and release the engine: on success
+        and on errors alike. Idempotent."""
         if self.batches is not None:
             self.batches.close()
-        if self.profiler is not None:
-            self.profiler.close()
+        self.hooks.on_close()
         if self.fault is not None:
             self.fault.close()
         if self.reporter is not None:
@@ -539,17 +471,7 @@ class Trainer:
         restarts = slurm_restart_count()
         if restarts is not None:
             print0(f"SLURM job {os.environ['SLURM_JOB_ID']}, SLURM_RESTART_COUNT={restarts}")
-        resumed = self.run.resume.tag if self.run.resume is not None else None
-        self.reporter.event(
-            {
-                "event": "start",
-                "step": self.state.step,
-                "run_id": self.state.run_id,
-                "resumed_from": resumed,
-                "world_size": self.dist.world_size,
-                "max_steps": self.max_steps,
-            }
-        )
+        self.hooks.on_start(self.state)
         peak = self.reporter.peak_tflops
         peak_text = "unknown: pass --peak_tflops for MFU" if peak is None else f"{peak:g}"
         print0(
@@ -565,17 +487,15 @@ class Trainer:
     def _announce_end(self, reason: str, train_s: float) -> None:
         assert self.reporter is not None
         s = self.state
-        self.reporter.event({"event": "end", "step": s.step, "reason": reason})
-        self.reporter.close()  # the progress bar goes before the closing lines
         if reason == "preempted":
-            who = self.stop.signal_name or "another rank"
-            print0(f"Preempted: stop requested by {who}; saved at step {s.step}")
+            print0(step_line.preempted_line(s.step, self.stop.signal_name or "another rank"))
         elif reason == "walltime":
-            print0(
-                f"Stopped at step {s.step} before the job's time limit; saved (a requeued job resumes here)"
-            )
+            print0(step_line.walltime_line(s.step))
+        elif reason == "done":
+            print0(step_line.done_line(s.step, self.max_steps, s.tokens_seen))
         else:
-            print0(f"Done: step {s.step}/{self.max_steps}, {s.tokens_seen} tokens seen")
+            why = self.hooks.stop.why if self.hooks.stop is not None else "asked on another rank"
+            print0(step_line.stopped_line(s.step, reason, why))
         if reason != "done" and self.dist.is_main and os.environ.get(launch_env.STOP_REASON_FILE):
             reason_file = Path(os.environ[launch_env.STOP_REASON_FILE])
             reason_file.parent.mkdir(parents=True, exist_ok=True)
@@ -596,18 +516,25 @@ class Trainer:
         last = trained and step == self.max_steps
         due = trained and (step % ckpt.checkpoint_freq == 0 or last)
         if trained and self.val_idx is not None and (step % loop.validation_freq == 0 or last):
-            self.reporter.log_validation(step, self.validate())
+            self.hooks.after_validation(step, self.validate())
         minutes = (time.monotonic() - self.last_save_time) / 60
         time_due = (
             ckpt.checkpoint_interval_minutes is not None and minutes >= ckpt.checkpoint_interval_minutes
         )
         plan = self._walltime_plan()
-        # One collective for every decision: a rank was signalled, its clock says a save is due, or rank 0's
-        # walltime plan says save (or save and stop) now.
-        stop, time_due, walltime_save, walltime_stop = any_rank(
-            [self.stop.signal_name is not None, time_due, plan.save_now, plan.stop_now], self.dist.device
+        # One collective for every decision: a rank was signalled, its clock says a save is due, rank 0's
+        # walltime plan says save (or save and stop) now, or an observer asked to stop.
+        stop, time_due, walltime_save, walltime_stop, asked = any_rank(
+            [
+                self.stop.signal_name is not None,
+                time_due,
+                plan.save_now,
+                plan.stop_now,
+                self.hooks.stop is not None,
+            ],
+            self.dist.device,
         )
-        if due or stop or time_due or walltime_save or walltime_stop:
+        if due or stop or time_due or walltime_save or walltime_stop or asked:
             if walltime_save and not (stop or walltime_stop):
                 print0(
                     f"Saving early at step {step}: the next checkpoint would land too close to the time limit"
@@ -618,7 +545,11 @@ class Trainer:
             return None
         if stop:
             return "preempted"
-        return "walltime" if walltime_stop else None
+        if walltime_stop:
+            return "walltime"
+        if asked:  # the asking observer's reason; a rank whose observers did not ask says "observer"
+            return self.hooks.stop.reason if self.hooks.stop is not None else "observer"
+        return None
 
     def _walltime_plan(self) -> walltime.Decision:
         if self.walltime is None:
@@ -627,8 +558,3 @@ class Trainer:
         ckpt, step = self.cfg.checkpoint, self.state.step
         next_save = min(self.max_steps, (step // ckpt.checkpoint_freq + 1) * ckpt.checkpoint_freq)
         return self.walltime.decide(step, self.reporter.step_time(), next_save)
-
-    def finish_uploads(self) -> None:
-        if self.s3 is not None and self.s3.pending():
-            print0("Waiting for checkpoint uploads to S3 to finish")
-            self.s3.wait()  # warns about any tag that failed; the local copy stays

@@ -12,6 +12,7 @@ import time
 from typing import TextIO
 
 from model_utils.launch import launch_env
+from model_utils.observe import step_line
 
 
 def _rank() -> int:
@@ -79,7 +80,7 @@ def warn0(message: str) -> None:
 def error_line(message: str) -> None:
     """The single line a user sees for a mistake; printed by rank 0 only so N ranks do not repeat it."""
     if _rank() == 0:
-        print(f"error: {message}", file=sys.stderr, flush=True)
+        print(step_line.error_line(message), file=sys.stderr, flush=True)
 
 
 def progress0(step: int, total: int, detail: str, width: int = 30) -> None:

@@ -71,10 +71,7 @@ class Reporter:
         self.metrics = metrics.MetricsFile(path)
         # A profiler trace goes next to the metrics file, or where the file would be when it is off.
         self.output_base = path or metrics_path("auto", report.report_dir, run_id)
-        print0(
-            f"Run {run_id}: metrics to {path or 'nowhere (--metrics_file none)'}"
-            + ("" if report.report_to == "none" else f", {report.report_to} under {report.report_dir}")
-        )
+        print0(step_line.run_line(run_id, path, report.report_to, report.report_dir))
         return tracker_state
 
     # --- the clock ---

@@ -1,19 +1,35 @@
-"""The run log's step, validation, resume and fresh-start lines: rendered here from the metrics record, and
-parsed back here (for `dskit plot` on a log without its metrics file), so the two cannot drift apart.
+"""Every run-log line that is read back: rendered here and parsed back here, so the two cannot drift apart.
+
+The step and validation lines come from the metrics record (one table of fields below); `dskit plot` parses a log
+without its metrics file with the same table. `dskit.api` reads a finished run from its log: the end line, the
+checkpoints saved, the metrics file and run name, the MLflow run, and the one-line error of a failed run.
 
     Step 10/100 | Loss 7.1234 | lr 3.00e-03 | grad_norm 1.23 | tokens/s 2600 (1300/device) | ... | ETA 0:00:42
+
+A parser finds its line after rank 0's timestamp (`2026-11-23 12:00:00 | <line>`) or at the start of a line.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 NUMBER = r"([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))"
-_STEP = re.compile(r"(?:^|\|)\s*Step (\d+)/\d+\s*\|(.*)$")
-_RESUMED = re.compile(r"(?:^|\|)\s*Resumed from .+? at step (\d+)")
-_FRESH = re.compile(r"(?:^|\|)\s*No (?:verified )?checkpoint in .*: starting fresh")
+_AT = r"(?:^|\|)\s*"  # where a message starts: the line's start or after the timestamp
+_STEP = re.compile(_AT + r"Step (\d+)/\d+\s*\|(.*)$")
+_RESUMED = re.compile(_AT + r"Resumed from .+? at step (\d+)")
+_FRESH = re.compile(_AT + r"No (?:verified )?checkpoint in .*: starting fresh")
+_DONE = re.compile(_AT + r"Done: step (\d+)/(\d+), (\d+) tokens seen")
+_PREEMPTED = re.compile(_AT + r"Preempted: stop requested by (.+); saved at step (\d+)")
+_WALLTIME = re.compile(_AT + r"Stopped at step (\d+) before the job's time limit; saved")
+_STOPPED = re.compile(_AT + r"Stopped at step (\d+) \((\S+)\): (.*); saved\s*$")
+_SAVED = re.compile(_AT + r"Saved checkpoint (.+) \([^()]*\)\s*$")
+_NOWHERE = "nowhere (--metrics_file none)"
+_RUN = re.compile(_AT + r"Run (\S+): metrics to (.+?)(?:, (\S+) under .*)?\s*$")
+_MLFLOW = re.compile(_AT + r"MLflow run (\S+) in experiment ")
+_ERROR = re.compile(r"^(?:\S+ \| )?error: (.*)$")
 
 
 @dataclass(frozen=True)
@@ -71,6 +87,9 @@ def _line(record: dict[str, Any], max_steps: int, fields: tuple[Field, ...], tai
     return " | ".join(parts + tail)
 
 
+# --- the records: steps, validations, starts (`dskit plot`) -------------------------------------------------
+
+
 def step_line(record: dict[str, Any], max_steps: int, time_left: float | None = None) -> str:
     """The log line of a metrics record; skipped steps and the ETA (and the job's time left) at the end."""
     tail = [f"skipped {record['skipped_steps']}"] if record.get("skipped_steps") else []
@@ -110,3 +129,104 @@ def parse(line: str) -> dict[str, Any] | None:
 
 def parse_log(text: str) -> list[dict[str, Any]]:
     return [record for line in text.splitlines() if (record := parse(line)) is not None]
+
+
+# --- how the loop ended (dskit.api) ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class End:
+    """What an end line says: why the loop ended and at which step (the step count of a finished run too)."""
+
+    reason: str  # done, preempted, walltime, or the word an observer stopped the run with
+    step: int
+    max_steps: int | None = None  # done only
+    tokens_seen: int | None = None  # done only
+    detail: str | None = None  # who asked for a preemption, why an observer stopped the run
+
+
+def done_line(step: int, max_steps: int, tokens_seen: int) -> str:
+    return f"Done: step {step}/{max_steps}, {tokens_seen} tokens seen"
+
+
+def preempted_line(step: int, requested_by: str) -> str:
+    return f"Preempted: stop requested by {requested_by}; saved at step {step}"
+
+
+def walltime_line(step: int) -> str:
+    return f"Stopped at step {step} before the job's time limit; saved (a requeued job resumes here)"
+
+
+def stopped_line(step: int, reason: str, why: str) -> str:
+    """An observer asked to stop (`reason`: one word, as in the metrics file's end record)."""
+    return f"Stopped at step {step} ({reason}): {why}; saved"
+
+
+def parse_end(line: str) -> End | None:
+    if match := _DONE.search(line):
+        step, max_steps, tokens = (int(g) for g in match.groups())
+        return End("done", step, max_steps, tokens)
+    if match := _PREEMPTED.search(line):
+        return End("preempted", int(match.group(2)), detail=match.group(1))
+    if match := _WALLTIME.search(line):
+        return End("walltime", int(match.group(1)))
+    if match := _STOPPED.search(line):
+        return End(match.group(2), int(match.group(1)), detail=match.group(3))
+    return None
+
+
+# --- checkpoints, the run's files and trackers, errors (dskit.api) -------------------------------------------
+
+
+def saved_line(tag_dir: Path, detail: str) -> str:
+    """A checkpoint is complete; `detail`: its size and write speed."""
+    return f"Saved checkpoint {tag_dir} ({detail})"
+
+
+def parse_saved(line: str) -> str | None:
+    """The checkpoint dir a saved line names, as written (relative to the launcher's working dir)."""
+    match = _SAVED.search(line)
+    return match.group(1) if match else None
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    run_id: str  # the kit's run name (metrics file, TensorBoard run)
+    metrics_file: str | None  # None: --metrics_file none
+    report_to: str  # the tracker, "none" without one
+
+
+def run_line(run_id: str, metrics_file: Path | None, report_to: str, report_dir: str) -> str:
+    where = _NOWHERE if metrics_file is None else str(metrics_file)
+    tracker = "" if report_to == "none" else f", {report_to} under {report_dir}"
+    return f"Run {run_id}: metrics to {where}{tracker}"
+
+
+def parse_run(line: str) -> RunFiles | None:
+    match = _RUN.search(line)
+    if match is None:
+        return None
+    run_id, where, tracker = match.groups()
+    return RunFiles(run_id, None if where == _NOWHERE else where, tracker or "none")
+
+
+def mlflow_line(mlflow_run_id: str, experiment: str, tracking_uri: str, parent_run_id: str | None) -> str:
+    """The MLflow run a job logs to (`tracking_uri` without credentials): the line an orchestrator reads."""
+    child = f", child of {parent_run_id}" if parent_run_id is not None else ""
+    return f"MLflow run {mlflow_run_id} in experiment {experiment!r} at {tracking_uri}{child}"
+
+
+def parse_mlflow(line: str) -> str | None:
+    match = _MLFLOW.search(line)
+    return match.group(1) if match else None
+
+
+def error_line(message: str) -> str:
+    """The one line a user sees for a mistake (stderr; the launchers print theirs the same way)."""
+    return f"error: {message}"
+
+
+def parse_error(line: str) -> str | None:
+    """The message of an error line, bare or after one `WORD | ` prefix."""
+    match = _ERROR.match(line.strip())
+    return match.group(1) if match else None

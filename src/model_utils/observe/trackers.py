@@ -26,6 +26,7 @@ from urllib.parse import urlparse
 
 from model_utils.config.arguments import REPORT_TO
 from model_utils.errors import ConfigError, first_line
+from model_utils.observe import step_line
 from model_utils.observe.log import print0, warn0
 
 if TYPE_CHECKING:
@@ -470,7 +471,7 @@ def _open_mlflow(
     state = {"run_id": mlflow_run_id, "tracking_uri": redacted(uri), "experiment": experiment}
     if parent_run_id is not None:
         state["parent_run_id"] = parent_run_id
-    # One line an orchestrator (dskit.api) reads the run from.
-    child = f", child of {parent_run_id}" if parent_run_id is not None else ""
-    print0(f"MLflow run {mlflow_run_id} in experiment {experiment!r} at {redacted(uri)}{child}")
+    print0(
+        step_line.mlflow_line(mlflow_run_id, experiment, redacted(uri), parent_run_id)
+    )  # dskit.api reads it
     return MlflowTracker(client, mlflow_run_id), state

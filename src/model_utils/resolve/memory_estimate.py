@@ -11,6 +11,9 @@ against a traced forward and backward.
 A model_utils module because a training rank needs it too: on CUDA the kit's default DeepSpeed config is the
 GPU-only one where this estimate says it fits (preflight); `dskit estimate` (dskit/estimate.py) renders it and
 recommends a layout that fits.
+
+Which model applies is the engine's to say (its estimate_memory and describe_layout, engines/): a layout names
+its engine (`backend`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from model_utils import engines
 from model_utils.errors import ConfigError, first_line
 from model_utils.launch import startup
 from model_utils.model.activation_checkpointing import checkpointed_layers, every_n_layers
@@ -130,11 +134,12 @@ class ZeroLayout:
     liger: bool = False  # Liger's Triton kernels (--liger), which keep fewer activations
     compile: bool = False  # torch.compile (--compile)
     activation_checkpointing: str = "none"  # --activation_checkpointing: none, full or every_N
-    # --backend fsdp: FSDP2 (stage 0 here; offload_optimizer is --fsdp_cpu_offload, which moves all sharded state)
-    backend: str = "deepspeed"
+    # The engine (--backend). One without ZeRO stages (FSDP2) has stage 0 here, and offload_optimizer is its one
+    # offload switch (--fsdp_cpu_offload, which moves all sharded state).
+    backend: str = engines.DEFAULT
 
     def __post_init__(self) -> None:
-        if self.backend != "fsdp":
+        if engines.engine_class(self.backend).zero_stages:
             check_zero(self.stage, self.offload_optimizer, self.offload_params)
         every_n_layers(self.activation_checkpointing)  # a ConfigError naming the accepted forms
         for name in ("nodes", "ranks_per_node", "micro_batch_size", "gradient_accumulation_steps"):
@@ -155,17 +160,7 @@ class ZeroLayout:
         return "params" if self.offload_params else "optimizer" if self.offload_optimizer else "none"
 
     def describe(self) -> str:
-        where = {
-            "none": "no offload",
-            "optimizer": "optimizer offloaded to CPU",
-            "optimizer+params": "optimizer and parameters offloaded to CPU",
-            "params": "parameters offloaded to CPU",
-        }[self.offload]
-        if self.backend == "fsdp":
-            where = "sharded state offloaded to CPU" if self.offload_optimizer else "no offload"
-            return f"FSDP2, {where}, micro batch {self.micro_batch_size}"
-        pinned = " (pinned)" if self.pin_memory and self.offload != "none" else ""
-        return f"ZeRO-{self.stage}, {where}{pinned}, micro batch {self.micro_batch_size}"
+        return engines.engine_class(self.backend).describe_layout(self)
 
     def describe_recommended(self) -> str:
         """describe(), with the activation checkpointing the recommendation needs (the header shows it apart)."""
@@ -399,8 +394,12 @@ def estimate_fsdp(m: ModelShape, lay: ZeroLayout) -> MemoryEstimate:
 
 
 def estimate(m: ModelShape, lay: ZeroLayout) -> MemoryEstimate:
-    if lay.backend == "fsdp":
-        return estimate_fsdp(m, lay)
+    """The memory model of the layout's engine (estimate_zero, estimate_fsdp)."""
+    return engines.engine_class(lay.backend).estimate_memory(m, lay)
+
+
+def estimate_zero(m: ModelShape, lay: ZeroLayout) -> MemoryEstimate:
+    """DeepSpeed ZeRO (--backend deepspeed) at any stage and offload."""
     P, N, b = m.total_params, lay.world_size, lay.dtype_bytes
     part = _ceil_div(P, N)  # each rank's partition of the flat parameter buffer
     L, big = m.largest_layer_params, m.largest_param

@@ -210,8 +210,8 @@ def resolve_settings(
     if cfg.accelerate is not None:
         print0(cfg.accelerate.describe())
         if (
-            cfg.optim.backend == "fsdp"
-        ):  # the layers accelerate would wrap are the ones the FSDP engine shards
+            cfg.accelerate.fsdp_layer_classes
+        ):  # an FSDP request (--backend fsdp): they must be what FSDP shards
             accelerate_env.check_wrapped_layers(cfg.accelerate, models.decoder_layer_classes(model_config))
     settings = RunSettings(cfg, source, model_config, seq_length, ds, _spike_guard_mode(cfg, ds))
     if gpu_bytes is not None and deepspeed_config.default_in_use(cfg):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from model_utils.checkpoint import protocol
+from model_utils.engines.deepspeed_engine import MODEL_STATES, DeepSpeedEngine
 from model_utils.errors import ConfigError
 from support.checkpoint_tags import fake_tag
 
@@ -17,7 +18,7 @@ def test_resume_falls_back_past_bad_tags_with_a_warning(tmp_path: Path, capsys) 
     fake_tag(tmp_path, 10)
     good = fake_tag(tmp_path, 20)
     corrupt = fake_tag(tmp_path, 30)
-    (corrupt / protocol.MODEL_STATES).write_bytes(b"x" * 1000)
+    (corrupt / MODEL_STATES).write_bytes(b"x" * 1000)
     fake_tag(tmp_path, 40, with_manifest=False)  # a save that died before its manifest
     (tmp_path / ".staging-tiny_qwen3-50steps").mkdir()  # and one that died earlier still
     (tmp_path / "latest").write_text("tiny_qwen3-40steps")
@@ -44,7 +45,7 @@ def test_no_checkpoint_is_a_fresh_start_but_an_explicit_resume_is_an_error(tmp_p
         protocol.select_resume(str(tmp_path), str(tmp_path))
     tag = fake_tag(tmp_path, 5)
     assert protocol.select_resume("unused", str(tag)).path == tag  # a tag dir directly
-    (tag / protocol.MODEL_STATES).write_bytes(b"")
+    (tag / MODEL_STATES).write_bytes(b"")
     with pytest.raises(ConfigError, match="is damaged"):
         protocol.select_resume("unused", str(tag))
 
@@ -63,11 +64,13 @@ def test_rotation_removes_a_universal_copy_with_its_tag(tmp_path: Path) -> None:
     for step in (10, 20, 30):
         fake_tag(tmp_path, step)
     for step in (10, 20):  # universal copies (a world-size change resumed from them): never resume candidates
-        copy = tmp_path / protocol.universal_tag(f"tiny_qwen3-{step}steps")
+        copy = tmp_path / DeepSpeedEngine.converted_tag(f"tiny_qwen3-{step}steps")
         copy.mkdir()
-        (copy / protocol.MODEL_STATES).write_bytes(b"x")
+        (copy / MODEL_STATES).write_bytes(b"x")
     assert protocol.select_resume(str(tmp_path), None).tag == "tiny_qwen3-30steps"
-    assert protocol.rotate(tmp_path, keep=1, protect={"tiny_qwen3-10steps"}) == ["tiny_qwen3-20steps"]
+    # The run's engine names the copies that go with their tags.
+    rotated = protocol.rotate(tmp_path, keep=1, protect={"tiny_qwen3-10steps"}, engine=DeepSpeedEngine)
+    assert rotated == ["tiny_qwen3-20steps"]
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left == ["tiny_qwen3-10steps", "tiny_qwen3-10steps-universal", "tiny_qwen3-30steps"]
 
