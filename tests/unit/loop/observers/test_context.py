@@ -1,0 +1,35 @@
+"""What an observer is built from: a context of a real resolved run (the tiny preset, the embedded corpus) gives
+the run's observers in calling order (the reporter's output last), the profiler only on the rank that writes the
+run's files (S3 uploads: test_s3_uploads.py); the context cannot be changed."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from model_utils.config.arguments import parse_args
+from model_utils.launch.distributed import DistInfo
+from model_utils.loop import observers
+from model_utils.loop.observers.context import LoopContext
+from model_utils.resolve import resolver
+
+
+class Reporter:
+    def __init__(self, output_base: Path | None) -> None:
+        self.output_base = output_base
+
+
+def test_the_runs_observers_from_its_context(tmp_path: Path) -> None:
+    flags = ["--max_steps", "4", "--seq_length", "32", "--validation_fraction", "0", "--profile_steps", "2:3"]
+    flags += ["--data_cache_dir", str(tmp_path / "cache"), "--checkpoint_dir", str(tmp_path / "ck")]
+    run = resolver.prepare(parse_args(flags))
+    main = DistInfo(rank=0, local_rank=0, world_size=2, device=torch.device("cpu"))
+    ctx = LoopContext(run, main, engine=None, reporter=Reporter(tmp_path / "run.metrics.jsonl"), start_step=0)  # type: ignore[arg-type]
+    assert [type(o).__name__ for o in observers.build(ctx)] == ["Profiler", "GuardRecords", "Reporting"]
+    other = LoopContext(run, dataclasses.replace(main, rank=1), None, Reporter(None), 0)  # type: ignore[arg-type]
+    assert [type(o).__name__ for o in observers.build(other)] == ["GuardRecords", "Reporting"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ctx.start_step = 2  # type: ignore[misc]

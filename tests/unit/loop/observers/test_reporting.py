@@ -1,0 +1,74 @@
+"""The reporter's output at the loop's points, over a stand-in reporter that writes down what it is asked (the
+reporter itself: tests/unit/observe/test_reporter.py; in a real run: tests/e2e/test_hooks.py): the start, checkpoint
+and end records, a log line every --logging_freq steps and at the last step, the progress bar between them, the
+validation line, and nothing for a step whose update does not stand."""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+from typing import Any
+
+from model_utils.loop import hooks
+from model_utils.loop.hooks import SavedCheckpoint, StepReport
+from model_utils.loop.observers.reporting import Reporting
+from model_utils.loop.state import TrainState
+
+
+class Reporter:
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def event(self, record: dict[str, Any]) -> None:
+        self.calls.append(("event", record))
+
+    def log_step(
+        self, state: TrainState, lr: float, grad_norm: float | None, time_left: float | None
+    ) -> None:
+        self.calls.append(("log_step", state.step, lr, grad_norm, time_left))
+
+    def progress(self, step: int, loss: float) -> None:
+        self.calls.append(("progress", step, loss))
+
+    def log_validation(self, step: int, val_loss: float) -> None:
+        self.calls.append(("log_validation", step, val_loss))
+
+
+def report(step: int, outcome: str = hooks.TRAINED) -> StepReport:
+    return StepReport(step, outcome, 2.5, 1e-3, 0.7, 0.01, 0.2, 600.0, TrainState(step=step))
+
+
+def test_each_point_becomes_its_record_or_line() -> None:
+    reporter = Reporter()
+    reporting = Reporting(reporter, logging_freq=2, max_steps=5, world_size=2, resumed_from="t-2steps")  # type: ignore[arg-type]
+    reporting.on_start(TrainState(step=2, run_id="tiny_qwen3-1"))
+    outcomes = [reporting.after_step(report(s)) for s in (3, 4)]
+    outcomes.append(reporting.after_step(report(5, hooks.DISCARDED)))  # no update: no line, no bar
+    outcomes.append(reporting.after_step(report(5)))  # the last step is logged whatever the frequency
+    assert reporting.after_validation(5, 2.25) is None and outcomes == [None] * 4
+    reporting.after_checkpoint_saved(SavedCheckpoint(5, "t-5steps", Path("ck/t-5steps"), 1.5))
+    reporting.on_end(TrainState(step=5), "done")
+    start = {"event": "start", "step": 2, "run_id": "tiny_qwen3-1", "resumed_from": "t-2steps"}
+    assert reporter.calls == [
+        ("event", {**start, "world_size": 2, "max_steps": 5}),
+        ("progress", 3, 2.5),
+        ("log_step", 4, 1e-3, 0.7, 600.0),
+        ("log_step", 5, 1e-3, 0.7, 600.0),
+        ("log_validation", 5, 2.25),
+        ("event", {"event": "checkpoint", "step": 5, "tag": "t-5steps", "save_s": 1.5}),
+        ("event", {"event": "end", "step": 5, "reason": "done"}),
+    ]
+
+
+def test_from_the_loop_it_reads_the_run_and_the_tag_resumed_from() -> None:
+    run = types.SimpleNamespace(
+        resume=types.SimpleNamespace(tag="t-4steps"),
+        config=types.SimpleNamespace(loop=types.SimpleNamespace(logging_freq=10)),
+        max_steps=100,
+    )
+    ctx = types.SimpleNamespace(run=run, dist=types.SimpleNamespace(world_size=8), reporter=Reporter())
+    reporting = Reporting.from_loop(ctx)  # type: ignore[arg-type]
+    assert (reporting.logging_freq, reporting.max_steps, reporting.world_size) == (10, 100, 8)
+    assert reporting.resumed_from == "t-4steps" and reporting.reporter is ctx.reporter
+    run.resume = None
+    assert Reporting.from_loop(ctx).resumed_from is None  # type: ignore[arg-type]
