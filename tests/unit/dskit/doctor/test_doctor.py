@@ -1,4 +1,5 @@
-"""`dskit doctor`: the real checks on this CPU machine, and the launchers stopping on a FAIL.
+"""`dskit doctor`: the real checks on this CPU machine, and the launchers stopping on a FAIL (the real doctor
+stopping a real launcher: tests/e2e/test_doctor.py).
 
 What cannot exist here is faked, and only that: GPUs and the NVIDIA driver (a fake `nvidia-smi` first on PATH, or
 a `GpuProbe` naming GPUs), EFA (a fake `fi_info` on PATH, a fake /sys/class/infiniband tree, a stand-in
@@ -13,7 +14,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +21,7 @@ import pytest
 from dskit import cli, doctor, render
 from dskit.doctor import GpuProbe, LaunchContext, Status
 from model_utils.config.arguments import DataArgs
+from support.fake_commands import executable
 from support.s3_server import S3Env
 
 REPO = Path(__file__).resolve().parents[4]
@@ -43,13 +44,6 @@ def context(**overrides: object) -> LaunchContext:
     )
     values.update(overrides)
     return LaunchContext(**values)  # type: ignore[arg-type]
-
-
-def executable(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    path.chmod(0o755)
-    return path
 
 
 @pytest.fixture
@@ -658,54 +652,3 @@ def test_committed_launchers_call_preflight_once() -> None:
         assert text.count("dskit.cli preflight") == 1, name
         call = text.index("\n" + ("  " if name == "train-singlenode.sh" else "") + "run_preflight ")
         assert call < text.index('--nproc_per_node="$nproc_per_node"'), name
-
-
-def test_the_real_doctor_stops_a_real_launcher(tmp_path: Path) -> None:
-    """train-singlenode.sh as rendered, with the repo's own python for preflight: a real FAIL stops it."""
-    repo, calls, bin_dir = tmp_path / "repo", tmp_path / "calls", tmp_path / "bin"
-    for d in (repo / "src", calls):
-        d.mkdir(parents=True)
-    (repo / "src" / "train_deepspeed.py").write_text("")
-    render.write_scripts(render.render_scripts(render.LaunchValues()), repo)
-    # preflight (the doctor, then prepare) runs for real; the version probe is answered, other calls recorded
-    executable(
-        repo / ".venv" / "bin" / "python",
-        "#!/usr/bin/env bash\n"
-        'if [[ "$3" == preflight ]]; then exec ' + sys.executable + ' "$@"; fi\n'
-        'if [[ "$1 $2" == "-m dskit.env.python_env" ]]; then echo "0 3.11.7 2.6.0 none 0.19.8"; exit 0; fi\n'
-        'printf "%s\\0" "$@" >"$CALLS/$(date +%s%N)"\n',
-    )
-    executable(bin_dir / "uv", STUB)
-    env = {
-        **{
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("SLURM_", "EFA", "GPUS_PER", "CPU_RANKS"))
-        },
-        "PATH": f"{bin_dir}:{os.environ['PATH']}",
-        "CALLS": str(calls),
-        "DS_ACCELERATOR": "cpu",
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "TORCH_EXTENSIONS_DIR": str(REPO / ".cache" / "torch_extensions"),
-        "JOB_NAME": "doctor-test",
-    }
-    per_checkpoint = QWEN3_0_6B_PARAMS * 14
-    keep = shutil.disk_usage(repo).free // per_checkpoint + 1
-    proc = subprocess.run(
-        [str(repo / "train-singlenode.sh"), "--model", "qwen3-0.6b", "--keep_checkpoints", str(keep)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 2, output
-    assert "dskit doctor on " in output and "(1 node):" in output
-    assert "checkpoint disk FAIL" in " ".join(output.split())
-    assert "error: dskit doctor stopped the launch on" in output
-    assert "ok: " not in output, "prepare ran after the doctor failed"
-    assert list(calls.iterdir()) == [], "torchrun ran after the doctor failed"
-    (log,) = (repo / "logs").glob("doctor-test_*.out")
-    assert "doctor: " in log.read_text()

@@ -1,4 +1,5 @@
-"""dskit.env.wheelhouse: which locked file a target gets, and the offline install's refusals and its overlay venv.
+"""dskit.env.wheelhouse: which locked file a target gets, and the offline install's refusals. Its overlay venv for
+real: tests/e2e/test_wheelhouse.py.
 
 The full build (3 GiB from PyPI) and a full offline install with training runs are in tests/slurm (they run when
 ~/.cache/dskit/wheelhouse holds a wheelhouse of this uv.lock: docs/testing.md).
@@ -6,11 +7,6 @@ The full build (3 GiB from PyPI) and a full offline install with training runs a
 
 from __future__ import annotations
 
-import json
-import os
-import platform
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
@@ -18,6 +14,7 @@ import pytest
 from packaging.utils import parse_wheel_filename
 
 from dskit.env import wheelhouse
+from support.wheelhouses import install, manifest_dir
 
 REPO = Path(__file__).resolve().parents[4]
 LOCK = tomllib.loads((REPO / "uv.lock").read_text())
@@ -55,39 +52,6 @@ def test_a_target_without_a_wheel_is_one_clear_error() -> None:
         chosen("3.11", "x86_64", "2.17")  # torch and its CUDA packages need glibc 2.28 or newer
 
 
-def manifest_dir(path: Path, **override: object) -> Path:
-    path.mkdir()
-    manifest = {
-        "format": wheelhouse.FORMAT,
-        "lock_sha256": wheelhouse.lock_digest(REPO),
-        "python": f"{sys.version_info[0]}.{sys.version_info[1]}",
-        "machine": platform.machine(),
-        "glibc": "2.28",
-        "kit_wheel": "dskit-0.1.0-py3-none-any.whl",
-        "packages": 0,
-        "bytes": 0,
-        **override,
-    }
-    (path / wheelhouse.MANIFEST).write_text(json.dumps(manifest))
-    (path / wheelhouse.REQUIREMENTS).write_text("")
-    return path
-
-
-def install(wheelhouse_dir: Path, venv: Path, *more: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    command = [
-        sys.executable,
-        "-m",
-        "dskit.env.wheelhouse",
-        "install",
-        str(wheelhouse_dir),
-        "--venv",
-        str(venv),
-        *more,
-    ]
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-
-
 @pytest.mark.parametrize(
     ("override", "expected"),
     [
@@ -121,30 +85,3 @@ def test_an_existing_venv_not_from_a_wheelhouse_is_left_alone(tmp_path: Path) ->
     assert proc.returncode == 2
     assert "exists and was not installed from a wheelhouse (uv's environment?): move it away" in proc.stderr
     assert sorted(p.name for p in venv.iterdir()) == ["bin", "pyvenv.cfg"]
-
-
-def test_overlay_venv_sees_the_base_packages_installs_nothing_more_and_is_reused(tmp_path: Path) -> None:
-    """Over an interpreter that has everything (this one: a venv itself), the overlay needs nothing from the
-    wheelhouse, imports the base's torch, and a second launch finds it up to date."""
-    wh, venv = manifest_dir(tmp_path / "wh"), tmp_path / ".venv"
-    proc = install(wh, venv, "--overlay", "--test_tools")  # pytest too: the base's is kept (none in wh)
-    assert proc.returncode == 0, proc.stderr
-    assert "installing nothing" in proc.stdout
-    import torch
-
-    where = subprocess.run(
-        [str(venv / "bin" / "python"), "-c", "import torch; print(torch.__file__)"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
-    assert where == torch.__file__
-    stamp = json.loads((venv / wheelhouse.STAMP).read_text())
-    assert stamp == {
-        "lock_sha256": wheelhouse.lock_digest(REPO),
-        "base": os.path.realpath(sys.executable),
-        "overlay": True,
-    }
-    again = install(wh, venv, "--overlay")
-    assert again.returncode == 0 and "(up to date)" in again.stdout
-    # the same venv asked for as a plain one is a different install: refused, not silently reused
-    plain = install(wh, venv)
-    assert plain.returncode == 2 and "rm -rf" in plain.stderr
