@@ -242,7 +242,7 @@ def _attribute_reads(path: Path) -> set[str]:
 def test_every_flag_is_read_by_the_training_code() -> None:
     """A flag that exists is used: each config field is read somewhere outside its own definition."""
     reads: set[str] = set()
-    for path in [SRC / "train_deepspeed.py", *SRC.joinpath("model_utils").glob("*.py")]:
+    for path in [SRC / "train_deepspeed.py", *SRC.joinpath("model_utils").rglob("*.py")]:
         if path.name != "arguments.py":
             reads |= _attribute_reads(path)
     unread = sorted(set(flag_fields()) - reads)
