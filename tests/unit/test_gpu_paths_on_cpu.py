@@ -23,10 +23,10 @@ import numpy as np
 import pytest
 import torch
 
+from model_utils.config import deepspeed_file
 from model_utils.config.arguments import CUDA_GLOBAL_BATCH_TOKENS, parse_args
 from model_utils.data import step_batches
 from model_utils.data.block_cache import BlockSampler, DataPosition
-from model_utils.engines import deepspeed_config
 from model_utils.errors import ConfigError
 from model_utils.launch import startup
 from model_utils.model import kernels
@@ -253,7 +253,7 @@ def test_cuda_ranks_default_to_auto_micro_batch_and_the_global_batch(
     flags = ["--seq_length", "32", "--liger", "off", "--data_cache_dir", str(tmp_path / "cache")]
     flags += ["--checkpoint_dir", str(tmp_path / "ckpt")]
     settings = resolver.resolve_settings(parse_args(flags))
-    reserve = micro_batch_probe.gpu_reserve_bytes(settings.deepspeed.build(1, 1), _n_params(settings), 1)
+    reserve = micro_batch_probe.gpu_reserve_bytes(settings.train.deepspeed_json(1, 1), _n_params(settings), 1)
     fake_gpu.total_memory = reserve + 2**24  # 16 MiB beside DeepSpeed's reserve: a few sequences of 32 fit
     run = resolver.prepare(settings.config, world_size=1, settings=settings)
     micro = run.micro_batch_size
@@ -265,11 +265,10 @@ def test_cuda_ranks_default_to_auto_micro_batch_and_the_global_batch(
     # The ranks resolve the settings themselves: on a GPU this roomy the default config is the GPU-only one.
     given = resolver.prepare(parse_args([*flags, "--micro_batch_size", "2"]), world_size=1)
     assert (given.micro_batch_size, given.gradient_accumulation_steps) == (2, 1)
-    assert given.settings.deepspeed.path == deepspeed_config.GPU_CONFIG
+    assert given.settings.train.path == deepspeed_file.GPU_CONFIG
     out = capsys.readouterr().out
     assert (
-        "CUDA batch default" not in out
-        and f"deepspeed config: {deepspeed_config.GPU_CONFIG} (GPU-only" in out
+        "CUDA batch default" not in out and f"deepspeed config: {deepspeed_file.GPU_CONFIG} (GPU-only" in out
     )
 
 

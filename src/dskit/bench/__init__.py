@@ -36,8 +36,8 @@ import torch
 from dskit import columns
 from model_utils.assets import TOKENIZER_DIR
 from model_utils.config.arguments import AUTO, LIGER_CHOICES, GuardArgs, parse_args
+from model_utils.config.deepspeed_file import FSDP_CONFIG, load_deepspeed_json
 from model_utils.data.block_cache import BlockSampler, DataPosition
-from model_utils.engines.deepspeed_config import FSDP_CONFIG, load_deepspeed_json
 from model_utils.errors import CommandParser, ConfigError
 from model_utils.launch import distributed, startup
 from model_utils.model import kernels
@@ -255,7 +255,7 @@ def run_reference(work: Workload, run: resolver.ResolvedRun, device: torch.devic
             model.compile()
         optimizer = torch.optim.AdamW(
             model.parameters(),
-            lr=run.settings.deepspeed.lr,
+            lr=run.settings.train.optim.lr,
             betas=(0.9, 0.95),
             weight_decay=0.1,
             fused=fused,

@@ -83,9 +83,9 @@ def create_engine(run: ResolvedRun, dist: DistInfo) -> tuple[Engine, param_group
     """The model in the training dtype, with the planned kernels, inside the engine (--backend); and its decay
     groups."""
     cfg = run.config
-    ds = run.settings.deepspeed
+    ts = run.settings.train
     # Weights are identical on every rank (one seed); data order and dropout differ per rank.
-    model = build_model(run.source, run.model_config, cfg.loop.seed, ds.model_dtype())
+    model = build_model(run.source, run.model_config, cfg.loop.seed, ts.model_dtype())
     # Before Liger swaps modules and compile traces: the per-layer switch is set once on the plain model.
     activation_checkpointing.apply(model, cfg.model.activation_checkpointing)
     # Adapters after the checkpointing switch and before the kernels, which go on the inner Hugging Face model
@@ -93,30 +93,32 @@ def create_engine(run: ResolvedRun, dist: DistInfo) -> tuple[Engine, param_group
     # the decay groups below (trainable parameters only) hold the adapters alone.
     model = lora.apply(model, cfg.lora, cfg.loop.seed)
     kernels.optimize_model(lora.hf_model(model), cfg.model, dist.device)
-    if ds.backend == "fsdp":
+    if ts.backend == "fsdp":
         from model_utils.engines import fsdp_engine
 
         # Sharding swaps every parameter for a DTensor: the decay groups are of the sharded ones.
-        model = fsdp_engine.shard(model, dist.device, ds.precision == "bf16", ds.fsdp_cpu_offload)
+        model = fsdp_engine.shard(model, dist.device, ts.precision == "bf16", ts.fsdp_cpu_offload)
     groups = param_groups.split_for_weight_decay(model, cfg.optim.no_decay_embeddings)
-    print0(groups.describe(ds.weight_decay, cfg.optim.no_decay_embeddings))
+    print0(groups.describe(ts.optim.weight_decay, cfg.optim.no_decay_embeddings))
     assert run.max_steps is not None
-    print0(ds.describe_schedule(run.max_steps))
-    client = ds.client_schedule(run.max_steps)
+    print0(ts.schedule.describe(run.max_steps))
     torch.manual_seed(cfg.loop.seed + dist.rank)
-    scheduler = None if client is None else client.lambda_lr
-    if ds.backend == "fsdp":
+    if ts.backend == "fsdp":
         engine: Engine = fsdp_engine.FsdpEngine(
             model,
-            run.deepspeed_config(),
+            ts.optim,
+            ts.schedule,
+            run.max_steps,
             groups.optimizer_groups(),
             dist.device,
-            lr_scheduler=scheduler,
-            cpu_offload=ds.fsdp_cpu_offload,
+            cpu_offload=ts.fsdp_cpu_offload,
         )
         return engine, groups
     from model_utils.engines.deepspeed_engine import DeepSpeedEngine
 
+    # DeepSpeed runs the schedules it has a class for from its JSON; the kit's own (wsd, linear) are handed over.
+    client = ts.schedule.client(run.max_steps)
+    scheduler = None if client is None else client.lambda_lr
     engine = DeepSpeedEngine(model, run.deepspeed_config(), groups.optimizer_groups(), lr_scheduler=scheduler)
     return engine, groups
 
