@@ -20,6 +20,7 @@ from model_utils.config.deepspeed_file import load_deepspeed_json
 from model_utils.errors import ConfigError
 from model_utils.launch import accelerate_env
 from model_utils.launch.accelerate_env import AccelerateRequest
+from model_utils.resolve import resolver
 
 REPO = Path(__file__).resolve().parents[2]
 ACCELERATE = Path(sys.executable).parent / "accelerate"
@@ -232,6 +233,28 @@ def test_a_given_flag_that_contradicts_the_config_is_refused(envs: dict[str, dic
         "--gradient_accumulation_steps 2 disagrees with the accelerate config, which asks for 4 "
         "(gradient_accumulation_steps): drop --gradient_accumulation_steps or change the accelerate config"
     )
+
+
+def test_resolution_joins_the_accelerate_config(envs: dict[str, dict[str, str]]) -> None:
+    """Parsing reads no environment; resolving the settings joins the accelerate config first (its backend makes
+    --fsdp_cpu_offload apply) and checks the resolved settings against it."""
+    cfg = parse_args(["--fsdp_cpu_offload", "true", "--seq_length", "32"])  # fsdp: from the accelerate config
+    assert cfg.optim.backend == "deepspeed" and cfg.accelerate is None
+    settings = resolver.resolve_settings(cfg, env=envs["fsdp2"])
+    joined = settings.config
+    assert joined.optim.backend == "fsdp" and joined.model.activation_checkpointing == "full"
+    assert joined.accelerate == accelerate_env.from_environment(envs["fsdp2"])
+    assert (settings.train.backend, settings.train.fsdp_cpu_offload, settings.train.precision) == (
+        "fsdp",
+        True,
+        "bf16",
+    )
+    with pytest.raises(ConfigError, match="--fsdp_cpu_offload applies to --backend fsdp only"):
+        resolver.resolve_settings(cfg, env={})  # without accelerate: the default engine, DeepSpeed
+    with pytest.raises(
+        ConfigError, match=r"mixed_precision fp16, but deepspeed/ds_config\.json trains in bf16"
+    ):
+        resolver.resolve_settings(parse_args(["--seq_length", "32"]), env=envs["multi_gpu"])
 
 
 REFUSED = {

@@ -181,9 +181,7 @@ def test_auto_micro_batch_finds_what_fits_beside_deepspeed_on_a_fake_gpu(
     offloaded, on_gpu = settings(offload=True), settings(offload=False)
     # What forward and backward take at each size with no ballast (weights, gradients, activations): the
     # probe itself, on the unlimited fake.
-    probe = micro_batch_probe._GpuProbe(
-        offloaded.model_config, offloaded.deepspeed.torch_dtype(), _PLAIN, 32, 0
-    )
+    probe = micro_batch_probe._GpuProbe(offloaded.model_config, offloaded.train.torch_dtype(), _PLAIN, 32, 0)
     peaks = {}
     for batch in (1, 2, 4, 8):
         assert probe(batch)
@@ -193,7 +191,7 @@ def test_auto_micro_batch_finds_what_fits_beside_deepspeed_on_a_fake_gpu(
     n_params = _n_params(offloaded)
     reserve = {
         name: micro_batch_probe.gpu_reserve_bytes(
-            s.deepspeed.build(micro_batch_size=1, total_steps=1), n_params, 1
+            s.train.deepspeed_json(micro_batch_size=1, total_steps=1), n_params, 1
         )
         for name, s in (("offloaded", offloaded), ("on_gpu", on_gpu))
     }

@@ -28,7 +28,7 @@ from typing import Any
 from model_utils.config.presets import PRESETS, PRETRAINED_LR
 from model_utils.errors import ConfigError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]  # src/model_utils/config/arguments.py
 AUTO = "auto"
 CONFIG = "config"  # --config RUN.yaml: the run file (run_file.py), not a field: it sets the fields
 LIGER_CHOICES = (AUTO, "on", "off")
