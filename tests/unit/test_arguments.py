@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from model_utils.config.arguments import CONFIG, TrainConfig, flag_fields, parse_args
-from model_utils.engines import deepspeed_config
-from model_utils.engines.deepspeed_config import DeepSpeedSettings
 from model_utils.errors import ConfigError
+from model_utils.resolve import train_settings
+from model_utils.resolve.train_settings import TrainSettings
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 DEFAULT_DS = str(SRC.parent / "deepspeed" / "ds_config.json")
@@ -24,15 +24,15 @@ def parse(*flags: str) -> TrainConfig:
     return parse_args(["--deepspeed_config", DEFAULT_DS, *flags])
 
 
-def resolve_ds(argv: list[str]) -> DeepSpeedSettings:
-    return deepspeed_config.resolve(parse_args(argv))
+def resolve_ds(argv: list[str]) -> TrainSettings:
+    return train_settings.resolve(parse_args(argv))
 
 
 def ds_dict(cfg: TrainConfig, total_steps: int | None = None) -> dict:
     """The dict deepspeed.initialize gets (an "auto" micro batch as the probe's smallest, 1)."""
-    settings = deepspeed_config.resolve(cfg)
+    settings = train_settings.resolve(cfg)
     micro_batch = settings.micro_batch_size if isinstance(settings.micro_batch_size, int) else 1
-    return settings.build(micro_batch, total_steps or cfg.loop.max_steps)
+    return settings.deepspeed_json(micro_batch, total_steps or cfg.loop.max_steps)
 
 
 def write_ds(tmp_path: Path, cfg: dict | str) -> str:
@@ -48,8 +48,8 @@ def test_defaults_are_the_documented_ones() -> None:
     assert cfg.loop.max_steps == 100 and cfg.checkpoint.checkpoint_freq == 50
     assert cfg.checkpoint.checkpoint_dir == "checkpoints"
     assert cfg.optim.lr is None  # not given: the resolved settings pick the model's default
-    assert deepspeed_config.resolve(cfg).lr == 3e-3  # the tiny preset's own lr
-    assert deepspeed_config.resolve(parse("--model", "org/some-model")).lr == 5e-5
+    assert train_settings.resolve(cfg).optim.lr == 3e-3  # the tiny preset's own lr
+    assert train_settings.resolve(parse("--model", "org/some-model")).optim.lr == 5e-5
     ds = ds_dict(cfg, total_steps=100)
     # The kit's config leaves these "auto": the flags' defaults fill them.
     assert ds["train_micro_batch_size_per_gpu"] == 1 and ds["gradient_accumulation_steps"] == 1
@@ -149,10 +149,10 @@ def _explicit_config() -> dict:
 
 def test_explicit_keys_win_when_no_flag_is_given(tmp_path: Path) -> None:
     cfg = parse_args(["--deepspeed_config", write_ds(tmp_path, _explicit_config()), "--model", "org/m"])
-    settings = deepspeed_config.resolve(cfg)
+    settings = train_settings.resolve(cfg)
     # The file's explicit keys are what trains (micro batch 2, not the flag's default 1), reported back...
     assert (settings.micro_batch_size, settings.gradient_accumulation_steps) == (2, 1)
-    assert (settings.lr, settings.warmup_steps) == (5e-5, 10)
+    assert (settings.optim.lr, settings.schedule.warmup_steps) == (5e-5, 10)
     # ...and handed to DeepSpeed.
     ds = ds_dict(cfg, total_steps=100)
     assert ds["train_micro_batch_size_per_gpu"] == 2 and ds["gradient_accumulation_steps"] == 1
@@ -185,7 +185,7 @@ def test_agreeing_flag_and_key_is_fine(tmp_path: Path) -> None:
     cfg = parse_args(
         ["--deepspeed_config", write_ds(tmp_path, _explicit_config()), "--micro_batch_size", "2"]
     )
-    assert deepspeed_config.resolve(cfg).micro_batch_size == 2
+    assert train_settings.resolve(cfg).micro_batch_size == 2
     assert ds_dict(cfg, total_steps=100)["train_micro_batch_size_per_gpu"] == 2
 
 
@@ -242,7 +242,7 @@ def _attribute_reads(path: Path) -> set[str]:
 def test_every_flag_is_read_by_the_training_code() -> None:
     """A flag that exists is used: each config field is read somewhere outside its own definition."""
     reads: set[str] = set()
-    for path in [SRC / "train_deepspeed.py", *SRC.joinpath("model_utils").glob("*.py")]:
+    for path in [SRC / "train_deepspeed.py", *SRC.joinpath("model_utils").rglob("*.py")]:
         if path.name != "arguments.py":
             reads |= _attribute_reads(path)
     unread = sorted(set(flag_fields()) - reads)
@@ -305,7 +305,7 @@ def _other_commands_options() -> set[str]:
 def test_fsdp_reads_its_own_default_config_and_refuses_zero_in_a_given_one() -> None:
     """--backend fsdp without --deepspeed_config: deepspeed/fsdp.json (the default without ZeRO), bf16, and a step
     FSDP can always discard (the spike guard); the kit's ZeRO config given explicitly is refused."""
-    fsdp = deepspeed_config.resolve(parse_args(["--backend", "fsdp"]))
+    fsdp = train_settings.resolve(parse_args(["--backend", "fsdp"]))
     assert (fsdp.path, fsdp.backend, fsdp.precision, fsdp.zero_stage) == (
         "deepspeed/fsdp.json",
         "fsdp",
@@ -313,8 +313,9 @@ def test_fsdp_reads_its_own_default_config_and_refuses_zero_in_a_given_one() -> 
         0,
     )
     assert fsdp.discards_nonfinite_steps and not fsdp.fsdp_cpu_offload
-    default = deepspeed_config.resolve(parse_args([]))
-    assert default.lr == fsdp.lr and default.weight_decay == fsdp.weight_decay  # the same training otherwise
+    default = train_settings.resolve(parse_args([]))
+    assert default.optim.lr == fsdp.optim.lr and default.optim.weight_decay == fsdp.optim.weight_decay
+    assert default.optim == fsdp.optim  # the same training otherwise (betas, eps, clipping too)
     assert fsdp.lr_at(100, [1, 10, 50, 100]) == default.lr_at(100, [1, 10, 50, 100])
     with pytest.raises(ConfigError, match=r"zero_optimization in .*ds_config.json is DeepSpeed's ZeRO"):
-        deepspeed_config.resolve(parse("--backend", "fsdp"))
+        train_settings.resolve(parse("--backend", "fsdp"))

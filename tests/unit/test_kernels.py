@@ -21,10 +21,9 @@ import torch
 from dskit import cli
 from model_utils.config.arguments import ModelArgs, parse_args
 from model_utils.config.presets import PRESETS
-from model_utils.engines import deepspeed_config
 from model_utils.errors import ConfigError
 from model_utils.model import kernels
-from model_utils.resolve import micro_batch_probe, resolver
+from model_utils.resolve import micro_batch_probe, resolver, train_settings
 from support.small_trainer import make_trainer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -275,7 +274,7 @@ def test_probe_result_is_cached_per_key(tmp_path: Path) -> None:
 
 
 def test_reserve_follows_the_deepspeed_config() -> None:
-    from model_utils.engines.deepspeed_config import load_deepspeed_json
+    from model_utils.config.deepspeed_file import load_deepspeed_json
 
     n = 600_000_000
     offload = load_deepspeed_json("deepspeed/ds_config.json")
@@ -294,7 +293,7 @@ def test_reserve_follows_the_deepspeed_config() -> None:
 def test_auto_micro_batch_flag_and_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = parse_args(["--micro_batch_size", "auto"])
     assert cfg.optim.micro_batch_size == "auto"
-    assert deepspeed_config.resolve(cfg).micro_batch_size == "auto"  # DeepSpeed checked it with 1
+    assert train_settings.resolve(cfg).micro_batch_size == "auto"  # DeepSpeed checked it with 1
     assert (
         cli.main(["config", "--micro_batch_size", "auto", "--data_cache_dir", str(tmp_path / "cache")]) == 0
     )
@@ -306,7 +305,7 @@ def test_auto_micro_batch_flag_and_config(tmp_path: Path, capsys: pytest.Capture
     with pytest.raises(
         ConfigError, match="--micro_batch_size auto disagrees with train_micro_batch_size_per_gpu"
     ):
-        deepspeed_config.resolve(
+        train_settings.resolve(
             parse_args(["--micro_batch_size", "auto", "--deepspeed_config", str(explicit)])
         )
     with pytest.raises(ConfigError, match="expected an integer or 'auto', got 'big'"):
