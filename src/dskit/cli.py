@@ -132,11 +132,11 @@ COMMANDS = {
     ),
     "bench": (_module_main("bench"), "benchmark the kit's training path against a plain PyTorch loop"),
     "wheelhouse": (
-        _module_main("wheelhouse"),
+        _module_main("env.wheelhouse"),
         "air-gapped installs: build DIR of every locked wheel (connected machine), install it with no network",
     ),
     "gpu-check": (
-        _module_main("gpu_check"),
+        _module_main("bench.gpu_check"),
         "acceptance on this GPU: gpu tests, bench against plain PyTorch, the launcher; JSON + table in logs/",
     ),
     "sagemaker": (
