@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from model_utils import engines
+from model_utils.config.arguments import CHECKPOINTING_NONE, every_n_layers
 from model_utils.errors import CommandParser, ConfigError
-from model_utils.model.activation_checkpointing import NONE, checkpointed_layers, every_n_layers
+from model_utils.model.activation_checkpointing import checkpointed_layers
 from model_utils.resolve import memory_estimate
 from model_utils.resolve.memory_estimate import (
     FIT_FRACTION,
@@ -104,7 +105,7 @@ class Recommendation:
 
 
 # Activation checkpointing the recommendation tries, least recompute first (every_N: about 1/N of full's).
-CHECKPOINTING_LEVELS = (NONE, "every_4", "every_2", "full")
+CHECKPOINTING_LEVELS = (CHECKPOINTING_NONE, "every_4", "every_2", "full")
 
 
 def _candidates(num_layers: int) -> list[tuple[str, str, int]]:
@@ -172,8 +173,10 @@ def recommend(shape: ModelShape, layout: ZeroLayout, cap: Capacity) -> Recommend
         )
         if best != layout.micro_batch_size:
             reason += " (change --gradient_accumulation_steps to keep the global batch)"
-        if checkpointing != NONE:
-            without = estimate(shape, dataclasses.replace(smallest.layout, activation_checkpointing=NONE))
+        if checkpointing != CHECKPOINTING_NONE:
+            without = estimate(
+                shape, dataclasses.replace(smallest.layout, activation_checkpointing=CHECKPOINTING_NONE)
+            )
             reason += (
                 f"; activation checkpointing {checkpointing} is what makes it fit (without it "
                 f"{_shortfall(without, cap)})"

@@ -15,25 +15,25 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from model_utils.config import deepspeed_file
 from model_utils.config import run_file as run_file_format
 from model_utils.config.arguments import ONE_OF, SECTIONS, GuardArgs, engine_only_flags
-from model_utils.engines import deepspeed_config
 from model_utils.resolve.resolver import ResolvedRun
 
 _WSD_ONLY = ("decay_fraction", "decay_type", "decay_from_step")
 
 
 def run_file(run: ResolvedRun) -> dict[str, Any]:
-    cfg, ds = run.config, run.settings.deepspeed
+    cfg, ts = run.config, run.settings.train
     sections: dict[str, dict[str, Any]] = {name: dataclasses.asdict(getattr(cfg, name)) for name in SECTIONS}
     optim, loop, data = sections["optim"], sections["loop"], sections["data"]
     del optim["deepspeed_config"]  # the config itself is embedded below
     optim["micro_batch_size"] = run.micro_batch_size
-    optim["gradient_accumulation_steps"] = ds.gradient_accumulation_steps
-    optim["lr"] = ds.lr
-    optim["warmup_steps"] = ds.warmup_steps
+    optim["gradient_accumulation_steps"] = ts.gradient_accumulation_steps
+    optim["lr"] = ts.optim.lr
+    optim["warmup_steps"] = ts.schedule.warmup_steps
     data["seq_length"] = run.seq_length
-    if not ds.batch_given and ds.global_batch_tokens is None:  # not given: CUDA ranks' batch default stays
+    if not ts.batch_given and ts.global_batch_tokens is None:  # not given: CUDA ranks' batch default stays
         optim["micro_batch_size"] = optim["gradient_accumulation_steps"] = None
     if cfg.loop.epochs is None and run.max_steps is not None:
         loop["max_steps"] = run.max_steps
@@ -42,7 +42,7 @@ def run_file(run: ResolvedRun) -> dict[str, Any]:
         for flag, other in (pair, pair[::-1]):
             if flag in cfg.explicit and other not in cfg.explicit:
                 flat[other][other] = None
-    if ds.schedule != "wsd":
+    if ts.schedule.kind != "wsd":
         for flag in _WSD_ONLY:
             flat[flag][flag] = None
     for flag in engine_only_flags(cfg.optim.backend):
@@ -50,9 +50,9 @@ def run_file(run: ResolvedRun) -> dict[str, Any]:
     sections["guard"]["spike_guard"] = run.settings.spike_guard
     for flag in GuardArgs.unused_in(run.settings.spike_guard):
         flat[flag][flag] = None
-    if deepspeed_config.default_in_use(cfg):
+    if deepspeed_file.default_in_use(cfg):
         return sections  # no section: fed back, CUDA ranks still choose between the default and GPU-only
-    return {**sections, run_file_format.DEEPSPEED: deepspeed_config.given(cfg)[1]}
+    return {**sections, run_file_format.DEEPSPEED: deepspeed_file.given(cfg)[1]}
 
 
 def dump(run: ResolvedRun) -> str:
@@ -60,10 +60,10 @@ def dump(run: ResolvedRun) -> str:
         "The resolved run (dskit config --format yaml): train it with --config THIS_FILE. Flags given after\n"
         "--config override it; null means not given."
     )
-    if deepspeed_config.default_in_use(run.config):
+    if deepspeed_file.default_in_use(run.config):
         header += (
-            f"\nNo deepspeed section: the default {run.settings.deepspeed.path} (on CUDA ranks "
-            f"{deepspeed_config.GPU_CONFIG} where the memory estimate fits the GPU)."
+            f"\nNo deepspeed section: the default {run.settings.train.path} (on CUDA ranks "
+            f"{deepspeed_file.gpu_only_config(run.config)} where the memory estimate fits the GPU)."
         )
     sections = run_file(run)
     deepspeed = sections.pop(run_file_format.DEEPSPEED, None)

@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 
 from model_utils.config.arguments import parse_args
-from model_utils.engines.deepspeed_config import load_deepspeed_json
+from model_utils.config.deepspeed_file import load_deepspeed_json
 from model_utils.errors import ConfigError
 from model_utils.launch import accelerate_env
 from model_utils.launch.accelerate_env import AccelerateRequest
+from model_utils.resolve import resolver
 
 REPO = Path(__file__).resolve().parents[2]
 ACCELERATE = Path(sys.executable).parent / "accelerate"
@@ -210,23 +211,47 @@ def test_multi_gpu_is_the_kits_default_engine(envs: dict[str, dict[str, str]]) -
         accelerate_env.check_deepspeed(
             request, load_deepspeed_json("deepspeed/ds_config.json"), "deepspeed/ds_config.json"
         )
-    # What a rank parses under that environment: set and counted as given.
-    cfg = parse_args(["--max_steps", "3"], env=env)
+    # What a rank's config becomes under that environment (resolution joins it): set and counted as given.
+    parsed = parse_args(["--max_steps", "3"])
+    assert parsed.accelerate is None and not parsed.model.compile  # parsing reads no environment
+    cfg = accelerate_env.join(parsed, env)
     assert cfg.model.compile is True and "compile" in cfg.explicit and "max_steps" in cfg.explicit
-    assert cfg.accelerate == request and parse_args(["--max_steps", "3"], env={}).accelerate is None
+    assert cfg.accelerate == request and accelerate_env.join(parsed, {}).accelerate is None
     with pytest.raises(
         ConfigError, match=r"^--compile False disagrees .* asks for True .dynamo_backend INDUCTOR"
     ):
-        parse_args(["--compile", "false"], env=env)
+        accelerate_env.join(parse_args(["--compile", "false"]), env)
 
 
 def test_a_given_flag_that_contradicts_the_config_is_refused(envs: dict[str, dict[str, str]]) -> None:
     with pytest.raises(ConfigError) as e:
-        parse_args(["--gradient_accumulation_steps", "2"], env=envs["deepspeed_stage"])
+        accelerate_env.join(parse_args(["--gradient_accumulation_steps", "2"]), envs["deepspeed_stage"])
     assert str(e.value) == (
         "--gradient_accumulation_steps 2 disagrees with the accelerate config, which asks for 4 "
         "(gradient_accumulation_steps): drop --gradient_accumulation_steps or change the accelerate config"
     )
+
+
+def test_resolution_joins_the_accelerate_config(envs: dict[str, dict[str, str]]) -> None:
+    """Parsing reads no environment; resolving the settings joins the accelerate config first (its backend makes
+    --fsdp_cpu_offload apply) and checks the resolved settings against it."""
+    cfg = parse_args(["--fsdp_cpu_offload", "true", "--seq_length", "32"])  # fsdp: from the accelerate config
+    assert cfg.optim.backend == "deepspeed" and cfg.accelerate is None
+    settings = resolver.resolve_settings(cfg, env=envs["fsdp2"])
+    joined = settings.config
+    assert joined.optim.backend == "fsdp" and joined.model.activation_checkpointing == "full"
+    assert joined.accelerate == accelerate_env.from_environment(envs["fsdp2"])
+    assert (settings.train.backend, settings.train.fsdp_cpu_offload, settings.train.precision) == (
+        "fsdp",
+        True,
+        "bf16",
+    )
+    with pytest.raises(ConfigError, match="--fsdp_cpu_offload applies to --backend fsdp only"):
+        resolver.resolve_settings(cfg, env={})  # without accelerate: the default engine, DeepSpeed
+    with pytest.raises(
+        ConfigError, match=r"mixed_precision fp16, but deepspeed/ds_config\.json trains in bf16"
+    ):
+        resolver.resolve_settings(parse_args(["--seq_length", "32"]), env=envs["multi_gpu"])
 
 
 REFUSED = {

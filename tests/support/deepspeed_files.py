@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from model_utils.engines import deepspeed_config
+from model_utils.resolve import train_settings
 
 DEFAULT = Path(__file__).resolve().parents[2] / "deepspeed" / "ds_config.json"
 
@@ -35,6 +35,6 @@ def write_ds(tmp_path: Path, cfg: dict | str) -> str:
 
 def ds_dict(cfg: Any, total_steps: int | None = None) -> dict:
     """The dict deepspeed.initialize gets (an "auto" micro batch as the probe's smallest, 1)."""
-    settings = deepspeed_config.resolve(cfg)
+    settings = train_settings.resolve(cfg)
     micro_batch = settings.micro_batch_size if isinstance(settings.micro_batch_size, int) else 1
-    return settings.build(micro_batch, total_steps or cfg.loop.max_steps)
+    return settings.deepspeed_json(micro_batch, total_steps or cfg.loop.max_steps)

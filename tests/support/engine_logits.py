@@ -51,20 +51,21 @@ def main() -> None:
     cfg = parse_args(["--model", args.model, config_flag, args.deepspeed_config, *training_flags])
     dist = distributed.init_distributed()
     settings = resolver.resolve_settings(cfg)
-    ds_config = settings.deepspeed.build(micro_batch_size=1, total_steps=cfg.loop.max_steps)
-    ds = settings.deepspeed
-    model = build_model(settings.source, settings.model_config, cfg.loop.seed, ds.model_dtype())
+    ts = settings.train
+    model = build_model(settings.source, settings.model_config, cfg.loop.seed, ts.model_dtype())
     model = lora.apply(model, cfg.lora, cfg.loop.seed)
-    if ds.backend == "fsdp":
+    if ts.backend == "fsdp":
         from model_utils.engines import fsdp_engine
 
-        model = fsdp_engine.shard(model, dist.device, ds.precision == "bf16", cpu_offload=False)
+        model = fsdp_engine.shard(model, dist.device, ts.precision == "bf16", cpu_offload=False)
         groups = param_groups.split_for_weight_decay(model, cfg.optim.no_decay_embeddings)
-        engine = fsdp_engine.FsdpEngine(model, ds_config, groups.optimizer_groups(), dist.device)
+        engine = fsdp_engine.FsdpEngine(
+            model, ts.optim, ts.schedule, cfg.loop.max_steps, groups.optimizer_groups(), dist.device
+        )
     else:
         from model_utils.engines.deepspeed_engine import DeepSpeedEngine
 
-        engine = DeepSpeedEngine(model, ds_config)
+        engine = DeepSpeedEngine(model, ts.deepspeed_json(micro_batch_size=1, total_steps=cfg.loop.max_steps))
     # Weights only: the logits need no optimizer state (whose parameter groups this engine does not share).
     state = engine.load(Path(args.checkpoint_dir) / args.tag, weights_only=True)
     assert state is not None, f"no checkpoint loaded from {args.checkpoint_dir}/{args.tag}"

@@ -35,10 +35,10 @@ import torch
 
 from dskit import columns
 from model_utils.assets import TOKENIZER_DIR
+from model_utils.config import deepspeed_file
 from model_utils.config.arguments import AUTO, LIGER_CHOICES, GuardArgs, OptimArgs, TrainConfig, parse_args
+from model_utils.config.deepspeed_file import load_deepspeed_json
 from model_utils.data.sampler import BlockSampler, DataPosition
-from model_utils.engines import deepspeed_config
-from model_utils.engines.deepspeed_config import load_deepspeed_json
 from model_utils.errors import CommandParser, ConfigError
 from model_utils.launch import distributed, startup
 from model_utils.model import kernels
@@ -256,7 +256,7 @@ def run_reference(work: Workload, run: resolver.ResolvedRun, device: torch.devic
             model.compile()
         optimizer = torch.optim.AdamW(
             model.parameters(),
-            lr=run.settings.deepspeed.lr,
+            lr=run.settings.train.optim.lr,
             betas=(0.9, 0.95),
             weight_decay=0.1,
             fused=fused,
@@ -312,7 +312,7 @@ def _json_or_text(raw: str) -> Any:
 
 def _default_config(backend: str) -> str:
     """The DeepSpeed-format config --backend `backend` trains with when none is given."""
-    return deepspeed_config.given(TrainConfig(optim=OptimArgs(backend=backend)))[0]
+    return deepspeed_file.given(TrainConfig(optim=OptimArgs(backend=backend)))[0]
 
 
 def vary_variants(base: str, specs: list[str], out_dir: Path) -> list[Variant]:

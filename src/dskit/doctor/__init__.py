@@ -71,8 +71,7 @@ def diagnose(cfg: TrainConfig, ctx: LaunchContext) -> tuple[list[Result], Any]:
     preflight` hands them on to prepare, so they are resolved once."""
     import torch
 
-    from model_utils.engines import deepspeed_config
-    from model_utils.resolve import resolver
+    from model_utils.resolve import resolver, train_settings
 
     gpus = probe_gpus()
     _, on_gpus = ranks_per_node(ctx, gpus)
@@ -80,10 +79,10 @@ def diagnose(cfg: TrainConfig, ctx: LaunchContext) -> tuple[list[Result], Any]:
     model_error = ""
     try:  # a hub model needs the network or the HF cache: `dskit prepare` reports that in full
         settings = resolver.resolve_settings(cfg)  # a misspelt --model or a bad DeepSpeed config: exit 2
-        half = settings.deepspeed.half_precision
+        half = settings.train.half_precision
     except ModelUnavailable as e:
         model_error = str(e)
-        half = deepspeed_config.resolve(cfg).half_precision
+        half = train_settings.resolve(cfg).half_precision
     n_params: int | None = None
     if settings is not None:
         try:

@@ -9,10 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from dskit.plot.png import save_png
-from model_utils.config.arguments import parse_args
-from model_utils.engines import deepspeed_config
+from model_utils.config.arguments import SCHEDULES, parse_args
 from model_utils.errors import ConfigError, first_line
-from model_utils.optim.schedules import SCHEDULES
+from model_utils.resolve import train_settings
 
 WSD_ONLY = ("--decay_fraction", "--decay_type", "--decay_from_step")
 DEFAULT_OUTPUT = "lr-schedules.png"
@@ -58,7 +57,7 @@ def curves(flags: list[str]) -> tuple[int, dict[str, list[float]]]:
         own = flags if kind == "wsd" else _without_wsd_flags(flags)
         cfg = parse_args([*own, "--lr_schedule", kind])
         total = cfg.loop.max_steps
-        out[kind] = deepspeed_config.resolve(cfg).lr_at(total, list(range(1, total + 1)))
+        out[kind] = train_settings.resolve(cfg).lr_at(total, list(range(1, total + 1)))
     return total, out
 
 

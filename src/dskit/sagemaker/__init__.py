@@ -117,7 +117,7 @@ def check_training_flags(hps: dict[str, str], run_file: Path | None, values: Sag
     """The trainer's own parser and DeepSpeed check on the flags as the job will run them (the channels stand in
     for the model and data, which are in S3), from the source root like the job."""
     from model_utils.config.arguments import parse_args
-    from model_utils.engines import deepspeed_config
+    from model_utils.resolve import train_settings
 
     argv: list[str] = []
     for name, value in hps.items():
@@ -127,7 +127,7 @@ def check_training_flags(hps: dict[str, str], run_file: Path | None, values: Sag
         argv += ["--validation_dataset", "sagemaker-validation-channel"]
     with contextlib.chdir(REPO):
         cfg = parse_args(argv)
-        deepspeed_config.resolve(cfg)
+        train_settings.resolve(cfg)
     if run_file is not None:
         from model_utils.config import run_file as run_files
         from model_utils.config.arguments import SECTIONS

@@ -4,8 +4,11 @@ Flags are generated from the dataclass fields below, so a flag cannot exist with
 checks that every field is read by the training code). Parsing is strict: an unknown or misspelled flag is an
 error naming the closest valid one, and abbreviations are refused.
 
-The config is the user's, as given, and frozen: what is derived from it (the sequence length, the DeepSpeed
-dict, the micro batch, max_steps from --epochs, the default lr) is resolved once by preflight.py.
+The config is the user's, as given, and frozen: what is derived from it (the sequence length, the optimizer and
+schedule settings, the micro batch, max_steps from --epochs, the default lr) is resolved once by
+resolve/resolver.py. Parsing reads the run file and the flags only, and checks what needs nothing but them: the
+launch environment (an accelerate config) joins the config in resolution (launch/accelerate_env.py), and so do
+the checks that depend on it.
 """
 
 from __future__ import annotations
@@ -14,20 +17,16 @@ import argparse
 import dataclasses
 import difflib
 import json
-import os
+import re
 import sys
 import types
 import typing
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from model_utils import engines
 from model_utils.config.presets import PRESETS, PRETRAINED_LR
 from model_utils.errors import ConfigError
-from model_utils.launch import accelerate_env
-from model_utils.model import activation_checkpointing
-from model_utils.optim.schedules import DECAY_TYPES, SCHEDULES
 
 AUTO = "auto"
 CONFIG = "config"  # --config RUN.yaml: the run file (run_file.py), not a field: it sets the fields
@@ -36,10 +35,32 @@ BACKENDS = engines.NAMES  # --backend: the registered training engines
 # The global batch on CUDA when no batch flag is given (with micro batch auto): 2^18 tokens, the top of the
 # range the H100 anchors for a 0.6B model use (16 x 8 x 2048, where CPU offload reached 94% of GPU-only); README.
 CUDA_GLOBAL_BATCH_TOKENS = 262_144
+# --lr_schedule and --decay_type (optim/schedules.py runs them).
+SCHEDULES = ("cosine", "wsd", "linear", "constant")
+DECAY_TYPES = ("linear", "cosine", "sqrt")
+# --activation_checkpointing (model/activation_checkpointing.py applies it).
+CHECKPOINTING_NONE, CHECKPOINTING_FULL = "none", "full"
+CHECKPOINTING_FORMS = (
+    "none, full, or every_N with N a whole number of layers (e.g. every_2: every second decoder layer)"
+)
+_EVERY = re.compile(r"every_([1-9][0-9]*)")
 
 
 def _flag(help: str, **extra: Any) -> dict[str, Any]:
     return {"help": help, **extra}
+
+
+def every_n_layers(value: str) -> int | None:
+    """--activation_checkpointing 'none' -> None, 'full' -> 1, 'every_N' -> N; anything else is a ConfigError
+    naming the accepted forms."""
+    if value == CHECKPOINTING_NONE:
+        return None
+    if value == CHECKPOINTING_FULL:
+        return 1
+    match = _EVERY.fullmatch(value)
+    if match is None:
+        raise ConfigError(f"--activation_checkpointing {value!r} is not one of {CHECKPOINTING_FORMS}")
+    return int(match.group(1))
 
 
 def _check_choice(flag: str, value: str, choices: tuple[str, ...], noun: str) -> None:
@@ -91,7 +112,7 @@ class ModelArgs:
             raise ConfigError("--model is empty: give a preset name, a hub id or a local directory")
         if self.liger not in LIGER_CHOICES:
             raise ConfigError(f"--liger {self.liger!r} is not one of {', '.join(LIGER_CHOICES)}")
-        activation_checkpointing.every_n_layers(self.activation_checkpointing)  # a ConfigError if malformed
+        every_n_layers(self.activation_checkpointing)  # a ConfigError if malformed
 
 
 @dataclass(frozen=True)
@@ -577,17 +598,15 @@ class TrainConfig:
     explicit: frozenset[str] = frozenset()
     # The run file's embedded `deepspeed:` mapping, as JSON text (frozen), used instead of --deepspeed_config.
     deepspeed_inline: str | None = None
-    # What the accelerate config asks, when `accelerate launch` started this process (accelerate_env.py): its
-    # flags are among the values above; the rest is checked against the resolved run.
+    # What the accelerate config asks, when `accelerate launch` started this process: joined in resolution
+    # (accelerate_env.join), never by parse_args. Its flags are then among the values above; the rest is checked
+    # against the resolved run.
     accelerate: Any = None
 
     def __post_init__(self) -> None:
+        # --fsdp_cpu_offload against --backend is checked in resolution (resolve/train_settings.py): an accelerate
+        # config may set the backend.
         reject_both_given(self.explicit)
-        for flag, f in sorted(engine_only_flags(self.optim.backend).items()):
-            if flag in self.explicit:
-                raise ConfigError(
-                    f"--{flag} applies to --backend {f.metadata['engine']} only: {f.metadata['elsewhere']}"
-                )
         wsd_only = sorted(
             f"--{f}" for f in ("decay_fraction", "decay_type", "decay_from_step") if f in self.explicit
         )
@@ -704,13 +723,11 @@ def _reject_unknown_flags(argv: list[str], known: set[str]) -> None:
         raise ConfigError(f"unknown flag --{name}: {hint}")
 
 
-def parse_args(argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> TrainConfig:
-    """Defaults, then the run file (--config), then the flags: each later one overrides. Under `accelerate
-    launch` (`env`, default the process's), the accelerate config's settings join them, and a flag that
-    contradicts one is an error."""
+def parse_args(argv: list[str] | None = None) -> TrainConfig:
+    """Defaults, then the run file (--config), then the flags: each later one overrides. Parsing only: the launch
+    environment joins in resolution (resolve/resolver.py)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    fields = flag_fields()
-    _reject_unknown_flags(argv, {*fields, CONFIG})
+    _reject_unknown_flags(argv, {*flag_fields(), CONFIG})
     given = vars(build_parser().parse_args(argv))
     values: dict[str, Any] = {}
     inline = None
@@ -726,12 +743,24 @@ def parse_args(argv: list[str] | None = None, env: Mapping[str, str] | None = No
                     del values[other]
         if loaded.deepspeed is not None and "deepspeed_config" not in given:
             inline = json.dumps(loaded.deepspeed, sort_keys=True)
-    values |= given
-    request = accelerate_env.from_environment(os.environ if env is None else env)
-    if request is not None:
-        values |= accelerate_env.check_against(request, values)
+    return assemble(values | given, inline)
+
+
+def assemble(
+    values: dict[str, Any], deepspeed_inline: str | None = None, accelerate: Any = None
+) -> TrainConfig:
+    """The config of these given values (flag name -> value; every other field at its default), checked."""
+    fields = flag_fields()
     per_section: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
     for name, value in values.items():
         per_section[fields[name][0]][name] = value
     sections = {s: SECTIONS[s](**kwargs) for s, kwargs in per_section.items()}
-    return TrainConfig(**sections, explicit=frozenset(values), deepspeed_inline=inline, accelerate=request)
+    return TrainConfig(
+        **sections, explicit=frozenset(values), deepspeed_inline=deepspeed_inline, accelerate=accelerate
+    )
+
+
+def given_values(cfg: TrainConfig) -> dict[str, Any]:
+    """The values the user gave (cfg.explicit), by flag name."""
+    fields = flag_fields()
+    return {name: getattr(getattr(cfg, fields[name][0]), name) for name in sorted(cfg.explicit)}

@@ -24,6 +24,26 @@ class Engine(Protocol):
     # True: the engine shards by ZeRO stage (0-3) with optimizer and parameter offload, as the memory model's
     # layout says (memory_estimate.check_zero); False: it shards everything, with one switch to offload it all.
     zero_stages: ClassVar[bool]
+    # The DeepSpeed-format config the engine trains with when none is given, and the default's GPU-only sibling
+    # that CUDA ranks pick where the memory estimate fits (None: the engine has none).
+    default_config: ClassVar[str]
+    gpu_only_config: ClassVar[str | None]
+    # True: the model is built in fp32, its sharded parameters being the master weights (FSDP); False: in the
+    # training precision, the engine keeping fp32 masters in its optimizer (DeepSpeed).
+    model_in_fp32: ClassVar[bool]
+
+    # --- the config (resolve/train_settings.py), before anything is built ---
+
+    @staticmethod
+    def check_config(ds: dict[str, Any], path: str) -> None:
+        """Refuse, in one line, what a DeepSpeed-format config asks that this engine would silently not honour."""
+        ...
+
+    @staticmethod
+    def discards_nonfinite_steps(ds: dict[str, Any], precision: str) -> bool:
+        """Whether the engine throws a step with non-finite gradients away whole, under the checked config `ds`
+        (the spike guard's skip relies on it)."""
+        ...
 
     # --- building (trainer.create_engine); `run` is the resolved run (resolve.resolver.ResolvedRun) ---
 
@@ -40,10 +60,9 @@ class Engine(Protocol):
         run: Any,
         device: torch.device,
         param_groups: list[dict[str, Any]],
-        lr_scheduler: Callable[[Any], Any] | None,
     ) -> Engine:
-        """The engine for the resolved run, around the prepared model. `lr_scheduler`: optimizer -> the kit's
-        own scheduler (wsd, linear), else the config's scheduler section drives the lr."""
+        """The engine for the resolved run (its optimizer and lr schedule: run.settings.train), around the
+        prepared model, training `param_groups`."""
         ...
 
     def train_step(

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from model_utils.engines import deepspeed_config
 from model_utils.errors import ConfigError
 from model_utils.launch import startup
 from model_utils.optim import schedules
@@ -45,6 +46,17 @@ class DeepSpeedEngine:
     reshards_on_load = False
     # ZeRO stages 0-3, with optimizer and parameter offload (memory_estimate.check_zero).
     zero_stages = True
+    default_config = "deepspeed/ds_config.json"  # ZeRO-2, optimizer offloaded to the CPU
+    gpu_only_config = "deepspeed/ds_config_gpu.json"  # ZeRO-2, no offload: CUDA ranks where it fits
+    model_in_fp32 = False  # built in the training precision; DeepSpeed keeps the fp32 masters
+
+    @staticmethod
+    def check_config(ds: dict[str, Any], path: str) -> None:
+        """DeepSpeed reads every key of its own config: its checks run for both engines (deepspeed_config.check)."""
+
+    @staticmethod
+    def discards_nonfinite_steps(ds: dict[str, Any], precision: str) -> bool:
+        return deepspeed_config.discards_nonfinite_steps(ds, precision)
 
     def __init__(
         self,
@@ -78,9 +90,12 @@ class DeepSpeedEngine:
         run: ResolvedRun,
         device: torch.device,
         param_groups: list[dict[str, Any]],
-        lr_scheduler: Callable[[Any], Any] | None,
     ) -> DeepSpeedEngine:
-        return cls(model, run.deepspeed_config(), param_groups, lr_scheduler=lr_scheduler)
+        # DeepSpeed runs the schedules it has a class for from its JSON; the kit's own (wsd, linear) are handed over.
+        assert run.max_steps is not None
+        client = run.settings.train.schedule.client(run.max_steps)
+        scheduler = None if client is None else client.lambda_lr
+        return cls(model, run.deepspeed_config(), param_groups, lr_scheduler=scheduler)
 
     def train_step(
         self, micro_batches: list[torch.Tensor], keep: Callable[[torch.Tensor], bool] | None = None

@@ -4,11 +4,13 @@ The model is built in fp32 (the sharded parameters are the master weights), each
 root are sharded with `fully_shard` on a one-dimensional device mesh of the rank's device type (a CPU mesh on
 CPU: with gloo on a machine that has GPUs, FSDP2 would otherwise move to CUDA, pytorch#132471). bf16 runs are
 FSDP2's MixedPrecisionPolicy (bf16 parameters in compute, fp32 gradient reduction). The optimizer, lr schedule
-and clipping come from the same DeepSpeed-format config DeepSpeed reads: torch AdamW (fused on CUDA), DeepSpeed's
-own scheduler class for cosine/constant and the kit's LambdaLR for wsd/linear (schedules.py), so both engines
-train the same lr. A checkpoint is Distributed Checkpoint (DCP) shards of model and optimizer in `dcp/` plus one
-small torch file of the scheduler and the client state, written by rank 0; DCP reshards on load, so a resume on
-another world size needs no conversion. `dskit export` reads those shards here too (read_full_state_dict).
+and clipping are the run's resolved settings (optim/settings.py), the same DeepSpeed reads from its JSON: torch
+AdamW (fused on CUDA), and the ScheduleSpec's torch scheduler (DeepSpeed's own class for cosine/constant, the
+kit's LambdaLR for wsd/linear, schedules.py), so both engines train the same lr. `check_config` refuses what a
+DeepSpeed-format config asks that this engine would not honour. A checkpoint is Distributed Checkpoint (DCP)
+shards of model and optimizer in `dcp/` plus one small torch file of the scheduler and the client state, written
+by rank 0; DCP reshards on load, so a resume on another world size needs no conversion. `dskit export` reads those shards
+here too (read_full_state_dict).
 """
 
 from __future__ import annotations
@@ -29,6 +31,23 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 
 from model_utils.errors import ConfigError
 from model_utils.optim import schedules
+from model_utils.optim.schedules import ScheduleSpec
+from model_utils.optim.settings import OptimSettings
+
+# What this engine reads of a DeepSpeed-format config; anything else there is DeepSpeed-only and refused.
+CONFIG_KEYS = {
+    "train_micro_batch_size_per_gpu": None,
+    "gradient_accumulation_steps": None,
+    "gradient_clipping": None,
+    "optimizer": None,
+    "scheduler": None,
+    "bf16": {"enabled"},
+    "steps_per_print": None,  # DeepSpeed's logging cadence: nothing to honour, harmless
+}
+OPTIMIZERS = ("AdamW", "Adam")  # both run as torch AdamW (DeepSpeed's Adam is AdamW by default too)
+OPTIMIZER_PARAMS = {"lr", "betas", "eps", "weight_decay"}
+# torch AdamW's defaults, for what the config leaves out
+DEFAULT_BETAS, DEFAULT_EPS, DEFAULT_WEIGHT_DECAY = (0.9, 0.999), 1e-8, 0.01
 
 if TYPE_CHECKING:
     from model_utils.resolve.memory_estimate import MemoryEstimate, ModelShape, ZeroLayout
@@ -72,45 +91,46 @@ class FsdpEngine:
     reshards_on_load = True
     # No ZeRO stages: everything is sharded, and --fsdp_cpu_offload moves all of it to the host.
     zero_stages = False
+    default_config = "deepspeed/fsdp.json"  # the kit's config without ZeRO (the ZeRO default is DeepSpeed's)
+    gpu_only_config = None
+    model_in_fp32 = True  # the sharded fp32 parameters are the masters; bf16 is the compute policy
+
+    @staticmethod
+    def discards_nonfinite_steps(ds: dict[str, Any], precision: str) -> bool:
+        return True  # it steps its optimizer itself: it can always leave a step out
 
     def __init__(
         self,
         model: torch.nn.Module,
-        ds_config: dict[str, Any],
+        optim: OptimSettings,
+        schedule: ScheduleSpec,
+        total_steps: int,
         param_groups: list[dict[str, Any]],
         device: torch.device,
-        lr_scheduler: Callable[[Any], Any] | None = None,
         cpu_offload: bool = False,
     ) -> None:
-        """`model`: sharded (shard()); `ds_config`: the built DeepSpeed-format dict (optimizer params, scheduler
-        section, gradient_clipping, gradient_accumulation_steps); `param_groups`: built from the sharded model;
-        `lr_scheduler`: optimizer -> the kit's own scheduler (wsd, linear), else the config's scheduler section."""
+        """`model`: sharded (shard()); `optim` and `schedule`: the run's resolved settings, the schedule over
+        `total_steps`; `param_groups`: built from the sharded model."""
         self.module = model
-        params = ds_config["optimizer"]["params"]
         self._optimizer = torch.optim.AdamW(
             param_groups,
-            lr=float(params["lr"]),
-            betas=tuple(params.get("betas", (0.9, 0.999))),
-            eps=float(params.get("eps", 1e-8)),
-            weight_decay=float(params.get("weight_decay", 0.01)),
+            lr=optim.lr,
+            betas=optim.betas or DEFAULT_BETAS,
+            eps=DEFAULT_EPS if optim.eps is None else optim.eps,
+            weight_decay=DEFAULT_WEIGHT_DECAY if optim.weight_decay is None else optim.weight_decay,
             # Fused on CUDA (one kernel for every parameter); the CPU-offloaded step runs on the CPU.
             fused=device.type == "cuda" and not cpu_offload,
         )
-        section = ds_config.get("scheduler")
-        if lr_scheduler is not None:
-            self._scheduler = lr_scheduler(self._optimizer)
-        elif isinstance(section, dict):
-            self._scheduler = schedules.deepspeed_scheduler(section, self._optimizer)
-        else:
-            self._scheduler = None  # a config without a scheduler: a constant lr, as under DeepSpeed
-        self._clip = float(ds_config.get("gradient_clipping") or 0.0)
+        # None: a config without a scheduler, a constant lr, as under DeepSpeed
+        self._scheduler = schedule.torch_scheduler(self._optimizer, total_steps)
+        self._clip = optim.gradient_clipping
         self._steps = 0  # applied optimizer steps
         self._grad_norm: float | None = None
 
     @staticmethod
     def prepare_model(model: torch.nn.Module, run: ResolvedRun, device: torch.device) -> torch.nn.Module:
-        ds = run.settings.deepspeed
-        return shard(model, device, ds.precision == "bf16", ds.fsdp_cpu_offload)
+        ts = run.settings.train
+        return shard(model, device, ts.precision == "bf16", ts.fsdp_cpu_offload)
 
     @classmethod
     def from_run(
@@ -119,16 +139,57 @@ class FsdpEngine:
         run: ResolvedRun,
         device: torch.device,
         param_groups: list[dict[str, Any]],
-        lr_scheduler: Callable[[Any], Any] | None,
     ) -> FsdpEngine:
+        ts = run.settings.train
+        assert run.max_steps is not None
         return cls(
-            model,
-            run.deepspeed_config(),
-            param_groups,
-            device,
-            lr_scheduler=lr_scheduler,
-            cpu_offload=run.settings.deepspeed.fsdp_cpu_offload,
+            model, ts.optim, ts.schedule, run.max_steps, param_groups, device, cpu_offload=ts.fsdp_cpu_offload
         )
+
+    @staticmethod
+    def check_config(ds: dict[str, Any], path: str) -> None:
+        """This engine reads the optimizer, scheduler, clipping, batch and bf16 of a DeepSpeed-format config; a
+        DeepSpeed-only option set there (ZeRO, offload, fp16's loss scaler, ...) would be silently ignored:
+        refused, in one line."""
+        fix = "remove it or train with --backend deepspeed (docs/fsdp.md lists what fsdp reads)"
+        if "zero_optimization" in ds:
+            raise ConfigError(
+                f"zero_optimization in {path} is DeepSpeed's ZeRO, which --backend fsdp does not run (FSDP2 shards "
+                "parameters, gradients and optimizer state itself): remove the section (CPU offload under fsdp: "
+                "--fsdp_cpu_offload) or train with --backend deepspeed"
+            )
+        if isinstance(ds.get("fp16"), dict) and ds["fp16"].get("enabled"):
+            raise ConfigError(
+                f"fp16 in {path}: --backend fsdp has no loss scaler; use bf16 (a bf16 section) or --backend deepspeed"
+            )
+        for key, value in ds.items():
+            if value is False or (isinstance(value, dict) and value.get("enabled") is False):
+                continue  # switched off (e.g. wall_clock_breakdown: false, fp16.enabled: false): nothing to honour
+            if key not in CONFIG_KEYS:
+                raise ConfigError(
+                    f"{key} in {path} is a DeepSpeed-only option --backend fsdp does not honour: {fix}"
+                )
+            allowed = CONFIG_KEYS[key]
+            if allowed is not None and isinstance(value, dict) and set(value) - allowed:
+                extra = sorted(set(value) - allowed)[0]
+                raise ConfigError(f"{key}.{extra} in {path} is DeepSpeed-only under --backend fsdp: {fix}")
+        optimizer = ds.get("optimizer")
+        if not isinstance(optimizer, dict):
+            raise ConfigError(
+                f"{path} has no optimizer section: --backend fsdp trains with torch AdamW, configured there: add "
+                '"optimizer": {"type": "AdamW", "params": {"lr": "auto"}} (as deepspeed/fsdp.json has)'
+            )
+        if optimizer.get("type") not in OPTIMIZERS:
+            raise ConfigError(
+                f"optimizer type {optimizer.get('type')!r} in {path}: --backend fsdp trains with torch AdamW "
+                f"(type {' or '.join(OPTIMIZERS)}); change the type or train with --backend deepspeed"
+            )
+        extra = sorted(set(optimizer.get("params", {})) - OPTIMIZER_PARAMS)
+        if extra:
+            raise ConfigError(
+                f"optimizer.params.{extra[0]} in {path} is DeepSpeed-only under --backend fsdp (torch AdamW takes "
+                f"{', '.join(sorted(OPTIMIZER_PARAMS))}): remove it"
+            )
 
     def train_step(
         self, micro_batches: list[torch.Tensor], keep: Callable[[torch.Tensor], bool] | None = None

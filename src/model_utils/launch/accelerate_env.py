@@ -5,10 +5,11 @@ and hands its config to them only as environment variables (accelerate/utils/lau
 prepare_multi_gpu_env, prepare_deepspeed_cmd_env, prepare_simple_launcher_cmd_env). The kit never builds an
 `Accelerator` (on a CPU-only box one with DeepSpeed reports a world of 1 while torch.distributed has N), so it
 reads those variables itself: `from_environment` turns them into an `AccelerateRequest`, or refuses in one line
-what the kit cannot honour; `check_against` gives the training flags it maps onto (arguments.parse_args adds them
-to the flags, refusing one the user gave that disagrees); `check_deepspeed`, `check_precision` and
-`check_wrapped_layers` compare it with what the kit resolves later (deepspeed_config.resolve: its DeepSpeed dict
-or FSDP precision; preflight: the model's decoder layers).
+what the kit cannot honour; `check_against` gives the training flags it maps onto, and `join` adds them to the
+parsed config, refusing one the user gave that disagrees (the first step of resolution, resolve/resolver.py:
+parsing reads no environment); `check_deepspeed`, `check_precision` and `check_wrapped_layers` compare it with
+what the kit resolves later (resolve/train_settings.py: its DeepSpeed dict or FSDP precision; the model's
+decoder layers).
 
 accelerate's defaults are no request: it passes mixed_precision "no", fsdp_offload_params false and
 fsdp_activation_checkpointing false whether or not the config says so, so those leave the kit's own settings
@@ -24,6 +25,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from model_utils.config import arguments
+from model_utils.config.arguments import TrainConfig
+from model_utils.config.deepspeed_file import precision_of
 from model_utils.errors import ConfigError
 
 # Every launcher accelerate has sets this one (the DeepSpeed launcher sets no dynamo variables, the plain
@@ -303,6 +307,18 @@ def check_against(request: AccelerateRequest, given: Mapping[str, Any]) -> dict[
     return wanted
 
 
+def join(cfg: TrainConfig, env: Mapping[str, str]) -> TrainConfig:
+    """The parsed config with the settings of the accelerate config in `env` (a rank's environment) joined as
+    given flags, and the request itself (TrainConfig.accelerate); `cfg` itself where accelerate did not start
+    this process. A ConfigError names what the kit cannot honour or a given flag that disagrees."""
+    request = from_environment(env)
+    if request is None:
+        return cfg
+    values = arguments.given_values(cfg)
+    values |= check_against(request, values)
+    return arguments.assemble(values, cfg.deepspeed_inline, accelerate=request)
+
+
 def _source(flag: str, request: AccelerateRequest) -> str:
     return {
         BACKEND_FLAG: f"distributed_type {request.distributed_type}",
@@ -330,9 +346,7 @@ def check_precision(request: AccelerateRequest, precision: str, where: str) -> N
 def check_deepspeed(request: AccelerateRequest, ds: Mapping[str, Any], where: str) -> None:
     """A ConfigError when the DeepSpeed dict the kit trains with (`ds`, from `where`) contradicts what the
     accelerate config asks: ZeRO stage, offload devices, gradient clipping, precision."""
-    from model_utils.engines.deepspeed_config import precision_of
-
-    check_precision(request, precision_of(dict(ds)), where)
+    check_precision(request, precision_of(ds), where)
     zero = ds.get("zero_optimization") if isinstance(ds.get("zero_optimization"), Mapping) else {}
     assert isinstance(zero, Mapping)
 

@@ -49,9 +49,9 @@ def create_engine(run: ResolvedRun, dist: DistInfo) -> tuple[Engine, param_group
     """The model in the training dtype, with the planned kernels, inside the engine (--backend); and its decay
     groups."""
     cfg = run.config
-    ds = run.settings.deepspeed
+    ts = run.settings.train
     # Weights are identical on every rank (one seed); data order and dropout differ per rank.
-    model = build_model(run.source, run.model_config, cfg.loop.seed, ds.model_dtype())
+    model = build_model(run.source, run.model_config, cfg.loop.seed, ts.model_dtype())
     # Before Liger swaps modules and compile traces: the per-layer switch is set once on the plain model.
     activation_checkpointing.apply(model, cfg.model.activation_checkpointing)
     # Adapters after the checkpointing switch and before the kernels, which go on the inner Hugging Face model
@@ -59,18 +59,16 @@ def create_engine(run: ResolvedRun, dist: DistInfo) -> tuple[Engine, param_group
     # the decay groups below (trainable parameters only) hold the adapters alone.
     model = lora.apply(model, cfg.lora, cfg.loop.seed)
     kernels.optimize_model(lora.hf_model(model), cfg.model, dist.device)
-    engine_type = engines.engine_class(cfg.optim.backend)
+    engine_type = engines.engine_class(ts.backend)
     # Before the decay groups: the engine may swap the parameters (FSDP shards them into DTensors); the groups are
     # of what it trains.
     model = engine_type.prepare_model(model, run, dist.device)
     groups = param_groups.split_for_weight_decay(model, cfg.optim.no_decay_embeddings)
-    print0(groups.describe(ds.weight_decay, cfg.optim.no_decay_embeddings))
+    print0(groups.describe(ts.optim.weight_decay, cfg.optim.no_decay_embeddings))
     assert run.max_steps is not None
-    print0(ds.describe_schedule(run.max_steps))
-    client = ds.client_schedule(run.max_steps)
+    print0(ts.schedule.describe(run.max_steps))
     torch.manual_seed(cfg.loop.seed + dist.rank)
-    scheduler = None if client is None else client.lambda_lr
-    engine = engine_type.from_run(model, run, dist.device, groups.optimizer_groups(), scheduler)
+    engine = engine_type.from_run(model, run, dist.device, groups.optimizer_groups())
     return engine, groups
 
 

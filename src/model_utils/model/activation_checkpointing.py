@@ -21,29 +21,14 @@ checkpoint needs, e.g. with frozen embeddings; it changes nothing when the embed
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
+from model_utils.config.arguments import CHECKPOINTING_NONE, every_n_layers
 from model_utils.errors import ConfigError
 from model_utils.observe.log import print0
 
-NONE, FULL = "none", "full"
-FORMS = "none, full, or every_N with N a whole number of layers (e.g. every_2: every second decoder layer)"
-_EVERY = re.compile(r"every_([1-9][0-9]*)")
 # The kwargs of torch.utils.checkpoint.checkpoint transformers passes on (see the module docstring).
 CHECKPOINT_KWARGS = {"use_reentrant": False}
-
-
-def every_n_layers(value: str) -> int | None:
-    """'none' -> None, 'full' -> 1, 'every_N' -> N; anything else is a ConfigError naming the accepted forms."""
-    if value == NONE:
-        return None
-    if value == FULL:
-        return 1
-    match = _EVERY.fullmatch(value)
-    if match is None:
-        raise ConfigError(f"--activation_checkpointing {value!r} is not one of {FORMS}")
-    return int(match.group(1))
 
 
 def checkpointed_layers(num_layers: int, value: str) -> int:
@@ -55,7 +40,7 @@ def checkpointed_layers(num_layers: int, value: str) -> int:
 def describe(value: str, num_layers: int) -> str:
     """E.g. '14 of 28 decoder layers (every_2)'; 'none' when off."""
     if every_n_layers(value) is None:
-        return NONE
+        return CHECKPOINTING_NONE
     return f"{checkpointed_layers(num_layers, value)} of {num_layers} decoder layers ({value})"
 
 

@@ -1,10 +1,15 @@
 """Learning-rate schedules (--lr_schedule cosine|wsd|linear|constant): their shapes, and how each is run.
 
-cosine and constant are DeepSpeed's own schedulers (WarmupCosineLR, WarmupLR), written into the DeepSpeed config;
-DeepSpeed has none for linear decay to a floor or for WSD (warmup-stable-decay), so those two are a torch
-LambdaLR over `Schedule.ratio`, handed to deepspeed.initialize. All of them warm up linearly from
-WARMUP_MIN_RATIO of the peak (the first step never runs at lr 0), as DeepSpeed's warm-up does. Their state is in
-every checkpoint (DeepSpeed saves the scheduler it runs), so a resume continues the exact lr.
+cosine and constant are DeepSpeed's own schedulers (WarmupCosineLR, WarmupLR); DeepSpeed has none for linear decay
+to a floor or for WSD (warmup-stable-decay), so those two are a torch LambdaLR over `Schedule.ratio`. All of them
+warm up linearly from WARMUP_MIN_RATIO of the peak (the first step never runs at lr 0), as DeepSpeed's warm-up
+does. Their state is in every checkpoint, so a resume continues the exact lr.
+
+The schedule that trains is a `ScheduleSpec`, resolved once (optim/settings.py) from the flags and the
+DeepSpeed-format config; both engines run it as the same scheduler (`ScheduleSpec.torch_scheduler`: DeepSpeed's
+class for cosine, constant and a config's own scheduler, the kit's LambdaLR for wsd and linear), the DeepSpeed
+engine through its JSON where DeepSpeed has the class (`deepspeed_section`). `dskit config` and `dskit plot` read
+the lr from the same spec (`lr_at`).
 
 WSD trains at the peak lr until the decay starts (`--decay_from_step`, else the last `--decay_fraction` of the
 run), then decays to `--min_lr_ratio` of the peak (linear, cosine or sqrt shape). A run still in its stable
@@ -14,14 +19,43 @@ checkpoint with --decay_from_step.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
 
-SCHEDULES = ("cosine", "wsd", "linear", "constant")
-DECAY_TYPES = ("linear", "cosine", "sqrt")
+from model_utils.config.arguments import AUTO
+from model_utils.errors import ConfigError
+
 CLIENT_SCHEDULES = ("wsd", "linear")  # run as a torch LambdaLR: DeepSpeed has no such scheduler
 WARMUP_MIN_RATIO = 0.01
+NONE = "none"  # a DeepSpeed-format config without a scheduler (and no --lr_schedule): a constant lr
+COSINE_TYPE = "WarmupCosineLR"
+# --lr_schedule cosine where the config has no scheduler section: DeepSpeed's WarmupCosineLR, warming up linearly.
+COSINE_SECTION = {
+    "type": COSINE_TYPE,
+    "params": {
+        "warmup_min_ratio": WARMUP_MIN_RATIO,
+        "warmup_num_steps": AUTO,
+        "cos_min_ratio": AUTO,
+        "warmup_type": "linear",
+        "total_num_steps": AUTO,
+    },
+}
+WARMUP_PARAM, TOTAL_PARAM, COS_MIN_PARAM = "warmup_num_steps", "total_num_steps", "cos_min_ratio"
+
+
+def constant_section(lr: float) -> dict[str, Any]:
+    """--lr_schedule constant: DeepSpeed's WarmupLR from WARMUP_MIN_RATIO of the peak lr to the peak."""
+    return {
+        "type": "WarmupLR",
+        "params": {
+            "warmup_min_lr": lr * WARMUP_MIN_RATIO,
+            "warmup_max_lr": lr,
+            WARMUP_PARAM: AUTO,
+            "warmup_type": "linear",
+        },
+    }
 
 
 @dataclass(frozen=True)
@@ -65,23 +99,122 @@ class Schedule:
         return LambdaLR(optimizer, self.ratio)
 
 
-def client_schedule(
-    kind: str,
-    total_steps: int,
-    warmup_steps: int,
-    min_lr_ratio: float,
-    decay_fraction: float,
-    decay_type: str,
-    decay_from_step: int | None,
-) -> Schedule:
-    assert kind in CLIENT_SCHEDULES, kind
-    if kind == "linear":
-        decay_start = warmup_steps
-    elif decay_from_step is not None:
-        decay_start = max(warmup_steps, decay_from_step)
-    else:
-        decay_start = max(warmup_steps, total_steps - round(decay_fraction * total_steps))
-    return Schedule(kind, total_steps, warmup_steps, min_lr_ratio, decay_start, decay_type)
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """The lr schedule that trains, as a ratio of the peak lr (OptimSettings.lr), for a run of any length: the
+    total steps are known only once the data is (--epochs), so each method takes them."""
+
+    kind: str  # cosine, wsd, linear, constant (--lr_schedule); NONE; else the DeepSpeed config's own scheduler type
+    source: str  # the DeepSpeed-format config it was resolved with, for messages
+    warmup_steps: int  # --warmup_steps, or the config's scheduler.params.warmup_num_steps
+    warmup_ratio: float | None  # --warmup_ratio: the warm-up as a share of the run instead
+    min_lr_ratio: float  # the lr the decay ends at, as a share of the peak (cosine: its cos_min_ratio)
+    decay_fraction: float  # wsd
+    decay_type: str  # wsd
+    decay_from_step: int | None  # wsd
+    # DeepSpeed's scheduler section (JSON text) for every kind DeepSpeed has a class for (cosine, constant, the
+    # config's own), warm-up and total steps still to fill (`deepspeed_section`); None for wsd, linear and NONE.
+    section: str | None = None
+
+    def _section(self) -> dict[str, Any] | None:
+        return None if self.section is None else json.loads(self.section)
+
+    def warms_up(self) -> bool:
+        section = self._section()
+        return self.kind in CLIENT_SCHEDULES or (
+            section is not None and WARMUP_PARAM in section.get("params", {})
+        )
+
+    def warmup_for(self, total_steps: int) -> int | None:
+        """The warm-up for a run of total_steps (--warmup_ratio of it, or --warmup_steps): never longer than the
+        run (a 3-step smoke test warms up over its 3 steps); None: the schedule has none."""
+        if not self.warms_up():
+            return None
+        if self.warmup_ratio is not None:
+            return round(self.warmup_ratio * total_steps)
+        return min(self.warmup_steps, total_steps)
+
+    def client(self, total_steps: int) -> Schedule | None:
+        """The schedule the kit runs itself (wsd, linear) for a run of total_steps; None for DeepSpeed's own."""
+        if self.kind not in CLIENT_SCHEDULES:
+            return None
+        if self.decay_from_step is not None and self.decay_from_step > total_steps:
+            raise ConfigError(
+                f"--decay_from_step {self.decay_from_step} is beyond the run's {total_steps} steps: "
+                "use a step before --max_steps"
+            )
+        warmup = self.warmup_for(total_steps)
+        assert warmup is not None
+        if self.kind == "linear":
+            decay_start = warmup
+        elif self.decay_from_step is not None:
+            decay_start = max(warmup, self.decay_from_step)
+        else:
+            decay_start = max(warmup, total_steps - round(self.decay_fraction * total_steps))
+        return Schedule(self.kind, total_steps, warmup, self.min_lr_ratio, decay_start, self.decay_type)
+
+    def deepspeed_section(self, total_steps: int) -> dict[str, Any] | None:
+        """DeepSpeed's scheduler section for a run of total_steps (its warm-up and total filled), a fresh dict;
+        None where DeepSpeed runs no scheduler of its own (wsd, linear: the kit's; NONE)."""
+        section = self._section()
+        if section is None:
+            return None
+        params = section.setdefault("params", {})
+        warmup = self.warmup_for(total_steps)
+        if warmup is not None and WARMUP_PARAM in params:  # DeepSpeed's scheduler warms up
+            if warmup < 1:  # DeepSpeed's warm-up schedulers raise on 0 inside deepspeed.initialize
+                raise ConfigError(
+                    f"a warm-up of {warmup} steps: DeepSpeed's {section.get('type')} needs at least 1: "
+                    "raise --warmup_steps or --warmup_ratio, or use --lr_schedule wsd or linear"
+                )
+            params[WARMUP_PARAM] = warmup
+        if TOTAL_PARAM in params:
+            current = params[TOTAL_PARAM]
+            if current not in (AUTO, total_steps):
+                raise ConfigError(
+                    f"scheduler.params.total_num_steps = {current} in {self.source} disagrees with {total_steps} "
+                    'training steps: set it to "auto"'
+                )
+            params[TOTAL_PARAM] = total_steps
+        return section
+
+    def torch_scheduler(self, optimizer: Any, total_steps: int) -> Any:
+        """The scheduler of a run of total_steps on a torch optimizer whose lr is the peak: the kit's LambdaLR
+        (wsd, linear), DeepSpeed's own class constructed as deepspeed.initialize does (cosine, constant, the
+        config's own), or None (NONE: a constant lr). What the FSDP engine steps."""
+        client = self.client(total_steps)
+        if client is not None:
+            return client.lambda_lr(optimizer)
+        section = self.deepspeed_section(total_steps)
+        return None if section is None else deepspeed_scheduler(section, optimizer)
+
+    def describe(self, total_steps: int) -> str:
+        client = self.client(total_steps)
+        if client is not None:
+            return client.describe()
+        warmup = self.warmup_for(total_steps)
+        if self.kind == "cosine":
+            section = self._section()
+            assert section is not None
+            return (
+                f"lr schedule cosine (DeepSpeed WarmupCosineLR): warm-up {warmup} steps, cosine decay to "
+                f"{section['params'][COS_MIN_PARAM]:g} x peak by step {total_steps}"
+            )
+        if self.kind == "constant":
+            return f"lr schedule constant (DeepSpeed WarmupLR): warm-up {warmup} steps, then the peak lr"
+        if self.kind == NONE:
+            return f"lr constant: {self.source} has no scheduler"
+        return f"lr schedule: {self.kind} from {self.source}"
+
+    def lr_at(self, peak_lr: float, total_steps: int, steps: list[int]) -> list[float]:
+        """The lr each optimizer step (1-based) runs at, computed by the scheduler that trains."""
+        client = self.client(total_steps)
+        if client is not None:
+            return [peak_lr * client.ratio(step - 1) for step in steps]
+        section = self.deepspeed_section(total_steps)
+        if section is None:
+            return [peak_lr] * len(steps)
+        return deepspeed_lr_at(section, peak_lr, [step - 1 for step in steps])
 
 
 def deepspeed_lr_at(scheduler_section: dict[str, Any], peak_lr: float, iterations: list[int]) -> list[float]:

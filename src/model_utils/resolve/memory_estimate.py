@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from model_utils import engines
+from model_utils.config.arguments import every_n_layers
 from model_utils.errors import ConfigError, first_line
 from model_utils.launch import startup
-from model_utils.model.activation_checkpointing import checkpointed_layers, every_n_layers
+from model_utils.model.activation_checkpointing import checkpointed_layers
 
 GiB = 2**30
 OFFLOADS = ("none", "optimizer", "optimizer+params")
@@ -632,15 +633,15 @@ def resolve_layout(
     """The shape and layout of a resolved run's settings (preflight.RunSettings)."""
     from model_utils.config.arguments import AUTO
 
-    cfg, ds, model_config = settings.config, settings.deepspeed, settings.model_config
+    cfg, ts, model_config = settings.config, settings.train, settings.model_config
     # A micro batch of "auto" (probed on the GPU at launch) is estimated at 1, the smallest the probe picks.
-    micro_batch = 1 if ds.micro_batch_size == AUTO else int(ds.micro_batch_size)
+    micro_batch = 1 if ts.micro_batch_size == AUTO else int(ts.micro_batch_size)
     layout = layout_from_deepspeed(
-        ds.build(micro_batch, total_steps=cfg.loop.max_steps),
-        ds.path,
+        ts.deepspeed_json(micro_batch, total_steps=cfg.loop.max_steps),
+        ts.path,
         micro_batch_size=micro_batch,
         seq_length=settings.seq_length,
-        gradient_accumulation_steps=ds.gradient_accumulation_steps,
+        gradient_accumulation_steps=ts.gradient_accumulation_steps,
         nodes=nodes,
         ranks_per_node=ranks_per_node,
         zero_stage=zero_stage,
@@ -652,8 +653,8 @@ def resolve_layout(
         liger=on_gpus and resolve_liger(cfg.model.liger, str(getattr(model_config, "model_type", ""))),
         compile=bool(cfg.model.compile),
         activation_checkpointing=cfg.model.activation_checkpointing,
-        backend=ds.backend,
-        offload_optimizer=layout.offload_optimizer or ds.fsdp_cpu_offload,
+        backend=ts.backend,
+        offload_optimizer=layout.offload_optimizer or ts.fsdp_cpu_offload,
     )
     source = settings.source
     shape = model_shape(model_config, source.name, source.preset is not None, layout.dtype_bytes)

@@ -26,13 +26,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from model_utils.config.arguments import CHECKPOINTING_NONE
 from model_utils.errors import ConfigError
 from model_utils.model import activation_checkpointing, kernels
 from model_utils.observe.log import print0
 from model_utils.resolve import batch_layout
 
 if TYPE_CHECKING:
-    from model_utils.resolve.resolver import RunSettings
+    from model_utils.resolve.run_settings import RunSettings
 
 HEADROOM = 0.9  # a candidate must peak under this fraction of the GPU's memory
 MAX_MICRO_BATCH = 256  # the probe stops here even when more would fit
@@ -132,7 +133,7 @@ class _GpuProbe:
         chosen: kernels.Plan,
         seq_length: int,
         reserve: int,
-        checkpointing: str = activation_checkpointing.NONE,
+        checkpointing: str = CHECKPOINTING_NONE,
     ) -> None:
         self.model_config, self.dtype, self.chosen = model_config, dtype, chosen
         self.checkpointing = checkpointing  # --activation_checkpointing, as training will use it
@@ -185,9 +186,9 @@ def resolve(settings: RunSettings, n_train_blocks: int, n_val_blocks: int | None
         return 1
     from transformers import AutoModelForCausalLM
 
-    cfg, model_config, ds = settings.config, settings.model_config, settings.deepspeed
+    cfg, model_config, ts = settings.config, settings.model_config, settings.train
     device = torch.device("cuda", torch.cuda.current_device())
-    ds_config = ds.build(micro_batch_size=1, total_steps=1)  # the bucket sizes, for the reserve
+    ds_config = ts.deepspeed_json(micro_batch_size=1, total_steps=1)  # the bucket sizes, for the reserve
     seq_length = settings.seq_length
     chosen = kernels.plan(cfg.model, model_config.model_type, device)
     with torch.device("meta"):  # shapes only: the parameter count, and the class Liger would patch
@@ -200,10 +201,10 @@ def resolve(settings: RunSettings, n_train_blocks: int, n_val_blocks: int | None
         f"{chosen.describe()}|reserve {reserve // 2**20} MiB"
     )
     checkpointing = cfg.model.activation_checkpointing
-    if checkpointing != activation_checkpointing.NONE:  # keys of runs without it stay as they were
+    if checkpointing != CHECKPOINTING_NONE:  # keys of runs without it stay as they were
         key += f"|activation checkpointing {checkpointing}"
     cache = ProbeCache(Path(cfg.data.data_cache_dir) / CACHE_FILE)
-    probe = _GpuProbe(model_config, ds.torch_dtype(), chosen, seq_length, reserve, checkpointing)
+    probe = _GpuProbe(model_config, ts.torch_dtype(), chosen, seq_length, reserve, checkpointing)
     try:
         with kernels.patches_undone(skeleton):
             found, from_cache = cached_search(
@@ -216,7 +217,7 @@ def resolve(settings: RunSettings, n_train_blocks: int, n_val_blocks: int | None
     finally:
         probe.close()
     # Never more than the data holds: one global batch must fit in the train (and validation) blocks.
-    cap = n_train_blocks // (ds.gradient_accumulation_steps * world_size)
+    cap = n_train_blocks // (ts.gradient_accumulation_steps * world_size)
     if n_val_blocks is not None:
         cap = min(cap, n_val_blocks // world_size)
     micro_batch = max(1, min(found, cap))

@@ -1,7 +1,7 @@
 """The resolved run: everything a run needs before the first step, resolved once and frozen.
 
-`resolve_settings` derives what depends on the config and the model alone (the DeepSpeed settings, the sequence
-length); `prepare` adds what depends on the data, the checkpoints and the ranks (packed blocks, the checkpoint
+`resolve_settings` derives what depends on the config, the launch environment and the model alone (the training
+settings: batch, precision, optimizer and schedule; the sequence length); `prepare` adds what depends on the data, the checkpoints and the ranks (packed blocks, the checkpoint
 to resume, the probed micro batch, max_steps from --epochs). The trainer, `dskit doctor`, `dskit estimate`,
 `dskit bench` and `dskit config` all read these objects; nothing else re-derives them, and the user's config is
 never changed. Checks run in order, so bad input fails early with one line.
@@ -13,60 +13,25 @@ leaves the packed data in the cache, so the ranks start straight from it.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from model_utils import engines
 from model_utils.checkpoint import launch_record, protocol
+from model_utils.config import deepspeed_file
 from model_utils.config.arguments import AUTO, CUDA_GLOBAL_BATCH_TOKENS, TrainConfig
 from model_utils.data import block_cache, token_shards
-from model_utils.engines import deepspeed_config
-from model_utils.engines.deepspeed_config import DeepSpeedSettings
 from model_utils.errors import ConfigError
 from model_utils.launch import accelerate_env, startup
-from model_utils.model import activation_checkpointing, hub, lora, models
+from model_utils.model import hub, lora, models
 from model_utils.observe.log import print0
-from model_utils.resolve import batch_layout
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    """What the config and the model decide, before any data work."""
-
-    config: TrainConfig  # the user's, as parsed
-    source: models.ModelSource
-    model_config: Any
-    seq_length: int
-    deepspeed: DeepSpeedSettings
-    spike_guard: str  # the mode that runs: --spike_guard, or off where DeepSpeed cannot discard a step
-    # a hub tokenizer's pinned snapshot (a hub model's own: its snapshot); resolved by prepare, with the tokenizer
-    tokenizer: hub.Snapshot | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        ds = self.deepspeed
-        pins = {  # recorded in every checkpoint's launch.json: the weights and tokenizer the run started from
-            f"{role}_commit": snap.commit
-            for role, snap in (("model", self.source.snapshot), ("tokenizer", self.tokenizer))
-            if snap is not None
-        }
-        return {
-            "model": self.source.name,
-            **pins,
-            "seq_length": self.seq_length,
-            "micro_batch_size": ds.micro_batch_size,
-            "gradient_accumulation_steps": ds.gradient_accumulation_steps,
-            "lr": ds.lr,
-            "warmup_steps": ds.warmup_steps,
-            "backend": ds.backend,
-            "precision": ds.precision,
-            "zero_stage": ds.zero_stage,
-            "spike_guard": self.spike_guard,
-            "activation_checkpointing": activation_checkpointing.describe(
-                self.config.model.activation_checkpointing, int(self.model_config.num_hidden_layers)
-            ),
-        }
+from model_utils.resolve import batch_layout, train_settings
+from model_utils.resolve.run_settings import RunSettings
+from model_utils.resolve.train_settings import TrainSettings
 
 
 @dataclass(frozen=True)
@@ -99,7 +64,7 @@ class ResolvedRun:
 
     @property
     def gradient_accumulation_steps(self) -> int:
-        return self.settings.deepspeed.gradient_accumulation_steps
+        return self.settings.train.gradient_accumulation_steps
 
     @property
     def global_batch(self) -> int:
@@ -116,44 +81,45 @@ class ResolvedRun:
         """micro x accumulation x ranks x seq; None outside the ranks, where the per-rank values stay open."""
         if not isinstance(self.micro_batch_size, int) or self.world_size is None:
             return None
-        ds = self.settings.deepspeed
+        ts = self.settings.train
         return batch_layout.BatchLayout(
             self.micro_batch_size,
-            ds.gradient_accumulation_steps,
+            ts.gradient_accumulation_steps,
             self.world_size,
             self.seq_length,
-            ds.global_batch_tokens,
-            ds.global_batch_from,
+            ts.global_batch_tokens,
+            ts.global_batch_from,
         )
 
     def deepspeed_config(self) -> dict[str, Any]:
-        """A fresh DeepSpeed dict for deepspeed.initialize (DeepSpeed may change what it is given)."""
+        """A fresh DeepSpeed dict for deepspeed.initialize (DeepSpeed may change what it is given); under fsdp, what
+        the FSDP engine's settings amount to in the same format (recorded with every checkpoint)."""
         assert isinstance(self.micro_batch_size, int) and self.max_steps is not None
-        return self.settings.deepspeed.build(self.micro_batch_size, self.max_steps)
+        return self.settings.train.deepspeed_json(self.micro_batch_size, self.max_steps)
 
     def _schedule(self) -> dict[str, Any]:
         if self.max_steps is None:
             return {}
-        ds, total = self.settings.deepspeed, self.max_steps
+        ts, total = self.settings.train, self.max_steps
         steps = {1, 2, total // 4, total // 2, 3 * total // 4, total - 1, total}
-        warmup = ds.warmup_steps_for(total)  # what runs: --warmup_ratio of the run, at most the run
+        warmup = ts.schedule.warmup_for(total)  # what runs: --warmup_ratio of the run, at most the run
         if warmup:
             steps |= {warmup, warmup + 1}
         shown = sorted(s for s in steps if 1 <= s <= total)
         return {
             "warmup_steps": warmup,
-            "lr_schedule": ds.describe_schedule(total),
-            "lr_at_step": dict(zip(shown, ds.lr_at(total, shown), strict=True)),
+            "lr_schedule": ts.schedule.describe(total),
+            "lr_at_step": dict(zip(shown, ts.lr_at(total, shown), strict=True)),
         }
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved run as `dskit config` prints it."""
         per_rank_open = "per rank: known when the ranks start"
         mb_known = isinstance(self.micro_batch_size, int)
-        ds, layout = self.settings.deepspeed, self.layout
-        accumulation_known = ds.global_batch_tokens is None or layout is not None
-        tokens: int | str | None = ds.global_batch_tokens
-        if tokens is None and not ds.batch_given and self.world_size is None:
+        ts, layout = self.settings.train, self.layout
+        accumulation_known = ts.global_batch_tokens is None or layout is not None
+        tokens: int | str | None = ts.global_batch_tokens
+        if tokens is None and not ts.batch_given and self.world_size is None:
             tokens = f"{CUDA_GLOBAL_BATCH_TOKENS} on CUDA ranks (with micro batch auto), else none"
         return {
             "config": self.config.to_dict(),
@@ -161,15 +127,15 @@ class ResolvedRun:
                 **self.settings.to_dict(),
                 **(
                     {
-                        "deepspeed_config": f"{ds.path}; on CUDA ranks {deepspeed_config.GPU_CONFIG} where the memory estimate fits the GPU"
+                        "deepspeed_config": f"{ts.path}; on CUDA ranks {deepspeed_file.gpu_only_config(self.config)} where the memory estimate fits the GPU"
                     }
-                    if self.world_size is None and deepspeed_config.default_in_use(self.config)
+                    if self.world_size is None and deepspeed_file.default_in_use(self.config)
                     else {}
                 ),
                 "global_batch_tokens": tokens,
                 "batch_layout": per_rank_open if layout is None else layout.describe(),
                 "micro_batch_size": self.micro_batch_size,
-                "gradient_accumulation_steps": ds.gradient_accumulation_steps
+                "gradient_accumulation_steps": ts.gradient_accumulation_steps
                 if accumulation_known
                 else per_rank_open,
                 "world_size": self.world_size if self.world_size is not None else per_rank_open,
@@ -189,18 +155,26 @@ class ResolvedRun:
 
 
 def resolve_settings(
-    cfg: TrainConfig, gpu_bytes: int | None = None, world_size: int = 1, on_ranks: bool = False
+    cfg: TrainConfig,
+    gpu_bytes: int | None = None,
+    world_size: int = 1,
+    on_ranks: bool = False,
+    env: Mapping[str, str] | None = None,
 ) -> RunSettings:
-    """The DeepSpeed settings (checked by DeepSpeed) and the model's config and sequence length. `gpu_bytes`:
-    the memory of the CUDA GPU each of `world_size` ranks trains on, where the ranks resolve (the default
-    DeepSpeed config is then chosen by the memory estimate).
+    """The training settings (checked by DeepSpeed) and the model's config and sequence length. `gpu_bytes`: the
+    memory of the CUDA GPU each of `world_size` ranks trains on, where the ranks resolve (the default DeepSpeed
+    config is then chosen by the memory estimate).
+
+    First the launch environment (`env`, default the process's) joins the config: under `accelerate launch`, the
+    accelerate config's settings (accelerate_env.join); RunSettings.config is the result.
 
     A hub model resolves to its pinned snapshot in the HF cache (hub.resolve): its small files fetched here,
     its weights by `prepare(fetch_hub=True)`; `on_ranks`: from the cache alone, weights included.
     """
+    cfg = accelerate_env.join(cfg, os.environ if env is None else env)
     startup.import_transformers()  # the first import of transformers in a rank: without what it does not use
     source = models.resolve_model_source(cfg.model.model)
-    ds = deepspeed_config.resolve(cfg)
+    ts = _train_settings(cfg)
     source = _hub_model(cfg, source, on_ranks)
     model_config = models.load_model_config(source)
     seq_length = models.resolve_seq_length(cfg.data.seq_length, model_config)
@@ -213,10 +187,21 @@ def resolve_settings(
             cfg.accelerate.fsdp_layer_classes
         ):  # an FSDP request (--backend fsdp): they must be what FSDP shards
             accelerate_env.check_wrapped_layers(cfg.accelerate, models.decoder_layer_classes(model_config))
-    settings = RunSettings(cfg, source, model_config, seq_length, ds, _spike_guard_mode(cfg, ds))
-    if gpu_bytes is not None and deepspeed_config.default_in_use(cfg):
+    settings = RunSettings(cfg, source, model_config, seq_length, ts, _spike_guard_mode(cfg, ts))
+    if gpu_bytes is not None and deepspeed_file.default_in_use(cfg):
         settings = choose_default_config(settings, gpu_bytes, world_size)
     return settings
+
+
+def _train_settings(cfg: TrainConfig, gpu_only: bool = False) -> TrainSettings:
+    """train_settings.resolve, and the accelerate config the ranks were launched with must agree with it."""
+    ts = train_settings.resolve(cfg, gpu_only)
+    if cfg.accelerate is not None:
+        if engines.engine_class(ts.backend).zero_stages:  # it reads the DeepSpeed config's ZeRO section
+            accelerate_env.check_deepspeed(cfg.accelerate, json.loads(ts.given_config), ts.path)
+        else:
+            accelerate_env.check_precision(cfg.accelerate, ts.precision, ts.path)
+    return ts
 
 
 def choose_default_config(settings: RunSettings, gpu_bytes: int, world_size: int) -> RunSettings:
@@ -227,8 +212,8 @@ def choose_default_config(settings: RunSettings, gpu_bytes: int, world_size: int
     from model_utils.resolve import memory_estimate
 
     cfg = settings.config
-    on_gpu = deepspeed_config.resolve(cfg, gpu_only=True)
-    candidate = replace(settings, deepspeed=on_gpu, spike_guard=_spike_guard_mode(cfg, on_gpu))
+    on_gpu = _train_settings(cfg, gpu_only=True)
+    candidate = replace(settings, train=on_gpu, spike_guard=_spike_guard_mode(cfg, on_gpu))
     per_node = _ranks_per_node(world_size)
     est = memory_estimate.estimate_for_config(candidate, world_size // per_node, per_node)
     used, total = est.device_bytes_per_rank / memory_estimate.GiB, gpu_bytes / memory_estimate.GiB
@@ -238,7 +223,7 @@ def choose_default_config(settings: RunSettings, gpu_bytes: int, world_size: int
         )
         return candidate
     print0(
-        f"deepspeed config: {settings.deepspeed.path} (CPU optimizer offload: GPU-only needs an estimated "
+        f"deepspeed config: {settings.train.path} (CPU optimizer offload: GPU-only needs an estimated "
         f"{used:.1f} GiB of {total:.0f} GiB per GPU, over {memory_estimate.FIT_FRACTION:.0%})"
     )
     return settings
@@ -284,12 +269,12 @@ def _hub_tokenizer(cfg: TrainConfig, source: models.ModelSource, on_ranks: bool)
     return hub.resolve(name, None, "tokenizer", weights=False, local_only=on_ranks, pinned=pinned)
 
 
-def _spike_guard_mode(cfg: TrainConfig, ds: DeepSpeedSettings) -> str:
+def _spike_guard_mode(cfg: TrainConfig, ts: TrainSettings) -> str:
     mode = cfg.guard.spike_guard
-    if mode == "off" or ds.discards_nonfinite_steps:
+    if mode == "off" or ts.discards_nonfinite_steps:
         return mode
     why = (
-        f"DeepSpeed applies non-finite gradients in {ds.precision} without ZeRO ({ds.path}), so a spiking step "
+        f"DeepSpeed applies non-finite gradients in {ts.precision} without ZeRO ({ts.path}), so a spiking step "
         "cannot be discarded"
     )
     if "spike_guard" in cfg.explicit:
@@ -360,7 +345,7 @@ def prepare(
     settings = settings or resolve_settings(
         cfg, _rank_gpu_bytes(world_size), world_size or 1, on_ranks=world_size is not None
     )
-    assert settings.config is cfg  # the batch decided below replaces settings.deepspeed in the run's copy
+    cfg = settings.config  # with the launch environment's settings joined (resolve_settings)
     protocol.check_writable(cfg.checkpoint.checkpoint_dir)
     on_ranks = world_size is not None
     settings = dataclasses.replace(settings, tokenizer=_hub_tokenizer(cfg, settings.source, on_ranks))
@@ -395,12 +380,12 @@ def prepare(
     settings = _accumulation(settings, micro_batch, world_size)
     steps_per_epoch = max_steps = None
     if isinstance(micro_batch, int) and world_size is not None:
-        global_batch = micro_batch * settings.deepspeed.gradient_accumulation_steps * world_size
+        global_batch = micro_batch * settings.train.gradient_accumulation_steps * world_size
         steps_per_epoch = len(train_blocks) // global_batch
         if steps_per_epoch == 0:
             raise ConfigError(
                 f"train data has {len(train_blocks)} blocks, fewer than one global batch of {global_batch} "
-                f"(micro batch {micro_batch} x accumulation {settings.deepspeed.gradient_accumulation_steps} x "
+                f"(micro batch {micro_batch} x accumulation {settings.train.gradient_accumulation_steps} x "
                 f"{world_size} ranks): use more data, fewer ranks or a smaller batch"
             )
     epochs = cfg.loop.epochs
@@ -424,12 +409,16 @@ def prepare(
         print0(run.layout.describe())
     if max_steps is not None and isinstance(micro_batch, int):
         run.deepspeed_config()  # an explicit total_num_steps that disagrees fails here, before any rank trains
-    ds = settings.deepspeed
+    schedule = settings.train.schedule
     if max_steps is not None:
-        ds.client_schedule(max_steps)  # a --decay_from_step beyond the run fails here, before any rank trains
-        if ds.warmup_ratio is None and ds.warmup_steps_for(max_steps) not in (None, ds.warmup_steps):
+        schedule.client(max_steps)  # a --decay_from_step beyond the run fails here, before any rank trains
+        if schedule.warmup_ratio is None and schedule.warmup_for(max_steps) not in (
+            None,
+            schedule.warmup_steps,
+        ):
             print0(
-                f"Warm-up of {ds.warmup_steps} steps is longer than the run: warming up over its {max_steps} steps"
+                f"Warm-up of {schedule.warmup_steps} steps is longer than the run: warming up over its {max_steps} "
+                "steps"
             )
     return run
 
@@ -481,8 +470,8 @@ def _check_mlflow_parent(cfg: TrainConfig, decide_once: Callable[[Callable[[], A
 def _cuda_batch_default(settings: RunSettings, world_size: int | None) -> RunSettings:
     """On CUDA ranks without a batch flag (or batch keys in the DeepSpeed config): micro batch auto and the
     default global batch. Decided where --micro_batch_size auto is, on the ranks; CPU keeps the embedded default."""
-    ds = settings.deepspeed
-    if world_size is None or ds.batch_given or ds.global_batch_tokens is not None:
+    ts = settings.train
+    if world_size is None or ts.batch_given or ts.global_batch_tokens is not None:
         return settings
     if not batch_layout.trains_on_cuda():
         return settings
@@ -490,23 +479,23 @@ def _cuda_batch_default(settings: RunSettings, world_size: int | None) -> RunSet
         f"CUDA batch default (no batch flag given): --micro_batch_size auto, --global_batch_tokens "
         f"{CUDA_GLOBAL_BATCH_TOKENS}"
     )
-    chosen = ds.with_batch(
+    chosen = ts.with_batch(
         micro_batch_size=AUTO,
         global_batch_tokens=CUDA_GLOBAL_BATCH_TOKENS,
         global_batch_from="the CUDA default",
     )
-    return replace(settings, deepspeed=chosen)
+    return replace(settings, train=chosen)
 
 
 def _accumulation(settings: RunSettings, micro_batch: int | str, world_size: int | None) -> RunSettings:
     """With a global batch in tokens, the accumulation that comes nearest it (known once micro batch and ranks are)."""
-    ds = settings.deepspeed
-    if ds.global_batch_tokens is None or not isinstance(micro_batch, int) or world_size is None:
+    ts = settings.train
+    if ts.global_batch_tokens is None or not isinstance(micro_batch, int) or world_size is None:
         return settings
     steps = batch_layout.accumulation_for(
-        ds.global_batch_tokens, micro_batch, world_size, settings.seq_length
+        ts.global_batch_tokens, micro_batch, world_size, settings.seq_length
     )
-    return replace(settings, deepspeed=ds.with_batch(gradient_accumulation_steps=steps))
+    return replace(settings, train=ts.with_batch(gradient_accumulation_steps=steps))
 
 
 def _micro_batch(
@@ -518,7 +507,7 @@ def _micro_batch(
 ) -> int | str:
     """--micro_batch_size auto becomes a number on the training ranks (rank 0 probes its GPU); `dskit prepare`,
     which starts no process group and uses no GPU, leaves it open."""
-    chosen = settings.deepspeed.micro_batch_size
+    chosen = settings.train.micro_batch_size
     if chosen != AUTO:
         return chosen
     if world_size is None:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from model_utils.config.arguments import CONFIG, TrainConfig, flag_fields, parse_args
-from model_utils.engines import deepspeed_config
 from model_utils.errors import ConfigError
+from model_utils.resolve import train_settings
 from support.deepspeed_files import ds_dict
 
 SRC = Path(__file__).resolve().parents[3] / "src"
@@ -30,8 +30,8 @@ def test_defaults_are_the_documented_ones() -> None:
     assert cfg.loop.max_steps == 100 and cfg.checkpoint.checkpoint_freq == 50
     assert cfg.checkpoint.checkpoint_dir == "checkpoints"
     assert cfg.optim.lr is None  # not given: the resolved settings pick the model's default
-    assert deepspeed_config.resolve(cfg).lr == 3e-3  # the tiny preset's own lr
-    assert deepspeed_config.resolve(parse("--model", "org/some-model")).lr == 5e-5
+    assert train_settings.resolve(cfg).optim.lr == 3e-3  # the tiny preset's own lr
+    assert train_settings.resolve(parse("--model", "org/some-model")).optim.lr == 5e-5
     ds = ds_dict(cfg, total_steps=100)
     # The kit's config leaves these "auto": the flags' defaults fill them.
     assert ds["train_micro_batch_size_per_gpu"] == 1 and ds["gradient_accumulation_steps"] == 1

@@ -10,8 +10,8 @@ import pytest
 
 from dskit import cli
 from model_utils.config.arguments import parse_args
-from model_utils.engines import deepspeed_config
 from model_utils.errors import ConfigError
+from model_utils.resolve import train_settings
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -47,14 +47,17 @@ def test_embedded_deepspeed_config_is_used_with_numbers_as_numbers(tmp_path: Pat
         "  bf16: {enabled: true}\n",
     )
     cfg = parse_args(["--config", run])
-    settings = deepspeed_config.resolve(cfg)
-    built = settings.build(micro_batch_size=1, total_steps=10)
+    settings = train_settings.resolve(cfg)
+    built = settings.deepspeed_json(micro_batch_size=1, total_steps=10)
     assert settings.zero_stage == 3 and "the run file's deepspeed section" in settings.path
     assert built["zero_optimization"]["reduce_bucket_size"] == 500_000_000  # an int, not '5e8'
-    assert built["optimizer"]["params"]["eps"] == 1e-8 and built["optimizer"]["params"]["lr"] == settings.lr
+    assert (
+        built["optimizer"]["params"]["eps"] == 1e-8
+        and built["optimizer"]["params"]["lr"] == settings.optim.lr
+    )
     # --deepspeed_config on the command line replaces the embedded config.
     flagged = parse_args(["--config", run, "--deepspeed_config", "deepspeed/ds_config.json"])
-    assert flagged.deepspeed_inline is None and deepspeed_config.resolve(flagged).zero_stage == 2
+    assert flagged.deepspeed_inline is None and train_settings.resolve(flagged).zero_stage == 2
     named = parse_args(
         ["--config", write(tmp_path / "n.yaml", "deepspeed: deepspeed/ds_config_zero3.json\n")]
     )

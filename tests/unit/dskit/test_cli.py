@@ -34,3 +34,15 @@ def test_help_lists_commands(capsys) -> None:
     out = capsys.readouterr().out
     assert all(name in out for name in cli.COMMANDS)
     assert cli.main([]) == 2
+
+
+def test_every_command_reaches_its_module(capsys) -> None:
+    """Each command's `--help` runs its own parser: a command whose module moved or lost its main fails here."""
+    for name in cli.COMMANDS:
+        try:
+            code = cli.main([name, "--help"])
+        except SystemExit as exit_:  # argparse's --help exits 0 after printing
+            code = exit_.code
+        out = capsys.readouterr()
+        assert code == 0, (name, out.err[-2000:])
+        assert "usage" in (out.out + out.err).lower(), name

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 
 from model_utils.config.arguments import parse_args
-from model_utils.engines import deepspeed_config
-from model_utils.engines.deepspeed_config import DeepSpeedSettings
 from model_utils.errors import ConfigError
+from model_utils.resolve import train_settings
+from model_utils.resolve.train_settings import TrainSettings
 from support.deepspeed_files import DEFAULT, ds_dict, write_ds
 
 
-def resolve_ds(argv: list[str]) -> DeepSpeedSettings:
-    return deepspeed_config.resolve(parse_args(argv))
+def resolve_ds(argv: list[str]) -> TrainSettings:
+    return train_settings.resolve(parse_args(argv))
 
 
 def test_flag_overrides_fill_auto_keys() -> None:
@@ -50,10 +50,10 @@ def _explicit_config() -> dict:
 
 def test_explicit_keys_win_when_no_flag_is_given(tmp_path: Path) -> None:
     cfg = parse_args(["--deepspeed_config", write_ds(tmp_path, _explicit_config()), "--model", "org/m"])
-    settings = deepspeed_config.resolve(cfg)
+    settings = train_settings.resolve(cfg)
     # The file's explicit keys are what trains (micro batch 2, not the flag's default 1), reported back...
     assert (settings.micro_batch_size, settings.gradient_accumulation_steps) == (2, 1)
-    assert (settings.lr, settings.warmup_steps) == (5e-5, 10)
+    assert (settings.optim.lr, settings.schedule.warmup_steps) == (5e-5, 10)
     # ...and handed to DeepSpeed.
     ds = ds_dict(cfg, total_steps=100)
     assert ds["train_micro_batch_size_per_gpu"] == 2 and ds["gradient_accumulation_steps"] == 1
@@ -86,7 +86,7 @@ def test_agreeing_flag_and_key_is_fine(tmp_path: Path) -> None:
     cfg = parse_args(
         ["--deepspeed_config", write_ds(tmp_path, _explicit_config()), "--micro_batch_size", "2"]
     )
-    assert deepspeed_config.resolve(cfg).micro_batch_size == 2
+    assert train_settings.resolve(cfg).micro_batch_size == 2
     assert ds_dict(cfg, total_steps=100)["train_micro_batch_size_per_gpu"] == 2
 
 
@@ -129,7 +129,7 @@ def test_missing_deepspeed_config() -> None:
 def test_fsdp_reads_its_own_default_config_and_refuses_zero_in_a_given_one() -> None:
     """--backend fsdp without --deepspeed_config: deepspeed/fsdp.json (the default without ZeRO), bf16, and a step
     FSDP can always discard (the spike guard); the kit's ZeRO config given explicitly is refused."""
-    fsdp = deepspeed_config.resolve(parse_args(["--backend", "fsdp"]))
+    fsdp = train_settings.resolve(parse_args(["--backend", "fsdp"]))
     assert (fsdp.path, fsdp.backend, fsdp.precision, fsdp.zero_stage) == (
         "deepspeed/fsdp.json",
         "fsdp",
@@ -137,8 +137,9 @@ def test_fsdp_reads_its_own_default_config_and_refuses_zero_in_a_given_one() -> 
         0,
     )
     assert fsdp.discards_nonfinite_steps and not fsdp.fsdp_cpu_offload
-    default = deepspeed_config.resolve(parse_args([]))
-    assert default.lr == fsdp.lr and default.weight_decay == fsdp.weight_decay  # the same training otherwise
+    default = train_settings.resolve(parse_args([]))
+    assert default.optim.lr == fsdp.optim.lr and default.optim.weight_decay == fsdp.optim.weight_decay
+    assert default.optim == fsdp.optim  # the same training otherwise (betas, eps, clipping too)
     assert fsdp.lr_at(100, [1, 10, 50, 100]) == default.lr_at(100, [1, 10, 50, 100])
     with pytest.raises(ConfigError, match=r"zero_optimization in .*ds_config.json is DeepSpeed's ZeRO"):
-        deepspeed_config.resolve(parse_args(["--deepspeed_config", str(DEFAULT), "--backend", "fsdp"]))
+        train_settings.resolve(parse_args(["--deepspeed_config", str(DEFAULT), "--backend", "fsdp"]))

@@ -124,7 +124,7 @@ def test_where_deepspeed_can_discard_a_step_the_default_guard_runs_and_elsewhere
 ) -> None:
     changes, discards = CAN_DISCARD[case]
     settings = resolver.resolve_settings(parse_args(["--deepspeed_config", config_with(tmp_path, **changes)]))
-    assert settings.deepspeed.discards_nonfinite_steps is discards
+    assert settings.train.discards_nonfinite_steps is discards
     assert settings.spike_guard == ("skip" if discards else "off")
     assert (
         "Spike guard off: DeepSpeed applies non-finite gradients" in capsys.readouterr().out

@@ -9,19 +9,37 @@ from pathlib import Path
 import pytest
 
 from model_utils.config.arguments import parse_args
-from model_utils.engines import deepspeed_config
 from model_utils.errors import ConfigError
 from model_utils.optim import schedules
+from model_utils.resolve import train_settings
 
 W0 = schedules.WARMUP_MIN_RATIO
 
 
-def settings(*flags: str) -> deepspeed_config.DeepSpeedSettings:
-    return deepspeed_config.resolve(parse_args(["--lr", "1.0", *flags]))
+def settings(*flags: str) -> train_settings.TrainSettings:
+    return train_settings.resolve(parse_args(["--lr", "1.0", *flags]))
+
+
+def client_schedule(
+    kind: str,
+    total_steps: int,
+    warmup_steps: int,
+    min_lr_ratio: float,
+    decay_fraction: float,
+    decay_type: str,
+    decay_from_step: int | None,
+) -> schedules.Schedule:
+    """The kit's own schedule of a spec with these values, over total_steps."""
+    spec = schedules.ScheduleSpec(
+        kind, "test", warmup_steps, None, min_lr_ratio, decay_fraction, decay_type, decay_from_step
+    )
+    client = spec.client(total_steps)
+    assert client is not None
+    return client
 
 
 def test_wsd_warms_up_holds_then_decays_to_the_floor() -> None:
-    s = schedules.client_schedule("wsd", 100, 10, 0.1, 0.2, "linear", None)
+    s = client_schedule("wsd", 100, 10, 0.1, 0.2, "linear", None)
     assert s.decay_start == 80
     assert s.ratio(0) == W0 and s.ratio(5) == pytest.approx(W0 + (1 - W0) * 0.5)
     assert [s.ratio(i) for i in (10, 50, 79)] == [1.0, 1.0, 1.0]
@@ -38,7 +56,7 @@ def test_wsd_warms_up_holds_then_decays_to_the_floor() -> None:
     ("decay_type", "halfway"), [("linear", 0.5), ("cosine", 0.5), ("sqrt", math.sqrt(0.5))]
 )
 def test_wsd_decay_shapes(decay_type: str, halfway: float) -> None:
-    s = schedules.client_schedule("wsd", 100, 0, 0.0, 0.5, decay_type, None)
+    s = client_schedule("wsd", 100, 0, 0.0, 0.5, decay_type, None)
     assert s.ratio(49) == 1.0 and s.ratio(99) == pytest.approx(0.0)
     assert s.ratio(74) == pytest.approx(1 - halfway)  # progress 25/50
     if decay_type == "cosine":
@@ -46,16 +64,16 @@ def test_wsd_decay_shapes(decay_type: str, halfway: float) -> None:
 
 
 def test_decay_from_step_cools_down_from_there_and_linear_decays_after_warm_up() -> None:
-    s = schedules.client_schedule("wsd", 1000, 10, 0.1, 0.2, "linear", decay_from_step=300)
+    s = client_schedule("wsd", 1000, 10, 0.1, 0.2, "linear", decay_from_step=300)
     assert s.decay_start == 300 and s.ratio(299) == 1.0 and s.ratio(999) == pytest.approx(0.1)
-    linear = schedules.client_schedule("linear", 110, 10, 0.0, 0.2, "linear", None)
+    linear = client_schedule("linear", 110, 10, 0.0, 0.2, "linear", None)
     assert linear.ratio(9) < 1 and linear.ratio(59) == pytest.approx(0.5) and linear.ratio(109) == 0.0
 
 
 def test_what_deepspeed_gets_per_schedule() -> None:
-    cosine = settings("--min_lr_ratio", "0.05").build(1, 100)["scheduler"]
+    cosine = settings("--min_lr_ratio", "0.05").deepspeed_json(1, 100)["scheduler"]
     assert cosine["type"] == "WarmupCosineLR" and cosine["params"]["cos_min_ratio"] == 0.05
-    constant = settings("--lr_schedule", "constant").build(1, 100)["scheduler"]
+    constant = settings("--lr_schedule", "constant").deepspeed_json(1, 100)["scheduler"]
     assert constant == {
         "type": "WarmupLR",
         "params": {
@@ -67,8 +85,8 @@ def test_what_deepspeed_gets_per_schedule() -> None:
     }
     for kind in ("wsd", "linear"):  # DeepSpeed has no such scheduler: a torch LambdaLR runs it
         s = settings("--lr_schedule", kind)
-        assert "scheduler" not in s.build(1, 100) and s.client_schedule(100) is not None
-    assert settings().client_schedule(100) is None
+        assert "scheduler" not in s.deepspeed_json(1, 100) and s.schedule.client(100) is not None
+    assert settings().schedule.client(100) is None
 
 
 def test_lr_at_is_what_the_scheduler_that_trains_gives() -> None:
@@ -86,11 +104,13 @@ def test_lr_at_is_what_the_scheduler_that_trains_gives() -> None:
 def test_warmup_ratio_and_a_warmup_longer_than_the_run() -> None:
     s = settings("--warmup_ratio", "0.05")
     assert (
-        s.warmup_steps_for(1000) == 50 and s.build(1, 1000)["scheduler"]["params"]["warmup_num_steps"] == 50
+        s.schedule.warmup_for(1000) == 50
+        and s.deepspeed_json(1, 1000)["scheduler"]["params"]["warmup_num_steps"] == 50
     )
     short = settings()  # warm-up 10
     assert (
-        short.warmup_steps_for(3) == 3 and short.build(1, 3)["scheduler"]["params"]["warmup_num_steps"] == 3
+        short.schedule.warmup_for(3) == 3
+        and short.deepspeed_json(1, 3)["scheduler"]["params"]["warmup_num_steps"] == 3
     )
 
 
@@ -162,16 +182,18 @@ def test_bad_schedule_combinations_found_when_resolving(tmp_path: Path) -> None:
         ConfigError, match="has its own scheduler WarmupLR: drop the flag or the scheduler section"
     ):
         settings("--deepspeed_config", str(own), "--lr_schedule", "wsd")
-    assert settings("--deepspeed_config", str(own)).schedule == "WarmupLR"  # the file's own, without the flag
+    assert (
+        settings("--deepspeed_config", str(own)).schedule.kind == "WarmupLR"
+    )  # the file's own, without the flag
     s = settings("--lr_schedule", "wsd", "--decay_from_step", "150")
     with pytest.raises(ConfigError, match="--decay_from_step 150 is beyond the run's 100 steps"):
-        s.client_schedule(100)
+        s.schedule.client(100)
 
 
 def test_schedule_flags_a_config_without_a_scheduler_would_ignore_are_errors(tmp_path: Path) -> None:
     bare = tmp_path / "bare.json"
     bare.write_text(json.dumps({"optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}))
-    assert settings("--deepspeed_config", str(bare)).schedule == "none"
+    assert settings("--deepspeed_config", str(bare)).schedule.kind == "none"
     for flag, value in (("--min_lr_ratio", "0.2"), ("--warmup_ratio", "0.1")):
         with pytest.raises(
             ConfigError, match=f"{flag} does not apply to .*bare.json, which has no scheduler"
@@ -185,5 +207,5 @@ def test_a_zero_warmup_under_deepspeeds_scheduler_is_one_line() -> None:
     with pytest.raises(
         ConfigError, match="a warm-up of 0 steps: DeepSpeed's WarmupCosineLR needs at least 1"
     ):
-        settings("--warmup_ratio", "0.001").build(1, 100)
+        settings("--warmup_ratio", "0.001").deepspeed_json(1, 100)
     assert settings("--lr_schedule", "wsd", "--warmup_steps", "0").lr_at(10, [1]) == [1.0]

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from model_utils.config import deepspeed_file
 from model_utils.config.arguments import CUDA_GLOBAL_BATCH_TOKENS, parse_args
-from model_utils.engines import deepspeed_config
 from model_utils.errors import ConfigError
-from model_utils.resolve import batch_layout, resolver
+from model_utils.repo import REPO_ROOT
+from model_utils.resolve import batch_layout, resolver, train_settings
 from model_utils.resolve.memory_estimate import GiB
 
 
@@ -63,10 +64,10 @@ def test_global_batch_tokens_errors_and_run_file_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="both given: keep one of them"):
         parse_args(["--config", str(run)])
     fixed = tmp_path / "ds.json"
-    ds = json.loads(Path(deepspeed_config.REPO_ROOT / "deepspeed/ds_config.json").read_text())
+    ds = json.loads(Path(REPO_ROOT / "deepspeed/ds_config.json").read_text())
     fixed.write_text(json.dumps({**ds, "gradient_accumulation_steps": 4}))
     with pytest.raises(ConfigError, match='sets gradient_accumulation_steps = 4: set it to "auto"'):
-        deepspeed_config.resolve(
+        train_settings.resolve(
             parse_args(["--global_batch_tokens", "4096", "--deepspeed_config", str(fixed)])
         )
 
@@ -121,21 +122,21 @@ def test_the_default_config_on_cuda_is_gpu_only_where_the_estimate_fits(
     at seq 2048, micro batch 1, fits an 80 GiB H100 without offload and not a 16 GiB GPU."""
     cfg = parse_args(["--model", "qwen3-0.6b", "--seq_length", "2048", "--liger", "off"])
     on_h100 = resolver.resolve_settings(cfg, gpu_bytes=80 * GiB, world_size=1)
-    assert on_h100.deepspeed.path == deepspeed_config.GPU_CONFIG
+    assert on_h100.train.path == "deepspeed/ds_config_gpu.json"
     line = capsys.readouterr().out
     used = float(line.split("estimated ")[1].split(" GiB")[0])
     assert 5 < used < 0.9 * 80  # the estimate of GPU-only at micro batch 1, which the offload default is not
     assert (
-        f"deepspeed config: {deepspeed_config.GPU_CONFIG} (GPU-only: estimated {used} GiB of 80 GiB per GPU)"
+        f"deepspeed config: {'deepspeed/ds_config_gpu.json'} (GPU-only: estimated {used} GiB of 80 GiB per GPU)"
         in line
     )
     small = resolver.resolve_settings(cfg, gpu_bytes=int(used / 0.9 * GiB) - GiB, world_size=1)
-    assert small.deepspeed.path == "deepspeed/ds_config.json"
+    assert small.train.path == "deepspeed/ds_config.json"
     assert "(CPU optimizer offload: GPU-only needs an estimated" in capsys.readouterr().out
     # Without a GPU (the batch host, CPU ranks) the default stays, and a given config is never replaced.
-    assert resolver.resolve_settings(cfg).deepspeed.path == "deepspeed/ds_config.json"
+    assert resolver.resolve_settings(cfg).train.path == "deepspeed/ds_config.json"
     for flags in (["--deepspeed_config", "deepspeed/ds_config.json"], ["--backend", "fsdp"]):
         given = parse_args([*flags, "--seq_length", "32"])
-        assert not deepspeed_config.default_in_use(given)
-        path = resolver.resolve_settings(given, gpu_bytes=80 * GiB).deepspeed.path
-        assert path == deepspeed_config.given(given)[0] and "deepspeed config:" not in capsys.readouterr().out
+        assert not deepspeed_file.default_in_use(given)
+        path = resolver.resolve_settings(given, gpu_bytes=80 * GiB).train.path
+        assert path == deepspeed_file.given(given)[0] and "deepspeed config:" not in capsys.readouterr().out

@@ -17,11 +17,10 @@ import torch
 
 from dskit import cli
 from model_utils.config.arguments import CUDA_GLOBAL_BATCH_TOKENS, parse_args
-from model_utils.engines import deepspeed_config
 from model_utils.errors import ConfigError
 from model_utils.launch import startup
 from model_utils.model import kernels
-from model_utils.resolve import micro_batch_probe, resolver
+from model_utils.resolve import micro_batch_probe, resolver, train_settings
 from support.fake_gpu import FakeGpuMemory
 from support.pretrained import tiny_model
 
@@ -92,9 +91,7 @@ def test_auto_micro_batch_finds_what_fits_beside_deepspeed_on_a_fake_gpu(
     offloaded, on_gpu = settings(offload=True), settings(offload=False)
     # What forward and backward take at each size with no ballast (weights, gradients, activations): the
     # probe itself, on the unlimited fake.
-    probe = micro_batch_probe._GpuProbe(
-        offloaded.model_config, offloaded.deepspeed.torch_dtype(), _PLAIN, 32, 0
-    )
+    probe = micro_batch_probe._GpuProbe(offloaded.model_config, offloaded.train.torch_dtype(), _PLAIN, 32, 0)
     peaks = {}
     for batch in (1, 2, 4, 8):
         assert probe(batch)
@@ -104,7 +101,7 @@ def test_auto_micro_batch_finds_what_fits_beside_deepspeed_on_a_fake_gpu(
     n_params = _n_params(offloaded)
     reserve = {
         name: micro_batch_probe.gpu_reserve_bytes(
-            s.deepspeed.build(micro_batch_size=1, total_steps=1), n_params, 1
+            s.train.deepspeed_json(micro_batch_size=1, total_steps=1), n_params, 1
         )
         for name, s in (("offloaded", offloaded), ("on_gpu", on_gpu))
     }
@@ -164,7 +161,7 @@ def test_cuda_ranks_default_to_auto_micro_batch_and_the_global_batch(
     flags = ["--seq_length", "32", "--liger", "off", "--data_cache_dir", str(tmp_path / "cache")]
     flags += ["--checkpoint_dir", str(tmp_path / "ckpt")]
     settings = resolver.resolve_settings(parse_args(flags))
-    reserve = micro_batch_probe.gpu_reserve_bytes(settings.deepspeed.build(1, 1), _n_params(settings), 1)
+    reserve = micro_batch_probe.gpu_reserve_bytes(settings.train.deepspeed_json(1, 1), _n_params(settings), 1)
     fake_gpu.total_memory = reserve + 2**24  # 16 MiB beside DeepSpeed's reserve: a few sequences of 32 fit
     run = resolver.prepare(settings.config, world_size=1, settings=settings)
     micro = run.micro_batch_size
@@ -176,11 +173,10 @@ def test_cuda_ranks_default_to_auto_micro_batch_and_the_global_batch(
     # The ranks resolve the settings themselves: on a GPU this roomy the default config is the GPU-only one.
     given = resolver.prepare(parse_args([*flags, "--micro_batch_size", "2"]), world_size=1)
     assert (given.micro_batch_size, given.gradient_accumulation_steps) == (2, 1)
-    assert given.settings.deepspeed.path == deepspeed_config.GPU_CONFIG
+    assert given.settings.train.path == "deepspeed/ds_config_gpu.json"
     out = capsys.readouterr().out
     assert (
-        "CUDA batch default" not in out
-        and f"deepspeed config: {deepspeed_config.GPU_CONFIG} (GPU-only" in out
+        "CUDA batch default" not in out and "deepspeed config: deepspeed/ds_config_gpu.json (GPU-only" in out
     )
 
 
@@ -238,7 +234,7 @@ def test_probe_result_is_cached_per_key(tmp_path: Path) -> None:
 
 
 def test_reserve_follows_the_deepspeed_config() -> None:
-    from model_utils.engines.deepspeed_config import load_deepspeed_json
+    from model_utils.config.deepspeed_file import load_deepspeed_json
 
     n = 600_000_000
     offload = load_deepspeed_json("deepspeed/ds_config.json")
@@ -257,7 +253,7 @@ def test_reserve_follows_the_deepspeed_config() -> None:
 def test_auto_micro_batch_flag_and_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = parse_args(["--micro_batch_size", "auto"])
     assert cfg.optim.micro_batch_size == "auto"
-    assert deepspeed_config.resolve(cfg).micro_batch_size == "auto"  # DeepSpeed checked it with 1
+    assert train_settings.resolve(cfg).micro_batch_size == "auto"  # DeepSpeed checked it with 1
     assert (
         cli.main(["config", "--micro_batch_size", "auto", "--data_cache_dir", str(tmp_path / "cache")]) == 0
     )
@@ -269,7 +265,7 @@ def test_auto_micro_batch_flag_and_config(tmp_path: Path, capsys: pytest.Capture
     with pytest.raises(
         ConfigError, match="--micro_batch_size auto disagrees with train_micro_batch_size_per_gpu"
     ):
-        deepspeed_config.resolve(
+        train_settings.resolve(
             parse_args(["--micro_batch_size", "auto", "--deepspeed_config", str(explicit)])
         )
     with pytest.raises(ConfigError, match="expected an integer or 'auto', got 'big'"):
