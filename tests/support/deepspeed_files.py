@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from model_utils.config.arguments import parse_args
 from model_utils.resolve import train_settings
 
 DEFAULT = Path(__file__).resolve().parents[2] / "deepspeed" / "ds_config.json"
@@ -31,6 +32,11 @@ def write_ds(tmp_path: Path, cfg: dict | str) -> str:
     path = tmp_path / "ds.json"
     path.write_text(cfg if isinstance(cfg, str) else json.dumps(cfg))
     return str(path)
+
+
+def resolve_ds(argv: list[str]) -> Any:
+    """The train settings of these flags (the DeepSpeed config read, checked and joined with the flags)."""
+    return train_settings.resolve(parse_args(argv))
 
 
 def ds_dict(cfg: Any, total_steps: int | None = None) -> dict:

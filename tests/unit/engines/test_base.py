@@ -5,6 +5,7 @@ test_fsdp.py, test_guarded_runs.py)."""
 from __future__ import annotations
 
 import inspect
+import typing
 
 import pytest
 
@@ -25,16 +26,18 @@ def methods() -> set[str]:
     }
 
 
-def class_attributes() -> set[str]:
-    """What every engine class says about itself (ClassVar[bool]); `module` is an instance's."""
-    return set(inspect.get_annotations(Engine)) - {"module"}
+def class_attributes() -> dict[str, object]:
+    """What every engine class says about itself (its ClassVars), with the type each must have; `module` is an
+    instance's."""
+    hints = typing.get_type_hints(Engine)
+    return {name: typing.get_args(hint)[0] for name, hint in hints.items() if name != "module"}
 
 
 @pytest.mark.parametrize("engine", ENGINES, ids=lambda e: e.__name__)
 def test_each_engine_implements_the_whole_seam(engine: type) -> None:
     assert {"train_step", "save", "load", "convert_universal", "close"} <= methods()
     assert "reshards_on_load" in class_attributes()
-    missing = [name for name in sorted(methods() | class_attributes()) if not hasattr(engine, name)]
+    missing = [name for name in sorted(methods() | set(class_attributes())) if not hasattr(engine, name)]
     assert missing == [], f"{engine.__name__} lacks {missing}"
     for name in methods():
         ours, declared = inspect.signature(getattr(engine, name)), inspect.signature(getattr(Engine, name))
@@ -44,8 +47,8 @@ def test_each_engine_implements_the_whole_seam(engine: type) -> None:
             engine.__name__,
             name,
         )  # static stays static
-    for name in class_attributes():
-        assert isinstance(getattr(engine, name), bool), (engine.__name__, name)
+    for name, kind in class_attributes().items():
+        assert isinstance(getattr(engine, name), kind), (engine.__name__, name, kind)
 
 
 def test_only_an_engine_that_cannot_reshard_converts() -> None:
