@@ -44,3 +44,36 @@ def test_a_tree_without_circles_has_none(tmp_path: Path) -> None:
     _, edges, _ = import_graph.graph(src, ("pkg",))
     assert edges["pkg.a"] == {"pkg.b"}
     assert import_graph.circles(edges) == []
+
+
+def test_the_documented_command_reports_the_structure() -> None:
+    """`python tools/import_graph.py` (docs/architecture.md), as a person runs it: no circle, every subpackage."""
+    import subprocess
+    import sys
+
+    repo = Path(import_graph.__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "tools/import_graph.py"], cwd=repo, capture_output=True, text=True, check=True
+    ).stdout
+    assert "import circles: 0" in out
+    for sub in (
+        "config",
+        "resolve",
+        "model",
+        "optim",
+        "data",
+        "storage",
+        "checkpoint",
+        "engines",
+        "observe",
+        "loop",
+    ):
+        assert f"  {sub}: " in out, sub
+    edges = subprocess.run(
+        [sys.executable, "tools/import_graph.py", "--edges"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "model_utils.loop.trainer -> model_utils.engines" in edges

@@ -32,6 +32,7 @@ from dskit.sagemaker import entry
 from dskit.sagemaker.values import DEFAULT_IMAGE, SageMakerValues, bucket_of, load, redact_arn
 from model_utils.errors import CommandParser, ConfigError, first_line
 from model_utils.launch import launch_env
+from model_utils.observe import step_line
 from model_utils.repo import REPO_ROOT as REPO
 
 SOURCE_ARCHIVE = "sourcedir.tar.gz"
@@ -52,17 +53,19 @@ cd "$src"
 export PYTHONPATH="$src/src${PYTHONPATH:+:$PYTHONPATH}"
 exec python3 -m dskit.sagemaker.entry
 """
-# SageMaker metric definitions: regexes over the rank-0 step and validation lines (model_utils/observe/step_line.py),
-# first group the value. Plain groups only (no look-arounds or non-capturing groups).
-_NUMBER = r"([-+]?[0-9][0-9.eE+-]*|nan|inf)"
+# SageMaker metric definitions: regexes over the rank-0 step and validation lines, made by step_line, which renders
+# those lines (so the two cannot drift apart).
 METRIC_DEFINITIONS = [
-    {"Name": "train:loss", "Regex": r"Step [0-9]+/[0-9]+ \| Loss " + _NUMBER},
-    {"Name": "train:lr", "Regex": r"\| lr " + _NUMBER},
-    {"Name": "train:grad_norm", "Regex": r"\| grad_norm " + _NUMBER},
-    {"Name": "train:tokens_per_s", "Regex": r"\| tokens/s " + _NUMBER},
-    {"Name": "train:mfu_percent", "Regex": r"\| MFU " + _NUMBER + "%"},
-    {"Name": "validation:loss", "Regex": r"\| Validation Loss " + _NUMBER},
-    {"Name": "validation:perplexity", "Regex": r"\| Perplexity " + _NUMBER},
+    {"Name": name, "Regex": step_line.metric_regex(label)}
+    for name, label in (
+        ("train:loss", "Loss"),
+        ("train:lr", "lr"),
+        ("train:grad_norm", "grad_norm"),
+        ("train:tokens_per_s", "tokens/s"),
+        ("train:mfu_percent", "MFU"),
+        ("validation:loss", "Validation Loss"),
+        ("validation:perplexity", "Perplexity"),
+    )
 ]
 _SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "KEY", "CREDENTIAL")
 

@@ -75,6 +75,28 @@ _PATTERNS: tuple[tuple[Field, re.Pattern[str]], ...] = tuple(
 )
 
 
+# Log scrapers with a regex engine of their own (SageMaker's metric definitions) get plain groups and classes only:
+# no look-arounds, no non-capturing groups, the first group the value.
+PLAIN_NUMBER = r"([-+]?[0-9][0-9.eE+-]*|nan|inf)"
+
+
+def metric_regex(label: str) -> str:
+    """A regex that captures the (first) number after `label` in a step or validation line, for log scrapers
+    (SageMaker's metric definitions). The step line's first field is anchored on the step counter, so `Loss`
+    never matches the validation line's `Validation Loss`."""
+    fields = (*STEP_FIELDS, *VALIDATION_FIELDS)
+    field = next(f for f in fields if f.label == label)
+    before, _, after = field.template.partition("{}")
+    unit = "" if "{}" in after else after  # a second number follows (tokens/s (N/device)): capture the first
+    where = r"Step [0-9]+/[0-9]+ \| " if field is STEP_FIELDS[0] else r"\| "
+    return where + _plain_escape(f"{label} {before}") + PLAIN_NUMBER + _plain_escape(unit)
+
+
+def _plain_escape(text: str) -> str:
+    """Regex metacharacters escaped, nothing else (re.escape also escapes spaces, which other engines misread)."""
+    return re.sub(r"([.^$*+?{}\[\]\\|()])", r"\\\1", text)
+
+
 def format_duration(seconds: float) -> str:
     seconds = max(0, int(seconds))
     hours, rest = divmod(seconds, 3600)

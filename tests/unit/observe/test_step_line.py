@@ -142,3 +142,30 @@ def test_error_line_round_trips() -> None:
     assert step_line.parse_error(step_line.error_line(message)) == message
     assert step_line.parse_error(f"node1 | error: {message}\n") == message
     assert step_line.parse_error(STAMP + "WARNING: retry after error: timed out") is None
+
+
+def test_metric_regexes_capture_each_number_of_a_rendered_line() -> None:
+    """The regexes log scrapers get (SageMaker's metric definitions) read the numbers back from the lines rendered
+    here; the step's Loss never matches the validation line's Validation Loss."""
+    import re
+
+    record = {"step": 3, "loss": 2.5, "lr": 1e-4, "grad_norm": 0.75, "tokens_per_s": 1234.0,
+              "tokens_per_s_per_device": 617.0, "mfu": 0.125, "eta_s": 10}  # fmt: skip
+    line = "2026-11-26 12:00:00 | " + step_line.step_line(record, 10)
+    val = "2026-11-26 12:00:00 | " + step_line.validation_line(
+        {"step": 3, "val_loss": 2.25, "val_ppl": 9.49}, 10
+    )
+    read = {
+        label: re.findall(step_line.metric_regex(label), line)
+        for label in ("Loss", "lr", "grad_norm", "tokens/s", "MFU")
+    }
+    assert read == {
+        "Loss": ["2.5000"],
+        "lr": ["1.00e-04"],
+        "grad_norm": ["0.75"],
+        "tokens/s": ["1234"],
+        "MFU": ["12.5"],
+    }
+    assert re.findall(step_line.metric_regex("Loss"), val) == []
+    assert re.findall(step_line.metric_regex("Validation Loss"), val) == ["2.2500"]
+    assert re.findall(step_line.metric_regex("Perplexity"), val) == ["9.49"]
