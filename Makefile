@@ -37,8 +37,8 @@ warm: env
 	$(PY) -c "from model_utils.model import kernels; kernels.warm_deepspeed_ops(['ShareMemCommBuilder', 'CPUAdamBuilder'])"
 
 lint: env
-	.venv/bin/ruff format --check src tests examples
-	.venv/bin/ruff check src tests examples
+	.venv/bin/ruff format --check src tests examples tools
+	.venv/bin/ruff check src tests examples tools
 
 test: warm lint
 	$(PY) -m pytest tests -q
