@@ -9,7 +9,7 @@ The server (this file run as a script, one per pytest session and import environ
 imports what a training rank imports, the way src/train_deepspeed.py does (DeepSpeed and transformers through
 model_utils.launch.startup, then the runtime modules), and starts no thread. Per run it forks N ranks, each set
 up as torchrun sets up a worker: a session of its own, torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,
-LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_*, MASTER_ADDR/MASTER_PORT on a free loopback port, TORCHELASTIC_*,
+LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_*, MASTER_ADDR=localhost and a free MASTER_PORT, TORCHELASTIC_*,
 OMP_NUM_THREADS=1 with several ranks unless set) over the request's, the request's cwd and argv, stdout and
 stderr shared by all ranks (as torchrun's are), unbuffered as `python -u`; then it runs the script as __main__
 and exits through the interpreter's normal shutdown. When a rank fails the others get SIGTERM and, 30 s later,
@@ -307,7 +307,7 @@ def _serve() -> None:
 
 def _free_port() -> int:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind(("", 0))  # free on every address, as torchrun's standalone rendezvous picks it
         return sock.getsockname()[1]
 
 
@@ -385,7 +385,7 @@ def _become_rank(
     env.update(
         RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
         GROUP_RANK="0", GROUP_WORLD_SIZE="1", ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(nproc),
-        ROLE_NAME="default", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_RESTART_COUNT="0",
+        ROLE_NAME="default", MASTER_ADDR="localhost", MASTER_PORT=str(port), TORCHELASTIC_RESTART_COUNT="0",
         TORCHELASTIC_MAX_RESTARTS="0", TORCHELASTIC_RUN_ID=f"rank-pool-{port}",
         TORCHELASTIC_USE_AGENT_STORE="False", TORCH_NCCL_ASYNC_ERROR_HANDLING="1",
     )  # fmt: skip
