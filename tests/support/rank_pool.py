@@ -6,18 +6,23 @@ launcher is not what a test is about; a test of the launcher, of what a fresh ra
 signals sent through torchrun keeps the real launch (support/torchrun.py).
 
 The server (this file run as a script, one per pytest session and import environment, started on first use)
-imports what a training rank imports, the way src/train_deepspeed.py does (DeepSpeed and transformers through
-model_utils.launch.startup, then the runtime modules), and starts no thread. Per run it forks N ranks, each set
-up as torchrun sets up a worker: a session of its own, torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,
-LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_*, MASTER_ADDR=localhost and a free MASTER_PORT, TORCHELASTIC_*,
-OMP_NUM_THREADS=1 with several ranks unless set) over the request's, the request's cwd and argv, stdout and
-stderr shared by all ranks (as torchrun's are), unbuffered as `python -u`; then it runs the script as __main__
-and exits through the interpreter's normal shutdown. When a rank fails the others get SIGTERM and, 30 s later,
-SIGKILL (torchrun's close). The returncode is 0 when every rank exited 0 and 1 otherwise (torchrun's).
+imports what a training rank imports, in the order src/train_deepspeed.py imports it (DeepSpeed and transformers
+through model_utils.launch.startup), plus what ranks import while they run (the model, tokenizers, both engines,
+peft), loads DeepSpeed's CPU ops and asks py-cpuinfo once; then it starts no thread. Per run it forks N ranks,
+each set up as torchrun sets up a worker: a session of its own, torchrun's environment (RANK, LOCAL_RANK,
+WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_*, MASTER_ADDR=localhost and a free MASTER_PORT, TORCHELASTIC_*,
+OMP_NUM_THREADS=1 with several ranks unless set, and torch's threads to match) over the request's, the request's
+cwd and argv, stdout and stderr shared by all ranks (as torchrun's are), unbuffered as `python -u`. It runs the
+script as __main__ and exits as the interpreter does (non-daemon threads joined, atexit handlers, stdio flushed,
+the exit status of SystemExit or 1 after printing an uncaught exception), without tearing down the modules it
+shares with the server. When a rank fails the others get SIGTERM and, 30 s later, SIGKILL (torchrun's close).
+The returncode is 0 when every rank exited 0 and 1 otherwise (torchrun's). tests/e2e/test_rank_pool.py holds
+the pool to torchrun.
 
 What a forked rank shares with the server and a fresh process would not: modules already imported, so their
 import-time reads of the environment. Environment variables such libraries read at import (HF_*, TORCH*, DS_*,
 OMP_*, ...) are therefore part of the server's identity: a request whose values differ gets another server.
+numpy's OpenBLAS runs one thread in every rank (a fresh single rank would start one per core).
 """
 
 from __future__ import annotations
@@ -149,8 +154,10 @@ class RankPool:
             # The request's import-time environment over the default one; the rest is set per rank. OpenBLAS
             # (numpy's) would start its thread pool at import, and a process with threads must not fork: one
             # BLAS thread, as in every rank of a multi-rank run (torchrun's OMP_NUM_THREADS=1).
+            # And torch.cuda.is_available() through NVML, which leaves CUDA uninitialised (a forked rank could not
+            # use it otherwise); the ranks get the request's environment, so they ask CUDA itself.
             server_env = {k: v for k, v in ENV.items() if not k.startswith(IMPORT_TIME_ENV)}
-            server_env["OPENBLAS_NUM_THREADS"] = "1"
+            server_env.update(OPENBLAS_NUM_THREADS="1", PYTORCH_NVML_BASED_CUDA_CHECK="1")
             self._servers[key] = Server.start({**server_env, **dict(key)}, self._log_dir)
         return self._servers[key]
 
@@ -277,6 +284,8 @@ def _warm_imports() -> None:
     torch.default_generator.set_state(torch.Generator().get_state())
     global DEFAULT_THREADS
     DEFAULT_THREADS = torch.get_num_threads()  # a fresh process's, in this environment
+    if torch.cuda.is_initialized():
+        raise RuntimeError("the rank server initialised CUDA: a forked rank could not use it")
     threads = os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["main"]
     if threading.active_count() != 1 or len(threads) != 1:
         raise RuntimeError(f"the rank server started threads before forking ({len(threads)} tasks)")
