@@ -70,32 +70,36 @@ class Reference:
     def run_flags(self, ckpt: Path, metrics: Path, **kwargs: int) -> list[str]:
         return self.flags(self.cache, ckpt, metrics, **kwargs)
 
-    def copy(self, dest: Path, *tags: str, run: str = "straight", latest: bool = False) -> Path:
-        """A checkpoint dir at `dest` holding copies of these tags of the straight (or twin) run, and a `latest`
-        naming the last of them if asked: to mutate or train on without touching the shared run."""
-        dest.mkdir(parents=True)
-        for tag in tags:
-            shutil.copytree(self.work / run / tag, dest / tag)
-        if latest:
-            (dest / "latest").write_text(tags[-1])
-        return dest
+    def copy(self, dest: Path, *tags: str, latest: bool = False) -> Path:
+        """A checkpoint dir at `dest` holding copies of these tags of the straight run, and a `latest` naming the
+        last of them if asked: to change or train on without touching the shared run."""
+        return copy_tags(self.straight, dest, *tags, latest=latest)
+
+
+def copy_tags(source: Path, dest: Path, *tags: str, latest: bool = False) -> Path:
+    dest.mkdir(parents=True)
+    for tag in tags:
+        shutil.copytree(source / tag, dest / tag)
+    if latest:
+        (dest / "latest").write_text(tags[-1])
+    return dest
 
 
 def train_deepspeed_reference(work: Path) -> Reference:
-    straight_log = train(deepspeed_flags(work / "cache", work / "straight", work / "straight.jsonl"), work)
-    ref = Reference(work, deepspeed_flags, straight_log, "")
-    ref.copy(ref.twin, HALF, latest=True)
-    twin_log = train(deepspeed_flags(ref.cache, ref.twin, work / "twin.jsonl"), work)
+    cache = work / "cache"
+    straight_log = train(deepspeed_flags(cache, work / "straight", work / "straight.jsonl"), work)
+    copy_tags(work / "straight", work / "twin", HALF, latest=True)
+    twin_log = train(deepspeed_flags(cache, work / "twin", work / "twin.jsonl"), work)
     return Reference(work, deepspeed_flags, straight_log, twin_log)
 
 
 def train_fsdp_reference(work: Path) -> Reference:
-    straight_log = train(fsdp_flags(work / "cache", work / "straight", work / "straight.jsonl"), work)
-    ref = Reference(work, fsdp_flags, straight_log, "")
-    ref.copy(ref.twin, HALF, "tiny_qwen3-8steps")
-    shard = ref.twin / "tiny_qwen3-8steps" / "dcp" / "__1_0.distcp"
+    cache = work / "cache"
+    straight_log = train(fsdp_flags(cache, work / "straight", work / "straight.jsonl"), work)
+    twin = copy_tags(work / "straight", work / "twin", HALF, "tiny_qwen3-8steps")
+    shard = twin / "tiny_qwen3-8steps" / "dcp" / "__1_0.distcp"
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 1
     shard.write_bytes(bytes(data))
-    twin_log = train(fsdp_flags(ref.cache, ref.twin, work / "twin.jsonl"), work)
+    twin_log = train(fsdp_flags(cache, twin, work / "twin.jsonl"), work)
     return Reference(work, fsdp_flags, straight_log, twin_log)
