@@ -24,7 +24,6 @@ from model_utils.errors import ConfigError
 from model_utils.storage import file_manifest
 from support.rank_pool import ENV, run_ranks
 from support.reference_runs import HALF, Reference
-from support.torchrun import run_torchrun
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -361,10 +360,7 @@ def test_disk_full_during_save_is_a_clear_error_and_keeps_older_checkpoints(
     ckpt = mount / "ck"
     try:
         shutil.copytree(base, ckpt)
-        # torchrun, not the rank pool: ranks forked together reach the full disk together, and then rank 1 can
-        # write its shard into the space rank 0's clean-up just freed, leaving a staging dir behind (a race in
-        # protocol.save's error path that the staggered start of torchrun's workers rarely meets).
-        proc = run_torchrun([*args, "--checkpoint_dir", str(ckpt)])
+        proc = run_ranks([*args, "--checkpoint_dir", str(ckpt)])
         tail = (proc.stdout + proc.stderr)[-3000:]
         assert proc.returncode != 0, tail
         errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
