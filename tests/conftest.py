@@ -1,6 +1,8 @@
 """Shared fixtures and hooks for tests/unit, tests/e2e and tests/slurm.
 
 - `single_rank`: one in-process gloo process group of one rank, for tests that drive the real Trainer.
+- `rank_pool` (session, autouse): ends the rank servers of tests/support/rank_pool.py that the session's runs
+  started (each starts on its first run: a session without multi-rank runs starts none).
 - `moto_endpoint`, `s3`, `denied_server`, `s3_denied`: a real S3 API (moto server) on loopback, and
   `no_secret_in_output` (tests/support/s3_server.py).
 - Tests marked `gpu` are skipped, with the reason, where torch sees no CUDA GPU (one hook, not a skipif each).
@@ -10,9 +12,11 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterator
 
 import pytest
 
+from support import rank_pool as pool
 from support.s3_server import (  # noqa: F401  (fixtures)
     denied_server,
     moto_endpoint,
@@ -33,6 +37,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("gpu"):
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def rank_pool() -> Iterator[pool.RankPool]:
+    """The rank pool multi-rank runs fork their ranks from (support.rank_pool.run_ranks uses this one)."""
+    try:
+        yield pool.POOL
+    finally:
+        pool.POOL.close()
 
 
 @pytest.fixture(scope="session")

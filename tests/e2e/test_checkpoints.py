@@ -1,6 +1,8 @@
-"""Checkpoints that never lie, against real saves: the crash tests (marked e2e) kill a real 2-rank DeepSpeed run
-with SIGKILL at each point of a save, then check what the next start resumes from; a world-size change, a full
-disk and the S3 tier. The tests on tag directories built by hand are beside the code: tests/unit/checkpoint/
+"""Checkpoints that never lie, against real saves: the crash tests (marked e2e) SIGKILL a rank at each point of a
+save, then check what the next start resumes from: 2 ranks saving through the protocol with a fake engine for
+every point, a real 2-rank DeepSpeed run for one (the others start from the DeepSpeed reference run's tags,
+tests/support/reference_runs.py; all ranks are the rank pool's, tests/support/rank_pool.py); a world-size change, a
+full disk and the S3 tier. The tests on tag directories built by hand are beside the code: tests/unit/checkpoint/
 (test_protocol.py, test_launch_record.py) and tests/unit/storage/test_file_manifest.py.
 """
 
@@ -8,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -18,8 +21,8 @@ from model_utils import engines
 from model_utils.checkpoint import protocol
 from model_utils.engines.deepspeed_engine import MODEL_STATES
 from model_utils.storage import file_manifest
-from support.torchrun import ENV
-from support.torchrun import run_torchrun as torchrun
+from support.rank_pool import ENV, run_ranks
+from support.reference_runs import HALF, Reference
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,16 +31,16 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def base_checkpoints(tmp_path_factory) -> tuple[Path, list[str]]:
-    """Verified checkpoints at steps 2 and 4, and the flags that continue them to step 8."""
+def base_checkpoints(deepspeed_reference: Reference, tmp_path_factory) -> tuple[Path, list[str]]:
+    """Verified checkpoints at steps 2 and 4 (the DeepSpeed reference run's), and the flags that continue them
+    to step 8 (saving every 2 steps)."""
     root = tmp_path_factory.mktemp("ckpt")
-    common = [
-        "--checkpoint_freq", "2", "--logging_freq", "1", "--seq_length", "64", "--validation_fraction", "0",
-        "--data_cache_dir", str(root / "cache"),
-    ]  # fmt: skip
-    proc = torchrun([*common, "--max_steps", "4", "--checkpoint_dir", str(root / "base")])
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    return root / "base", [*common, "--max_steps", "8"]
+    base = deepspeed_reference.copy(root / "base", "tiny_qwen3-2steps", HALF, latest=True)
+    args = deepspeed_reference.run_flags(base, Path("none"))
+    for flag in ("--checkpoint_dir", "--max_steps"):  # each test names its own dir; max_steps comes last
+        at = args.index(flag)
+        del args[at : at + 2]
+    return base, [*args, "--keep_checkpoints", "3", "--max_steps", "8"]
 
 
 FAULTS = {
@@ -48,18 +51,35 @@ FAULTS = {
     "before_latest": "tiny_qwen3-6steps",  # complete and verified: `latest` lagging behind does not matter
     "rank1_before_barrier": "tiny_qwen3-4steps",
 }
+FAKE_ENGINE = REPO / "tests" / "support" / "fake_engine_save.py"
+
+
+@pytest.fixture(scope="module", params=["deepspeed", "fsdp"])
+def fake_base(request: pytest.FixtureRequest, tmp_path_factory) -> tuple[str, Path]:
+    """Tags of steps 2 and 4 saved by 2 ranks through the real protocol with a fake engine, in the file layout
+    of the DeepSpeed or the FSDP engine."""
+    layout = request.param
+    base = tmp_path_factory.mktemp(f"fake-{layout}") / "base"
+    proc = run_ranks([layout, str(base), "2", "4"], script=FAKE_ENGINE)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    return layout, base
 
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("point", list(FAULTS))
 def test_kill_during_save_resumes_from_the_last_verified_checkpoint(
-    point: str, base_checkpoints, tmp_path: Path, capsys
+    point: str, fake_base: tuple[str, Path], tmp_path: Path
 ) -> None:
-    base, args = base_checkpoints
+    """The protocol's kill -9 matrix, whatever the engine: 2 ranks resume the fake engine's tag 4 and save 6 (then
+    8); the named point of that first save SIGKILLs a rank. One real kill per engine is below and in test_fsdp.py."""
+    layout, base = fake_base
     ckpt = tmp_path / "ck"
     shutil.copytree(base, ckpt)
-    crashed = torchrun([*args, "--checkpoint_dir", str(ckpt)], env={**ENV, protocol.FAULT_ENV: point})
+    saves = [layout, str(ckpt), "6", "8"]
+    crashed = run_ranks(saves, script=FAKE_ENGINE, env={**ENV, protocol.FAULT_ENV: point})
     assert crashed.returncode != 0, crashed.stdout[-2000:]
+    killed = 1 if point.startswith("rank1_") else 0
+    assert crashed.exitcodes[killed] == -signal.SIGKILL, crashed.exitcodes
     assert (
         "Resumed from" in crashed.stdout and "Saved checkpoint" not in crashed.stdout
     )  # died in its first save
@@ -67,11 +87,40 @@ def test_kill_during_save_resumes_from_the_last_verified_checkpoint(
     assert target is not None and target.tag == FAULTS[point]
     for tag in ("tiny_qwen3-2steps", "tiny_qwen3-4steps"):
         assert file_manifest.verify(ckpt / tag) is None  # older checkpoints untouched
-    if point == "mid_file":  # the finishing run: resumes from the verified tag and reaches max_steps
-        done = torchrun([*args, "--checkpoint_dir", str(ckpt)])
+    if point == "mid_file":  # a shard cut short in the staging dir; the finishing run saves to the end
+        staged = [
+            p for p in (ckpt / ".staging-tiny_qwen3-6steps").rglob("*") if p.suffix in (".pt", ".distcp")
+        ]
+        assert min(p.stat().st_size for p in staged) < max(p.stat().st_size for p in staged) // 4
+        done = run_ranks(saves, script=FAKE_ENGINE)
         assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-        assert "tiny_qwen3-4steps at step 4" in done.stdout and "Step 8/8 | Loss" in done.stdout
+        assert "tiny_qwen3-4steps at step 4" in done.stdout
         assert (ckpt / "latest").read_text() == "tiny_qwen3-8steps"
+
+
+@pytest.mark.e2e
+def test_a_real_kill_during_a_deepspeed_save_resumes_from_the_last_verified_checkpoint(
+    base_checkpoints, tmp_path: Path
+) -> None:
+    """The matrix's mid_file point on real DeepSpeed ranks: a shard cut short, then kill -9; the finishing run
+    resumes from the last verified tag and reaches max_steps."""
+    base, args = base_checkpoints
+    ckpt = tmp_path / "ck"
+    shutil.copytree(base, ckpt)
+    crashed = run_ranks([*args, "--checkpoint_dir", str(ckpt)], env={**ENV, protocol.FAULT_ENV: "mid_file"})
+    assert crashed.returncode != 0, crashed.stdout[-2000:]
+    assert crashed.exitcodes[0] == -signal.SIGKILL, crashed.exitcodes
+    assert (
+        "Resumed from" in crashed.stdout and "Saved checkpoint" not in crashed.stdout
+    )  # died in its first save
+    target = protocol.select_resume(str(ckpt), None)
+    assert target is not None and target.tag == FAULTS["mid_file"]
+    for tag in ("tiny_qwen3-2steps", "tiny_qwen3-4steps"):
+        assert file_manifest.verify(ckpt / tag) is None  # older checkpoints untouched
+    done = run_ranks([*args, "--checkpoint_dir", str(ckpt)])
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert "tiny_qwen3-4steps at step 4" in done.stdout and "Step 8/8 | Loss" in done.stdout
+    assert (ckpt / "latest").read_text() == "tiny_qwen3-8steps"
 
 
 UNIVERSAL = "world size changed from 2 to 1: resuming optimizer and lr schedule state through DeepSpeed's universal checkpoint"
@@ -85,7 +134,7 @@ def test_world_size_change_resumes_through_a_universal_copy_and_time_interval_sa
     ckpt = tmp_path / "ck"
     shutil.copytree(base, ckpt)
     # Also the time-based interval: a tiny one makes every step due, odd steps included (freq is 2).
-    proc = torchrun([*args, "--checkpoint_dir", str(ckpt), "--checkpoint_interval_minutes", "1e-6"], nproc=1)
+    proc = run_ranks([*args, "--checkpoint_dir", str(ckpt), "--checkpoint_interval_minutes", "1e-6"], nproc=1)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     copy = ckpt / "tiny_qwen3-4steps-universal"
     assert f"{UNIVERSAL} (converted in" in proc.stdout and f"to {copy})" in proc.stdout
@@ -120,17 +169,17 @@ def test_a_crash_during_the_universal_conversion_converts_again_on_the_next_star
     ckpt.mkdir()
     shutil.copytree(base / "tiny_qwen3-4steps", ckpt / "tiny_qwen3-4steps")
     one_step = [*args[:-1], "5", "--checkpoint_dir", str(ckpt)]  # --max_steps 5
-    crashed = torchrun(one_step, nproc=1, env={**ENV, protocol.FAULT_ENV: "universal_before_rename"})
+    crashed = run_ranks(one_step, nproc=1, env={**ENV, protocol.FAULT_ENV: "universal_before_rename"})
     assert crashed.returncode != 0
     assert not (ckpt / "tiny_qwen3-4steps-universal").exists()  # only the staging dir's debris
     assert protocol.select_resume(str(ckpt), None).tag == "tiny_qwen3-4steps"
-    done = torchrun(one_step, nproc=1)
+    done = run_ranks(one_step, nproc=1)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert f"{UNIVERSAL} (converted in" in done.stdout and "Step 5/5 | Loss" in done.stdout
     assert not list(ckpt.glob(".staging-*"))
     # Converted once: the next start from the same tag reuses the verified copy.
     shutil.rmtree(ckpt / "tiny_qwen3-5steps")
-    again = torchrun(one_step, nproc=1)
+    again = run_ranks(one_step, nproc=1)
     assert f"{UNIVERSAL} (reusing {ckpt}/tiny_qwen3-4steps-universal)" in again.stdout
 
 
@@ -147,7 +196,7 @@ def test_disk_full_during_save_is_a_clear_error_and_keeps_older_checkpoints(
     ckpt = mount / "ck"
     try:
         shutil.copytree(base, ckpt)
-        proc = torchrun([*args, "--checkpoint_dir", str(ckpt)])
+        proc = run_ranks([*args, "--checkpoint_dir", str(ckpt)])
         tail = (proc.stdout + proc.stderr)[-3000:]
         assert proc.returncode != 0, tail
         errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
@@ -176,14 +225,14 @@ def test_s3_tier_uploads_and_a_fresh_node_resumes_from_it(base_checkpoints, s3, 
     ckpt = tmp_path / "ck"
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1"}  # AWS_* point at the loopback server
     flags = [*args, "--checkpoint_dir", str(ckpt), "--s3_checkpoint_uri", s3.uri("runs/one")]
-    first = torchrun([*flags, "--max_steps", "4"], env=env)  # the last --max_steps wins
+    first = run_ranks([*flags, "--max_steps", "4"], env=env)  # the last --max_steps wins
     assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
     keys = s3.keys("runs/one/")
     assert "runs/one/tiny_qwen3-4steps/dskit_manifest.json" in keys
     assert "runs/one/tiny_qwen3-2steps/mp_rank_00_model_states.pt" in keys
     assert os.environ["AWS_SECRET_ACCESS_KEY"] not in first.stdout + first.stderr
     shutil.rmtree(ckpt)  # a new node, or a lost disk
-    second = torchrun(flags, env=env)
+    second = run_ranks(flags, env=env)
     assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
     assert "downloading tiny_qwen3-4steps from s3://" in second.stdout
     assert "tiny_qwen3-4steps at step 4" in second.stdout and "Step 8/8 | Loss" in second.stdout

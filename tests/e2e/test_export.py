@@ -1,8 +1,10 @@
 """`dskit export`: real ZeRO-2, ZeRO-3 and FSDP (DCP) checkpoints -> Hugging Face dirs that reproduce the trained
 engine.
 
-One short 2-rank training run per ZeRO stage and for FSDP (module-scoped), plus one torchrun of tests/support/engine_logits.py that
-loads the same tag into a DeepSpeed engine and records its logits on a fixed batch. The bad-input cases use
+Per ZeRO stage and for FSDP (module-scoped) a 2-rank run trained, stopped and resumed: for ZeRO-2 and FSDP the
+session's reference run and its resumed twin (tests/support/reference_runs.py), for ZeRO-3 one of its own; plus
+one run of tests/support/engine_logits.py that loads the resumed run's last tag into an engine and records its
+logits on a fixed batch. The ranks are the rank pool's (tests/support/rank_pool.py). The bad-input cases use
 small fake checkpoint dirs and need no training.
 """
 
@@ -19,7 +21,9 @@ import torch
 from dskit import cli
 from dskit.export import export
 from model_utils.storage import file_manifest
-from support.torchrun import train
+from support import reference_runs
+from support.rank_pool import train
+from support.reference_runs import Reference
 
 REPO = Path(__file__).resolve().parents[2]
 # ZeRO-3 through the shipped run file: optimizer and parameters offloaded to the CPU, the DeepSpeed config embedded.
@@ -30,6 +34,8 @@ CONFIGS = {
     "fsdp": "deepspeed/fsdp.json",
 }
 STEPS = 6
+# Stages whose run is the session's reference run of that engine (the kit's default config of each).
+REFERENCES = {"zero2": "deepspeed_reference", "fsdp": "fsdp_reference"}
 
 
 def config_flag(path: str) -> list[str]:
@@ -43,9 +49,10 @@ def logits_tolerance(reference: torch.Tensor) -> float:
     The exported bf16 weights are bit-identical to the engine's (both are the fp32 masters rounded to nearest)
     and the forward is the same module code in bf16 on CPU, so the logits should match exactly (they do: max
     diff 0.0 for ZeRO-2 and ZeRO-3 when this was written). One ulp allows a different reduction order in the
-    bf16 GEMMs (the ranks run with OMP_NUM_THREADS=1, this process with more threads). The neighbouring
-    checkpoint (3 steps earlier) is ~70 ulps away; test_export_of_a_tag_dir_and_through_the_cli checks that
-    margin, so a wrong tag, wrong dtype path or broken tie cannot hide inside the tolerance.
+    bf16 GEMMs (the ranks run with OMP_NUM_THREADS=1, this process with more threads). The half-way
+    checkpoint (3 or 4 steps earlier) is tens of ulps away (~70 at 3 steps when this was written);
+    test_export_of_a_tag_dir_and_through_the_cli checks that margin, so a wrong tag, wrong dtype path or broken
+    tie cannot hide inside the tolerance.
     """
     return 2.0 ** (math.floor(math.log2(reference.abs().max().item())) - 7)
 
@@ -55,13 +62,12 @@ class Trained:
     stage: str
     checkpoint_dir: Path
     tag: str
+    earlier: str  # the tag the run was resumed from, half-way
     reference: dict[str, torch.Tensor]  # the engine's {"input_ids", "logits"} at `tag`
 
 
-@pytest.fixture(scope="module", params=sorted(CONFIGS))
-def trained(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Trained:
-    stage = request.param
-    work = tmp_path_factory.mktemp(f"export-{stage}")
+def train_stopped_and_resumed(stage: str, work: Path) -> tuple[Path, str]:
+    """ZeRO-3: STEPS // 2 steps, then resumed to STEPS in the same checkpoint dir. Its dir, the resumed log."""
     ckpt = work / "ck"
     for steps in (STEPS // 2, STEPS):  # trained, stopped, resumed: the export is of the resumed run
         log = train(
@@ -73,15 +79,28 @@ def trained(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
             cwd=work,
             timeout=900,
         )  # fmt: skip
-    assert f"Resumed from {ckpt / f'tiny_qwen3-{STEPS // 2}steps'}" in log, log[-3000:]
+    return ckpt, log
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def trained(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Trained:
+    stage = request.param
+    work = tmp_path_factory.mktemp(f"export-{stage}")
+    if stage in REFERENCES:  # the reference run's twin: resumed at step 4, trained to 8 (read only here)
+        reference: Reference = request.getfixturevalue(REFERENCES[stage])
+        ckpt, log, steps = reference.twin, reference.twin_log, reference_runs.STEPS
+    else:
+        (ckpt, log), steps = train_stopped_and_resumed(stage, work), STEPS
+    earlier = f"tiny_qwen3-{steps // 2}steps"
+    assert f"Resumed from {ckpt / earlier}" in log, log[-3000:]
     tag = (ckpt / "latest").read_text().strip()
-    assert tag == f"tiny_qwen3-{STEPS}steps"
+    assert tag == f"tiny_qwen3-{steps}steps"
     train(
         [str(ckpt), tag, CONFIGS[stage], str(work / "engine.pt"), *config_flag(CONFIGS[stage])[2:]],
         script=REPO / "tests" / "support" / "engine_logits.py",
         timeout=900,
     )
-    return Trained(stage, ckpt, tag, torch.load(work / "engine.pt"))
+    return Trained(stage, ckpt, tag, earlier, torch.load(work / "engine.pt"))
 
 
 @pytest.fixture(scope="module")
@@ -151,10 +170,11 @@ def test_fp32_export_is_the_master_weights_the_bf16_export_rounds(exported: dict
 def test_export_of_a_tag_dir_and_through_the_cli(
     trained: Trained, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    earlier = trained.checkpoint_dir / "tiny_qwen3-3steps"
+    earlier = trained.checkpoint_dir / trained.earlier
     assert cli.main(["export", str(earlier), str(tmp_path / "m3")]) == 0
     assert "exported" in capsys.readouterr().out
-    # The tag, not `latest`, was exported: its logits are the 3-step model's, many tolerances away from step 6.
+    # The tag, not `latest`, was exported: its logits are the half-way model's, many tolerances away from the
+    # last tag's.
     with torch.no_grad():
         logits = load(tmp_path / "m3")(input_ids=trained.reference["input_ids"]).logits.float()
     expected = trained.reference["logits"]

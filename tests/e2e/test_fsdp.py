@@ -1,15 +1,18 @@
-"""--backend fsdp in real 2-rank runs on CPU (torchrun, gloo, FSDP2 with bf16 mixed precision): exact resume, a
-corrupt DCP shard falling back to the previous verified tag, world size 2 -> 1 -> 2 resharded by DCP with the
-optimizer state kept, and the kill -9 fault matrix of the crash-safe save.
+"""--backend fsdp in real 2-rank runs on CPU (gloo, FSDP2 with bf16 mixed precision): exact resume, a corrupt
+DCP shard falling back to the previous verified tag, world size 2 -> 1 -> 2 resharded by DCP with the optimizer
+state kept, and kill -9 during the crash-safe save.
 
-One uninterrupted 8-step run (module-scoped) is the reference every other run is compared with. Export, LoRA and
-the spike guard under FSDP are in test_export.py, test_lora_training.py and test_guarded_runs.py (their
-parametrisations include fsdp).
+The session's FSDP reference run (tests/support/reference_runs.py: 8 steps uninterrupted, and its twin resumed
+past a corrupt tag) is what every other run is compared with and starts from; the ranks are the rank pool's
+(tests/support/rank_pool.py). The kill -9 matrix of the protocol's points runs with a fake engine in
+test_checkpoints.py; here one real kill of an FSDP save. Export, LoRA and the spike guard under FSDP are in
+test_export.py, test_lora_training.py and test_guarded_runs.py (their parametrisations include fsdp).
 """
 
 from __future__ import annotations
 
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -20,19 +23,11 @@ from model_utils.checkpoint import protocol
 from model_utils.engines.fsdp_engine import STATE_FILE
 from model_utils.storage import file_manifest
 from support.metrics_file import step_records
+from support.rank_pool import ENV, run_ranks, train
+from support.reference_runs import Reference, fsdp_flags
 from support.small_trainer import make_trainer
-from support.torchrun import ENV, run_torchrun, train
 
 pytestmark = pytest.mark.e2e
-
-
-def flags(cache: Path, ckpt: Path, metrics: Path, freq: int = 4, accumulation: int = 2) -> list[str]:
-    return [
-        "--backend", "fsdp", "--max_steps", "8", "--logging_freq", "1", "--checkpoint_freq", str(freq),
-        "--validation_fraction", "0", "--warmup_steps", "2", "--micro_batch_size", "2",
-        "--gradient_accumulation_steps", str(accumulation), "--seq_length", "64",
-        "--data_cache_dir", str(cache), "--checkpoint_dir", str(ckpt), "--metrics_file", str(metrics),
-    ]  # fmt: skip
 
 
 def client_state(tag_dir: Path) -> dict:
@@ -41,12 +36,17 @@ def client_state(tag_dir: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def straight(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, dict]]:
-    """The uninterrupted run: its checkpoint dir (tags of steps 4 and 8) and its step records."""
+def straight(
+    fsdp_reference: Reference, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, dict[int, dict]]:
+    """The uninterrupted run: a work dir whose ck/ is its checkpoint dir (tags of steps 4 and 8, read only) and
+    cache/ its data cache, and its step records."""
     work = tmp_path_factory.mktemp("fsdp")
-    out = train(flags(work / "cache", work / "ck", work / "straight.jsonl"), work)
+    (work / "ck").symlink_to(fsdp_reference.straight)
+    (work / "cache").symlink_to(fsdp_reference.cache)
+    out = fsdp_reference.straight_log
     assert "Weight decay 0.1 on 15 tensors (229,376 parameters), none on 9 (384; norms, biases)" in out
-    records = step_records(work / "straight.jsonl")
+    records = fsdp_reference.straight_records()
     assert sorted(records) == list(range(1, 9))
     return work, records
 
@@ -75,19 +75,17 @@ def test_dcp_layout_inside_the_crash_safe_protocol(straight) -> None:
     assert (work / "ck" / "latest").read_text() == "tiny_qwen3-8steps"
 
 
-def test_resume_is_exact_and_a_corrupt_shard_falls_back_to_the_previous_tag(straight) -> None:
-    """Tags 4 and 8 of the straight run, one byte of tag 8's rank-1 shard flipped: the start skips tag 8 with a
-    warning, resumes tag 4 and trains steps 5-8 with the straight run's losses (within 1e-4) and lrs."""
+def test_resume_is_exact_and_a_corrupt_shard_falls_back_to_the_previous_tag(
+    straight, fsdp_reference: Reference
+) -> None:
+    """The reference's twin: tags 4 and 8 of the straight run, one byte of tag 8's rank-1 shard flipped; the start
+    skips tag 8 with a warning, resumes tag 4 and trains steps 5-8 with the straight run's losses (within 1e-4)
+    and lrs."""
     work, full = straight
-    ckpt = start_from(work, "corrupt", work / "ck" / "tiny_qwen3-4steps", work / "ck" / "tiny_qwen3-8steps")
-    shard = ckpt / "tiny_qwen3-8steps" / "dcp" / "__1_0.distcp"
-    data = bytearray(shard.read_bytes())
-    data[len(data) // 2] ^= 1
-    shard.write_bytes(bytes(data))
-    out = train(flags(work / "cache", ckpt, work / "resumed.jsonl"), work)
+    ckpt, out = fsdp_reference.twin, fsdp_reference.twin_log
     assert "tiny_qwen3-8steps: dcp/__1_0.distcp does not match its checksum" in out
     assert "tiny_qwen3-4steps at step 4 (epoch 0, block 32" in out
-    again = step_records(work / "resumed.jsonl")
+    again = fsdp_reference.twin_records()
     assert sorted(again) == [5, 6, 7, 8]
     for step in again:
         assert abs(again[step]["loss"] - full[step]["loss"]) < 1e-4, (step, again[step], full[step])
@@ -104,7 +102,7 @@ def test_world_size_2_to_1_and_back_reshards_with_the_optimizer_state(straight) 
     (bf16 compute), so the losses agree to a tolerance, not exactly."""
     work, full = straight
     one = start_from(work, "one-rank", work / "ck" / "tiny_qwen3-4steps")
-    out = train(flags(work / "cache", one, work / "one.jsonl", freq=2, accumulation=4), work, nproc=1)
+    out = train(fsdp_flags(work / "cache", one, work / "one.jsonl", freq=2, accumulation=4), work, nproc=1)
     assert (
         "world size changed from 2 to 1: resuming optimizer and lr schedule state, resharded on load" in out
     )
@@ -116,7 +114,7 @@ def test_world_size_2_to_1_and_back_reshards_with_the_optimizer_state(straight) 
         assert again[step]["lr"] == pytest.approx(full[step]["lr"], rel=1e-6)
         assert abs(again[step]["loss"] - full[step]["loss"]) < 5e-4, (step, again[step], full[step])
     back = start_from(work, "two-again", one / "tiny_qwen3-6steps")
-    out = train(flags(work / "cache", back, work / "back.jsonl"), work)
+    out = train(fsdp_flags(work / "cache", back, work / "back.jsonl"), work)
     assert (
         "world size changed from 1 to 2: resuming optimizer and lr schedule state, resharded on load" in out
     )
@@ -128,35 +126,26 @@ def test_world_size_2_to_1_and_back_reshards_with_the_optimizer_state(straight) 
         assert abs(again[step]["loss"] - full[step]["loss"]) < 1e-3, (step, again[step], full[step])
 
 
-FAULTS = {
-    # point -> the tag the next start must resume from (the killed save was of step 6)
-    "before_manifest": "tiny_qwen3-4steps",
-    "mid_file": "tiny_qwen3-4steps",  # a DCP shard cut short in the staging dir
-    "before_rename": "tiny_qwen3-4steps",
-    "before_latest": "tiny_qwen3-6steps",  # complete and verified: `latest` lagging behind does not matter
-    "rank1_before_barrier": "tiny_qwen3-4steps",
-}
-
-
-@pytest.mark.parametrize("point", list(FAULTS))
-def test_kill_during_an_fsdp_save_resumes_from_the_last_verified_checkpoint(point: str, straight) -> None:
+def test_a_kill_during_an_fsdp_save_resumes_from_the_last_verified_checkpoint(straight) -> None:
+    """The kill -9 matrix's mid_file point (every point: test_checkpoints.py, with a fake engine) on real FSDP
+    ranks: a DCP shard cut short in the staging dir, then kill -9 during the save of step 6."""
     work, _ = straight
-    ckpt = start_from(work, f"fault-{point}", work / "ck" / "tiny_qwen3-4steps")
-    crashed = run_torchrun(
-        flags(work / "cache", ckpt, work / f"{point}.jsonl", freq=2),
+    ckpt = start_from(work, "fault-mid_file", work / "ck" / "tiny_qwen3-4steps")
+    crashed = run_ranks(
+        fsdp_flags(work / "cache", ckpt, work / "mid_file.jsonl", freq=2),
         cwd=work,
-        env={**ENV, protocol.FAULT_ENV: point},
+        env={**ENV, protocol.FAULT_ENV: "mid_file"},
     )
     assert crashed.returncode != 0, crashed.stdout[-2000:]
+    assert crashed.exitcodes[0] == -signal.SIGKILL, crashed.exitcodes
     assert (
         "Resumed from" in crashed.stdout and "Saved checkpoint" not in crashed.stdout
     )  # died in its first save
     target = protocol.select_resume(str(ckpt), None)
-    assert target is not None and target.tag == FAULTS[point]
+    assert target is not None and target.tag == "tiny_qwen3-4steps"
     assert file_manifest.verify(ckpt / "tiny_qwen3-4steps") is None  # the older checkpoint untouched
-    if point == "mid_file":
-        staged = list((ckpt / ".staging-tiny_qwen3-6steps" / "dcp").glob("*.distcp"))
-        assert staged and min(p.stat().st_size for p in staged) < max(p.stat().st_size for p in staged)
+    staged = list((ckpt / ".staging-tiny_qwen3-6steps" / "dcp").glob("*.distcp"))
+    assert staged and min(p.stat().st_size for p in staged) < max(p.stat().st_size for p in staged)
 
 
 def test_fsdp_checkpoints_go_to_s3_and_a_fresh_node_resumes_from_them(straight, s3) -> None:
@@ -167,15 +156,19 @@ def test_fsdp_checkpoints_go_to_s3_and_a_fresh_node_resumes_from_them(straight, 
     work, _ = straight
     ckpt = start_from(work, "s3", work / "ck" / "tiny_qwen3-4steps")
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1"}  # AWS_* point at the loopback server
-    run = [*flags(work / "cache", ckpt, work / "s3-1.jsonl", freq=2), "--s3_checkpoint_uri", s3.uri("fsdp")]
-    first = run_torchrun([*run, "--max_steps", "6"], env=env)  # the last --max_steps wins
+    run = [
+        *fsdp_flags(work / "cache", ckpt, work / "s3-1.jsonl", freq=2),
+        "--s3_checkpoint_uri",
+        s3.uri("fsdp"),
+    ]
+    first = run_ranks([*run, "--max_steps", "6"], env=env)  # the last --max_steps wins
     assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
     assert {"fsdp/tiny_qwen3-6steps/dcp/.metadata", "fsdp/tiny_qwen3-6steps/dcp/__1_0.distcp"} <= set(
         s3.keys("fsdp/")
     )
     shutil.rmtree(ckpt)  # a new node, or a lost disk
     run[run.index("--metrics_file") + 1] = str(work / "s3-2.jsonl")
-    second = run_torchrun(run, env=env)
+    second = run_ranks(run, env=env)
     assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
     assert "downloading tiny_qwen3-6steps from s3://" in second.stdout and "at step 6" in second.stdout
     assert "loaded the weights only" not in second.stdout  # optimizer and schedule came back too

@@ -17,8 +17,8 @@ from model_utils.errors import RunDiverged
 from model_utils.launch import launch_env
 from support.deepspeed_files import config_with
 from support.metrics_file import step_records, tensorboard_scalars
+from support.rank_pool import ENV, REPO, run_ranks, train
 from support.small_trainer import make_trainer
-from support.torchrun import ENV, REPO, run_torchrun, train
 
 pytestmark = pytest.mark.e2e
 
@@ -159,7 +159,7 @@ def test_a_skip_and_a_rollback_on_two_ranks_equal_a_run_that_never_saw_their_dat
 
 
 def test_damage_that_comes_back_after_every_rollback_stops_the_run_with_one_line(tmp_path: Path) -> None:
-    proc = run_torchrun(
+    proc = run_ranks(
         [
             *guarded_flags(tmp_path / "cache", tmp_path),
             "--spike_guard",
@@ -173,8 +173,8 @@ def test_damage_that_comes_back_after_every_rollback_stops_the_run_with_one_line
         cwd=tmp_path,
         env={**ENV, launch_env.SPIKE_FAULT: "grad@6+"},
     )
-    # The rank exits with status 4 (not 2: no flag is wrong); torchrun then fails the whole job.
-    assert proc.returncode != 0 and "exitcode  : 4" in proc.stderr, (proc.stdout + proc.stderr)[-3000:]
+    # The rank exits with status 4 (not 2: no flag is wrong); the launcher then fails the whole job.
+    assert proc.returncode != 0 and proc.exitcodes == [4], (proc.stdout + proc.stderr)[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and errors[0].startswith(
         "error: the spike guard stopped the run at step 5: grad norm"

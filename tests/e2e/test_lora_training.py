@@ -2,7 +2,8 @@
 exactly, and `dskit export` of the result (merged, and the adapter alone) reproducing the trained engine.
 
 Per ZeRO stage (module-scoped): an uninterrupted run of STEPS steps, a second run resumed from its STEPS/2
-checkpoint, and one torchrun of tests/support/engine_logits.py on the resumed run's last tag. ZeRO-3 runs through
+checkpoint, and one run of tests/support/engine_logits.py on the resumed run's last tag (ranks of the rank pool,
+tests/support/rank_pool.py). ZeRO-3 runs through
 the shipped configs/zero3-offload.yaml (optimizer and parameters offloaded to the CPU,
 stage3_param_persistence_threshold 0 so the tiny model's parameters really are partitioned) with activation
 checkpointing on. FSDP (--backend fsdp) runs with activation checkpointing too.
@@ -24,7 +25,7 @@ from dskit.export import export
 from model_utils.config.presets import PRESETS
 from support.metrics_file import step_records
 from support.pretrained import save_tiny_qwen3
-from support.torchrun import train
+from support.rank_pool import train
 
 pytestmark = pytest.mark.e2e
 

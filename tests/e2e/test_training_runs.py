@@ -1,4 +1,8 @@
-"""Real 2-rank DeepSpeed runs on CPU (gloo, ZeRO-2, CPU Adam, bf16) through torchrun subprocesses."""
+"""Real 2-rank DeepSpeed runs on CPU (gloo, ZeRO-2, CPU Adam, bf16).
+
+The runs are the rank pool's (support/rank_pool.py) except where the launcher is what is tested: the signal to
+one torchrun worker, and ./train-singlenode.sh.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +17,9 @@ import pytest
 import torch
 
 from support.metrics_file import step_records
-from support.torchrun import ENV, REPO, torchrun_cmd, train
+from support.rank_pool import train
+from support.reference_runs import Reference
+from support.torchrun import ENV, REPO, torchrun_cmd
 
 pytestmark = pytest.mark.e2e
 
@@ -35,10 +41,12 @@ def common(cache: Path, ckpt: Path, metrics_file: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path: Path, data_cache: Path) -> None:
-    straight = tmp_path / "straight"
-    out = train(common(data_cache, straight, tmp_path / "straight.jsonl"), tmp_path)
-    full = step_records(tmp_path / "straight.jsonl")
+def test_resume_continues_exactly_like_an_uninterrupted_run(deepspeed_reference: Reference) -> None:
+    """The DeepSpeed reference run (support/reference_runs.py): 8 steps straight, and its twin: "stopped" after
+    step 4 (a fresh checkpoint dir holding only the step-4 checkpoint), then trained again to 8."""
+    ref = deepspeed_reference
+    straight, out = ref.straight, ref.straight_log
+    full = ref.straight_records()
     assert sorted(full) == list(range(1, 9))  # counts optimizer steps (2 micro-batches each), stops at 8
     assert "Step 8/8 | Validation Loss" in out
     assert (straight / "latest").read_text().strip() == "tiny_qwen3-8steps"
@@ -46,14 +54,9 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path: Path, data
     assert client_state(straight / "tiny_qwen3-8steps")["tokens_seen"] == 8 * tokens_per_step
     assert client_state(straight / "tiny_qwen3-4steps")["position"] == {"epoch": 0, "consumed": 4 * 8}
 
-    # "Stop" after step 4: a fresh checkpoint dir holding only the step-4 checkpoint, then train again to 8.
-    resumed = tmp_path / "resumed"
-    resumed.mkdir()
-    shutil.copytree(straight / "tiny_qwen3-4steps", resumed / "tiny_qwen3-4steps")
-    (resumed / "latest").write_text("tiny_qwen3-4steps")
-    out = train(common(data_cache, resumed, tmp_path / "resumed.jsonl"), tmp_path)
+    resumed, out = ref.twin, ref.twin_log
     assert "Resumed from" in out and "tiny_qwen3-4steps at step 4 (epoch 0, block 32" in out
-    again = step_records(tmp_path / "resumed.jsonl")
+    again = ref.twin_records()
     assert sorted(again) == [5, 6, 7, 8]
     for step in again:
         assert abs(again[step]["loss"] - full[step]["loss"]) < 1e-4, (step, again[step], full[step])
