@@ -1,4 +1,5 @@
-"""The one way the tests start real multi-rank runs: torchrun (torch.distributed.run) as a subprocess on CPU."""
+"""Real torchrun launches (torch.distributed.run as a subprocess on CPU), for tests where the launch itself is
+under test; other multi-rank runs go through support/rank_pool.py, which keeps this module's contract."""
 
 from __future__ import annotations
 
