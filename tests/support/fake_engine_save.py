@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from model_utils.checkpoint import protocol
+from model_utils.engines import deepspeed_engine, fsdp_engine
 from model_utils.observe.log import print0
 
 MODEL = "tiny_qwen3"  # the tag names the real runs' tests expect: tiny_qwen3-<step>steps
@@ -38,11 +39,11 @@ class FakeEngine:
 
     def _shard(self, tag_dir: Path) -> Path:
         if self.layout == "fsdp":
-            return tag_dir / protocol.FSDP_DCP_DIR / f"__{self.rank}_0.distcp"
+            return tag_dir / fsdp_engine.DCP_DIR / f"__{self.rank}_0.distcp"
         return tag_dir / f"bf16_zero_pp_rank_{self.rank}_mp_rank_00_optim_states.pt"
 
     def _client_file(self, tag_dir: Path) -> Path:
-        return tag_dir / (protocol.FSDP_STATE_FILE if self.layout == "fsdp" else protocol.MODEL_STATES)
+        return tag_dir / (fsdp_engine.STATE_FILE if self.layout == "fsdp" else deepspeed_engine.MODEL_STATES)
 
     def save(self, tag_dir: Path, client_state: dict[str, Any]) -> None:
         step = client_state[protocol.CLIENT_KEY]["train_state"]["step"]
