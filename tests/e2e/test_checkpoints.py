@@ -23,6 +23,7 @@ from model_utils.engines.deepspeed_engine import MODEL_STATES
 from model_utils.storage import file_manifest
 from support.rank_pool import ENV, run_ranks
 from support.reference_runs import HALF, Reference
+from support.torchrun import run_torchrun as torchrun
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,6 +42,21 @@ def base_checkpoints(deepspeed_reference: Reference, tmp_path_factory) -> tuple[
         at = args.index(flag)
         del args[at : at + 2]
     return base, [*args, "--keep_checkpoints", "3", "--max_steps", "8"]
+
+
+@pytest.fixture(scope="module")
+def disk_full_base(tmp_path_factory) -> tuple[Path, list[str]]:
+    """Checkpoints at steps 2 and 4 of their own short run, and the flags that continue it to step 8. Not the
+    reference run's: with its tags the tmpfs below fills where rank 1 can still finish its shard after rank 0
+    cleaned up (a race in the save's error path, seen under torchrun too); these fill it on rank 0's write."""
+    root = tmp_path_factory.mktemp("disk-full")
+    common = [
+        "--checkpoint_freq", "2", "--logging_freq", "1", "--seq_length", "64", "--validation_fraction", "0",
+        "--data_cache_dir", str(root / "cache"),
+    ]  # fmt: skip
+    proc = run_ranks([*common, "--max_steps", "4", "--checkpoint_dir", str(root / "base")])
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    return root / "base", [*common, "--max_steps", "8"]
 
 
 FAULTS = {
@@ -186,9 +202,9 @@ def test_a_crash_during_the_universal_conversion_converts_again_on_the_next_star
 @pytest.mark.e2e
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
 def test_disk_full_during_save_is_a_clear_error_and_keeps_older_checkpoints(
-    base_checkpoints, tmp_path: Path
+    disk_full_base, tmp_path: Path
 ) -> None:
-    base, args = base_checkpoints
+    base, args = disk_full_base
     mount = tmp_path / "small"
     mount.mkdir()
     used = sum(p.stat().st_size for p in base.rglob("*") if p.is_file())
@@ -196,7 +212,7 @@ def test_disk_full_during_save_is_a_clear_error_and_keeps_older_checkpoints(
     ckpt = mount / "ck"
     try:
         shutil.copytree(base, ckpt)
-        proc = run_ranks([*args, "--checkpoint_dir", str(ckpt)])
+        proc = torchrun([*args, "--checkpoint_dir", str(ckpt)])
         tail = (proc.stdout + proc.stderr)[-3000:]
         assert proc.returncode != 0, tail
         errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
