@@ -16,6 +16,7 @@ import json
 import math
 import os
 import pty
+import select
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from model_utils.config.arguments import parse_args
 from model_utils.launch import launch_env
 from model_utils.launch.walltime import Decision, WalltimePlanner
 from model_utils.loop import trainer as training
+from model_utils.observe import log as rank_log
 from model_utils.resolve import resolver
 
 pytestmark = pytest.mark.e2e
@@ -57,6 +59,12 @@ def records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def _read_ready(fd: int, timeout_s: float = 10.0) -> str:
+    """What was written to the terminal `fd`; empty (never blocking) when nothing was."""
+    ready, _, _ = select.select([fd], [], [], timeout_s)
+    return os.read(fd, 1 << 16).decode() if ready else ""
+
+
 @dataclass(frozen=True)
 class Requeued:
     tmp: Path
@@ -77,6 +85,9 @@ def requeued(tmp_path_factory: pytest.TempPathFactory, single_rank) -> Requeued:
     log = tmp / "logs" / "job_123.out"
     primary, replica = pty.openpty()
     with pytest.MonkeyPatch.context() as mp:
+        # The bar opens its terminal once per process (a rank's life); an in-process Trainer of an earlier test
+        # opened it with no terminal named, so this job gets the fresh bar a new rank would have.
+        mp.setattr(rank_log, "_bar", rank_log._ProgressBar())
         mp.setenv(launch_env.LOG_FILE, str(log))
         mp.setenv(launch_env.STOP_REASON_FILE, str(tmp / "stop_reason"))
         mp.setenv(launch_env.TTY, os.ttyname(replica))
@@ -88,7 +99,7 @@ def requeued(tmp_path_factory: pytest.TempPathFactory, single_rank) -> Requeued:
                 first_state = trainer.fit()
             finally:
                 trainer.close()
-        bar = os.read(primary, 1 << 16).decode()
+        bar = _read_ready(primary)
         metrics_file = log.with_suffix(".metrics.jsonl")  # next to the launcher's log
         first = records(metrics_file)
         # The requeued job: same checkpoint dir, same log; it resumes at step 5 and continues run and file.
