@@ -44,7 +44,7 @@ test: warm lint
 	$(PY) -m pytest tests -q
 
 # The edit loop: ruff and the unit tier (tests/unit mirrors src/: no engine built, no multi-rank run, no DeepSpeed
-# op build, so no warm), about 2 minutes on 2 cores (docs/testing.md).
+# op build, so no warm), under 2 minutes on 2 cores (docs/testing.md).
 test-fast: lint
 	$(PY) -m pytest tests/unit -q
 
