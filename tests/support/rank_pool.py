@@ -31,7 +31,7 @@ from typing import Any
 
 from support import rank_server
 from support.rank_server import CLOSE_TIMEOUT_S, kill_group
-from support.torchrun import ENV, REPO, TRAIN_SCRIPT
+from support.torchrun import ENV, REPO, TRAIN_SCRIPT, succeeded
 
 # Read by torch, DeepSpeed, transformers, huggingface_hub, datasets, OpenMP or Python at import or start-up.
 IMPORT_TIME_ENV = (
@@ -204,7 +204,4 @@ def run_ranks(
 
 def train(args: list[str], cwd: Path = REPO, **kwargs: Any) -> str:
     """A run that must succeed; its stdout and stderr together (support.torchrun.train's contract)."""
-    proc = run_ranks(args, cwd=cwd, **kwargs)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
-    return out
+    return succeeded(run_ranks(args, cwd=cwd, **kwargs))

@@ -43,7 +43,11 @@ def run_torchrun(
 
 def train(args: list[str], cwd: Path = REPO, **kwargs) -> str:
     """A run that must succeed; its stdout and stderr together."""
-    proc = run_torchrun(args, cwd=cwd, **kwargs)
+    return succeeded(run_torchrun(args, cwd=cwd, **kwargs))
+
+
+def succeeded(proc: subprocess.CompletedProcess) -> str:
+    """A run's stdout and stderr together, asserting it exited 0 (its tail in the failure message)."""
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     return out

@@ -50,7 +50,7 @@ def default_in_use(cfg: TrainConfig) -> bool:
     return (
         cfg.deepspeed_inline is None
         and "deepspeed_config" not in cfg.explicit
-        and engines.engine_class(cfg.optim.backend).gpu_only_config is not None
+        and gpu_only_config(cfg) is not None
     )
 
 
