@@ -11,7 +11,7 @@ import sys
 from functools import partial
 
 from model_utils.config.arguments import parse_args
-from model_utils.errors import ConfigError, RunDiverged
+from model_utils.errors import CheckpointSaveFailed, ConfigError, RunDiverged
 from model_utils.observe.log import error_line, print0
 
 
@@ -37,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         error_line(str(e))
         return 2
+    except CheckpointSaveFailed as e:
+        error_line(str(e))
+        return 3
     except RunDiverged as e:
         error_line(str(e))
         return 4

@@ -18,6 +18,11 @@ class RunDiverged(RuntimeError):
     """The spike guard stopped the run (a requeue would only repeat it). One line, exit status 4."""
 
 
+class CheckpointSaveFailed(RuntimeError):
+    """A save that could not be written (a full disk, a lost mount); older checkpoints are intact. One line,
+    exit status 3, on every rank together."""
+
+
 def first_line(err: BaseException) -> str:
     """The first line of an exception's message (libraries raise multi-line ones), or its type's name."""
     text = str(err).strip()

@@ -23,7 +23,6 @@ from model_utils.engines.deepspeed_engine import MODEL_STATES
 from model_utils.storage import file_manifest
 from support.rank_pool import ENV, run_ranks
 from support.reference_runs import HALF, Reference
-from support.torchrun import run_torchrun as torchrun
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -44,21 +43,6 @@ def base_checkpoints(deepspeed_reference: Reference, tmp_path_factory) -> tuple[
     return base, [*args, "--keep_checkpoints", "3", "--max_steps", "8"]
 
 
-@pytest.fixture(scope="module")
-def disk_full_base(tmp_path_factory) -> tuple[Path, list[str]]:
-    """Checkpoints at steps 2 and 4 of their own short run, and the flags that continue it to step 8. Not the
-    reference run's: with its tags the tmpfs below fills where rank 1 can still finish its shard after rank 0
-    cleaned up (a race in the save's error path, seen under torchrun too); these fill it on rank 0's write."""
-    root = tmp_path_factory.mktemp("disk-full")
-    common = [
-        "--checkpoint_freq", "2", "--logging_freq", "1", "--seq_length", "64", "--validation_fraction", "0",
-        "--data_cache_dir", str(root / "cache"),
-    ]  # fmt: skip
-    proc = run_ranks([*common, "--max_steps", "4", "--checkpoint_dir", str(root / "base")])
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    return root / "base", [*common, "--max_steps", "8"]
-
-
 FAULTS = {
     # point -> the tag the next start must resume from (the killed save was of step 6)
     "before_manifest": "tiny_qwen3-4steps",
@@ -68,6 +52,7 @@ FAULTS = {
     "rank1_before_barrier": "tiny_qwen3-4steps",
 }
 FAKE_ENGINE = REPO / "tests" / "support" / "fake_engine_save.py"
+FAIL_RANK_ENV = "FAKE_ENGINE_SAVE_FAILS_ON_RANK"  # fake_engine_save.FAIL_RANK_ENV (a script, not imported)
 
 
 @pytest.fixture(scope="module", params=["deepspeed", "fsdp"])
@@ -112,6 +97,31 @@ def test_kill_during_save_resumes_from_the_last_verified_checkpoint(
         assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
         assert "tiny_qwen3-4steps at step 4" in done.stdout
         assert (ckpt / "latest").read_text() == "tiny_qwen3-8steps"
+
+
+@pytest.mark.e2e
+def test_a_write_failing_on_another_rank_stops_every_rank_with_its_reason(
+    fake_base: tuple[str, Path], tmp_path: Path
+) -> None:
+    """Rank 1's write fails (a full disk) while rank 0's goes through: rank 0 reports rank 1's reason in the one
+    error line, both ranks exit with status 3 (none left waiting in a collective), and nothing is left behind."""
+    layout, base = fake_base
+    ckpt = tmp_path / "ck"
+    shutil.copytree(base, ckpt)
+    proc = run_ranks([layout, str(ckpt), "6"], script=FAKE_ENGINE, env={**ENV, FAIL_RANK_ENV: "1"})
+    assert proc.exitcodes == [3, 3], (proc.stdout + proc.stderr)[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    staged = ckpt / ".staging-tiny_qwen3-6steps"
+    assert errors[0].startswith(
+        f"error: saving checkpoint tiny_qwen3-6steps in {ckpt} failed (rank 1: [Errno 28] No space left on "
+        f"device: '{staged}/"
+    ), errors[0]
+    assert errors[0].endswith(
+        "older checkpoints are intact: free space or pass --checkpoint_dir on a larger filesystem"
+    ), errors[0]
+    assert sorted(p.name for p in ckpt.iterdir()) == sorted(p.name for p in base.iterdir())
+    assert protocol.select_resume(str(ckpt), None).tag == "tiny_qwen3-4steps"
 
 
 @pytest.mark.e2e
@@ -202,9 +212,11 @@ def test_a_crash_during_the_universal_conversion_converts_again_on_the_next_star
 @pytest.mark.e2e
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
 def test_disk_full_during_save_is_a_clear_error_and_keeps_older_checkpoints(
-    disk_full_base, tmp_path: Path
+    base_checkpoints, tmp_path: Path
 ) -> None:
-    base, args = disk_full_base
+    """Real DeepSpeed ranks fill the disk saving step 6: both stop with exit status 3 and one error line, and
+    the ranks agree on the failure before the staging dir goes (a rank still writing cannot leave debris)."""
+    base, args = base_checkpoints
     mount = tmp_path / "small"
     mount.mkdir()
     used = sum(p.stat().st_size for p in base.rglob("*") if p.is_file())
@@ -212,9 +224,9 @@ def test_disk_full_during_save_is_a_clear_error_and_keeps_older_checkpoints(
     ckpt = mount / "ck"
     try:
         shutil.copytree(base, ckpt)
-        proc = torchrun([*args, "--checkpoint_dir", str(ckpt)])
+        proc = run_ranks([*args, "--checkpoint_dir", str(ckpt)])
         tail = (proc.stdout + proc.stderr)[-3000:]
-        assert proc.returncode != 0, tail
+        assert proc.exitcodes == [3, 3], tail
         errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
         assert len(errors) == 1, tail
         line = errors[0]

@@ -5,13 +5,17 @@ writes small files: the kill -9 matrix's engine-independent part, on real ranks 
 
 As the trainer does it: every rank resumes from the newest verified tag in CHECKPOINT_DIR (if any; rank 0 prints
 "Resumed from <tag dir> at step N"), then saves a tag of each STEP in turn with protocol.save, so a fault
-injected through DSKIT_FAULT_INJECT kills a rank at that point of the first save. Run it with
+injected through DSKIT_FAULT_INJECT kills a rank at that point of the first save, and with FAIL_RANK_ENV=R the
+first save's write fails on rank R as on a full disk (the run then ends as the trainer's does: one error line,
+exit status 3). Run it with
 support.rank_pool.run_ranks (gloo, torchrun's environment).
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,10 +24,12 @@ import torch
 
 from model_utils.checkpoint import protocol
 from model_utils.engines import deepspeed_engine, fsdp_engine
-from model_utils.observe.log import print0
+from model_utils.errors import CheckpointSaveFailed
+from model_utils.observe.log import error_line, print0
 
 MODEL = "tiny_qwen3"  # the tag names the real runs' tests expect: tiny_qwen3-<step>steps
 SHARD_FLOATS = 1 << 14  # 64 KiB per rank: a tag's largest file, so the mid_file fault cuts an engine shard
+FAIL_RANK_ENV = "FAKE_ENGINE_SAVE_FAILS_ON_RANK"
 
 
 class FakeEngine:
@@ -36,6 +42,7 @@ class FakeEngine:
     def __init__(self, rank: int, layout: str) -> None:
         self.rank, self.layout = rank, layout
         self.module = torch.nn.Linear(2, 2)
+        self.fails = os.environ.get(FAIL_RANK_ENV) == str(rank)
 
     def _shard(self, tag_dir: Path) -> Path:
         if self.layout == "fsdp":
@@ -50,10 +57,16 @@ class FakeEngine:
         shard = self._shard(tag_dir)
         shard.parent.mkdir(parents=True, exist_ok=True)  # engines make the dir they are handed
         torch.save({"shard": torch.full((SHARD_FLOATS,), float(step * 10 + self.rank))}, shard)
+        if self.fails:  # after a partial write, as a filling disk does
+            self.fails = False
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(shard))
         if self.rank == 0:
             if self.layout == "fsdp":
                 (shard.parent / ".metadata").write_bytes(b"fake DCP metadata")
             torch.save({"client_state": client_state}, self._client_file(tag_dir))
+
+    def after_failed_save(self) -> None:
+        pass  # its save runs no collectives
 
     def load(self, tag_dir: Path, weights_only: bool, universal: bool = False) -> dict[str, Any] | None:
         saved = torch.load(self._client_file(tag_dir), weights_only=False)["client_state"]
@@ -92,7 +105,11 @@ def main() -> None:
             config={},
             launch={"world_size": torch.distributed.get_world_size()},
         )
-        protocol.save(engine, request, rank, SavedAsJson("config"), SavedAsJson("tokenizer"))
+        try:
+            protocol.save(engine, request, rank, SavedAsJson("config"), SavedAsJson("tokenizer"))
+        except CheckpointSaveFailed as e:
+            error_line(str(e))
+            sys.exit(3)
     torch.distributed.destroy_process_group()
 
 

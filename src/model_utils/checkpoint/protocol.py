@@ -36,13 +36,14 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
 from model_utils import engines
 from model_utils.engines.base import Engine
-from model_utils.errors import ConfigError, first_line
+from model_utils.errors import CheckpointSaveFailed, ConfigError, first_line
 from model_utils.launch import launch_env
 from model_utils.observe import step_line
-from model_utils.observe.log import error_line, print0, warn0
+from model_utils.observe.log import print0, warn0
 from model_utils.storage import file_manifest
 
 CLIENT_KEY = "dskit"
@@ -205,15 +206,42 @@ class SaveRequest:
 
 def _write_rank_files(
     engine: Engine, req: SaveRequest, staging: Path, rank: int, model_config: Any, tokenizer: Any
-) -> None:
-    engine.save(staging, {CLIENT_KEY: {"train_state": req.train_state, "config": req.config}})
-    torch.save(_rng_state(), _rng_file(staging, rank))
-    if rank == 0:
-        model_config.save_pretrained(staging / HF_CONFIG_DIR)
-        tokenizer.save_pretrained(staging / HF_CONFIG_DIR)
-        file_manifest.atomic_write_text(
-            staging / LAUNCH_FILE, json.dumps(req.launch, indent=1, sort_keys=True, default=str)
-        )
+) -> BaseException | None:
+    """This rank's files; the error that stopped them, if any, once the engine's save is over on every rank."""
+    try:
+        engine.save(staging, {CLIENT_KEY: {"train_state": req.train_state, "config": req.config}})
+    # torch.save reports ENOSPC as RuntimeError; DCP raises CheckpointException, a BaseException.
+    except (OSError, RuntimeError, CheckpointException) as e:
+        engine.after_failed_save()
+        return e
+    try:
+        torch.save(_rng_state(), _rng_file(staging, rank))
+        if rank == 0:
+            model_config.save_pretrained(staging / HF_CONFIG_DIR)
+            tokenizer.save_pretrained(staging / HF_CONFIG_DIR)
+            file_manifest.atomic_write_text(
+                staging / LAUNCH_FILE, json.dumps(req.launch, indent=1, sort_keys=True, default=str)
+            )
+    except (OSError, RuntimeError) as e:
+        return e
+    return None
+
+
+def _first_failure(failure: BaseException | None, root: Path) -> str | None:
+    """Every rank's outcome, gathered (so also a barrier: every rank is done writing): the first failed rank's
+    reason, the same on every rank, or None when all wrote their files."""
+    reason = None
+    if failure is not None:
+        reason = first_line(failure)
+        if _out_of_space(failure, root) and os.strerror(errno.ENOSPC) not in reason:
+            reason = f"{os.strerror(errno.ENOSPC)}: {reason}"
+    reasons: list[str | None] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(reasons, reason)
+    failed = [(r, why) for r, why in enumerate(reasons) if why is not None]
+    if not failed:
+        return None
+    r, why = failed[0]
+    return why if r == 0 else f"rank {r}: {why}"
 
 
 def _commit(root: Path, staging: Path, req: SaveRequest) -> Path:
@@ -240,23 +268,18 @@ def save(engine: Engine, req: SaveRequest, rank: int, model_config: Any, tokeniz
     if rank == 0 and staging.exists():
         shutil.rmtree(staging)  # debris of a save that crashed
     torch.distributed.barrier()
-    try:
-        _write_rank_files(engine, req, staging, rank, model_config, tokenizer)
-    except (OSError, RuntimeError) as e:  # torch.save reports ENOSPC as RuntimeError
-        reason = first_line(e)
-        if _out_of_space(e, root):
-            reason = f"{os.strerror(errno.ENOSPC)}: {reason}"
-        if rank == 0:
-            shutil.rmtree(staging, ignore_errors=True)
-        error_line(
-            f"saving checkpoint {req.tag} in {root} failed ({reason}); older checkpoints are intact: "
-            "free space or pass --checkpoint_dir on a larger filesystem"
-        )
-        # Other ranks may wait in a collective forever; exiting lets torchrun end them all.
-        os._exit(3)
+    failure = _write_rank_files(engine, req, staging, rank, model_config, tokenizer)
     if rank == 1:
         _inject_fault("rank1_before_barrier")
-    torch.distributed.barrier()
+    failed = _first_failure(failure, root)
+    if failed is not None:
+        if rank == 0:
+            shutil.rmtree(staging, ignore_errors=True)
+        torch.distributed.barrier()  # the staging dir is gone before any rank reports
+        raise CheckpointSaveFailed(
+            f"saving checkpoint {req.tag} in {root} failed ({failed}); older checkpoints are intact: "
+            "free space or pass --checkpoint_dir on a larger filesystem"
+        )
     final = _commit(root, staging, req) if rank == 0 else None
     torch.distributed.barrier()
     print0(step_line.saved_line(root / req.tag, _throughput(root / req.tag, time.perf_counter() - started)))

@@ -112,6 +112,10 @@ class Engine(Protocol):
         """This rank's share of the model, optimizer and scheduler state, plus client_state, into tag_dir."""
         ...
 
+    def after_failed_save(self) -> None:
+        """On a rank whose save() raised: take part in the collectives the save still runs on the ranks whose
+        writes went through, so that all ranks leave the save together (none waits in one forever)."""
+
     def load(self, tag_dir: Path, weights_only: bool, universal: bool = False) -> dict[str, Any] | None:
         """Restore from tag_dir (weights only: no optimizer or scheduler state); returns the client state,
         None when tag_dir holds no state this engine can read. `universal`: tag_dir was written by

@@ -173,6 +173,11 @@ class DeepSpeedEngine:
             str(tag_dir.parent), tag=tag_dir.name, client_state=state, save_latest=False
         )
 
+    def after_failed_save(self) -> None:
+        # Every write of save_checkpoint comes after its collectives but its last, a barrier: the ranks whose
+        # writes went through wait there.
+        torch.distributed.barrier()
+
     def load(self, tag_dir: Path, weights_only: bool, universal: bool = False) -> dict[str, Any] | None:
         # `universal`: tag_dir was written by convert_universal. DeepSpeed reads its `checkpoint.load_universal`
         # config flag only while loading (engine.load_universal_checkpoint()), so it is set for this load

@@ -274,6 +274,11 @@ class FsdpEngine:
             }
             torch.save(state, tag_dir / STATE_FILE)
 
+    def after_failed_save(self) -> None:
+        # A failed DCP write raises on every rank (DCP gathers the outcome), and rank 0's own file comes after
+        # the last collective: nothing is left to join.
+        pass
+
     def load(self, tag_dir: Path, weights_only: bool, universal: bool = False) -> dict[str, Any] | None:
         import torch.distributed.checkpoint as dcp
 
