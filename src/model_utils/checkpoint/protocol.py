@@ -36,7 +36,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.distributed.checkpoint.api import CheckpointException
 
 from model_utils import engines
 from model_utils.engines.base import Engine
@@ -210,8 +209,7 @@ def _write_rank_files(
     """This rank's files; the error that stopped them, if any, once the engine's save is over on every rank."""
     try:
         engine.save(staging, {CLIENT_KEY: {"train_state": req.train_state, "config": req.config}})
-    # torch.save reports ENOSPC as RuntimeError; DCP raises CheckpointException, a BaseException.
-    except (OSError, RuntimeError, CheckpointException) as e:
+    except (OSError, RuntimeError) as e:  # torch.save reports ENOSPC as a RuntimeError
         engine.after_failed_save()
         return e
     try:

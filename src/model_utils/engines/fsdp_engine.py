@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -29,7 +30,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-from model_utils.errors import ConfigError
+from model_utils.errors import ConfigError, first_line
 from model_utils.optim import schedules
 from model_utils.optim.schedules import ScheduleSpec
 from model_utils.optim.settings import OptimSettings
@@ -265,7 +266,11 @@ class FsdpEngine:
 
         model_state, optim_state = get_state_dict(self.module, self._optimizer)
         # Every rank writes its own shards (and rank 0 the metadata) into dcp/.
-        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tag_dir / DCP_DIR))
+        try:
+            dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tag_dir / DCP_DIR))
+        except CheckpointException as e:  # a BaseException: raised as the failing rank's own error
+            rank, (error, _) = next(iter(e.failures.items()))
+            raise RuntimeError(f"rank {rank}: {first_line(error)}") from error
         if torch.distributed.get_rank() == 0:
             state = {
                 "client_state": client_state,
