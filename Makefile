@@ -40,8 +40,9 @@ lint: env
 	.venv/bin/ruff format --check src tests examples tools
 	.venv/bin/ruff check src tests examples tools
 
+# Two tiers side by side (tools/test_tiers.py): the SLURM and launcher tests mostly wait, the rest computes.
 test: warm lint
-	$(PY) -m pytest tests -q
+	$(PY) tools/test_tiers.py
 
 # The edit loop: ruff and the unit tier (tests/unit mirrors src/: no engine built, no multi-rank run, no DeepSpeed
 # op build, so no warm), under 2 minutes on 2 cores (docs/testing.md).

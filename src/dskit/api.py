@@ -5,8 +5,9 @@ training and gets back a small, serialisable result.
     result = api.train("configs/pretrain-default.yaml", flags=["--max_steps", "20"])
     result.final_step, result.validation_loss, result.checkpoint      # result.to_dict() is JSON
 
-It runs the launcher once as a subprocess, as a person would (`./train-singlenode.sh [NODE]`, or `sbatch --wait
-train.sbatch` with `slurm=True`), streams its log line by line to `on_line`, and reads the result from that log
+It runs the launcher once as a subprocess, as a person would (`./train-singlenode.sh [NODE]`, or `sbatch
+train.sbatch` with `slurm=True`, then waits for the job), streams its log line by line to `on_line`, and reads
+the result from that log
 and the files it names: the last step, the last train and validation losses, the newest checkpoint, the metrics
 file, the MLflow run. A failed run raises `TrainingFailed` with the kit's own one-line message. Nothing of the
 training runtime is imported into the calling process: the orchestrator keeps its own imports and its own
@@ -30,6 +31,13 @@ from model_utils.observe import step_line
 from model_utils.repo import REPO_ROOT
 
 _SUBMITTED = re.compile(r"^(\d+)(?:;\S+)?$")
+_LOG_END = re.compile(r"^END \S+ exit status (\d+)")  # the launcher's last line of each run of the job
+# Job states in which a job may still run (a requeued one comes back): sbatch --wait waits through them too.
+_ACTIVE = {
+    "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING",
+    "SUSPENDED", "SIGNALING", "STAGE_OUT", "STOPPED", "SPECIAL_EXIT", "RESV_DEL_HOLD",
+}  # fmt: skip
+POLL_SECONDS = 2.0
 
 
 class TrainingFailed(RuntimeError):
@@ -65,7 +73,7 @@ def _command(
     if mlflow_parent_run_id is not None:
         args += ["--report_to", "mlflow", "--mlflow_parent_run_id", mlflow_parent_run_id]
     if slurm is not None:
-        return ["sbatch", "--parsable", "--wait", *slurm, *args]
+        return ["sbatch", "--parsable", *slurm, *args]
     return [str(repo / "train-singlenode.sh"), *([node] if node else []), *args]
 
 
@@ -88,26 +96,73 @@ def _follow(path: Path, running: Callable[[], bool]) -> Iterator[str]:
                 return
 
 
-def _job_log(job: str) -> Path | None:
-    """The job's output file, as SLURM resolved it (StdOut of `scontrol show job`)."""
-    shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True)
-    match = re.search(r"\bStdOut=(\S+)", shown.stdout)
-    return Path(match.group(1)) if match else None
+class _SlurmJob:
+    """A submitted job, watched with `scontrol show job` every POLL_SECONDS until it ends. Not `sbatch --wait`:
+    that polls at 2, 10, 42, 74 ... s, so a short job's caller would wait up to half a minute past its end."""
+
+    def __init__(self, job_id: str) -> None:
+        self.id = job_id
+        self.state: str | None = "PENDING"
+        self.exit_code = 0
+        self.log: Path | None = None
+        self._polled = 0.0
+        self._poll()
+
+    def _poll(self) -> None:
+        self._polled = time.monotonic()
+        shown = subprocess.run(["scontrol", "-o", "show", "job", self.id], capture_output=True, text=True)
+        fields = dict(re.findall(r"(\w+)=(\S*)", shown.stdout))
+        if "JobState" not in fields:
+            if "Invalid job id" in shown.stderr:
+                self.state = (
+                    None  # gone from the controller (MinJobAge): the log's END line tells how it ended
+                )
+            return  # else a busy controller: asked again at the next poll
+        self.state = fields["JobState"]
+        self.exit_code = int(fields.get("ExitCode", "0:0").split(":")[0])
+        if self.log is None and fields.get("StdOut"):
+            self.log = Path(fields["StdOut"])
+
+    def running(self) -> bool:
+        if self.state not in _ACTIVE:
+            return False
+        if time.monotonic() - self._polled >= POLL_SECONDS:
+            self._poll()
+        return self.state in _ACTIVE
+
+    def wait(self) -> None:
+        while self.running():
+            time.sleep(POLL_SECONDS / 4)
+
+    def status(self, lines: list[str]) -> int:
+        """The job's exit status, as `sbatch --wait` returns it."""
+        if self.state is None:
+            ends = [int(m.group(1)) for m in map(_LOG_END.match, lines) if m]
+            return ends[-1] if ends else 1
+        if self.state == "COMPLETED":
+            return 0
+        return self.exit_code or 1
 
 
-def _slurm_lines(proc: subprocess.Popen[str]) -> Iterator[str]:
-    """sbatch --parsable --wait prints the job id, then waits: follow the job's log meanwhile."""
-    assert proc.stdout is not None
-    first = proc.stdout.readline().strip()
-    match = _SUBMITTED.match(first)
-    if match is None:  # sbatch refused the job: its own message
-        yield first
-        yield from (line.rstrip("\n") for line in proc.stdout)
+def _slurm_lines(command: list[str], root: Path, env: dict[str, str], status: list[int]) -> Iterator[str]:
+    """Submit (sbatch --parsable prints the job id), follow the job's log until the job ends; its exit status
+    goes into `status`. A job that ended other than COMPLETED adds a last line naming its state."""
+    submitted = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True)
+    match = _SUBMITTED.match(submitted.stdout.strip())
+    if submitted.returncode != 0 or match is None:  # sbatch refused the job: its own message
+        yield from (submitted.stdout + submitted.stderr).splitlines()
+        status.append(submitted.returncode or 1)
         return
-    path = _job_log(match.group(1))
-    if path is not None:
-        yield from _follow(path, lambda: proc.poll() is None)
-    yield from (line.rstrip("\n") for line in proc.stdout)  # sbatch's own last words, if any
+    job = _SlurmJob(match.group(1))
+    lines: list[str] = []
+    if job.log is not None:
+        for line in _follow(job.log, job.running):
+            lines.append(line)
+            yield line
+    job.wait()
+    status.append(job.status(lines))
+    if job.state not in (None, "COMPLETED"):
+        yield f"SLURM job {job.id} ended {job.state} (exit code {job.exit_code})"
 
 
 def _result(lines: list[str], seconds: float, root: Path) -> TrainResult:
@@ -175,19 +230,27 @@ def train(
     # The orchestrator's own MLflow run must not leak into the ranks: MLflow would resume it, not nest under it.
     child_env.pop("MLFLOW_RUN_ID", None)
     started = time.monotonic()
-    proc = subprocess.Popen(
-        command, cwd=root, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
     lines: list[str] = []
-    assert proc.stdout is not None
-    stream = _slurm_lines(proc) if slurm else (line.rstrip("\n") for line in proc.stdout)
-    try:
+
+    def take(stream: Iterator[str]) -> None:
         for line in stream:
             lines.append(line)
             if on_line is not None:
                 on_line(line)
-    finally:
-        status = proc.wait()
+
+    if slurm:
+        ended: list[int] = []
+        take(_slurm_lines(command, root, child_env, ended))
+        status = ended[0]
+    else:
+        proc = subprocess.Popen(
+            command, cwd=root, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        assert proc.stdout is not None
+        try:
+            take(line.rstrip("\n") for line in proc.stdout)
+        finally:
+            status = proc.wait()
     if status != 0:
         raise TrainingFailed(_error(lines, status))
     result = _result(lines, time.monotonic() - started, root)

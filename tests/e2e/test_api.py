@@ -16,7 +16,7 @@ import pytest
 from dskit import api
 
 REPO = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.launcher]
 
 
 def cleanup_logs(job: str) -> None:

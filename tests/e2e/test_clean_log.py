@@ -17,7 +17,7 @@ import pytest
 
 from support.torchrun import ENV, REPO
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.launcher]
 
 STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"  # model_utils/observe/log.py print0
 ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d"  # the launcher's `date -Is`

@@ -16,7 +16,7 @@ from dskit import render
 from support.fake_commands import NOOP, executable
 from support.torchrun import REPO
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.launcher]
 QWEN3_0_6B_PARAMS = 596_049_920  # tests/unit/config/test_presets.py checks it is the real one
 
 

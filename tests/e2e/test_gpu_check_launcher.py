@@ -14,7 +14,7 @@ import pytest
 from dskit.bench import gpu_check
 from support.torchrun import ENV, REPO
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.launcher]
 
 
 def test_gpu_check_runs_the_default_launcher_for_a_few_steps(tmp_path: Path) -> None:

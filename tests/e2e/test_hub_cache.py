@@ -23,7 +23,7 @@ from support.hub_server import HubStandIn
 from support.pretrained import save_tiny_qwen3
 from support.torchrun import ENV, run_torchrun
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.launcher]
 
 REPO = "stand-in/tiny-qwen3"
 STEPS = 2

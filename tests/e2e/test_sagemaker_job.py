@@ -29,7 +29,7 @@ from support.pretrained import save_tiny_qwen3
 from support.s3_server import free_port
 from support.torchrun import ENV, REPO
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.launcher]
 
 HOSTS = ["127.0.0.1", "localhost"]  # both name this machine: the first is the master's address
 MAX_STEPS = 60

@@ -16,7 +16,7 @@ from dskit.env import wheelhouse
 from support.torchrun import REPO
 from support.wheelhouses import install, manifest_dir
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.launcher]
 
 
 def test_overlay_venv_sees_the_base_packages_installs_nothing_more_and_is_reused(tmp_path: Path) -> None:

@@ -122,36 +122,17 @@ def latest_tag(checkpoints: Path) -> str:
     return (checkpoints / "latest").read_text().strip()
 
 
-def test_sbatch_trains_across_both_nodes(cluster, tmp_path: Path, timing) -> None:
-    # MAX_STEPS comes from the environment (the rendered default's override), the rest from flags.
-    job = Job(tmp_path, "--checkpoint_freq", "10", env={"MAX_STEPS": "20"}, sbatch_args=("--time=20",))
-    state = job.wait_done(timeout=420)
-    timing("2-node sbatch job, 20 steps (submit to end)", time.monotonic() - job.started)
-    log = job.text()
-    assert state == "COMPLETED", log
-    assert log.startswith("START "), log[:500]
-    assert "Node node1 (SLURM_NODEID=0)" in log and "Node node2 (SLURM_NODEID=1)" in log, log
-    assert "Versions: python" in log
-    assert "Done: step 20/20" in log, log
-    assert re.search(r"^END .* exit status 0$", log, re.MULTILINE), log
-    assert latest_tag(job.checkpoints) == "tiny_qwen3-20steps"
-    # The job's real end time (squeue) is read: a time limit of 20 minutes, minus the start-up.
-    left = re.search(r"Job time limit: 0:(\d\d):\d\d left", log)
-    assert left and 10 <= int(left.group(1)) < 20, log
-    assert re.search(r"\| Step 20/20 \|.*\| ETA 0:00:00 \(job time left 0:1\d:\d\d\)$", log, re.M), log
-    # Metrics land next to the job's log.
-    records = [json.loads(line) for line in job.log.with_suffix(".metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if "loss" in r] == [10, 20]
-    assert {r["world_size"] for r in records if r.get("event") == "start"} == {2}
-
-
-def test_usr1_checkpoints_requeues_and_resumes(cluster, tmp_path: Path, timing) -> None:
+def test_sbatch_trains_on_both_nodes_and_usr1_requeues_and_resumes(cluster, tmp_path: Path, timing) -> None:
+    """One 2-node job: its first run trains on both nodes until USR1 (checkpoint, stop, requeue); the requeued
+    run resumes from that checkpoint and finishes, in the same log, metrics file and MLflow run."""
     logs = tmp_path / "logs"
+    # MAX_STEPS comes from the environment (the rendered default's override), the rest from flags.
     job = Job(
-        tmp_path, "--max_steps", "60", "--checkpoint_freq", "1000", "--logging_freq", "5",
-        "--report_to", "mlflow", "--report_dir", str(logs),
+        tmp_path, "--checkpoint_freq", "1000", "--logging_freq", "5", "--report_to", "mlflow",
+        "--report_dir", str(logs), env={"MAX_STEPS": "60"}, sbatch_args=("--time=20",),
     )  # fmt: skip
     job.wait_log(r"\| Step 10/60 ", timeout=300)
+    timing("2-node sbatch job: submit to step 10", time.monotonic() - job.started)
     signalled = time.monotonic()
     subprocess.run(["scancel", "--signal=USR1", "--batch", job.id], check=True)
     saved = job.wait_log(r"Preempted: stop requested by SIGUSR1; saved at step (\d+)", timeout=120)
@@ -170,12 +151,25 @@ def test_usr1_checkpoints_requeues_and_resumes(cluster, tmp_path: Path, timing) 
     assert state == "COMPLETED", log
     assert job_field(job.id, "Restarts") == "1"
     # Both runs are in the one log: two STARTs, the requeue, and the finish.
-    assert log.count("\nSTART ") + log.startswith("START ") == 2, log
-    assert "preempted, requeueing job" in log
-    assert f"SLURM job {job.id}, SLURM_RESTART_COUNT=0" in log
-    assert f"SLURM job {job.id}, SLURM_RESTART_COUNT=1" in log
-    assert "Done: step 60/60" in log, log
+    assert log.startswith("START "), log[:500]
+    assert log.count("\nSTART ") + 1 == 2, log
+    first, second = log.split("SLURM_RESTART_COUNT=1", 1)
+    for run in (first, second):
+        assert "Node node1 (SLURM_NODEID=0)" in run and "Node node2 (SLURM_NODEID=1)" in run, run
+        assert "Versions: python" in run, run
+    assert "preempted, requeueing job" in first
+    assert f"SLURM job {job.id}, SLURM_RESTART_COUNT=0" in first
+    # The job's real end time (squeue) is read: a time limit of 20 minutes, minus the start-up.
+    left = re.search(r"Job time limit: 0:(\d\d):\d\d left", first)
+    assert left and 10 <= int(left.group(1)) < 20, first
+    assert re.search(r"\| Step 60/60 \|.*\| ETA 0:00:00 \(job time left 0:1\d:\d\d\)$", second, re.M), second
+    assert "Done: step 60/60" in second, second
+    assert re.search(r"^END .* exit status 0$", second, re.MULTILINE), second
     assert latest_tag(job.checkpoints) == "tiny_qwen3-60steps"
+    # Metrics land next to the job's log, both runs in one file: every logged step once, one world of 2 each.
+    records = [json.loads(line) for line in job.log.with_suffix(".metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == list(range(5, 61, 5))
+    assert [r["world_size"] for r in records if r.get("event") == "start"] == [2, 2]
     # The requeued job continued the same MLflow run: one run holds the steps of both.
     from mlflow.tracking import MlflowClient
 
@@ -359,9 +353,9 @@ def test_prepare_data_array_then_training_on_it(cluster, tmp_path: Path, timing)
     assert re.search(r"^END .* exit status 0$", log, re.MULTILINE), log
 
 
-def test_api_trains_through_sbatch_wait(cluster, tmp_path: Path, timing) -> None:
-    """dskit.api.train(slurm=True): one `sbatch --wait` of train.sbatch on both nodes, its log streamed while
-    the job runs, the result read from it."""
+def test_api_trains_through_sbatch_and_follows_the_job(cluster, tmp_path: Path, timing) -> None:
+    """dskit.api.train(slurm=True): one sbatch of train.sbatch on both nodes, its log streamed while the job
+    runs, the result read from it once the job is COMPLETED; a job that fails raises the kit's one line."""
     from dskit import api
 
     values = render.LaunchValues(cpu_ranks_per_node=1, job_name="dskit-api")
@@ -376,12 +370,20 @@ def test_api_trains_through_sbatch_wait(cluster, tmp_path: Path, timing) -> None
         env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"},
         on_line=lines.append,
     )
-    timing("dskit.api.train through sbatch --wait, 2 nodes, 6 steps", time.monotonic() - started)
+    timing("dskit.api.train through sbatch, 2 nodes, 6 steps", time.monotonic() - started)
     text = "\n".join(lines)
     assert "Node node1 (SLURM_NODEID=0)" in text and "Node node2 (SLURM_NODEID=1)" in text, text
     assert (result.final_step, result.max_steps) == (6, 6) and result.train_loss is not None
     assert result.checkpoint == str(tmp_path / "ck" / "tiny_qwen3-6steps")
     assert (tmp_path / "ck" / "latest").read_text().strip() == "tiny_qwen3-6steps"
+    with pytest.raises(api.TrainingFailed, match=r"^unknown flag --no_such_flag"):
+        api.train(
+            flags=["--no_such_flag"],
+            slurm=True,
+            sbatch_script=tmp_path / "train.sbatch",
+            sbatch_args=[f"--output={tmp_path}/%x_%j.out"],
+            on_line=None,
+        )
 
 
 def test_singlenode_runs_on_the_named_node(cluster, tmp_path: Path, timing) -> None:

@@ -109,6 +109,7 @@ def main() -> None:
             protocol.save(engine, request, rank, SavedAsJson("config"), SavedAsJson("tokenizer"))
         except CheckpointSaveFailed as e:
             error_line(str(e))
+            print(f"rank {rank}: the save failed on every rank", flush=True)  # none is left in a collective
             sys.exit(3)
     torch.distributed.destroy_process_group()
 

@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from model_utils.config.deepspeed_file import get
 from model_utils.engines import deepspeed_config
 from model_utils.errors import ConfigError
 from model_utils.launch import startup
+from model_utils.observe.log import print0
 from model_utils.optim import schedules
 
 if TYPE_CHECKING:
@@ -39,6 +41,30 @@ OPTIM_STATES_GLOB = "*optim_states.pt"
 UNIVERSAL_SUFFIX = "-universal"
 # Bytes per parameter in a tag: the 16-bit (or fp32) module weights, the fp32 masters and Adam's two fp32 moments.
 _CHECKPOINT_BYTES_PER_PARAM = {True: 2 + 12, False: 4 + 12}  # keyed by "half-precision training"
+
+
+_ADAM_TYPES = ("adam", "adamw")
+TORCH_ADAM = "torch_adam"  # DeepSpeed's optimizer param: torch.optim's Adam/AdamW instead of its own kernels
+
+
+def torch_adam_on_cpu(ds: dict[str, Any]) -> dict[str, Any]:
+    """The config for CPU ranks: torch's AdamW (Adam) where DeepSpeed would take FusedAdam, a GPU kernel whose CPU
+    copy it would first JIT-build (minutes of silence, for no speed-up on a CPU). An offloaded optimizer keeps
+    DeepSpeedCPUAdam (built by `make warm`, and faster), and a torch_adam the config sets is left as it is."""
+    optimizer = ds.get("optimizer")
+    if not isinstance(optimizer, dict) or str(optimizer.get("type", "")).lower() not in _ADAM_TYPES:
+        return ds
+    if get(ds, ("zero_optimization", "offload_optimizer", "device")) in ("cpu", "nvme"):
+        return ds
+    if TORCH_ADAM in (optimizer.get("params") or {}):
+        return ds
+    params = {**(optimizer.get("params") or {}), TORCH_ADAM: True}
+    # DeepSpeed's rule: decoupled weight decay for "AdamW", and for "Adam" unless adam_w_mode is off.
+    adamw = str(optimizer["type"]).lower() == "adamw" or params.get("adam_w_mode", True)
+    print0(
+        f"Optimizer: torch.optim.{'AdamW' if adamw else 'Adam'} on CPU ranks (DeepSpeed's FusedAdam is a GPU kernel)"
+    )
+    return {**ds, "optimizer": {**optimizer, "params": params}}
 
 
 class DeepSpeedEngine:
@@ -95,7 +121,10 @@ class DeepSpeedEngine:
         assert run.max_steps is not None
         client = run.settings.train.schedule.client(run.max_steps)
         scheduler = None if client is None else client.lambda_lr
-        return cls(model, run.deepspeed_config(), param_groups, lr_scheduler=scheduler)
+        ds = run.deepspeed_config()
+        if device.type == "cpu":
+            ds = torch_adam_on_cpu(ds)
+        return cls(model, ds, param_groups, lr_scheduler=scheduler)
 
     def train_step(
         self, micro_batches: list[torch.Tensor], keep: Callable[[torch.Tensor], bool] | None = None
