@@ -5,7 +5,7 @@ tests that drive a whole launcher (marked `slurm` and `launcher`) mostly wait on
 start-up delay, a launcher's preflight or a subprocess. So they run as the "launchers" tier beside the "main"
 tier (everything else). The main tier reports live; the launchers tier's report follows it once both are done.
 
-    python tools/test_tiers.py [PYTEST ARGS...]      # the args go to both tiers (e.g. -x, -k EXPR)
+    python tools/test_tiers.py [PYTEST ARGS...]      # the args go to both tiers (e.g. -x, -k EXPR, paths)
 
 Exit status: 0 when both tiers pass, else the first non-zero one.
 """
@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -25,7 +26,8 @@ NO_TESTS_COLLECTED = 5  # pytest's status for a tier with nothing selected (e.g.
 
 
 def _pytest(marker: str, args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "pytest", "tests", "-q", "-m", marker, *args]
+    named = any(not a.startswith("-") and (REPO / a.split("::")[0]).exists() for a in args)
+    return [sys.executable, "-m", "pytest", *([] if named else ["tests"]), "-q", "-m", marker, *args]
 
 
 def main(args: list[str]) -> int:
@@ -42,15 +44,19 @@ def main(args: list[str]) -> int:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    ended: list[float] = []  # when the launchers tier ended (it may end before the main tier)
+    watcher = threading.Thread(target=lambda: (launchers.wait(), ended.append(time.monotonic())), daemon=True)
+    watcher.start()
     try:
         print(f"tier launchers ({LAUNCHERS}): running beside this one, reported at the end", flush=True)
         main_status = subprocess.run(_pytest(f"not ({LAUNCHERS})", args), cwd=REPO).returncode
         main_seconds = time.monotonic() - started
-        launchers_status = launchers.wait()
+        watcher.join()
     except BaseException:
         os.killpg(launchers.pid, signal.SIGTERM)
         raise
-    launchers_seconds = time.monotonic() - started
+    launchers_status = launchers.returncode
+    launchers_seconds = ended[0] - started
     print(f"\n===== tier launchers ({LAUNCHERS}), from {log.relative_to(REPO)} =====", flush=True)
     sys.stdout.write(log.read_text(errors="replace"))
     statuses = [0 if s == NO_TESTS_COLLECTED else s for s in (main_status, launchers_status)]

@@ -17,7 +17,7 @@ import pytest
 
 from support.torchrun import ENV, REPO
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.launcher]
 
 ACCELERATE = Path(sys.executable).parent / "accelerate"
 LAUNCH = {

@@ -84,7 +84,9 @@ def flow(tmp_path_factory: pytest.TempPathFactory) -> Flow:
         before = len(hub.requests)
         train_out = run_torchrun(_train_flags(tmp), nproc=2, cwd=tmp, env=env).stdout
         rank_requests = hub.requests[before:]
-        requeue = dskit(tmp, "prepare", env, *_train_flags(tmp))
+        # SLURM requeued the job after its run had finished (a node lost at the very end)
+        requeue_env = {**env, "SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "1"}
+        requeue = dskit(tmp, "prepare", requeue_env, *_train_flags(tmp))
         assert requeue.returncode == 0, (requeue.stdout + requeue.stderr)[-4000:]
     return Flow(
         tmp, first, moved, preflight_requests, rank_requests, train_out, requeue.stdout + requeue.stderr

@@ -129,9 +129,21 @@ def test_train_singlenode_trains_the_embedded_default_and_resumes(tmp_path: Path
         new_logs = [p for p in set((REPO / "logs").glob("*.out")) - logs_before if str(ckpt) in p.read_text()]
         assert len(new_logs) == 1 and "Step 100/100" in new_logs[0].read_text()
 
-        second = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=900)
-        assert second.returncode == 0, (second.stdout + second.stderr)[-4000:]
-        assert "tiny_qwen3-100steps at step 100" in second.stdout
+        # The same command again: the run is complete, said in one line before any rank starts.
+        again = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=900)
+        assert again.returncode == 2, (again.stdout + again.stderr)[-4000:]
+        said = again.stdout + again.stderr  # the launcher's log is its stdout
+        assert (
+            f"error: {ckpt}/tiny_qwen3-100steps is at step 100, at --max_steps 100: nothing to train. Raise "
+            "--max_steps to continue that run" in said
+        ), said[-4000:]
+        assert "torchrun with" not in said and "Step " not in said, said[-4000:]
+
+        longer = subprocess.run(
+            [*cmd, "--max_steps", "104"], env=ENV, capture_output=True, text=True, timeout=900
+        )
+        assert longer.returncode == 0, (longer.stdout + longer.stderr)[-4000:]
+        assert "tiny_qwen3-100steps at step 100" in longer.stdout and "Step 104/104 | Loss" in longer.stdout
     finally:  # remove only this test's logs: other tests may be writing theirs
         for path in set((REPO / "logs").glob("*.out")) - logs_before:
             if str(ckpt) in path.read_text(errors="replace"):

@@ -238,7 +238,10 @@ class OptimArgs:
     warmup_steps: int = field(default=10, metadata=_flag("linear warm-up optimizer steps"))
     warmup_ratio: float | None = field(
         default=None,
-        metadata=_flag("warm up over this share of the run instead of --warmup_steps, e.g. 0.01"),
+        metadata=_flag(
+            "warm up over this share of the run instead of --warmup_steps, e.g. 0.01; rounded up as Hugging "
+            "Face does (any ratio above 0 is at least 1 step)"
+        ),
     )
     min_lr_ratio: float = field(
         default=0.1, metadata=_flag("the lr the decay ends at, as a share of the peak (cosine, wsd, linear)")

@@ -131,7 +131,9 @@ class ScheduleSpec:
         if not self.warms_up():
             return None
         if self.warmup_ratio is not None:
-            return round(self.warmup_ratio * total_steps)
+            # Hugging Face's rule: rounded up, so any ratio above 0 warms up for at least one step. Rounded to 6
+            # places first: 0.07 x 100 is 7.000000000000001 in floating point, a warm-up of 7 steps, not 8.
+            return min(math.ceil(round(self.warmup_ratio * total_steps, 6)), total_steps)
         return min(self.warmup_steps, total_steps)
 
     def client(self, total_steps: int) -> Schedule | None:

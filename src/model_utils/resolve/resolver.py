@@ -26,7 +26,7 @@ from model_utils.config import deepspeed_file
 from model_utils.config.arguments import AUTO, CUDA_GLOBAL_BATCH_TOKENS, TrainConfig
 from model_utils.data import block_cache, token_shards
 from model_utils.errors import ConfigError
-from model_utils.launch import accelerate_env, startup
+from model_utils.launch import accelerate_env, preemption, startup
 from model_utils.model import hub, lora, models
 from model_utils.observe.log import print0
 from model_utils.resolve import batch_layout, train_settings
@@ -394,6 +394,7 @@ def prepare(
     elif steps_per_epoch is not None:
         max_steps = epochs * steps_per_epoch
     _check_profile_steps(cfg, max_steps)  # with --epochs, max_steps is known only now
+    _check_steps_left(resume, max_steps)
     run = ResolvedRun(
         settings,
         tokenizer,
@@ -443,6 +444,23 @@ def _fetch_hub(settings: RunSettings) -> RunSettings:
         + ", ".join(f"{s.repo}@{s.commit[:12]}" for s in pins.values())
     )
     return dataclasses.replace(settings, source=source, tokenizer=tok)
+
+
+def _check_steps_left(resume: protocol.ResumeTarget | None, max_steps: int | None) -> None:
+    """A resume at or past --max_steps trains nothing: one line before any rank starts, not a run that ends
+    "Done" at once. A requeued job whose last run finished (its end came after the last save) only says so."""
+    step = None if resume is None else protocol.tag_step(resume.tag)
+    if step is None or max_steps is None or step < max_steps:
+        return
+    assert resume is not None
+    if preemption.slurm_restart_count():
+        print0(f"{resume.path} is at step {step} of --max_steps {max_steps}: this job's run is complete")
+        return
+    raise ConfigError(
+        f"{resume.path} is at step {step}, {'at' if step == max_steps else 'past'} --max_steps {max_steps}: "
+        "nothing to train. Raise --max_steps to continue that run, or pass a new --checkpoint_dir to start a "
+        "new one"
+    )
 
 
 def _check_profile_steps(cfg: TrainConfig, max_steps: int | None) -> None:

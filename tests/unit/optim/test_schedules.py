@@ -207,5 +207,22 @@ def test_a_zero_warmup_under_deepspeeds_scheduler_is_one_line() -> None:
     with pytest.raises(
         ConfigError, match="a warm-up of 0 steps: DeepSpeed's WarmupCosineLR needs at least 1"
     ):
-        settings("--warmup_ratio", "0.001").deepspeed_json(1, 100)
+        settings("--warmup_steps", "0").deepspeed_json(1, 100)
     assert settings("--lr_schedule", "wsd", "--warmup_steps", "0").lr_at(10, [1]) == [1.0]
+
+
+def test_a_warmup_ratio_rounds_up_as_hugging_face_does() -> None:
+    """Any ratio above 0 warms up for at least one step (configs/qwen3-0.6b-lora.yaml's 0.03 of a 6-step smoke
+    run is 1 step, not a refusal); a product that floating point puts a hair above an integer is that integer."""
+    for ratio, total, warmup in (
+        ("0.03", 6, 1),
+        ("0.001", 100, 1),
+        ("0.07", 100, 7),
+        ("0.03", 127, 4),
+        ("0", 9, 0),
+    ):
+        assert settings("--warmup_ratio", ratio).schedule.warmup_for(total) == warmup, (ratio, total)
+    assert (
+        settings("--warmup_ratio", "0.03").deepspeed_json(1, 6)["scheduler"]["params"]["warmup_num_steps"]
+        == 1
+    )

@@ -141,6 +141,14 @@ CASES = {
         lambda t: ["--checkpoint_dir", checkpoint_with(t, seq_length=256, fsdp=True)],
         "was saved by --backend fsdp, not deepspeed",
     ),
+    "resume at max_steps": (
+        lambda t: ["--checkpoint_dir", checkpoint_with(t), "--max_steps", "5"],
+        "tiny_qwen3-5steps is at step 5, at --max_steps 5: nothing to train. Raise --max_steps to continue",
+    ),
+    "resume past max_steps": (
+        lambda t: ["--checkpoint_dir", checkpoint_with(t), "--max_steps", "3"],
+        "is at step 5, past --max_steps 3: nothing to train.",
+    ),
     "unknown spike guard mode": (lambda t: ["--spike_guard", "rollbak"], "did you mean rollback?"),
     "spike sigma zero": (lambda t: ["--spike_sigma", "0"], "--spike_sigma 0.0 must be positive"),
     "spike window of one step": (lambda t: ["--spike_window", "1"], "must be at least 2 steps"),
@@ -204,6 +212,20 @@ def test_bad_input(case: str, tmp_path: Path, capsys, monkeypatch) -> None:
     assert err[0].startswith("error: ") and message in err[0], err[0]
     after = snapshot(tmp_path)
     assert {k: v for k, v in after.items() if "/cache/" not in k} == before  # nothing on disk touched
+
+
+def test_a_requeued_job_whose_run_is_complete_only_says_so(tmp_path: Path, capsys, monkeypatch) -> None:
+    """SLURM requeued the job after its last run had saved its final step (a node lost at the very end): the
+    run is complete, so the requeue is not a mistake; the line says why nothing trains."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    flags = ["--checkpoint_dir", checkpoint_with(tmp_path), "--max_steps", "5", "--deepspeed_config", DS]
+    assert cli.main(["prepare", "--data_cache_dir", str(tmp_path / "cache"), *flags]) == 0
+    assert (
+        "tiny_qwen3-5steps is at step 5 of --max_steps 5: this job's run is complete"
+        in capsys.readouterr().out
+    )
 
 
 def test_bad_input_from_the_real_command(tmp_path: Path) -> None:
