@@ -286,6 +286,7 @@ def write_unit(
     doc_index = 0
     try:
         for texts, nbytes in documents.read(unit, text_field, _staging_dir(out)):
+            _check_text(texts, text_field, unit)
             kept = [t for t in texts if isinstance(t, str) and t]
             empty += len(texts) - len(kept)
             ids = encoder.encode(kept) if kept else []
@@ -323,6 +324,20 @@ def write_unit(
 
 
 # --- finishing: the manifest ----------------------------------------------------------------------------
+
+
+def _check_text(texts: list[Any], field: str, unit: Unit) -> None:
+    """A field of lists or records (chat messages, say) is not text: one line naming what it holds, not a data
+    set of 0 documents and a "fewer than one block" later. Missing values (None) are empty documents."""
+    kinds = sorted({type(t).__name__ for t in texts if t is not None and not isinstance(t, str)})
+    if not kinds:
+        return
+    bad = sum(1 for t in texts if t is not None and not isinstance(t, str))
+    where = unit.describe().rsplit(" [", 1)[0]
+    raise ConfigError(
+        f"field {field!r} of {where} holds {' and '.join(kinds)} values, not text ({bad} of the first "
+        f"{len(texts)} rows): pass --text_field naming a field of plain text"
+    )
 
 
 def finish(out: Path) -> dict[str, Any] | None:

@@ -100,9 +100,7 @@ class Trainer:
             self.val_idx = self._validation_indices()
             self.engine, self.decay_groups = create_engine(run, dist)
             self.fault = faults.FaultInjector.from_env(self.engine.module)
-            self.flops_per_token = metrics.flops_per_token(
-                run.model_config, run.seq_length, metrics.matmul_parameters(self.engine.module)
-            )
+            self.flops_per_token = metrics.flops_per_token(run.model_config, run.seq_length, self.cfg.lora)
             peak_tflops = metrics.peak_tflops(metrics.device_name(dist.device), self.cfg.report.peak_tflops)
             self.reporter = Reporter(
                 self.cfg, dist, self.max_steps, run.tokens_per_step, self.flops_per_token, peak_tflops
@@ -473,7 +471,8 @@ class Trainer:
         peak = self.reporter.peak_tflops
         peak_text = "unknown: pass --peak_tflops for MFU" if peak is None else f"{peak:g}"
         print0(
-            f"FLOPs/token {self.flops_per_token / 1e9:.3g} G (6N + attention); "
+            f"FLOPs/token {self.flops_per_token / 1e9:.3g} G "
+            f"({'4N frozen + 6N adapters' if self.cfg.lora.enabled else '6N'} + attention); "
             f"{metrics.device_name(self.dist.device)} peak bf16 TFLOP/s {peak_text}"
         )
         remaining = self.walltime.remaining() if self.walltime is not None else None

@@ -104,3 +104,19 @@ def test_metrics_file_appends_strict_json(tmp_path: Path) -> None:
     assert records[0]["grad_norm"] is None and records[0]["loss"] == 2.5 and records[1]["loss"] is None
     assert all(isinstance(r["time"], float) for r in records)
     metrics.MetricsFile(None).write({"step": 3})  # off: writes nothing, no error
+
+
+def test_lora_flops_count_no_weight_gradient_for_the_frozen_weights() -> None:
+    """LoRA r=16 on q, k, v, o of Qwen3-0.6B: the 596.0M frozen weights cost 4 per token (forward, input
+    gradient), the 4.59M adapter weights 6; counted from the architecture, so a ZeRO-3 engine's empty parameter
+    placeholders cannot turn it into near zero."""
+    from model_utils.config.arguments import LoraArgs
+
+    config = PRESETS["qwen3-0.6b"].build_config()
+    n = 596_049_920
+    per_layer = 16 * ((1024 + 2048) + (1024 + 1024) + (1024 + 1024) + (2048 + 1024))  # r x (in + out)
+    adapters = 28 * per_layer
+    attention = 6 * 28 * 16 * 128 * 2048
+    lora = metrics.flops_per_token(config, 2048, LoraArgs(lora_r=16))
+    assert lora == 4 * n + 6 * adapters + attention
+    assert metrics.flops_per_token(config, 2048, LoraArgs()) == 6 * n + attention  # LoRA off: full training

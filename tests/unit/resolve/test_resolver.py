@@ -54,6 +54,15 @@ CASES = {
         lambda t: ["--dataset", jsonl(t / "d.jsonl", [{"body": "x"}] * 3)],
         "has no field 'text'",
     ),
+    "chat messages as the text field": (
+        lambda t: [
+            "--dataset",
+            jsonl(t / "d.jsonl", [{"messages": [{"role": "user", "content": "hi"}]}] * 3),
+            "--text_field",
+            "messages",
+        ],
+        "d.jsonl holds list values, not text (3 of the first 3 rows): pass --text_field naming a field of plain",
+    ),
     "empty dataset": (lambda t: ["--dataset", jsonl(t / "d.jsonl", [])], "is empty"),
     "fewer tokens than a block": (
         lambda t: ["--dataset", jsonl(t / "d.jsonl", [{"text": "hi"}] * 3), "--validation_fraction", "0"],
