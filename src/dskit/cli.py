@@ -19,10 +19,15 @@ def _config(args: list[str]) -> int:
     from model_utils.resolve import resolver
 
     output = "json"
-    if args[:1] == ["--format"]:  # before the training flags, which pass through verbatim
-        if len(args) < 2 or args[1] not in ("json", "yaml"):
-            raise ConfigError("dskit config --format takes json or yaml (dskit config --format yaml [FLAGS])")
-        output, args = args[1], args[2:]
+    for i, arg in enumerate(args):  # anywhere among the training flags (none of which is --format)
+        if arg == "--format" or arg.startswith("--format="):
+            value = arg.partition("=")[2] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
+            if value not in ("json", "yaml"):
+                raise ConfigError(
+                    "dskit config --format takes json or yaml (dskit config --format yaml [FLAGS])"
+                )
+            output, args = value, args[:i] + args[i + (1 if "=" in arg else 2) :]
+            break
     with contextlib.redirect_stdout(sys.stderr):  # stdout is the JSON (or YAML) alone, for scripts
         run = resolver.prepare(parse_args(args))
     if output == "yaml":

@@ -112,7 +112,7 @@ def test_config_as_yaml_feeds_back_unchanged(tmp_path: Path, capsys: pytest.Capt
     original = resolved(capsys, *flags, *common)
     again = resolved(capsys, "--config", path)
     assert again["resolved"] == original["resolved"] and again["deepspeed"] == original["deepspeed"]
-    assert cli.main(["config", "--format", "yaml", "--config", path]) == 0
+    assert cli.main(["config", "--config", path, "--format=yaml"]) == 0  # anywhere, either spelling
     assert capsys.readouterr().out == dumped  # a fixed point
 
 
@@ -123,7 +123,7 @@ def test_each_backends_dump_feeds_back(
     """The config each backend reads (fsdp: deepspeed/fsdp.json) is the one embedded; flags only one backend
     reads are null under the other."""
     common = ["--data_cache_dir", str(tmp_path / "c"), "--checkpoint_dir", str(tmp_path / "ck")]
-    assert cli.main(["config", "--format", "yaml", "--backend", backend, *common]) == 0
+    assert cli.main(["config", "--backend", backend, "--format", "yaml", *common]) == 0  # among the flags
     path = write(tmp_path / "dumped.yaml", capsys.readouterr().out)
     original = resolved(capsys, "--backend", backend, *common)
     again = resolved(capsys, "--config", path)

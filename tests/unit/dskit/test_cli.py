@@ -46,3 +46,9 @@ def test_every_command_reaches_its_module(capsys) -> None:
         out = capsys.readouterr()
         assert code == 0, (name, out.err[-2000:])
         assert "usage" in (out.out + out.err).lower(), name
+
+
+def test_config_format_is_read_anywhere_and_a_bad_one_is_one_line(capsys) -> None:
+    assert cli.main(["config", "--max_steps", "5", "--format", "xml"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: dskit config --format takes json or yaml (dskit config --format yaml [FLAGS])"], err
