@@ -104,7 +104,7 @@ COMMANDS = {
     "config": (
         _config,
         "print the resolved run for these training flags (config and derived values), as JSON, or with "
-        "--format yaml first as a run file for --config",
+        "--format yaml as a run file for --config",
     ),
     "prepare": (
         _prepare,
@@ -152,9 +152,22 @@ COMMANDS = {
 
 
 def _usage() -> str:
-    lines = ["usage: dskit COMMAND [ARGS...]", "", "commands:"]
-    lines += [f"  {name:<10} {help_text}" for name, (_, help_text) in COMMANDS.items()]
+    lines = ["usage: dskit COMMAND [ARGS...]   (dskit COMMAND --help; dskit --version)", "", "commands:"]
+    width = max(map(len, COMMANDS))
+    lines += [f"  {name:<{width}}  {help_text}" for name, (_, help_text) in COMMANDS.items()]
     return "\n".join(lines)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from model_utils.repo import REPO_ROOT
+
+    try:
+        number = version("dskit")
+    except PackageNotFoundError:  # the checkout on PYTHONPATH (DSKIT_PYTHON), not installed
+        number = "unknown (not installed)"
+    return f"dskit {number} from {REPO_ROOT}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,9 +176,16 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0 if argv else 2
+    if argv[0] == "--version":
+        print(_version())
+        return 0
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
-        error_line(f"unknown command {command!r}: use one of {', '.join(COMMANDS)} (dskit --help)")
+        import difflib
+
+        close = difflib.get_close_matches(command, COMMANDS, n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        error_line(f"unknown command {command!r}: {hint}use one of {', '.join(COMMANDS)} (dskit --help)")
         return 2
     try:
         return COMMANDS[command][0](rest)

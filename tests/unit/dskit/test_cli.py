@@ -51,4 +51,25 @@ def test_every_command_reaches_its_module(capsys) -> None:
 def test_config_format_is_read_anywhere_and_a_bad_one_is_one_line(capsys) -> None:
     assert cli.main(["config", "--max_steps", "5", "--format", "xml"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["error: dskit config --format takes json or yaml (dskit config --format yaml [FLAGS])"], err
+    assert err == ["error: dskit config --format takes json or yaml (dskit config --format yaml [FLAGS])"], (
+        err
+    )
+
+
+def test_the_command_list_is_aligned_and_a_misspelt_command_gets_a_suggestion(capsys) -> None:
+    assert cli.main(["--help"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
+    assert len(rows) == len(cli.COMMANDS)
+    assert len({len(row) - len(row[2:].split(None, 1)[1]) for row in rows}) == 1, rows  # one help column
+    assert cli.main(["exprot"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: unknown command 'exprot': did you mean export? use one of config,"), err
+
+
+def test_version_names_the_package_and_the_checkout(capsys) -> None:
+    from importlib.metadata import version
+
+    from model_utils.repo import REPO_ROOT
+
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"dskit {version('dskit')} from {REPO_ROOT}"
