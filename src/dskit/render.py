@@ -251,7 +251,11 @@ def _check_types(values: LaunchValues) -> None:
 
 
 def _unknown_key(key: str, where: str) -> ConfigError:
-    return ConfigError(f"unknown key {key!r} in {where}: valid keys are {', '.join(FIELDS)}")
+    import difflib
+
+    close = difflib.get_close_matches(key, FIELDS, n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    return ConfigError(f"unknown key {key!r} in {where}: {hint}valid keys are {', '.join(FIELDS)}")
 
 
 def _env_values(raw: dict[Any, Any]) -> dict[Any, Any]:
@@ -388,8 +392,9 @@ def render_scripts(values: LaunchValues) -> dict[str, str]:
 
 
 def write_scripts(scripts: dict[str, str], out_dir: Path) -> list[Path]:
-    if not out_dir.is_dir():
-        raise ConfigError(f"--out {out_dir} is not a directory: create it first or pick an existing one")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"--out {out_dir} is not a directory: pick a directory (it is created if missing)")
+    out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for name, text in scripts.items():
         path = out_dir / name
@@ -420,7 +425,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--set", dest="sets", action="append", default=[], metavar="KEY=VALUE", help="override one value"
     )
     parser.add_argument(
-        "--out", default=str(REPO_ROOT), metavar="DIR", help="where to write (default: repo root)"
+        "--out",
+        default=str(REPO_ROOT),
+        metavar="DIR",
+        help="where to write, created if missing (default: the repo root, the checkout's tracked launchers)",
     )
     return parser
 
@@ -430,7 +438,12 @@ def main(argv: list[str]) -> int:
     values = resolve_values(args.values, args.sets)
     scripts = render_scripts(values)
     written = write_scripts(scripts, Path(args.out))
+    tracked = Path(args.out).resolve() == REPO_ROOT.resolve()
     for name in scripts:
         state = "written" if Path(args.out) / name in written else "unchanged"
+        if state == "written" and tracked:  # the checkout's own launchers, which git tracks
+            state += (
+                " (the checkout's tracked launcher: `git diff` shows the change; --out DIR writes elsewhere)"
+            )
         print(f"{Path(args.out) / name}: {state}")
     return 0

@@ -247,7 +247,11 @@ BAD_INPUT = {
         "prepare_args sets --task_index: each array task sets its own",
     ),
     "unknown option": (["--nodes", "3"], "unrecognized arguments: --nodes 3"),
-    "out is not a dir": (["--out", "{tmp}/nope"], "--out {tmp}/nope is not a directory"),
+    "out is not a dir": (["--out", "{tmp}/values.json"], "--out {tmp}/values.json is not a directory"),
+    "misspelt key": (
+        ["--set", "gpus_per_nod=4"],
+        "unknown key 'gpus_per_nod' in --set: did you mean gpus_per_node?",
+    ),
     "unknown launcher": (
         ["--set", "launcher=mpirun"],
         "launcher 'mpirun' must be one of torchrun, accelerate",
@@ -937,3 +941,10 @@ def test_hyperpod_auto_resume_and_gres(tmp_path: Path) -> None:
     for name in LAUNCHERS:
         shipped = (REPO / name).read_text()
         assert "--auto-resume" not in shipped and "--gpus-per-node" not in shipped
+
+
+def test_a_missing_out_dir_is_created(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "new" / "launchers"
+    assert cli.main(["render", "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == sorted(SCRIPTS)
+    assert "tracked launcher" not in capsys.readouterr().out  # said only for the checkout's own
