@@ -37,9 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         error_line(str(e))
         return 2
-    except CheckpointSaveFailed as e:
-        error_line(str(e))
-        return 3
+    except CheckpointSaveFailed:
+        return 3  # its line is out already
     except RunDiverged as e:
         error_line(str(e))
         return 4

@@ -19,8 +19,8 @@ class RunDiverged(RuntimeError):
 
 
 class CheckpointSaveFailed(RuntimeError):
-    """A save that could not be written (a full disk, a lost mount); older checkpoints are intact. One line,
-    exit status 3, on every rank together."""
+    """A save that could not be written (a full disk, a lost mount); older checkpoints are intact. Its one line
+    is printed where it is raised (before any rank exits); exit status 3, on every rank together."""
 
 
 def first_line(err: BaseException) -> str:

@@ -104,15 +104,14 @@ def test_a_write_failing_on_another_rank_stops_every_rank_with_its_reason(
     fake_base: tuple[str, Path], tmp_path: Path
 ) -> None:
     """Rank 1's write fails (a full disk) while rank 0's goes through: rank 0 reports rank 1's reason in the one
-    error line, every rank stops (none is left waiting in a collective), and nothing is left behind."""
+    error line (printed once every rank has given its outcome: none is left waiting in a collective), every
+    rank stops, and nothing is left behind."""
     layout, base = fake_base
     ckpt = tmp_path / "ck"
     shutil.copytree(base, ckpt)
     proc = run_ranks([layout, str(ckpt), "6"], script=FAKE_ENGINE, env={**ENV, FAIL_RANK_ENV: "1"})
-    # Rank 0 first; rank 1 too, unless the launcher ended it after rank 0's exit (as torchrun does).
-    assert proc.exitcodes[0] == 3 and proc.exitcodes[1] in (3, -signal.SIGTERM), proc.exitcodes
-    for rank in (0, 1):
-        assert f"rank {rank}: the save failed on every rank" in proc.stdout, proc.stdout[-3000:]
+    # Every rank stops with status 3, unless the launcher ended it after another's exit (as torchrun does).
+    assert 3 in proc.exitcodes and set(proc.exitcodes) <= {3, -signal.SIGTERM}, proc.exitcodes
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1, proc.stderr[-3000:]
     staged = ckpt / ".staging-tiny_qwen3-6steps"
@@ -217,7 +216,7 @@ def test_a_crash_during_the_universal_conversion_converts_again_on_the_next_star
 def test_disk_full_during_save_is_a_clear_error_and_keeps_older_checkpoints(
     base_checkpoints, tmp_path: Path
 ) -> None:
-    """Real DeepSpeed ranks fill the disk saving step 6: rank 0 stops with exit status 3 and one error line, and
+    """Real DeepSpeed ranks fill the disk saving step 6: they stop with exit status 3 and one error line, and
     the ranks agree on the failure before the staging dir goes (a rank still writing cannot leave debris)."""
     base, args = base_checkpoints
     mount = tmp_path / "small"
@@ -229,7 +228,7 @@ def test_disk_full_during_save_is_a_clear_error_and_keeps_older_checkpoints(
         shutil.copytree(base, ckpt)
         proc = run_ranks([*args, "--checkpoint_dir", str(ckpt)])
         tail = (proc.stdout + proc.stderr)[-3000:]
-        assert proc.exitcodes[0] == 3 and proc.exitcodes[1] in (3, -signal.SIGTERM), (proc.exitcodes, tail)
+        assert 3 in proc.exitcodes and set(proc.exitcodes) <= {3, -signal.SIGTERM}, (proc.exitcodes, tail)
         errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
         assert len(errors) == 1, tail
         line = errors[0]

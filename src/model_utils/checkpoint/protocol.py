@@ -42,7 +42,7 @@ from model_utils.engines.base import Engine
 from model_utils.errors import CheckpointSaveFailed, ConfigError, first_line
 from model_utils.launch import launch_env
 from model_utils.observe import step_line
-from model_utils.observe.log import print0, warn0
+from model_utils.observe.log import error_line, print0, warn0
 from model_utils.storage import file_manifest
 
 CLIENT_KEY = "dskit"
@@ -273,11 +273,14 @@ def save(engine: Engine, req: SaveRequest, rank: int, model_config: Any, tokeniz
     if failed is not None:
         if rank == 0:
             shutil.rmtree(staging, ignore_errors=True)
-        torch.distributed.barrier()  # the staging dir is gone before any rank reports
-        raise CheckpointSaveFailed(
+        error = CheckpointSaveFailed(
             f"saving checkpoint {req.tag} in {root} failed ({failed}); older checkpoints are intact: "
             "free space or pass --checkpoint_dir on a larger filesystem"
         )
+        # Said here, before any rank can exit: a launcher ends the other ranks at the first exit it sees.
+        error_line(str(error))
+        torch.distributed.barrier()
+        raise error
     final = _commit(root, staging, req) if rank == 0 else None
     torch.distributed.barrier()
     print0(step_line.saved_line(root / req.tag, _throughput(root / req.tag, time.perf_counter() - started)))
