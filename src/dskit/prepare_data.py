@@ -197,7 +197,9 @@ def _run_units(
     finally:
         if running:  # an error, or a prefix done while units past it still run: they are not needed
             _drain(updates, progress, workers)
-            _stop(workers)
+            # Every process of the pool, also one whose pid has not come through `updates` yet: a worker left
+            # alive would wait forever on the task queue's lock, which a stopped one may have held.
+            _stop(workers | set(getattr(pool, "_processes", None) or {}))
         pool.shutdown(wait=True, cancel_futures=True)
         _drain(updates, progress, workers)
 
