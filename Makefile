@@ -18,14 +18,15 @@ WHEELHOUSE_DIR ?= wheelhouse
 WHEELHOUSE_OPTS := $(if $(WHEELHOUSE_PYTHON),--python $(WHEELHOUSE_PYTHON)) \
   $(if $(WHEELHOUSE_MACHINE),--machine $(WHEELHOUSE_MACHINE)) $(if $(WHEELHOUSE_GLIBC),--glibc $(WHEELHOUSE_GLIBC))
 
-# shellcheck lints the rendered launchers; the SLURM tests install their own packages (tests/slurm/cluster.sh).
+# shellcheck lints the rendered launchers (the render tests; `make lint` is ruff alone and needs none); the SLURM
+# tests install their own packages (tests/slurm/cluster.sh).
 tools:
 	@command -v shellcheck >/dev/null || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    apt-get install -y -qq shellcheck >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq shellcheck; }; \
 	  else echo "shellcheck is missing: install it (e.g. apt-get install shellcheck)" >&2; exit 1; fi; }
 
-env: tools
+env:
 	@python3 -m uv --version >/dev/null 2>&1 || command -v uv >/dev/null 2>&1 || python3 -m pip install --quiet uv
 	@# Bytecode compiled here once (later syncs only add what changed): without .pyc files, and with
 	@# PYTHONDONTWRITEBYTECODE set, every rank spends ~10 s compiling ~2,000 modules at each start.
@@ -41,12 +42,12 @@ lint: env
 	.venv/bin/ruff check src tests examples tools
 
 # Two tiers side by side (tools/test_tiers.py): the SLURM and launcher tests mostly wait, the rest computes.
-test: warm lint
+test: tools warm lint
 	$(PY) tools/test_tiers.py
 
 # The edit loop: ruff and the unit tier (tests/unit mirrors src/: no engine built, no multi-rank run, no DeepSpeed
 # op build, so no warm), under 2 minutes on 2 cores (docs/testing.md).
-test-fast: lint
+test-fast: tools lint
 	$(PY) -m pytest tests/unit -q
 
 wheelhouse: env

@@ -28,8 +28,11 @@ def _config(args: list[str]) -> int:
                 )
             output, args = value, args[:i] + args[i + (1 if "=" in arg else 2) :]
             break
+    prog = "dskit config [--format json|yaml]"
+    if any(a in ("-h", "--help") for a in args):
+        parse_args(args, prog=prog)  # prints the help to stdout and exits
     with contextlib.redirect_stdout(sys.stderr):  # stdout is the JSON (or YAML) alone, for scripts
-        run = resolver.prepare(parse_args(args))
+        run = resolver.prepare(parse_args(args, prog=prog))
     if output == "yaml":
         from dskit import run_yaml
 
@@ -43,7 +46,7 @@ def _prepare(train_args: list[str]) -> int:
     from model_utils.config.arguments import parse_args
     from model_utils.resolve import resolver
 
-    return _prepared(resolver.prepare(parse_args(train_args), fetch_hub=True))
+    return _prepared(resolver.prepare(parse_args(train_args, prog="dskit prepare"), fetch_hub=True))
 
 
 def _prepared(run: Any) -> int:

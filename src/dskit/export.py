@@ -223,7 +223,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dskit export",
         description="Write a checkpoint as a Hugging Face model dir (safetensors, config.json, tokenizer).",
     )
-    parser.add_argument("checkpoint", help="a checkpoint dir (its 'latest' tag is exported) or a tag dir")
+    parser.add_argument(
+        "checkpoint",
+        help="a checkpoint dir (its newest verified tag is exported, whatever 'latest' says) or a tag dir",
+    )
     parser.add_argument("out_dir", help="new (or empty) directory for the model")
     parser.add_argument("--dtype", choices=DTYPES, default="bf16", help="weight dtype (default: bf16)")
     parser.add_argument(

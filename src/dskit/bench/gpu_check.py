@@ -219,7 +219,7 @@ def layout(row: dict[str, Any]) -> str:
     if not zero:
         return f"{batch}, FSDP2"
     offload = (zero.get("offload_optimizer") or {}).get("device", "none")
-    where = "optimizer on GPU" if offload == "none" else f"optimizer offloaded to {offload}"
+    where = "no offload" if offload == "none" else f"optimizer offloaded to {offload}"
     return f"{batch}, ZeRO-{zero.get('stage', 0)}, {where}"
 
 

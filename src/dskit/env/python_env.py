@@ -141,10 +141,14 @@ def check(repo: Path) -> str | None:
         for req, version in problems
     )
     pip = " ".join(f"'{w}'" for w in install_arguments(problems))
+    torch_note = (
+        "(installs torch: this interpreter has none, or one too old)"
+        if any(req.name == "torch" for req, _ in problems)
+        else "(pins the installed torch so that pip leaves it alone)"
+    )
     return (
         f"{sys.executable} (Python {here}) lacks what the kit needs: {what}. Fix: {sys.executable} -m pip install "
-        f"{pip} (pins the installed torch so that pip leaves it alone), or offline from a wheelhouse: "
-        "WHEELHOUSE=DIR (built by `make wheelhouse`)"
+        f"{pip} {torch_note}, or offline from a wheelhouse: WHEELHOUSE=DIR (built by `make wheelhouse`)"
     )
 
 

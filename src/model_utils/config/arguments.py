@@ -681,6 +681,14 @@ class _StrictParser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
+def _with_default(help_text: str, default: Any) -> str:
+    """The help, and the default where the help does not already say it: an unset (None) default is what the
+    help's own "default: ..." describes, or nothing to show."""
+    if default is None or "default:" in help_text:
+        return help_text
+    return f"{help_text} (default: {default})"
+
+
 def build_parser(prog: str = "train_deepspeed.py") -> argparse.ArgumentParser:
     parser = _StrictParser(
         prog=prog,
@@ -702,7 +710,7 @@ def build_parser(prog: str = "train_deepspeed.py") -> argparse.ArgumentParser:
                 f"--{f.name}",
                 type=_converter(hints[f.name]),
                 metavar=f.name.upper(),
-                help=f"{f.metadata['help']} (default: {default})",
+                help=_with_default(f.metadata["help"], default),
             )
     return parser
 
@@ -711,7 +719,7 @@ def field_help(cls: type, name: str) -> dict[str, Any]:
     """argparse keywords for a config field reused by a `dskit` command: its type and help, unset by default."""
     f = next(f for f in dataclasses.fields(cls) if f.name == name)
     hint = typing.get_type_hints(cls)[name]
-    return {"type": _converter(hint), "help": f"{f.metadata['help']} (default: {f.default})"}
+    return {"type": _converter(hint), "help": _with_default(f.metadata["help"], f.default)}
 
 
 def _reject_unknown_flags(argv: list[str], known: set[str]) -> None:
@@ -726,12 +734,12 @@ def _reject_unknown_flags(argv: list[str], known: set[str]) -> None:
         raise ConfigError(f"unknown flag --{name}: {hint}")
 
 
-def parse_args(argv: list[str] | None = None) -> TrainConfig:
+def parse_args(argv: list[str] | None = None, prog: str = "train_deepspeed.py") -> TrainConfig:
     """Defaults, then the run file (--config), then the flags: each later one overrides. Parsing only: the launch
-    environment joins in resolution (resolve/resolver.py)."""
+    environment joins in resolution (resolve/resolver.py). `prog`: the command named in --help's usage."""
     argv = list(sys.argv[1:] if argv is None else argv)
     _reject_unknown_flags(argv, {*flag_fields(), CONFIG})
-    given = vars(build_parser().parse_args(argv))
+    given = vars(build_parser(prog).parse_args(argv))
     values: dict[str, Any] = {}
     inline = None
     config_path = given.pop(CONFIG, None)

@@ -73,3 +73,15 @@ def test_version_names_the_package_and_the_checkout(capsys) -> None:
 
     assert cli.main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"dskit {version('dskit')} from {REPO_ROOT}"
+
+
+def test_config_help_names_the_command_and_says_each_default_once(capsys) -> None:
+    import pytest
+
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["config", "--help"])
+    assert stopped.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert text.startswith("usage: dskit config [--format json|yaml] [-h]"), text[:80]
+    assert "(default: None)" not in text and "(default: the model's own) (default" not in text
+    assert "(default: the model's own)" in text and "(default: 100)" in text  # --tokenizer's; --max_steps'

@@ -80,6 +80,7 @@ def test_a_bare_interpreter_gets_one_line_naming_everything_and_the_pip_command(
         assert f"{req.name} (missing)" in line and f"'{req.text}'" in line
     assert f"Fix: {python} -m pip install " in line and "WHEELHOUSE=DIR" in line
     assert "torch==" not in line  # no torch to keep
+    assert "(installs torch: this interpreter has none, or one too old)" in line and "pins" not in line
 
 
 def test_an_old_package_is_named_and_the_installed_torch_is_pinned(tmp_path: Path) -> None:
