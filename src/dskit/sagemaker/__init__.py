@@ -343,7 +343,11 @@ def submit(args: list[str]) -> int:
     request = build_request(values, job_name, session.region_name, hps)
     if dry_run:
         print(json.dumps(redacted(request), indent=2))
-        print("dry run: nothing uploaded or created")
+        print(
+            "dry run: nothing uploaded or created, and nothing asked of AWS: not checked are the buckets and the "
+            "channels (a submit checks them before it uploads), what the role may do, the instance quota and "
+            "spot capacity"
+        )
         return 0
     s3 = _client(session, "s3")
     sagemaker = _client(session, "sagemaker")

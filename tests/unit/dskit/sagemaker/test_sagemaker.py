@@ -344,3 +344,33 @@ def test_values_defaults_are_a_p5_on_demand_job() -> None:
     assert values.efa and values.gpus_per_instance == 8
     spot = SageMakerValues(**{**values.__dict__, "spot": True, "max_runtime_s": 3600})
     assert spot.wait_s() == 7200
+
+
+def test_the_readmes_values_files_dry_run_on_a_machine_without_aws_configuration(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The values files README.md shows, written as a user copies them, with the README's own dry-run flags:
+    no AWS region, credentials or network needed, and the line says what a dry run does not check."""
+    import re
+
+    readme = (Path(__file__).resolve().parents[4] / "README.md").read_text()
+    files = re.findall(r"```yaml\n(# (sm-[\w-]+\.yaml)\n.*?)```", readme, re.S)
+    assert [name for _, name in files] == ["sm-p5.yaml", "sm-spot.yaml"]
+    for var in (
+        "AWS_DEFAULT_REGION",
+        "AWS_REGION",
+        "AWS_PROFILE",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    for body, name in files:
+        (tmp_path / name).write_text(body)
+        status, out, err = submit(
+            capsys, "--values", str(tmp_path / name), "--dry_run", "--max_steps", "20000"
+        )
+        assert status == 0, (name, err)
+        assert json.loads(out[: out.rindex("}") + 1])["HyperParameters"] == {"max_steps": "20000"}
+        assert "not checked are the buckets and the channels" in out, out[-500:]
