@@ -4,3 +4,6 @@ One definition, so a module that moves between subpackages cannot silently point
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# DeepSpeed's JIT-built ops: one build per checkout, shared by every node and every entry (the launchers, the
+# Makefile, a rank started by accelerate, `dskit doctor` run alone), unless TORCH_EXTENSIONS_DIR names another.
+EXTENSIONS_DIR = REPO_ROOT / ".cache" / "torch_extensions"

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from model_utils import repo
 from model_utils.errors import ConfigError, first_line
 
 SUBPROCESS_TIMEOUT_S = 20
@@ -49,7 +50,7 @@ class LaunchContext:
             cuda_version=env.get("CUDA_VERSION", "").strip() or defaults.cuda_version,
             efa=env.get("EFA", "").strip() or defaults.efa,
             nodes=max(1, count("SLURM_JOB_NUM_NODES", 1)),
-            extensions_dir=Path(ext) if ext else None,
+            extensions_dir=Path(ext) if ext else repo.EXTENSIONS_DIR,  # where a rank would build them
             ds_accelerator=env.get("DS_ACCELERATOR"),
         )
 

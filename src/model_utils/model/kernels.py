@@ -32,17 +32,15 @@ from typing import Any
 
 import torch
 
+from model_utils import repo
 from model_utils.config.arguments import ModelArgs
 from model_utils.errors import ConfigError
 from model_utils.observe.log import print0
-from model_utils.repo import REPO_ROOT
 
 # --- DeepSpeed's JIT-built ops ------------------------------------------------------------------------------
 
 ARCH_LIST_ENV = "TORCH_CUDA_ARCH_LIST"
 EXTENSIONS_DIR_ENV = "TORCH_EXTENSIONS_DIR"
-# One build per checkout, shared by every node (the launchers and the Makefile set the same directory).
-DEFAULT_EXTENSIONS_DIR = REPO_ROOT / ".cache" / "torch_extensions"
 
 # A token torch accepts and DeepSpeed's op builder can parse after normalising: "9.0", "9.0a", "10.0f+PTX".
 _ARCH_TOKEN = re.compile(r"^(\d+)\.(\d+)[a-z]*(\+PTX)?$")
@@ -77,7 +75,7 @@ def prepare_jit_env(environ: MutableMapping[str, str] = os.environ) -> None:
     Keeps the per-checkout extensions dir when nothing set one, and rewrites a TORCH_CUDA_ARCH_LIST that
     DeepSpeed cannot parse. Idempotent.
     """
-    environ.setdefault(EXTENSIONS_DIR_ENV, str(DEFAULT_EXTENSIONS_DIR))
+    environ.setdefault(EXTENSIONS_DIR_ENV, str(repo.EXTENSIONS_DIR))
     raw = environ.get(ARCH_LIST_ENV)
     if raw is None or not raw.strip():
         return

@@ -652,3 +652,16 @@ def test_committed_launchers_call_preflight_once() -> None:
         assert text.count("dskit.cli preflight") == 1, name
         call = text.index("\n" + ("  " if name == "train-singlenode.sh" else "") + "run_preflight ")
         assert call < text.index('--nproc_per_node="$nproc_per_node"'), name
+
+
+def test_doctor_run_alone_looks_for_the_ops_where_a_rank_builds_them() -> None:
+    """No TORCH_EXTENSIONS_DIR (doctor typed by hand, not from a launcher): the checkout's dir, which a rank's
+    kernels.prepare_jit_env picks too, not torch's ~/.cache default, which no entry of the kit uses."""
+    from model_utils import repo
+    from model_utils.model import kernels
+
+    assert doctor.LaunchContext.from_env({}).extensions_dir == repo.EXTENSIONS_DIR
+    environ: dict[str, str] = {}
+    kernels.prepare_jit_env(environ)
+    assert environ["TORCH_EXTENSIONS_DIR"] == str(repo.EXTENSIONS_DIR)
+    assert doctor.LaunchContext.from_env({"TORCH_EXTENSIONS_DIR": "/x"}).extensions_dir == Path("/x")
