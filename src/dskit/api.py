@@ -113,11 +113,11 @@ class _SlurmJob:
         shown = subprocess.run(["scontrol", "-o", "show", "job", self.id], capture_output=True, text=True)
         fields = dict(re.findall(r"(\w+)=(\S*)", shown.stdout))
         if "JobState" not in fields:
+            # Gone from the controller (MinJobAge): the log's END line tells how it ended. Else the controller
+            # was busy: asked again at the next poll.
             if "Invalid job id" in shown.stderr:
-                self.state = (
-                    None  # gone from the controller (MinJobAge): the log's END line tells how it ended
-                )
-            return  # else a busy controller: asked again at the next poll
+                self.state = None
+            return
         self.state = fields["JobState"]
         self.exit_code = int(fields.get("ExitCode", "0:0").split(":")[0])
         if self.log is None and fields.get("StdOut"):
