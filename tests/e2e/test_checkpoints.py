@@ -21,7 +21,7 @@ from model_utils import engines
 from model_utils.checkpoint import protocol
 from model_utils.engines.deepspeed_engine import MODEL_STATES
 from model_utils.storage import file_manifest
-from support.rank_pool import ENV, run_ranks
+from support.rank_pool import ENV, killed_in_first_save, run_ranks
 from support.reference_runs import HALF, Reference
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,12 +78,7 @@ def test_kill_during_save_resumes_from_the_last_verified_checkpoint(
     shutil.copytree(base, ckpt)
     saves = [layout, str(ckpt), "6", "8"]
     crashed = run_ranks(saves, script=FAKE_ENGINE, env={**ENV, protocol.FAULT_ENV: point})
-    assert crashed.returncode != 0, crashed.stdout[-2000:]
-    killed = 1 if point.startswith("rank1_") else 0
-    assert crashed.exitcodes[killed] == -signal.SIGKILL, crashed.exitcodes
-    assert (
-        "Resumed from" in crashed.stdout and "Saved checkpoint" not in crashed.stdout
-    )  # died in its first save
+    killed_in_first_save(crashed, rank=1 if point.startswith("rank1_") else 0)
     target = protocol.select_resume(str(ckpt), None)
     assert target is not None and target.tag == FAULTS[point]
     for tag in ("tiny_qwen3-2steps", "tiny_qwen3-4steps"):
@@ -136,11 +131,7 @@ def test_a_real_kill_during_a_deepspeed_save_resumes_from_the_last_verified_chec
     ckpt = tmp_path / "ck"
     shutil.copytree(base, ckpt)
     crashed = run_ranks([*args, "--checkpoint_dir", str(ckpt)], env={**ENV, protocol.FAULT_ENV: "mid_file"})
-    assert crashed.returncode != 0, crashed.stdout[-2000:]
-    assert crashed.exitcodes[0] == -signal.SIGKILL, crashed.exitcodes
-    assert (
-        "Resumed from" in crashed.stdout and "Saved checkpoint" not in crashed.stdout
-    )  # died in its first save
+    killed_in_first_save(crashed)
     target = protocol.select_resume(str(ckpt), None)
     assert target is not None and target.tag == FAULTS["mid_file"]
     for tag in ("tiny_qwen3-2steps", "tiny_qwen3-4steps"):

@@ -143,6 +143,7 @@ class RankPool:
         env: dict[str, str] | None = None,
         timeout: int = 600,
     ) -> RankRun:
+        """The finished run, whatever its exit status (crash tests expect failures): run_torchrun's contract."""
         env = dict(env or ENV)
         server = self.server(env)
         with tempfile.TemporaryDirectory(prefix="ranks-") as tmp:
@@ -189,17 +190,18 @@ def _read(path: Path) -> str:
 POOL = RankPool()
 
 
-def run_ranks(
-    args: list[str],
-    *,
-    script: Path | str = TRAIN_SCRIPT,
-    nproc: int = 2,
-    cwd: Path = REPO,
-    env: dict[str, str] | None = None,
-    timeout: int = 600,
-) -> RankRun:
-    """The finished run, whatever its exit status (crash tests expect failures): run_torchrun's contract."""
-    return POOL.run(args, script=script, nproc=nproc, cwd=cwd, env=env, timeout=timeout)
+# The finished run, whatever its exit status (crash tests expect failures): run_torchrun's contract.
+run_ranks = POOL.run
+
+
+def killed_in_first_save(crashed: RankRun, rank: int = 0) -> None:
+    """A crash test's run: it failed, `rank` was SIGKILLed (the injected fault), and it died in its first save
+    after resuming (nothing saved)."""
+    assert crashed.returncode != 0, crashed.stdout[-2000:]
+    assert crashed.exitcodes[rank] == -signal.SIGKILL, crashed.exitcodes
+    assert "Resumed from" in crashed.stdout and "Saved checkpoint" not in crashed.stdout, crashed.stdout[
+        -2000:
+    ]
 
 
 def train(args: list[str], cwd: Path = REPO, **kwargs: Any) -> str:

@@ -329,13 +329,13 @@ def write_unit(
 def _check_text(texts: list[Any], field: str, unit: Unit) -> None:
     """A field of lists or records (chat messages, say) is not text: one line naming what it holds, not a data
     set of 0 documents and a "fewer than one block" later. Missing values (None) are empty documents."""
-    kinds = sorted({type(t).__name__ for t in texts if t is not None and not isinstance(t, str)})
-    if not kinds:
+    bad = [t for t in texts if t is not None and not isinstance(t, str)]
+    if not bad:
         return
-    bad = sum(1 for t in texts if t is not None and not isinstance(t, str))
+    kinds = sorted({type(t).__name__ for t in bad})
     where = unit.describe().rsplit(" [", 1)[0]
     raise ConfigError(
-        f"field {field!r} of {where} holds {' and '.join(kinds)} values, not text ({bad} of the first "
+        f"field {field!r} of {where} holds {' and '.join(kinds)} values, not text ({len(bad)} of the first "
         f"{len(texts)} rows): pass --text_field naming a field of plain text"
     )
 
