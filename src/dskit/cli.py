@@ -16,7 +16,6 @@ from model_utils.observe.log import error_line
 
 def _config(args: list[str]) -> int:
     from model_utils.config.arguments import parse_args
-    from model_utils.resolve import resolver
 
     output = "json"
     for i, arg in enumerate(args):  # anywhere among the training flags (none of which is --format)
@@ -31,6 +30,8 @@ def _config(args: list[str]) -> int:
     prog = "dskit config [--format json|yaml]"
     if any(a in ("-h", "--help") for a in args):
         parse_args(args, prog=prog)  # prints the help to stdout and exits
+    from model_utils.resolve import resolver  # torch: after --help, which must stay instant
+
     with contextlib.redirect_stdout(sys.stderr):  # stdout is the JSON (or YAML) alone, for scripts
         run = resolver.prepare(parse_args(args, prog=prog))
     if output == "yaml":
@@ -44,9 +45,11 @@ def _config(args: list[str]) -> int:
 
 def _prepare(train_args: list[str]) -> int:
     from model_utils.config.arguments import parse_args
+
+    cfg = parse_args(train_args, prog="dskit prepare")  # --help exits here, before torch is imported
     from model_utils.resolve import resolver
 
-    return _prepared(resolver.prepare(parse_args(train_args, prog="dskit prepare"), fetch_hub=True))
+    return _prepared(resolver.prepare(cfg, fetch_hub=True))
 
 
 def _prepared(run: Any) -> int:
@@ -64,7 +67,8 @@ usage: dskit preflight [TRAINING FLAGS...]
 
 `dskit doctor`, then, when no check FAILs, `dskit prepare`, in one process with the same training flags: what
 the launchers run before the ranks start. Exit status 1 when a doctor check FAILs (prepare does not run), 2 for
-bad flags or what prepare refuses, 0 otherwise. See `dskit doctor --help` for the launch settings it reads."""
+bad flags or what prepare refuses, 0 otherwise. See `dskit doctor --help` for the launch settings it reads,
+`dskit config --help` for every training flag."""
 
 
 def _preflight(train_args: list[str]) -> int:

@@ -361,9 +361,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     from model_utils.config.arguments import DataArgs, LoraArgs, ModelArgs, OptimArgs, TrainConfig
-    from model_utils.resolve import resolver
 
     ns = build_parser().parse_args(argv)
+    from model_utils.resolve import resolver  # torch: after parsing, so --help stays instant
+
     for flag in ("gpu_memory_gib", "host_memory_gib"):
         value = getattr(ns, flag)
         if value is not None and not value > 0:

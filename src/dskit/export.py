@@ -38,16 +38,17 @@ import argparse
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from model_utils import engines
 from model_utils.checkpoint import launch_record
-from model_utils.checkpoint.protocol import HF_CONFIG_DIR, is_tag_dir, newest_verified
 from model_utils.config.arguments import LoraArgs
-from model_utils.engines.base import Engine
 from model_utils.errors import CommandParser, ConfigError, first_line
 from model_utils.model import lora
 from model_utils.storage import file_manifest
+
+if TYPE_CHECKING:
+    from model_utils.engines.base import Engine
 
 DTYPES = ("bf16", "fp32")
 
@@ -55,6 +56,9 @@ DTYPES = ("bf16", "fp32")
 def resolve_tag(checkpoint: Path) -> tuple[Path, str]:
     """(checkpoint dir, tag) for a tag dir, or for a checkpoint dir the tag a resume would pick: the newest
     whose manifest verifies (checkpoint.newest_verified), not whatever `latest` names."""
+    # The protocol imports torch: here, not at module level, so `dskit export --help` stays instant.
+    from model_utils.checkpoint.protocol import is_tag_dir, newest_verified
+
     if not checkpoint.is_dir():
         what = "does not exist" if not checkpoint.exists() else "is not a directory"
         raise ConfigError(
@@ -74,6 +78,8 @@ def resolve_tag(checkpoint: Path) -> tuple[Path, str]:
 def _check_tag(tag_dir: Path) -> tuple[type[Engine], Path]:
     """The engine that wrote the tag and the tag's hf_config dir, after checking the tag is complete (its
     manifest verifies) and exportable."""
+    from model_utils.checkpoint.protocol import HF_CONFIG_DIR
+
     problem = file_manifest.verify(tag_dir)
     if problem is not None:
         raise ConfigError(

@@ -28,10 +28,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
-
-import numpy as np
-import torch
+from typing import TYPE_CHECKING, Any
 
 from dskit import columns
 from model_utils.assets import TOKENIZER_DIR
@@ -40,11 +37,16 @@ from model_utils.config.arguments import AUTO, LIGER_CHOICES, GuardArgs, OptimAr
 from model_utils.config.deepspeed_file import load_deepspeed_json
 from model_utils.data.sampler import BlockSampler, DataPosition
 from model_utils.errors import CommandParser, ConfigError
-from model_utils.launch import distributed, startup
-from model_utils.model import kernels
-from model_utils.observe import metrics
+from model_utils.launch import startup
 from model_utils.observe.log import print0
-from model_utils.resolve import resolver
+
+# torch (and what imports it) is imported where a benchmark runs, never at module level: `dskit bench --help`
+# and `dskit gpu-check --help` (this package's submodule) stay instant.
+if TYPE_CHECKING:
+    import torch
+
+    from model_utils.launch import distributed
+    from model_utils.resolve import resolver
 
 GPU_MODEL = "qwen3-0.6b"
 CPU_MODEL = "tiny-qwen3"
@@ -147,6 +149,8 @@ class Measured:
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
+        import torch
+
         torch.cuda.synchronize(device)
 
 
@@ -167,13 +171,19 @@ def _run_steps(step: Callable[[], float], device: torch.device, warmup: int, ste
 def _reset_memory(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
+        import torch
+
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
 
 
 def _peak_memory_gib(device: torch.device) -> float:
     """Peak allocated GPU memory since the last reset; on CPU this process's resident memory now."""
+    from model_utils.observe import metrics
+
     if device.type == "cuda":
+        import torch
+
         return torch.cuda.max_memory_allocated(device) / metrics.GIB
     return metrics.memory_gib(device)[2]
 
@@ -191,6 +201,8 @@ class Workload:
     peak_tflops: float | None
 
     def record(self, row: Row, start: float, setup_s: float, m: Measured, peak_gib: float) -> None:
+        from model_utils.observe import metrics
+
         tokens = row.micro_batch_size * self.accumulation * self.seq_length * self.steps
         rate = metrics.throughput(tokens, m.timed_s, 1, self.flops_per_token, self.peak_tflops)
         row.tokens_per_s, row.mfu, row.peak_mem_gib = rate.tokens_per_s, rate.mfu, peak_gib
@@ -199,6 +211,8 @@ class Workload:
 
 def _guarded(row: Row, device: torch.device, train: Callable[[Row], None]) -> Row:
     """Run one row; running out of GPU memory marks the row instead of ending the benchmark."""
+    import torch
+
     _reset_memory(device)
     try:
         train(row)
@@ -246,6 +260,8 @@ def run_reference(work: Workload, run: resolver.ResolvedRun, device: torch.devic
     )
 
     def train(row: Row) -> None:
+        import numpy as np
+        import torch
         from transformers import AutoModelForCausalLM
 
         start = time.perf_counter()
@@ -392,6 +408,10 @@ def _free_port() -> int:
 @contextmanager
 def single_process_group() -> Iterator[distributed.DistInfo]:
     """A one-rank process group, as torchrun would set one up; reuses one that already exists."""
+    import torch
+
+    from model_utils.launch import distributed
+
     if int(os.environ.get("WORLD_SIZE", "1")) != 1:
         raise ConfigError("dskit bench runs as one process: start it directly, not under torchrun")
     defaults = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
@@ -492,7 +512,12 @@ def main(argv: list[str]) -> int:
         return data_bench.main(argv)
     ns = build_parser().parse_args(argv)
     startup.import_deepspeed()
+    import torch
     from deepspeed.accelerator import get_accelerator
+
+    from model_utils.model import kernels
+    from model_utils.observe import metrics
+    from model_utils.resolve import resolver
 
     device_type = "cuda" if get_accelerator().device_name() == "cuda" else "cpu"  # what the kit trains on
     default_steps, default_warmup = STEPS[device_type]

@@ -425,7 +425,7 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else "no output"
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dskit wheelhouse", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser(
@@ -446,7 +446,11 @@ def main(argv: list[str] | None = None) -> int:
         "--overlay", action="store_true", help="a venv that sees this interpreter's packages (DSKIT_PYTHON)"
     )
     i.add_argument("--test_tools", action="store_true", help="also pytest, for make gpu-check's gpu tests")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     repo = REPO_ROOT
     try:
         if args.command == "build":

@@ -78,10 +78,14 @@ usage: dskit sagemaker submit [--values FILE] [--wait] [--dry_run] [TRAINING FLA
 submit: check the values file (YAML, see docs/sagemaker.md) and the training flags, upload the kit's source to
 S3 and create a SageMaker training job that runs them on every instance. --wait: poll until the job ends (exit 0
 when it completed); --dry_run: print the request (account masked) and stop before anything is uploaded or
-created. The options come before the training flags (or --config run.yaml), which pass through to the job.
+created. The options come before the training flags (or --config run.yaml), which pass through to the job
+(every training flag: dskit config --help).
 status: the job's state; logs: its CloudWatch log; stop: ask SageMaker to stop it (the ranks save a checkpoint).
 AWS region and credentials: the standard chain (AWS_DEFAULT_REGION, AWS_PROFILE, ~/.aws), or region: in the
 values file for submit."""
+
+
+SUBMIT_OPTIONS = ("--values", "--wait", "--dry_run")  # submit's own, before the training flags; in USAGE
 
 
 # --- the training flags -------------------------------------------------------------------------------------
@@ -325,7 +329,7 @@ def _client(session: Any, service: str) -> Any:
 
 def submit(args: list[str]) -> int:
     values_file, wait, dry_run = None, False, False
-    while args and args[0] in ("--values", "--wait", "--dry_run"):  # ours come first; the rest is training's
+    while args and args[0] in SUBMIT_OPTIONS:  # ours come first; the rest is training's
         option, args = args[0], args[1:]
         if option == "--values":
             if not args:
@@ -489,11 +493,16 @@ def stop(job: str) -> int:
     return 0
 
 
+def job_parser(name: str) -> CommandParser:
+    """The parser of `dskit sagemaker status|logs|stop JOB`."""
+    parser = CommandParser(prog=f"dskit sagemaker {name}")
+    parser.add_argument("job", metavar="JOB", help="the training job's name")
+    return parser
+
+
 def _job_command(name: str, fn: Any) -> Any:
     def run(args: list[str]) -> int:
-        parser = CommandParser(prog=f"dskit sagemaker {name}")
-        parser.add_argument("job", metavar="JOB", help="the training job's name")
-        return fn(parser.parse_args(args).job)
+        return fn(job_parser(name).parse_args(args).job)
 
     return run
 

@@ -85,3 +85,112 @@ def test_config_help_names_the_command_and_says_each_default_once(capsys) -> Non
     assert text.startswith("usage: dskit config [--format json|yaml] [-h]"), text[:80]
     assert "(default: None)" not in text and "(default: the model's own) (default" not in text
     assert "(default: the model's own)" in text and "(default: 100)" in text  # --tokenizer's; --max_steps'
+
+
+# Each `dskit` help a user can ask for: the words typed after `dskit`, the program its usage must name, and the
+# options it must mention (from the parser that reads them, so a new option missing from the help fails here).
+def _help_forms() -> list[tuple[list[str], str, list[str]]]:
+    import argparse
+
+    from dskit import bench, estimate, export, plot, prepare_data, render, sagemaker
+    from dskit.bench import data_bench, gpu_check
+    from dskit.env import wheelhouse
+    from model_utils.config import arguments
+
+    def options(parser: argparse.ArgumentParser) -> list[str]:
+        return [o for a in parser._actions if a.help != argparse.SUPPRESS for o in a.option_strings]
+
+    def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+        return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+    training = options(arguments.build_parser())
+    wheel = subcommands(wheelhouse.build_parser())
+    # doctor, preflight and sagemaker submit take the training flags and point to `dskit config --help`
+    # for them rather than repeating 90 flags
+    see_config = ["dskit config --help"]
+    return [
+        (["config"], "dskit config", training),
+        (["prepare"], "dskit prepare", training),
+        (["prepare-data"], "dskit prepare-data", options(prepare_data.build_parser())),
+        (["preflight"], "dskit preflight", ["dskit doctor --help", *see_config]),
+        (["render"], "dskit render", options(render.build_parser())),
+        (["export"], "dskit export", options(export.build_parser())),
+        (["estimate"], "dskit estimate", options(estimate.build_parser())),
+        (["doctor"], "dskit doctor", see_config),
+        (["plot"], "dskit plot", options(plot.build_parser())),
+        (["bench"], "dskit bench", options(bench.build_parser()) + list(bench.DATA_BENCH_FLAGS)),
+        (["bench", "--data", "corpus.jsonl"], "dskit bench --data", options(data_bench.build_parser())),
+        (["wheelhouse"], "dskit wheelhouse", list(wheel)),
+        *[(["wheelhouse", name], f"dskit wheelhouse {name}", options(p)) for name, p in wheel.items()],
+        (["gpu-check"], "dskit gpu-check", options(gpu_check.build_parser())),
+        (["sagemaker"], "dskit sagemaker submit", [*sagemaker.SUBMIT_OPTIONS, *see_config]),
+        (["sagemaker", "submit"], "dskit sagemaker submit", list(sagemaker.SUBMIT_OPTIONS)),
+        *[
+            (["sagemaker", name], f"dskit sagemaker {name}", options(sagemaker.job_parser(name)))
+            for name in ("status", "logs", "stop")
+        ],
+    ]
+
+
+# Runs each argv in a child forked from one process that imported dskit.cli only: each child's sys.modules is
+# what that one command imported. One interpreter start for all of them keeps the unit tier fast.
+HELP_PROBE = r"""
+import contextlib, io, json, os, sys
+import dskit.cli
+
+results = []
+for argv in json.loads(sys.argv[1]):
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        text = io.StringIO()
+        with contextlib.redirect_stdout(text), contextlib.redirect_stderr(text):
+            try:
+                code = dskit.cli.main(argv)
+            except SystemExit as stopped:
+                code = stopped.code
+        heavy = [name for name in ("torch", "deepspeed", "transformers") if name in sys.modules]
+        with os.fdopen(write, "w") as out:
+            json.dump({"code": code, "text": text.getvalue(), "heavy": heavy}, out)
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as got:
+        results.append(json.load(got))
+    os.waitpid(pid, 0)
+print(json.dumps(results))
+"""
+
+
+def _probe(argvs: list[list[str]]) -> list[dict]:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLUMNS": "200"}  # argparse wraps at the terminal's width
+    done = subprocess.run(
+        [sys.executable, "-c", HELP_PROBE, json.dumps(argvs)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    return json.loads(done.stdout)
+
+
+def test_every_help_names_its_program_and_options_and_imports_no_ml_library() -> None:
+    forms = _help_forms()
+    assert {argv[0] for argv, _, _ in forms} == set(cli.COMMANDS), "a dskit command without a help form here"
+    argvs = [[*argv, "--help"] for argv, _, _ in forms]
+    argvs += [["--help"], ["--version"], ["exprot"]]  # the command list, the version, a did-you-mean
+    results = _probe(argvs)
+    for argv, (_, prog, mentioned), result in zip(argvs, forms, results, strict=False):
+        text = result["text"]
+        assert result["code"] == 0, (argv, text[-2000:])
+        assert text.startswith(f"usage: {prog} ") or text.startswith(f"usage: {prog}\n"), (argv, text[:200])
+        missing = [option for option in mentioned if option not in text]
+        assert not missing, f"dskit {' '.join(argv)} does not mention {missing}"
+    for argv, result in zip(argvs, results, strict=True):
+        assert result["heavy"] == [], f"dskit {' '.join(argv)} imported {result['heavy']}"
+    assert [r["code"] for r in results[-3:]] == [0, 0, 2]
+    assert "did you mean export?" in results[-1]["text"]
