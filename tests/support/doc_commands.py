@@ -1,0 +1,290 @@
+"""Every command README.md and docs/*.md show in a fenced block, and what checks it: the docs guard.
+
+A command is a line of a ```bash, ```sh or ```console block (a console block's `$ ` lines), backslash
+continuations joined, its comment dropped, `;` splitting one line into several. Blocks of other languages
+(yaml, toml, json, python, text: trees, log and output excerpts) hold no command; a block without a language tag
+is refused, so each block's kind is said in the docs. Every command is classified in COMMANDS below, once:
+
+- Run: tests/e2e/test_docs.py runs it for real, in document order, in a copy of the checkout;
+- DryRun: it needs what the tests do not have (a GPU, AWS, the network, a SLURM cluster), so a cheap check
+  stands in for it: "flags" (tests/unit/test_docs.py parses its flags with the parser that reads them) or a
+  shell command (the kit's own --dry_run, `bash -n`, `make -n`, `--help`), run by the e2e test in its place;
+- CoveredBy: an existing test runs it (tests/unit/test_docs.py checks the test exists and its source holds the
+  command's distinctive part, so the mapping cannot rot);
+- Uncovered: no test runs it, and running it here costs too much; its flags are parsed, and the gap is listed.
+
+A yaml/toml block whose first line is `# NAME.yaml` (or .toml) is a file the docs show: the e2e test writes it
+into the copy, as a user would, before the commands of that page run.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+COMMAND_LANGUAGES = ("bash", "sh", "console")
+OTHER_LANGUAGES = ("yaml", "toml", "json", "python", "text")
+_FENCE = re.compile(r"^\s*```(\S*)\s*$")
+_SHOWN_FILE = re.compile(r"^# ([\w./-]+\.(?:ya?ml|toml))$")
+
+
+@dataclass(frozen=True)
+class DocCommand:
+    file: str  # relative to the checkout
+    line: int  # where the command starts
+    text: str  # as a user would type it: continuations joined, the comment dropped, spaces collapsed
+
+
+@dataclass(frozen=True)
+class ShownFile:
+    file: str
+    line: int
+    name: str
+    body: str
+
+
+@dataclass(frozen=True)
+class Run:
+    pass
+
+
+@dataclass(frozen=True)
+class DryRun:
+    reason: str  # what the tests lack: a GPU, AWS, the network, SLURM
+    check: str  # "flags", or the shell command run in its place
+
+
+@dataclass(frozen=True)
+class CoveredBy:
+    test: str  # "tests/e2e/test_x.py::test_name"
+    part: str  # the command's distinctive part, found in that test's source
+
+
+@dataclass(frozen=True)
+class Uncovered:
+    reason: (
+        str  # why no test runs it: said here, so the gap is in the table, not hidden (its flags still parse)
+    )
+
+
+FLAGS = "flags"
+
+
+def doc_files() -> list[str]:
+    """README.md, then the pages in the order README first links them (how a new user meets them), then any
+    page it does not link."""
+    readme = (REPO / "README.md").read_text()
+    linked = list(dict.fromkeys(re.findall(r"\(docs/([\w-]+\.md)", readme)))
+    pages = sorted(p.name for p in (REPO / "docs").glob("*.md"))
+    return [
+        "README.md",
+        *[f"docs/{p}" for p in linked if p in pages],
+        *[f"docs/{p}" for p in pages if p not in linked],
+    ]
+
+
+def _strip_comment(line: str) -> str:
+    if line.lstrip().startswith("#"):
+        return ""
+    quote = None
+    for i, char in enumerate(line):
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and i > 0 and line[i - 1].isspace():
+            return line[:i]
+    return line
+
+
+def blocks(file: str) -> list[tuple[str, int, list[str]]]:
+    """(language, line of the opening fence, body lines) of each fenced block."""
+    found, current = [], None
+    for number, line in enumerate((REPO / file).read_text().splitlines(), 1):
+        fence = _FENCE.match(line)
+        if fence and current is None:
+            current = (fence.group(1), number, [])
+        elif fence:
+            found.append(current)
+            current = None
+        elif current is not None:
+            current[2].append(line)
+    return found
+
+
+def commands(file: str) -> list[DocCommand]:
+    out = []
+    for language, start, body in blocks(file):
+        if language not in COMMAND_LANGUAGES:
+            continue
+        pending, first = "", 0
+        for offset, raw in enumerate(body, start + 1):
+            if language == "console":
+                if not (raw.startswith("$ ") or pending):
+                    continue  # output
+                raw = raw[2:] if raw.startswith("$ ") else raw
+            line = _strip_comment(raw).rstrip()
+            first = first or offset
+            if line.endswith("\\"):
+                pending += line[:-1] + " "
+                continue
+            for part in (pending + line).split(";"):
+                text = " ".join(part.split())
+                if text:
+                    out.append(DocCommand(file, first, text))
+            pending, first = "", 0
+    return out
+
+
+def untagged_blocks(file: str) -> list[str]:
+    """`FILE:LINE [tag]` of each block whose language says neither commands nor something else."""
+    return [
+        f"{file}:{line} [{language}]"
+        for language, line, _ in blocks(file)
+        if language not in COMMAND_LANGUAGES + OTHER_LANGUAGES
+    ]
+
+
+def shown_files(file: str) -> list[ShownFile]:
+    return [
+        ShownFile(file, line, named.group(1), "\n".join(body) + "\n")
+        for language, line, body in blocks(file)
+        if language in ("yaml", "toml") and body and (named := _SHOWN_FILE.match(body[0]))
+    ]
+
+
+def all_commands() -> list[DocCommand]:
+    return [command for file in doc_files() for command in commands(file)]
+
+
+_SLURM = "a SLURM cluster"
+_SLURM_GPU = "a SLURM cluster with GPU nodes"
+_HUB = "the network (a dataset or model from the Hugging Face hub)"
+_AWS = "AWS (a SageMaker job)"
+_TRAINS = "a training run: "
+
+# Every documented command, as COMMANDS' keys spell it (DocCommand.text), and what checks it.
+COMMANDS: dict[str, Run | DryRun | CoveredBy | Uncovered] = {
+    # README.md: the launchers
+    "./train-singlenode.sh": CoveredBy(
+        "tests/e2e/test_training_runs.py::test_train_singlenode_trains_the_embedded_default_and_resumes",
+        "train-singlenode.sh",
+    ),
+    "./train-singlenode.sh ip-10-1-199-129": CoveredBy(
+        "tests/slurm/test_slurm.py::test_singlenode_runs_on_the_named_node",
+        "./train-singlenode.sh",
+    ),
+    "sbatch train.sbatch": CoveredBy(
+        "tests/slurm/test_slurm.py::test_sbatch_trains_on_both_nodes_and_usr1_requeues_and_resumes",
+        "train.sbatch",
+    ),
+    "CUDA_VERSION=12.9 sbatch train.sbatch": DryRun(_SLURM_GPU, "bash -n train.sbatch"),
+    "tail -f logs/*.out": DryRun("follows the logs until interrupted", "bash -n -c 'tail -f logs/*.out'"),
+    "make test": DryRun("the whole suite: what runs this test", "make -n test"),
+    # README.md: a real dataset
+    ".venv/bin/dskit prepare-data /fsx/data/c4-qwen3 --dataset allenai/c4 --dataset_config_name en "
+    "--local_dataset false --model Qwen/Qwen3-0.6B --max_tokens 20000000000": DryRun(_HUB, FLAGS),
+    "./train-singlenode.sh --model Qwen/Qwen3-0.6B --dataset /fsx/data/c4-qwen3 --seq_length 2048 "
+    "--max_steps 1000 --checkpoint_freq 200": DryRun(_HUB, FLAGS),
+    "./train-singlenode.sh --model Qwen/Qwen3-0.6B --dataset /fsx/data/wikitext-2 --text_field text": DryRun(
+        _HUB, FLAGS
+    ),
+    "./train-singlenode.sh --config configs/qwen3-0.6b-lora.yaml --dataset /fsx/data/train.parquet "
+    "--validation_dataset /fsx/data/valid.parquet": DryRun(_HUB, FLAGS),
+    "./train-singlenode.sh --model qwen3-0.6b --tokenizer Qwen/Qwen3-0.6B": DryRun(_HUB, FLAGS),
+    # README.md: SageMaker, against the values files it shows
+    ".venv/bin/dskit sagemaker submit --values sm-p5.yaml --config configs/zero3-offload.yaml --max_steps 20000": (
+        DryRun(
+            _AWS,
+            ".venv/bin/dskit sagemaker submit --values sm-p5.yaml --dry_run --config configs/zero3-offload.yaml "
+            "--max_steps 20000",
+        )
+    ),
+    ".venv/bin/dskit sagemaker submit --values sm-spot.yaml --dry_run --max_steps 20000": Run(),
+    ".venv/bin/dskit sagemaker status JOB": DryRun(_AWS, ".venv/bin/dskit sagemaker status --help"),
+    ".venv/bin/dskit sagemaker logs JOB": DryRun(_AWS, ".venv/bin/dskit sagemaker logs --help"),
+    ".venv/bin/dskit sagemaker stop JOB": DryRun(_AWS, ".venv/bin/dskit sagemaker stop --help"),
+    # docs/data.md
+    ".venv/bin/dskit prepare-data /fsx/data/c4-qwen3 --dataset allenai/c4 --dataset_config_name en "
+    "--local_dataset false --tokenizer Qwen/Qwen3-0.6B": DryRun(_HUB, FLAGS),
+    "./train-singlenode.sh --model Qwen/Qwen3-0.6B --dataset /fsx/data/c4-qwen3 --seq_length 2048": DryRun(
+        _HUB, FLAGS
+    ),
+    # docs/fsdp.md
+    "./train-singlenode.sh --backend fsdp": Uncovered(
+        "100 FSDP steps through the launcher (about a minute); FSDP through torchrun is tests/e2e/test_fsdp.py, "
+        "the launcher's default run tests/e2e/test_training_runs.py"
+    ),
+    "./train-singlenode.sh --backend fsdp --fsdp_cpu_offload true": CoveredBy(
+        "tests/e2e/test_fsdp.py::test_cpu_offload_trains_in_process", "fsdp_cpu_offload"
+    ),
+    ".venv/bin/dskit estimate --model qwen3-0.6b --backend fsdp": Run(),
+    ".venv/bin/dskit bench --vary backend=fsdp": CoveredBy(
+        "tests/e2e/test_bench.py::test_bench_prints_and_writes_both_rows", "backend=fsdp"
+    ),
+    # docs/checkpoints.md: after the README's first run made checkpoints/
+    ".venv/bin/dskit export checkpoints/ out/qwen3-run1 --dtype bf16": CoveredBy(
+        "tests/e2e/test_export.py::test_a_checkpoint_dir_exports_what_resume_would_pick_not_latest",
+        "checkpoint",
+    ),
+    # docs/launchers.md
+    "MAX_STEPS=1000 DATASET=allenai/c4 DATASET_CONFIG_NAME=en LOCAL_DATASET=false sbatch train.sbatch "
+    "--model Qwen/Qwen3-0.6B": DryRun(_SLURM + " and " + _HUB, FLAGS),
+    ".venv/bin/dskit render --values p5.yaml": Run(),
+    ".venv/bin/dskit render --set nodes=4 --set partition=gpu --set env.NCCL_DEBUG=INFO": Run(),
+    ".venv/bin/accelerate launch --config_file configs/accelerate/deepspeed-zero2.yaml --num_processes 2 "
+    "src/train_deepspeed.py --max_steps 50": CoveredBy(
+        "tests/e2e/test_accelerate_launch.py::test_accelerate_launch_trains_one_world_of_two",
+        "configs/accelerate/deepspeed-zero2.yaml",
+    ),
+    ".venv/bin/accelerate launch --multi_gpu --num_processes 2 --mixed_precision bf16 src/train_deepspeed.py": (
+        CoveredBy(
+            "tests/e2e/test_accelerate_launch.py::test_accelerate_launch_trains_one_world_of_two",
+            "--multi_gpu",
+        )
+    ),
+    ".venv/bin/dskit render --set launcher=accelerate "
+    "--set accelerate_config=configs/accelerate/deepspeed-zero2.yaml": Run(),
+    "ACCELERATE_CONFIG=my-fsdp.yaml sbatch train.sbatch --max_steps 1000": CoveredBy(
+        # the variable's handling is the launchers' shared code, run there against stand-in commands
+        "tests/unit/dskit/test_render.py::test_accelerate_singlenode",
+        "ACCELERATE_CONFIG",
+    ),
+    "make wheelhouse": DryRun(_HUB + ": 3 GiB of wheels", "make -n wheelhouse"),
+    "make wheelhouse WHEELHOUSE_DIR=/tmp/wh WHEELHOUSE_PYTHON=3.12 WHEELHOUSE_MACHINE=aarch64 "
+    "WHEELHOUSE_GLIBC=2.28": DryRun(
+        _HUB + ": 3 GiB of wheels",
+        "make -n wheelhouse WHEELHOUSE_DIR=/tmp/wh WHEELHOUSE_PYTHON=3.12 WHEELHOUSE_MACHINE=aarch64 "
+        "WHEELHOUSE_GLIBC=2.28",
+    ),
+    "WHEELHOUSE=/fsx/wheelhouse ./train-singlenode.sh": CoveredBy(
+        "tests/slurm/test_slurm.py::test_offline_install_from_a_wheelhouse_trains_through_both_launchers",
+        "train-singlenode.sh",
+    ),
+    "DSKIT_PYTHON=/opt/conda/bin/python WHEELHOUSE=/fsx/wheelhouse sbatch train.sbatch": CoveredBy(
+        "tests/slurm/test_slurm.py::test_offline_install_from_a_wheelhouse_trains_through_both_launchers",
+        "DSKIT_PYTHON",
+    ),
+    "jid=$(sbatch --parsable prepare-data.sbatch)": CoveredBy(
+        "tests/slurm/test_slurm.py::test_prepare_data_array_then_training_on_it", "prepare-data.sbatch"
+    ),
+    "DATASET=data/prepared sbatch --dependency=afterok:$jid --kill-on-invalid-dep=yes train.sbatch": CoveredBy(
+        "tests/slurm/test_slurm.py::test_prepare_data_array_then_training_on_it", "--dependency=afterok"
+    ),
+    # docs/estimate-and-doctor.md
+    ".venv/bin/dskit estimate --model qwen3-0.6b --nodes 2 --gpus_per_node 8 --zero_stage 2 --offload optimizer "
+    "--micro_batch_size 1 --seq_length 2048 --gpu_memory_gib 80": Run(),
+    "DS_ACCELERATOR=cpu .venv/bin/dskit doctor": Run(),
+    # docs/pipelines.md
+    ".venv/bin/python examples/kedro/run.py --work_dir /tmp/kedro-run --max_steps 20 --mlflow": CoveredBy(
+        "tests/e2e/test_api.py::test_kedro_example_trains_as_one_node_and_returns_a_serialisable_result",
+        "run.py",
+    ),
+    # docs/sagemaker.md: the synopsis
+    ".venv/bin/dskit sagemaker submit [--values FILE] [--wait] [--dry_run] [TRAINING FLAGS or --config "
+    "run.yaml]": DryRun(
+        _AWS + "; a synopsis, [ ] marks what is optional", ".venv/bin/dskit sagemaker --help"
+    ),
+}
