@@ -2,8 +2,9 @@
 ONE node that calls the launcher once and gets back a serialisable result).
 
     write_run_file(params)          -> run_file      a run file (YAML) from the pipeline's parameters
-    train(run_file, params)         -> training      dskit.api.train: the launcher, its log streamed to Kedro's
-                                                     logger, the result as a dict (step, losses, checkpoint,
+    train(run_file, params)         -> training      dskit.api.train: the launcher, its log streamed line by line
+                                                     to the `training` logger at INFO (conf/logging.yml shows
+                                                     it), the result as a dict (step, losses, checkpoint,
                                                      metrics file, MLflow run, exported model)
     summarize(training)             -> summary       what a downstream node would use
 """
@@ -20,7 +21,9 @@ from kedro.pipeline import Pipeline, node, pipeline
 
 from dskit import api
 
-log = logging.getLogger(__name__)
+# The launcher's log lines (steps, validations, checkpoints) while the train node runs; conf/logging.yml sets it
+# to INFO, as a Kedro project's conf/logging.yml would.
+training_log = logging.getLogger("training")
 
 
 def write_run_file(params: dict[str, Any]) -> str:
@@ -44,7 +47,7 @@ def train(run_file: str, params: dict[str, Any]) -> dict[str, Any]:
         run_file,
         export_dir=str(Path(params["work_dir"]) / "model"),
         mlflow_parent_run_id=params.get("mlflow_parent_run_id"),
-        on_line=log.info,
+        on_line=training_log.info,
         env=params.get("env"),
     )
     return result.to_dict()

@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
+
+# Before Kedro is imported (it configures logging then): the example's logging config, which shows the training's
+# lines (see conf/logging.yml); a config of your own in KEDRO_LOGGING_CONFIG wins.
+os.environ.setdefault("KEDRO_LOGGING_CONFIG", str(Path(__file__).parent / "conf" / "logging.yml"))
 
 from kedro.io import DataCatalog, MemoryDataset
 from kedro.runner import SequentialRunner

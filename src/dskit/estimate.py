@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import shlex
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,31 +103,48 @@ def verdict(est: MemoryEstimate, cap: Capacity) -> str:
 class Recommendation:
     estimate: MemoryEstimate | None  # None: nothing fits
     reason: str
+    # The training flags that select it, to go with the run's own (model, data, ...): `train it with:`.
+    flags: tuple[str, ...] = ()
 
 
 # Activation checkpointing the recommendation tries, least recompute first (every_N: about 1/N of full's).
 CHECKPOINTING_LEVELS = (CHECKPOINTING_NONE, "every_4", "every_2", "full")
 
 
-def _candidates(num_layers: int) -> list[tuple[str, str, int]]:
-    """(offload, activation checkpointing, stage) from fastest to slowest: no offload before offload; within
-    each, no checkpointing before checkpointing (least recompute first), then a lower stage before a higher.
+def candidates(layout: ZeroLayout, num_layers: int) -> list[tuple[ZeroLayout, list[str]]]:
+    """The layouts the recommendation tries on `layout`'s engine and cluster, fastest first, each with the training
+    flags that select it (the engine's layout_flags: a layout nothing shipped selects is never tried). No offload
+    before offload; within each, no checkpointing before checkpointing (least recompute first), then a lower stage
+    before a higher.
 
     Checkpointing comes before offload: its recompute costs at most one more forward of the decoder (about a third
     more compute), while CPU offload runs Adam on the CPU every step and the GPU mostly waits (docs/speed.md).
     Stage 0 (plain data parallel) is left out: ZeRO-1 trains as fast with a fraction of the optimizer memory.
+    FSDP2 has no stages, and no offload before offloading everything (--fsdp_cpu_offload).
     """
+    engine = engines.engine_class(layout.backend)
     levels: list[str] = []
     for level in CHECKPOINTING_LEVELS:  # every_4 and every_2 of a 2-layer model are the same one layer
         if not levels or checkpointed_layers(num_layers, level) > checkpointed_layers(num_layers, levels[-1]):
             levels.append(level)
+    offloads = OFFLOADS if engine.zero_stages else ("none", "optimizer")
+    stages = (1, 2, 3) if engine.zero_stages else (0,)
     out = []
-    for offload in OFFLOADS:
+    for offload in offloads:
         for level in levels:
-            for stage in (1, 2, 3):
+            for stage in stages:
                 if offload == "optimizer+params" and stage != 3:
                     continue
-                out.append((offload, level, stage))
+                base = dataclasses.replace(
+                    layout,
+                    stage=stage,
+                    offload_optimizer=offload != "none",
+                    offload_params=offload == "optimizer+params",
+                    activation_checkpointing=level,
+                )
+                flags = engine.layout_flags(base)
+                if flags is not None:
+                    out.append((base, flags))
     return out
 
 
@@ -140,19 +158,8 @@ def recommend(shape: ModelShape, layout: ZeroLayout, cap: Capacity) -> Recommend
     batches = [2**k for k in range(int(math.log2(MAX_MICRO_BATCH)) + 1)]
     nearest_faster: str | None = None  # why the layout just faster than the chosen one does not fit
     zero_stages = engines.engine_class(layout.backend).zero_stages
-    candidates = _candidates(shape.num_layers)
-    if not zero_stages:  # FSDP2: no stages, no offload before offloading everything, each checkpointing level
-        candidates = list(
-            dict.fromkeys((o, level, 0) for o, level, _ in candidates if o in ("none", "optimizer"))
-        )
-    for offload, checkpointing, stage in candidates:
-        base = dataclasses.replace(
-            layout,
-            stage=stage,
-            offload_optimizer=offload != "none",
-            offload_params=offload == "optimizer+params",
-            activation_checkpointing=checkpointing,
-        )
+    for base, selection in candidates(layout, shape.num_layers):
+        checkpointing = base.activation_checkpointing
         smallest = estimate(shape, dataclasses.replace(base, micro_batch_size=1))
         if not fits(smallest, cap):
             nearest_faster = _shortfall(smallest, cap)
@@ -181,7 +188,10 @@ def recommend(shape: ModelShape, layout: ZeroLayout, cap: Capacity) -> Recommend
                 f"; activation checkpointing {checkpointing} is what makes it fit (without it "
                 f"{_shortfall(without, cap)})"
             )
-        return Recommendation(chosen, reason)
+        flags = [*selection, "--micro_batch_size", str(best)]
+        if checkpointing != CHECKPOINTING_NONE:
+            flags += ["--activation_checkpointing", checkpointing]
+        return Recommendation(chosen, reason, tuple(flags))
     slowest = estimate(
         shape,
         dataclasses.replace(
@@ -419,4 +429,5 @@ def main(argv: list[str]) -> int:
         print(f"recommend: {rec.reason}")
     else:
         print(f"recommend: {rec.estimate.layout.describe_recommended()} — {rec.reason}")
+        print(f"train it with: {shlex.join(rec.flags)}")
     return 0

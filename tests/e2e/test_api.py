@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from dskit import api
+from model_utils.observe import step_line
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.e2e, pytest.mark.launcher]
@@ -43,6 +45,16 @@ def test_kedro_example_trains_as_one_node_and_returns_a_serialisable_result(tmp_
     model = Path(summary["model"])
     assert (model / "config.json").is_file() and any(model.glob("*.safetensors"))
     assert "Completed node: train" in proc.stdout + proc.stderr  # the run was one Kedro node
+    # The training's lines reach Kedro's log while the train node runs, each whole on one line.
+    kedro_log = proc.stdout.splitlines()
+    started = next(i for i, line in enumerate(kedro_log) if "Running node: train" in line)
+    ended = next(i for i, line in enumerate(kedro_log) if "Completed node: train" in line)
+    steps = [
+        line
+        for line in kedro_log[started:ended]
+        if re.search(r" INFO training: .*\| Step \d+/10 \| Loss ", line)
+    ]
+    assert [step_line.parse(line)["step"] for line in steps] == [5, 10], kedro_log[started:ended]
     # Nested: the training logged into a child of the orchestrator's own MLflow run (the real store, read back).
     from mlflow.tracking import MlflowClient
 

@@ -194,3 +194,24 @@ def test_wsd_resume_continues_the_exact_lr_and_a_new_world_size_repositions_it(
     for step in again:  # two world-size changes away from the straight run: twice the noise
         assert again[step]["lr"] == pytest.approx(full[step]["lr"], rel=1e-6)
         assert abs(again[step]["loss"] - full[step]["loss"]) < 1e-3, (step, again[step], full[step])
+
+
+# The shipped configs `dskit estimate` recommends that no other test trains (deepspeed_engine.shipped_configs).
+RECOMMENDABLE = ["ds_config_zero1.json", "ds_config_zero3_gpu.json", "ds_config_zero3_offload_params.json"]
+
+
+@pytest.mark.parametrize("config", RECOMMENDABLE)
+def test_each_shipped_config_estimate_can_recommend_trains_and_resumes(
+    tmp_path: Path, data_cache: Path, config: str
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    run = [*common(data_cache, ckpt, tmp_path / "m.jsonl"), "--checkpoint_freq", "2",
+           "--deepspeed_config", f"deepspeed/{config}"]  # fmt: skip
+    first = train([*run, "--max_steps", "2"])
+    assert "Done: step 2/2" in first and (ckpt / "latest").read_text().strip() == "tiny_qwen3-2steps"
+    # ZeRO-3 partitions the weights too: each rank saves its own model states.
+    partitioned = (ckpt / "tiny_qwen3-2steps" / "zero_pp_rank_1_mp_rank_00_model_states.pt").is_file()
+    assert partitioned == ("zero3" in config)
+    second = train([*run, "--max_steps", "3"])
+    assert "tiny_qwen3-2steps at step 2 (epoch 0" in second and "Done: step 3/3" in second, second[-3000:]
+    assert sorted(step_records(tmp_path / "m.jsonl")) == [1, 2, 3]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from model_utils.loop.hooks import GuardEvent, Observer, SavedCheckpoint, StepReport, Stop
+from model_utils.loop.hooks import GuardEvent, Observer, SavedCheckpoint, StepReport, Stop, Validation
 from model_utils.loop.state import TrainState
 
 
@@ -29,7 +29,7 @@ class Recorder(Observer):
             return Stop("watchdog", f"step {report.step} took {report.seconds:.1f} s (a test)")
         return None
 
-    def after_validation(self, step: int, val_loss: float) -> Stop | None:
+    def after_validation(self, step: int, validation: Validation) -> Stop | None:
         self.calls.append((self.name, "after_validation", step))
         return None
 

@@ -19,16 +19,17 @@ import difflib
 import json
 import re
 import sys
-import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from model_utils import engines
+from model_utils.config import run_file
 from model_utils.config.presets import PRESETS, PRETRAINED_LR
 from model_utils.errors import ConfigError
 
 AUTO = "auto"
+ALL = "all"  # --validation_batches all: a full pass over the validation blocks
 CONFIG = "config"  # --config RUN.yaml: the run file (run_file.py), not a field: it sets the fields
 LIGER_CHOICES = (AUTO, "on", "off")
 BACKENDS = engines.NAMES  # --backend: the registered training engines
@@ -300,12 +301,18 @@ class LoopArgs:
     validation_freq: int = field(
         default=50, metadata=_flag("optimizer steps between validations (and at the end)")
     )
-    validation_batches: int = field(default=8, metadata=_flag("micro-batches per rank in each validation"))
+    validation_batches: int | Literal["all"] = field(
+        default=8,
+        metadata=_flag(
+            "micro-batches per rank in each validation, or 'all': every validation block once, shared out over "
+            "the ranks"
+        ),
+    )
     seed: int = field(default=42, metadata=_flag("seed for initialisation, data order and dropout"))
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "logging_freq", "validation_freq", "validation_batches"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) != ALL and getattr(self, name) < 1:
                 raise ConfigError(f"--{name} {getattr(self, name)} must be at least 1")
         if self.epochs is not None and self.epochs < 1:
             raise ConfigError(f"--epochs {self.epochs} must be at least 1")
@@ -656,24 +663,22 @@ def _parse_bool(text: str) -> bool:
 
 
 def _converter(hint: Any) -> Any:
-    args = (
-        [a for a in typing.get_args(hint) if a is not type(None)]
-        if isinstance(hint, types.UnionType)
-        else [hint]
-    )
-    if set(args) == {int, str}:
-        return _parse_int_or_auto
+    args, words = run_file.value_kinds(hint)
+    if words:
+        return lambda text: _parse_int_or_word(text, words)
     base = args[0]
     return _parse_bool if base is bool else base
 
 
-def _parse_int_or_auto(text: str) -> int | str:
-    if text.strip().lower() == AUTO:
-        return AUTO
+def _parse_int_or_word(text: str, words: tuple[str, ...]) -> int | str:
+    """A count, or one of the field's words ('auto' of --micro_batch_size, 'all' of --validation_batches)."""
+    if text.strip().lower() in words:
+        return text.strip().lower()
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
+        expected = " or ".join(repr(w) for w in words)
+        raise argparse.ArgumentTypeError(f"expected an integer or {expected}, got {text!r}") from None
 
 
 class _StrictParser(argparse.ArgumentParser):
@@ -744,8 +749,6 @@ def parse_args(argv: list[str] | None = None, prog: str = "train_deepspeed.py") 
     inline = None
     config_path = given.pop(CONFIG, None)
     if config_path is not None:
-        from model_utils.config import run_file
-
         loaded = run_file.load(config_path, SECTIONS)
         values = dict(loaded.values)
         for pair in ONE_OF:

@@ -51,20 +51,28 @@ def _number(value: str) -> int | float | None:
     return int(number) if number.is_integer() and "." not in value.split("e")[0].lower() else number
 
 
+def value_kinds(hint: Any) -> tuple[list[Any], tuple[str, ...]]:
+    """A field's value types (None left out) and the words it takes besides a count: `int | str` is a count or
+    'auto' (--micro_batch_size), `int | Literal["all"]` a count or 'all' (--validation_batches)."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)] if _is_union(hint) else [hint]
+    words = tuple(w for a in args if typing.get_origin(a) is typing.Literal for w in typing.get_args(a))
+    args = [a for a in args if typing.get_origin(a) is not typing.Literal]
+    if set(args) == {int, str}:
+        return [int], ("auto",)
+    return args, words
+
+
+def _is_union(hint: Any) -> bool:
+    return isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
+
+
 def _typed(hint: Any, value: Any, where: str) -> Any:
-    """`value` as the field's type (int, float, bool, str, int|'auto', optional of these)."""
-    args = (
-        [a for a in typing.get_args(hint) if a is not type(None)]
-        if isinstance(hint, types.UnionType)
-        else [hint]
-    )
-    bad = ConfigError(
-        f"{where}: {value!r} is not a valid {' or '.join(a.__name__ for a in args)}: fix the value"
-    )
-    if set(args) == {int, str}:  # a count or 'auto'
-        if isinstance(value, str) and value.strip().lower() == "auto":
-            return "auto"
-        args = [int]
+    """`value` as the field's type (int, float, bool, str, a count or a word, optional of these)."""
+    args, words = value_kinds(hint)
+    names = [a.__name__ for a in args] + [repr(w) for w in words]
+    bad = ConfigError(f"{where}: {value!r} is not a valid {' or '.join(names)}: fix the value")
+    if words and isinstance(value, str) and value.strip().lower() in words:
+        return value.strip().lower()
     base = args[0]
     if base is bool:
         if isinstance(value, bool):

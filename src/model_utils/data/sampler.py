@@ -71,10 +71,37 @@ class BlockSampler:
         return DataPosition(pos.epoch, pos.consumed + self.global_batch)
 
 
-def validation_indices(
-    num_blocks: int, batches: int, micro_batch: int, dp_rank: int, dp_world: int
-) -> np.ndarray:
-    """A fixed, disjoint slice of validation blocks per rank, [n_batches, micro_batch], same every evaluation."""
-    per_rank = min(batches * micro_batch, num_blocks // dp_world) // micro_batch * micro_batch
-    idx = np.arange(dp_rank, per_rank * dp_world, dp_world)
-    return idx.reshape(-1, micro_batch)
+@dataclass(frozen=True)
+class ValidationPlan:
+    """This rank's share of a validation: the validation blocks cut into micro-batches in order (the last one may
+    be short) and dealt to the ranks in turn, so each block is read once and the batches are the same whatever the
+    world size. Every rank runs the same number of forwards (ZeRO-3 and FSDP gather parameters in each): a rank
+    one batch short repeats one with weight 0."""
+
+    batches: list[np.ndarray]  # block indices per forward
+    weights: list[int]  # blocks of each batch that count: its length, 0 for a repeat
+    blocks: int  # blocks covered over all ranks
+    total_blocks: int  # blocks in the validation set
+
+
+def validation_plan(
+    num_blocks: int, batches: int | None, micro_batch: int, dp_rank: int, dp_world: int
+) -> ValidationPlan:
+    """`batches` micro-batches per rank (the first full ones of the deal), or None: every block (a full pass).
+    The same blocks at every evaluation."""
+    if batches is None:
+        starts = list(range(0, num_blocks, micro_batch))
+    else:
+        rounds = min(batches, num_blocks // (micro_batch * dp_world))
+        starts = list(range(0, rounds * dp_world * micro_batch, micro_batch))
+    dealt = [np.arange(s, min(s + micro_batch, num_blocks)) for s in starts]
+    mine = dealt[dp_rank::dp_world]
+    per_rank = -(-len(dealt) // dp_world)
+    weights = [len(b) for b in mine] + [0] * (per_rank - len(mine))
+    padding = mine[-1:] if mine else dealt[:1]
+    return ValidationPlan(
+        batches=mine + padding * (per_rank - len(mine)),
+        weights=weights,
+        blocks=sum(len(b) for b in dealt),
+        total_blocks=num_blocks,
+    )

@@ -170,6 +170,12 @@ class Engine(Protocol):
         """The layout in a few words for logs and `dskit estimate` (sharding, offload, micro batch)."""
         ...
 
+    @staticmethod
+    def layout_flags(layout: Any) -> list[str] | None:
+        """The training flags that select the layout's sharding and offload (a shipped config, a switch), or None
+        where the kit ships nothing that does: `dskit estimate` recommends only layouts these select."""
+        ...
+
     def close(self) -> None:
         """Release the engine's hooks and buffers (another engine may be built in this process next)."""
         ...

@@ -11,7 +11,7 @@ import io
 import types
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -75,6 +75,16 @@ class DeepSpeedEngine:
     default_config = "deepspeed/ds_config.json"  # ZeRO-2, optimizer offloaded to the CPU
     gpu_only_config = "deepspeed/ds_config_gpu.json"  # ZeRO-2, no offload: CUDA ranks where it fits
     model_in_fp32 = False  # built in the training precision; DeepSpeed keeps the fp32 masters
+    # The shipped config of each (ZeRO stage, offload) layout (layout_flags). None for ZeRO-1 with offload (ZeRO-2's
+    # keeps less on the GPU) nor stage 0 (dskit estimate never recommends it: ZeRO-1 is as fast with less memory).
+    shipped_configs: ClassVar[dict[tuple[int, str], str]] = {
+        (1, "none"): "deepspeed/ds_config_zero1.json",
+        (2, "none"): gpu_only_config,
+        (2, "optimizer"): default_config,
+        (3, "none"): "deepspeed/ds_config_zero3_gpu.json",
+        (3, "optimizer"): "deepspeed/ds_config_zero3.json",
+        (3, "optimizer+params"): "deepspeed/ds_config_zero3_offload_params.json",
+    }
 
     @staticmethod
     def check_config(ds: dict[str, Any], path: str) -> None:
@@ -321,6 +331,11 @@ class DeepSpeedEngine:
         }[layout.offload]
         pinned = " (pinned)" if layout.pin_memory and layout.offload != "none" else ""
         return f"ZeRO-{layout.stage}, {where}{pinned}, micro batch {layout.micro_batch_size}"
+
+    @staticmethod
+    def layout_flags(layout: ZeroLayout) -> list[str] | None:
+        path = DeepSpeedEngine.shipped_configs.get((layout.stage, layout.offload))
+        return None if path is None else ["--deepspeed_config", path]
 
     def close(self) -> None:
         self._engine.destroy()

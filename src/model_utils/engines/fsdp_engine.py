@@ -380,5 +380,9 @@ class FsdpEngine:
         where = "sharded state offloaded to CPU" if layout.offload_optimizer else "no offload"
         return f"FSDP2, {where}, micro batch {layout.micro_batch_size}"
 
+    @staticmethod
+    def layout_flags(layout: ZeroLayout) -> list[str] | None:
+        return ["--backend", "fsdp", *(["--fsdp_cpu_offload", "true"] if layout.offload_optimizer else [])]
+
     def close(self) -> None:
         self._optimizer.zero_grad(set_to_none=True)

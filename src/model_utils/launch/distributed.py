@@ -67,10 +67,11 @@ def init_distributed() -> DistInfo:
     )
 
 
-def all_reduce_mean(value: float, device: torch.device) -> float:
-    t = torch.tensor([value], dtype=torch.float64, device=device)
+def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    """Each of `values` summed over the ranks, in float64, in one collective."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
     torch.distributed.all_reduce(t)
-    return t.item() / torch.distributed.get_world_size()
+    return t.tolist()
 
 
 def global_mean(value: torch.Tensor) -> float:

@@ -11,7 +11,7 @@ trace, comes before its own lines). The points, in the order a run meets them:
         before_step(step)                    the step's data is fetched; the engine runs it next
         on_guard_event(event)                the spike guard skipped the step, saw a grad-norm spike, rolled back
         after_step(report)                   every turn: trained, discarded, rolled back or dropped
-        after_validation(step, val_loss)     when validation was due
+        after_validation(step, validation)   when validation was due: its loss and what it covered
         tags_in_use(tag) -> set[str]         rank 0, a checkpoint `tag` was saved: rotation spares these tags
         after_checkpoint_saved(saved)        after the rotation
     on_end(state, reason)                    the loop ended: done, preempted, walltime, diverged, or a Stop's reason
@@ -38,6 +38,7 @@ from pathlib import Path
 from model_utils.data.sampler import DataPosition
 from model_utils.loop.spike_guard import Spike
 from model_utils.loop.state import TrainState
+from model_utils.observe.metrics import Validation
 
 # What became of a turn of the loop (StepReport.outcome).
 TRAINED = "trained"  # the optimizer step was applied and stands
@@ -123,7 +124,7 @@ class Observer:
     def after_step(self, report: StepReport) -> Stop | None:
         return None
 
-    def after_validation(self, step: int, val_loss: float) -> Stop | None:
+    def after_validation(self, step: int, validation: Validation) -> Stop | None:
         return None
 
     def tags_in_use(self, tag: str) -> set[str]:
@@ -167,9 +168,9 @@ class Hooks:
         for observer in self.observers:
             self._asked(observer.after_step(report))
 
-    def after_validation(self, step: int, val_loss: float) -> None:
+    def after_validation(self, step: int, validation: Validation) -> None:
         for observer in self.observers:
-            self._asked(observer.after_validation(step, val_loss))
+            self._asked(observer.after_validation(step, validation))
 
     def tags_in_use(self, tag: str) -> set[str]:
         return set().union(*(observer.tags_in_use(tag) for observer in self.observers))

@@ -19,12 +19,13 @@ import torch
 
 from model_utils import engines
 from model_utils.checkpoint import launch_record, protocol
+from model_utils.config.arguments import ALL
 from model_utils.data import step_batches
-from model_utils.data.sampler import BlockSampler, validation_indices
+from model_utils.data.sampler import BlockSampler, ValidationPlan, validation_plan
 from model_utils.engines.base import Engine
 from model_utils.errors import ConfigError, RunDiverged
 from model_utils.launch import launch_env, walltime
-from model_utils.launch.distributed import DistInfo, all_reduce_mean, any_rank, decide_on_main, global_mean
+from model_utils.launch.distributed import DistInfo, all_reduce_sum, any_rank, decide_on_main, global_mean
 from model_utils.launch.preemption import StopRequest, slurm_restart_count
 from model_utils.loop import faults, hooks, observers, spike_guard
 from model_utils.loop.state import TrainState
@@ -97,7 +98,7 @@ class Trainer:
         )
         assert self.sampler.steps_per_epoch == run.steps_per_epoch, "one owner of steps per epoch: preflight"
         try:
-            self.val_idx = self._validation_indices()
+            self.val_plan = self._validation_plan()
             self.engine, self.decay_groups = create_engine(run, dist)
             self.fault = faults.FaultInjector.from_env(self.engine.module)
             self.flops_per_token = metrics.flops_per_token(run.model_config, run.seq_length, self.cfg.lora)
@@ -128,21 +129,22 @@ class Trainer:
 
     # --- set-up steps ---
 
-    def _validation_indices(self) -> np.ndarray | None:
+    def _validation_plan(self) -> ValidationPlan | None:
         blocks = self.run.val_blocks
         if blocks is None:
             return None
         mb = self.run.micro_batch_size
         assert isinstance(mb, int)
-        idx = validation_indices(
-            len(blocks), self.cfg.loop.validation_batches, mb, self.dist.rank, self.dist.world_size
+        batches = self.cfg.loop.validation_batches
+        plan = validation_plan(
+            len(blocks), None if batches == ALL else batches, mb, self.dist.rank, self.dist.world_size
         )
-        if len(idx) == 0:
+        if plan.blocks == 0:
             raise ConfigError(
                 f"validation data has {len(blocks)} blocks, fewer than micro batch {mb} x {self.dist.world_size} ranks: "
                 "raise --validation_fraction or set it to 0"
             )
-        return idx
+        return plan
 
     def _resume_or_start(self) -> TrainState:
         target = self.run.resume
@@ -385,12 +387,27 @@ class Trainer:
             )
 
     @torch.no_grad()
-    def validate(self) -> float:
-        assert self.val_idx is not None
+    def validate(self) -> metrics.Validation:
+        """The loss of the planned validation blocks: a mean over their predicted tokens on all ranks, so a full
+        pass gives the loss of the whole set whatever the world size."""
+        plan = self.val_plan
+        assert plan is not None
+        predicted = self.run.seq_length - 1  # the labels are the inputs shifted by one
         self.engine.eval()
-        total = sum(self.engine.eval_loss(b) for b in map(self._val_batch, self.val_idx))
+        # float32 batch means x token counts, summed in float64: the order of batches and ranks does not round it
+        loss_sum = 0.0
+        for indices, weight in zip(plan.batches, plan.weights, strict=True):
+            loss = self.engine.eval_loss(self._val_batch(indices))  # every rank runs it: ZeRO-3/FSDP gather
+            loss_sum += loss * weight * predicted
         self.engine.train()
-        return all_reduce_mean(total / len(self.val_idx), self.dist.device)
+        local_tokens = sum(plan.weights) * predicted
+        total_loss, total_tokens = all_reduce_sum([loss_sum, float(local_tokens)], self.dist.device)
+        return metrics.Validation(
+            loss=total_loss / total_tokens,
+            blocks=plan.blocks,
+            total_blocks=plan.total_blocks,
+            tokens=plan.blocks * self.run.seq_length,
+        )
 
     def _val_batch(self, indices: np.ndarray) -> torch.Tensor:
         assert self.run.val_blocks is not None
@@ -512,7 +529,7 @@ class Trainer:
         loop, ckpt, step = self.cfg.loop, self.cfg.checkpoint, self.state.step
         last = trained and step == self.max_steps
         due = trained and (step % ckpt.checkpoint_freq == 0 or last)
-        if trained and self.val_idx is not None and (step % loop.validation_freq == 0 or last):
+        if trained and self.val_plan is not None and (step % loop.validation_freq == 0 or last):
             self.hooks.after_validation(step, self.validate())
         minutes = (time.monotonic() - self.last_save_time) / 60
         time_due = (

@@ -21,6 +21,21 @@ import torch
 
 GIB = 1024**3
 
+
+@dataclass(frozen=True)
+class Validation:
+    """One validation, the same on every rank: the loss over the blocks it read, and how many it read."""
+
+    loss: float  # the token-weighted mean over every block read, on all ranks
+    blocks: int  # validation blocks read, over all ranks
+    total_blocks: int  # validation blocks there are (--validation_batches all reads each once)
+    tokens: int  # tokens in the blocks read
+
+    @property
+    def full(self) -> bool:
+        return self.blocks == self.total_blocks
+
+
 # Dense bf16 tensor-core peaks (TFLOP/s, without sparsity) from the vendor data sheets; the first entry whose
 # every word appears in the device name wins, so the specific names come before the general ones.
 PEAK_BF16_TFLOPS: tuple[tuple[str, float], ...] = (

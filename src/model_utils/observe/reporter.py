@@ -157,8 +157,16 @@ class Reporter:
         eta_text = step_line.format_duration(eta) if math.isfinite(eta) else "?"
         progress0(step, self.max_steps, f"loss {loss:.4f} | ETA {eta_text}")
 
-    def log_validation(self, step: int, val_loss: float) -> None:
-        record = {"step": step, "val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 50.0))}
+    def log_validation(self, step: int, validation: metrics.Validation) -> None:
+        loss = validation.loss
+        record = {
+            "step": step,
+            "val_loss": loss,
+            "val_ppl": math.exp(min(loss, 50.0)),
+            "val_blocks": validation.blocks,
+            "val_total_blocks": validation.total_blocks,
+            "val_tokens": validation.tokens,
+        }
         print0(step_line.validation_line(record, self.max_steps))
         self.metrics.write(record)
         self.tracker.log_metrics(step, {k: v for k, v in record.items() if k != "step"})

@@ -5,6 +5,7 @@ without its metrics file with the same table. `dskit.api` reads a finished run f
 checkpoints saved, the metrics file and run name, the MLflow run, and the one-line error of a failed run.
 
     Step 10/100 | Loss 7.1234 | lr 3.00e-03 | grad_norm 1.23 | tokens/s 2600 (1300/device) | ... | ETA 0:00:42
+    Step 40/40 | Validation Loss 5.2213 | Perplexity 185.17 | 16 of 1,777 blocks (32,768 tokens)
 
 A parser finds its line after rank 0's timestamp (`2026-11-23 12:00:00 | <line>`) or at the start of a line.
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 NUMBER = r"([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))"
+COUNT = r"(\d{1,3}(?:,\d{3})*)"  # a whole number with thousands separators: format ","
 _AT = r"(?:^|\|)\s*"  # where a message starts: the line's start or after the timestamp
 _STEP = re.compile(_AT + r"Step (\d+)/\d+\s*\|(.*)$")
 _RESUMED = re.compile(_AT + r"Resumed from .+? at step (\d+)")
@@ -36,9 +38,9 @@ _ERROR = re.compile(r"^(?:\S+ \| )?error: (.*)$")
 class Field:
     """One `label value` part of a line: record keys, their formats, and how they stand after the label."""
 
-    label: str
+    label: str  # "" for a part that is its template alone
     keys: tuple[str, ...]
-    formats: tuple[str, ...]
+    formats: tuple[str, ...]  # "," for a count, read back as an int
     template: str = "{}"  # "{}" per key
     scale: float = 1.0  # e.g. 100 for a fraction shown as a percentage
 
@@ -46,12 +48,25 @@ class Field:
         values = [record.get(k) for k in self.keys]
         if any(v is None for v in values):
             return None
-        shown = [format(v * self.scale, f) for v, f in zip(values, self.formats, strict=True)]
-        return f"{self.label} {self.template.format(*shown)}"
+        shown = [
+            format(v if f == "," else v * self.scale, f) for v, f in zip(values, self.formats, strict=True)
+        ]
+        return f"{self.label} {self.template.format(*shown)}".lstrip()
 
     def pattern(self) -> re.Pattern[str]:
-        value = re.escape(self.template).replace(re.escape("{}"), NUMBER)
-        return re.compile(rf"^{re.escape(self.label)} {value}$")
+        parts = re.escape(self.template).split(re.escape("{}"))
+        value = parts[0] + "".join(
+            (COUNT if f == "," else NUMBER) + rest for f, rest in zip(self.formats, parts[1:], strict=True)
+        )
+        label = f"{re.escape(self.label)} " if self.label else ""
+        return re.compile(rf"^{label}{value}$")
+
+    def read(self, groups: tuple[str, ...]) -> dict[str, Any]:
+        """The record's values from a match of `pattern`."""
+        return {
+            key: int(text.replace(",", "")) if f == "," else float(text) / self.scale
+            for key, f, text in zip(self.keys, self.formats, groups, strict=True)
+        }
 
 
 STEP_FIELDS: tuple[Field, ...] = (
@@ -69,6 +84,10 @@ STEP_FIELDS: tuple[Field, ...] = (
 VALIDATION_FIELDS: tuple[Field, ...] = (
     Field("Validation Loss", ("val_loss",), (".4f",)),
     Field("Perplexity", ("val_ppl",), (".2f",)),
+    # What the loss covered: a few batches per rank, or all of the validation blocks (--validation_batches all).
+    Field(
+        "", ("val_blocks", "val_total_blocks", "val_tokens"), (",", ",", ","), "{} of {} blocks ({} tokens)"
+    ),
 )
 _PATTERNS: tuple[tuple[Field, re.Pattern[str]], ...] = tuple(
     (f, f.pattern()) for f in (*STEP_FIELDS, *VALIDATION_FIELDS)
@@ -139,8 +158,7 @@ def parse(line: str) -> dict[str, Any] | None:
         for part in match.group(2).split("|"):
             for field, pattern in _PATTERNS:
                 if found := pattern.match(part.strip()):
-                    values = (float(v) / field.scale for v in found.groups())
-                    record.update(zip(field.keys, values, strict=True))
+                    record.update(field.read(found.groups()))
         return record
     if match := _RESUMED.search(line):
         return {"event": "start", "step": int(match.group(1)), "resumed_from": "checkpoint"}

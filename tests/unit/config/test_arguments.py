@@ -93,6 +93,9 @@ def test_user_flag_names_keep_working() -> None:
         (["--validation_split", "validation", "--validation_fraction", "0.1"], "both given"),
         (["--lr", "-1"], "must be positive"),
         (["--micro_batch_size", "0"], "--micro_batch_size 0 must be at least 1"),
+        (["--validation_batches", "0"], "--validation_batches 0 must be at least 1"),
+        (["--validation_batches", "every"], "expected an integer or 'all', got 'every'"),
+        (["--micro_batch_size", "all"], "expected an integer or 'auto', got 'all'"),
     ],
 )
 def test_bad_flags_are_one_clear_error(flags: list[str], message: str) -> None:
@@ -100,6 +103,13 @@ def test_bad_flags_are_one_clear_error(flags: list[str], message: str) -> None:
         parse(*flags)
     assert message in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_validation_batches_is_a_count_or_all() -> None:
+    assert parse().loop.validation_batches == 8
+    assert parse("--validation_batches", "3").loop.validation_batches == 3
+    assert parse("--validation_batches", "all").loop.validation_batches == "all"
+    assert parse("--validation_batches", "ALL").loop.validation_batches == "all"
 
 
 def test_abbreviations_are_refused() -> None:

@@ -86,6 +86,23 @@ def test_bad_run_files_are_one_line(tmp_path: Path, text: str, message: str) -> 
     assert "\n" not in str(raised.value)
 
 
+@pytest.mark.parametrize(("value", "expected"), [("all", "all"), ("3", 3), ("'4'", 4)])
+def test_validation_batches_in_a_run_file_is_a_count_or_all(
+    tmp_path: Path, value: str, expected: object
+) -> None:
+    path = write(tmp_path / "run.yaml", f"loop: {{validation_batches: {value}}}\n")
+    assert parse_args(["--config", path]).loop.validation_batches == expected
+
+
+def test_a_validation_batches_word_other_than_all_is_one_line(tmp_path: Path) -> None:
+    path = write(tmp_path / "run.yaml", "loop: {validation_batches: most}\n")
+    with pytest.raises(ConfigError) as err:
+        parse_args(["--config", path])
+    assert str(err.value) == (
+        f"run file {path}: loop.validation_batches: 'most' is not a valid int or 'all': fix the value"
+    )
+
+
 def test_missing_run_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"run file .*nope.yaml not found: check --config"):
         parse_args(["--config", str(tmp_path / "nope.yaml")])

@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
-from model_utils.data.sampler import BlockSampler, DataPosition, validation_indices
+from model_utils.data.sampler import BlockSampler, DataPosition, ValidationPlan, validation_plan
 
 
 def consumed_by_rank(
@@ -52,10 +53,32 @@ def test_resume_position_continues_exactly() -> None:
     assert [a + b for a, b in zip(first, second, strict=True)] == straight
 
 
+def blocks_read(plan: ValidationPlan) -> list[int]:
+    return [int(i) for b, w in zip(plan.batches, plan.weights, strict=True) for i in b[:w]]
+
+
 def test_validation_slices_are_disjoint_and_fixed() -> None:
-    a = validation_indices(num_blocks=21, batches=3, micro_batch=2, dp_rank=0, dp_world=2)
-    b = validation_indices(num_blocks=21, batches=3, micro_batch=2, dp_rank=1, dp_world=2)
-    assert a.shape == b.shape == (3, 2)
-    assert not set(a.reshape(-1)) & set(b.reshape(-1))
-    small = validation_indices(num_blocks=5, batches=8, micro_batch=2, dp_rank=1, dp_world=2)
-    assert small.shape == (1, 2) and small.max() < 5
+    a = validation_plan(num_blocks=21, batches=3, micro_batch=2, dp_rank=0, dp_world=2)
+    b = validation_plan(num_blocks=21, batches=3, micro_batch=2, dp_rank=1, dp_world=2)
+    assert [len(x) for x in a.batches] == [len(x) for x in b.batches] == [2, 2, 2]
+    assert not set(blocks_read(a)) & set(blocks_read(b))
+    assert (a.blocks, a.total_blocks) == (12, 21)
+    small = validation_plan(num_blocks=5, batches=8, micro_batch=2, dp_rank=1, dp_world=2)
+    assert [len(x) for x in small.batches] == [2] and max(blocks_read(small)) < 5 and small.blocks == 4
+    assert validation_plan(num_blocks=3, batches=8, micro_batch=2, dp_rank=0, dp_world=2).blocks == 0
+
+
+@pytest.mark.parametrize(
+    ("num_blocks", "micro_batch", "world"), [(21, 2, 2), (7, 3, 4), (1, 2, 2), (8, 2, 2)]
+)
+def test_a_full_pass_reads_every_block_once_in_the_same_batches_at_any_world_size(
+    num_blocks: int, micro_batch: int, world: int
+) -> None:
+    plans = [validation_plan(num_blocks, None, micro_batch, rank, world) for rank in range(world)]
+    assert sorted(i for p in plans for i in blocks_read(p)) == list(range(num_blocks))
+    assert all(p.blocks == p.total_blocks == num_blocks for p in plans)
+    # Every rank runs as many forwards (ZeRO-3 and FSDP gather parameters in each); a repeat counts for nothing.
+    assert len({len(p.batches) for p in plans}) == 1
+    alone = validation_plan(num_blocks, None, micro_batch, 0, 1)
+    counted = {tuple(b.tolist()) for p in plans for b, w in zip(p.batches, p.weights, strict=True) if w}
+    assert counted == {tuple(b.tolist()) for b in alone.batches}  # the same batches as on one rank

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,9 @@ import pytest
 from dskit import cli
 from dskit import estimate as est
 from dskit.estimate import GiB
+from model_utils.config.arguments import parse_args
+from model_utils.resolve import resolver
+from model_utils.resolve.memory_estimate import resolve_layout
 from support.estimates import checkpointing_layout, layout
 
 REPO = Path(__file__).resolve().parents[3]
@@ -46,12 +50,13 @@ def test_recommendation_is_the_fastest_layout_that_fits(shapes, gpu_gib: int, se
     rec = est.recommend(shape, asked, cap)
     # Without offload before offload; within each, activation checkpointing only when nothing fits without it
     # (least recompute first), then the lowest ZeRO stage.
+    # ZeRO-1 with offload is left out: no shipped config selects it (ZeRO-2's offload keeps less on the GPU).
     order = [
         (off, ckpt, stage)
         for off in est.OFFLOADS
         for ckpt in ("none", "every_4", "every_2", "full")
         for stage in (1, 2, 3)
-        if off != "optimizer+params" or stage == 3
+        if (off != "optimizer+params" or stage == 3) and (off == "none" or stage > 1)
     ]
     fitting = [
         (off, ckpt, stage)
@@ -131,8 +136,11 @@ def test_command_prints_table_verdict_and_recommendation(capsys) -> None:
     totals = re.findall(r"^  total +(\d+\.\d\d)", out, re.M)
     assert len(totals) == 2  # per GPU and per node
     lines = out.strip().splitlines()
-    assert lines[-2].startswith("verdict: fits")
-    assert lines[-1].startswith("recommend: ZeRO-1, no offload, micro batch 64 — the fastest")
+    assert lines[-3].startswith("verdict: fits")
+    assert lines[-2].startswith("recommend: ZeRO-1, no offload, micro batch 64 — the fastest")
+    assert (
+        lines[-1] == "train it with: --deepspeed_config deepspeed/ds_config_zero1.json --micro_batch_size 64"
+    )
 
 
 def test_flags_override_the_deepspeed_config(capsys) -> None:
@@ -214,7 +222,8 @@ def test_fsdp_from_the_command_line_and_zero_flags_refused(capsys) -> None:
     rc, out, err = run_cli(capsys, "--backend", "fsdp", "--gpus_per_node", "8", "--gpu_memory_gib", "80")
     assert rc == 0, err
     assert "1 node x 8 GPUs, FSDP2, no offload, micro batch 1 x 256 tokens, bf16" in out.splitlines()[1]
-    assert out.strip().splitlines()[-1].startswith("recommend: FSDP2, no offload, micro batch 64")
+    assert out.strip().splitlines()[-2].startswith("recommend: FSDP2, no offload, micro batch 64")
+    assert out.strip().splitlines()[-1] == "train it with: --backend fsdp --micro_batch_size 64"
     rc, out, err = run_cli(capsys, "--backend", "fsdp", "--zero_stage", "2")
     assert rc == 2 and "--zero_stage is DeepSpeed's ZeRO: under --backend fsdp use --fsdp_cpu_offload" in err
 
@@ -262,3 +271,56 @@ def test_recommendation_adds_checkpointing_only_when_that_makes_it_fit(shapes, c
     assert cli.main([*argv, "--activation_checkpointing", "every_2", "--gpu_memory_gib", "24"]) == 0
     header = capsys.readouterr().out.splitlines()[1]
     assert header.endswith("eager (no Liger), activation checkpointing every_2")
+
+
+@pytest.mark.parametrize("backend", ["deepspeed", "fsdp"])
+def test_every_layout_it_can_recommend_is_selected_by_the_flags_it_prints(shapes, backend: str) -> None:
+    """Each layout the recommendation tries comes with flags that exist: training's parser takes them and the
+    resolved run has that layout (stage, offload, micro batch, checkpointing); no other layout is ever tried."""
+    asked = dataclasses.replace(
+        layout(2, "none", seq_length=256), stage=0 if backend == "fsdp" else 2, backend=backend
+    )
+    tried = est.candidates(asked, shapes["tiny-qwen3"].num_layers)
+    wanted = {"deepspeed": 6, "fsdp": 2}[
+        backend
+    ]  # 3 without offload, 2 with the optimizer's, ZeRO-3 with both
+    assert len({(lay.stage, lay.offload) for lay, _ in tried}) == wanted
+    for lay, flags in tried:
+        chosen = dataclasses.replace(lay, micro_batch_size=4)
+        rec_flags = [
+            *flags,
+            "--micro_batch_size",
+            "4",
+            "--activation_checkpointing",
+            lay.activation_checkpointing,
+        ]
+        settings = resolver.resolve_settings(parse_args([*rec_flags, "--seq_length", "256"]))
+        _, resolved = resolve_layout(settings, asked.nodes, asked.ranks_per_node, None, None)
+        assert (resolved.backend, resolved.stage, resolved.offload) == (
+            backend,
+            chosen.stage,
+            chosen.offload,
+        ), flags
+        assert (resolved.micro_batch_size, resolved.activation_checkpointing) == (
+            4,
+            lay.activation_checkpointing,
+        )
+
+
+def test_the_printed_selection_is_a_command_line_dskit_config_resolves(capsys) -> None:
+    """What `dskit estimate` prints after `train it with:` runs as given: `dskit config` resolves it to that
+    layout (here ZeRO-3 without offload, for a 0.6B model on 4 GiB GPUs at seq 512, 64 of them)."""
+    rc, out, err = run_cli(
+        capsys, "--model", "qwen3-0.6b", "--seq_length", "512", "--nodes", "8", "--gpus_per_node", "8",
+        "--gpu_memory_gib", "4", "--host_memory_gib", "512",
+    )  # fmt: skip
+    assert rc == 0, err
+    recommended, selection = out.strip().splitlines()[-2:]
+    assert recommended.startswith("recommend: ZeRO-3, no offload, micro batch "), recommended
+    flags = shlex.split(selection.removeprefix("train it with: "))
+    assert flags[:2] == ["--deepspeed_config", "deepspeed/ds_config_zero3_gpu.json"]
+    # The flags select the layout whatever the model (the tiny default here: no tokenizer to fetch).
+    assert cli.main(["config", *flags]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["deepspeed"]["zero_optimization"]["stage"] == 3
+    assert "offload_optimizer" not in printed["deepspeed"]["zero_optimization"]

@@ -26,7 +26,7 @@ def test_without_torchrun_the_missing_variables_are_one_line(monkeypatch: pytest
 def test_the_collectives_on_one_rank(gloo_rank) -> None:
     assert (gloo_rank.rank, gloo_rank.world_size, gloo_rank.is_main) == (0, 1, True)
     cpu = gloo_rank.device
-    assert distributed.all_reduce_mean(2.5, cpu) == 2.5
+    assert distributed.all_reduce_sum([2.5, 3.0], cpu) == [2.5, 3.0]
     assert distributed.global_mean(torch.tensor([4.0])) == 4.0
     assert distributed.mean_and_max([1.0, 2.0], [7.0], cpu) == ([1.0, 2.0], [7.0])
     assert distributed.any_rank([True, False, True], cpu) == [True, False, True]

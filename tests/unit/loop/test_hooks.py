@@ -9,10 +9,12 @@ from typing import Any
 import pytest
 
 from model_utils.loop import hooks
-from model_utils.loop.hooks import GuardEvent, Hooks, Observer, SavedCheckpoint, StepReport, Stop
+from model_utils.loop.hooks import GuardEvent, Hooks, Observer, SavedCheckpoint, StepReport, Stop, Validation
 from model_utils.loop.spike_guard import Spike
 from model_utils.loop.state import TrainState
 from support.observers import Recorder
+
+VALIDATION = Validation(loss=2.5, blocks=4, total_blocks=4, tokens=512)
 
 
 def report(step: int, outcome: str = hooks.TRAINED) -> StepReport:
@@ -27,7 +29,7 @@ def test_each_point_calls_every_observer_in_order() -> None:
     seam.before_step(5)
     seam.on_guard_event(GuardEvent("spike_skip", 5, {}, spike=Spike("loss", float("inf"), None)))
     seam.after_step(report(5))
-    seam.after_validation(5, 2.5)
+    seam.after_validation(5, VALIDATION)
     assert seam.tags_in_use("t-5steps") == {"a-keeps", "b-keeps"}
     seam.after_checkpoint_saved(SavedCheckpoint(5, "t-5steps", None, 0.1))
     seam.on_end(state, "done")
@@ -49,8 +51,8 @@ def test_each_point_calls_every_observer_in_order() -> None:
 
 def test_the_first_stop_asked_for_is_kept() -> None:
     class Early(Observer):
-        def after_validation(self, step: int, val_loss: float) -> Stop | None:
-            return Stop("early_stop", f"validation loss {val_loss} stopped improving")
+        def after_validation(self, step: int, validation: Validation) -> Stop | None:
+            return Stop("early_stop", f"validation loss {validation.loss} stopped improving")
 
     calls: list[tuple[Any, ...]] = []
     seam = Hooks([Recorder("a", calls, stop_at=3), Early()])
@@ -58,7 +60,7 @@ def test_the_first_stop_asked_for_is_kept() -> None:
     assert seam.stop is None
     seam.after_step(report(3))
     assert seam.stop == Stop("watchdog", "step 3 took 0.2 s (a test)")
-    seam.after_validation(3, 2.5)
+    seam.after_validation(3, VALIDATION)
     assert seam.stop.reason == "watchdog"
     assert Hooks([Early()]).stop is None  # each Hooks its own
 

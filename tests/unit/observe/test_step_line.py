@@ -144,6 +144,21 @@ def test_error_line_round_trips() -> None:
     assert step_line.parse_error(STAMP + "WARNING: retry after error: timed out") is None
 
 
+def test_the_validation_line_says_what_it_covered_and_reads_back_as_counts() -> None:
+    record = {"step": 40, "val_loss": 5.2213, "val_ppl": 185.17, "val_blocks": 16, "val_total_blocks": 1777,
+              "val_tokens": 32768}  # fmt: skip
+    line = step_line.validation_line(record, 40)
+    assert (
+        line == "Step 40/40 | Validation Loss 5.2213 | Perplexity 185.17 | 16 of 1,777 blocks (32,768 tokens)"
+    )
+    parsed = step_line.parse("2026-11-26 12:00:00 | " + line)
+    assert parsed == record
+    assert all(type(parsed[k]) is int for k in ("val_blocks", "val_total_blocks", "val_tokens"))
+    full = step_line.validation_line({**record, "val_blocks": 1777, "val_tokens": 3_639_296}, 40)
+    assert full.endswith("| 1,777 of 1,777 blocks (3,639,296 tokens)")
+    assert step_line.parse(full) == {**record, "val_blocks": 1777, "val_tokens": 3_639_296}
+
+
 def test_metric_regexes_capture_each_number_of_a_rendered_line() -> None:
     """The regexes log scrapers get (SageMaker's metric definitions) read the numbers back from the lines rendered
     here; the step's Loss never matches the validation line's Validation Loss."""

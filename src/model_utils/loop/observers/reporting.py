@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from model_utils.loop.hooks import Observer, SavedCheckpoint, StepReport, Stop
+from model_utils.loop.hooks import Observer, SavedCheckpoint, StepReport, Stop, Validation
 from model_utils.loop.state import TrainState
 
 if TYPE_CHECKING:
@@ -56,8 +56,8 @@ class Reporting(Observer):
             self.reporter.progress(step, report.loss)
         return None
 
-    def after_validation(self, step: int, val_loss: float) -> Stop | None:
-        self.reporter.log_validation(step, val_loss)
+    def after_validation(self, step: int, validation: Validation) -> Stop | None:
+        self.reporter.log_validation(step, validation)
         return None
 
     def after_checkpoint_saved(self, saved: SavedCheckpoint) -> None:

@@ -13,6 +13,9 @@ from model_utils.loop import hooks
 from model_utils.loop.hooks import SavedCheckpoint, StepReport
 from model_utils.loop.observers.reporting import Reporting
 from model_utils.loop.state import TrainState
+from model_utils.observe.metrics import Validation
+
+VALIDATION = Validation(loss=2.25, blocks=16, total_blocks=1777, tokens=32768)
 
 
 class Reporter:
@@ -30,8 +33,8 @@ class Reporter:
     def progress(self, step: int, loss: float) -> None:
         self.calls.append(("progress", step, loss))
 
-    def log_validation(self, step: int, val_loss: float) -> None:
-        self.calls.append(("log_validation", step, val_loss))
+    def log_validation(self, step: int, validation: Validation) -> None:
+        self.calls.append(("log_validation", step, validation))
 
 
 def report(step: int, outcome: str = hooks.TRAINED) -> StepReport:
@@ -45,7 +48,7 @@ def test_each_point_becomes_its_record_or_line() -> None:
     outcomes = [reporting.after_step(report(s)) for s in (3, 4)]
     outcomes.append(reporting.after_step(report(5, hooks.DISCARDED)))  # no update: no line, no bar
     outcomes.append(reporting.after_step(report(5)))  # the last step is logged whatever the frequency
-    assert reporting.after_validation(5, 2.25) is None and outcomes == [None] * 4
+    assert reporting.after_validation(5, VALIDATION) is None and outcomes == [None] * 4
     reporting.after_checkpoint_saved(SavedCheckpoint(5, "t-5steps", Path("ck/t-5steps"), 1.5))
     reporting.on_end(TrainState(step=5), "done")
     start = {"event": "start", "step": 2, "run_id": "tiny_qwen3-1", "resumed_from": "t-2steps"}
@@ -54,7 +57,7 @@ def test_each_point_becomes_its_record_or_line() -> None:
         ("progress", 3, 2.5),
         ("log_step", 4, 1e-3, 0.7, 600.0),
         ("log_step", 5, 1e-3, 0.7, 600.0),
-        ("log_validation", 5, 2.25),
+        ("log_validation", 5, VALIDATION),
         ("event", {"event": "checkpoint", "step": 5, "tag": "t-5steps", "save_s": 1.5}),
         ("event", {"event": "end", "step": 5, "reason": "done"}),
     ]

@@ -1,0 +1,35 @@
+"""One validation of a freshly built Trainer, nothing trained (the weights are the seed's at any world size):
+
+    torchrun --nproc_per_node=N tests/support/validation_loss.py OUT.json TRAINING_FLAGS...
+
+Rank 0 writes {"loss", "blocks", "total_blocks", "tokens"} to OUT.json: what a full pass
+(--validation_batches all) measures on N ranks, against the same pass on one rank (tests/e2e/test_validation.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from model_utils.config.arguments import parse_args
+from model_utils.launch import distributed
+from model_utils.loop import trainer as training
+from model_utils.resolve import resolver
+
+
+def main() -> None:
+    out, flags = Path(sys.argv[1]), sys.argv[2:]
+    dist = distributed.init_distributed()
+    trainer = training.Trainer(resolver.prepare(parse_args(flags), world_size=dist.world_size), dist)
+    try:
+        validation = trainer.validate()
+    finally:
+        trainer.close()
+    if dist.is_main:
+        out.write_text(json.dumps(dataclasses.asdict(validation)))
+
+
+if __name__ == "__main__":
+    main()
