@@ -44,6 +44,8 @@ TRAINED = "trained"  # the optimizer step was applied and stands
 DISCARDED = "discarded"  # the spike guard saw the loss spike: no update, the data is consumed
 ROLLED_BACK = "rolled_back"  # applied, then the spike guard went back to the last checkpoint
 DROPPED = "dropped"  # a test fault consumed the data without training (loop/faults.py)
+# The spike guard's events (GuardEvent.kind), as the metrics file records them and `dskit plot` marks them.
+SPIKE_SKIP, SPIKE_GRAD_NORM, ROLLBACK = "spike_skip", "spike_grad_norm", "rollback"
 
 
 @dataclass(frozen=True)

@@ -306,7 +306,7 @@ class Trainer:
                 f"Spike guard: skipped step {step + 1}: {self.spike.describe()}: no update, its data is consumed "
                 f"({guard.consecutive_skips} in a row, {guard.skipped_steps} in the run)"
             )
-            self._guard_event("spike_skip", step + 1, self.spike)
+            self._guard_event(hooks.SPIKE_SKIP, step + 1, self.spike)
             if action == spike_guard.STOP:
                 self._diverged(
                     f"{guard.consecutive_skips} steps in a row skipped as loss spikes (--max_consecutive_skips): "
@@ -319,7 +319,7 @@ class Trainer:
         spike, action = guard.step_applied(self.global_loss, self.engine.grad_norm())
         if spike is None:
             return True
-        self._guard_event("spike_grad_norm", step, spike)
+        self._guard_event(hooks.SPIKE_GRAD_NORM, step, spike)
         if action == spike_guard.ROLLBACK:
             return self._roll_back(f"{spike.describe()} at step {step}", must=False)
         warn0(
@@ -360,7 +360,7 @@ class Trainer:
         )
         rollback = hooks.Rollback(live.step, target.tag, why, start, end)
         self.hooks.on_guard_event(
-            hooks.GuardEvent("rollback", state.step, guard.counters(), rollback=rollback)
+            hooks.GuardEvent(hooks.ROLLBACK, state.step, guard.counters(), rollback=rollback)
         )
         return False
 
