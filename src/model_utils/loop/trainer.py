@@ -30,7 +30,7 @@ from model_utils.loop import faults, hooks, observers, spike_guard
 from model_utils.loop.state import TrainState
 from model_utils.model import activation_checkpointing, kernels, lora
 from model_utils.model.models import build_model
-from model_utils.observe import metrics, step_line
+from model_utils.observe import metrics, run_name, step_line
 from model_utils.observe.log import print0, warn0
 from model_utils.observe.reporter import Reporter
 from model_utils.optim import param_groups
@@ -38,11 +38,6 @@ from model_utils.resolve.resolver import ResolvedRun
 
 # What became of a step's data (Trainer.train_step); an applied one then stands or is rolled back (hooks.py).
 APPLIED, DISCARDED, DROPPED = "applied", hooks.DISCARDED, hooks.DROPPED
-
-
-def new_run_id(short_name: str) -> str:
-    job = os.environ.get("SLURM_JOB_ID")
-    return f"{short_name}-{time.strftime('%Y%m%d-%H%M%S')}" + (f"-job{job}" if job else "")
 
 
 def create_engine(run: ResolvedRun, dist: DistInfo) -> tuple[Engine, param_groups.DecayGroups]:
@@ -149,9 +144,7 @@ class Trainer:
         if target is None:
             print0(step_line.fresh_line(self.cfg.checkpoint.checkpoint_dir))
             self.engine.start_schedule_at(0)
-            return TrainState(
-                run_id=decide_on_main(lambda: new_run_id(self.run.source.short_name), self.dist)
-            )
+            return TrainState(run_id=decide_on_main(lambda: run_name.new_run_id(self.cfg), self.dist))
         state, target = self._load(target)
         pos = state.position
         print0(step_line.resumed_line(target.path, state.step, pos.epoch, pos.consumed, self.engine.lr()))
@@ -199,7 +192,7 @@ class Trainer:
             )
             self.engine.start_schedule_at(state.step)
         assert self.engine.optimizer_steps() == state.step, (self.engine.optimizer_steps(), state.step)
-        state.run_id = state.run_id or new_run_id(self.run.source.short_name)  # checkpoints of older kits
+        state.run_id = state.run_id or run_name.new_run_id(self.cfg)  # checkpoints of older kits
         return state, target
 
     def _universal_copy(self, source: protocol.ResumeTarget, why: str) -> protocol.ResumeTarget:
