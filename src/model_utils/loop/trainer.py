@@ -61,7 +61,7 @@ def create_engine(run: ResolvedRun, dist: DistInfo) -> tuple[Engine, param_group
     groups = param_groups.split_for_weight_decay(model, cfg.optim.no_decay_embeddings)
     print0(groups.describe(ts.optim.weight_decay, cfg.optim.no_decay_embeddings))
     assert run.max_steps is not None
-    print0(ts.schedule.describe(run.max_steps))
+    print0(ts.schedule.describe(run.max_steps, engine_type.runs_schedule))
     torch.manual_seed(cfg.loop.seed + dist.rank)
     engine = engine_type.from_run(model, run, dist.device, groups.optimizer_groups())
     return engine, groups
@@ -419,7 +419,8 @@ class Trainer:
         assert self.reporter is not None
         run = self.run
         print0(
-            f"Training {run.source.name} for {self.max_steps} steps: {self.dist.world_size} ranks x micro batch "
+            f"Training {run.source.name} with {type(self.engine).title} for {self.max_steps} steps: "
+            f"{self.dist.world_size} ranks x micro batch "
             f"{run.micro_batch_size} x accumulation {run.gradient_accumulation_steps} x "
             f"{run.seq_length} tokens = {run.tokens_per_step} tokens/step, "
             f"{run.steps_per_epoch} steps/epoch"

@@ -565,7 +565,9 @@ def test_singlenode_names_its_log_after_the_run(tmp_path: Path) -> None:
     next to the renamed log, and the END line lands in it (tee writes on into the renamed file)."""
     stub = Stubbed(tmp_path)
     flags = ("--backend", "fsdp", "--lora_r", "8")
-    proc = stub.run("train-singlenode.sh", *flags, env={"JOB_NAME": "unit", "STUB_RUN_NAME": "tiny-fsdp-lora"})
+    proc = stub.run(
+        "train-singlenode.sh", *flags, env={"JOB_NAME": "unit", "STUB_RUN_NAME": "tiny-fsdp-lora"}
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (log,) = (stub.repo / "logs").iterdir()
     assert re.fullmatch(r"tiny-fsdp-lora_\d{8}-\d{6}\.out", log.name), log.name
