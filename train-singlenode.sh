@@ -11,8 +11,9 @@
 # Bootstraps uv (pip) and the locked environment (uv sync --frozen) on first use; or DSKIT_PYTHON=/path/to/python
 # uses an interpreter that has torch already (a container's), and WHEELHOUSE=DIR installs with no network.
 # Output is teed to logs/<run name>_<timestamp>.out (--run_name, else model-backend[-lora]; the log starts as
-# logs/<job name>_<timestamp>.out until Python is set up), so `tail -f logs/*.out` follows the run; the metrics
-# file goes next to it. `dskit plot RUN_ID` stitches the logs of every launch of one run.
+# logs/<job name>_<timestamp>.out until Python is set up; a JOB_NAME given keeps naming it), so
+# `tail -f logs/*.out` follows the run; the metrics file goes next to it. `dskit plot LOG` stitches every launch
+# of the log's run.
 # Environment overrides: JOB_NAME, CONFIG MAX_STEPS CHECKPOINT_FREQ DATASET DATASET_CONFIG_NAME LOCAL_DATASET MODEL
 # (training defaults; flags given here win), DSKIT_PYTHON, WHEELHOUSE, CUDA_VERSION, GPUS_PER_NODE, CPU_RANKS,
 # OMP_NUM_THREADS (threads per rank; default: cores / ranks).
@@ -21,6 +22,8 @@ set -euo pipefail
 script=$(readlink -f "${BASH_SOURCE[0]}")
 cd "$(dirname "$script")"
 
+# A JOB_NAME given here names the log; else the log is named after the run once Python is set up (name_log).
+log_named_by_job=${JOB_NAME:+yes}
 JOB_NAME=${JOB_NAME:-qwen3_0_6b-DeepSpeed}
 die() {
   echo "error: $*" >&2
@@ -155,6 +158,7 @@ export_extra_env() { :; }
 # writing to the renamed file. Left as it is when the flags do not parse: the preflight then says why.
 name_log() {
   local name named
+  [[ -z "$log_named_by_job" ]] || return 0
   name=$("${py[@]}" -m model_utils.observe.run_name "$@" 2>/dev/null) || return 0
   [[ "$name" =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]] || return 0
   named="$PWD/logs/${name}_${DSKIT_LOG_FILE##*_}"

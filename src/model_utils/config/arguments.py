@@ -504,7 +504,7 @@ class ReportArgs:
         default="auto",
         metadata=_flag(
             "JSON lines of metrics per logged step (rank 0): 'auto' = next to the launcher's log "
-            "(logs/<job>.metrics.jsonl), else <report_dir>/<run id>.metrics.jsonl; 'none' = off; or a path"
+            "(logs/<log name>.metrics.jsonl), else <report_dir>/<run id>.metrics.jsonl; 'none' = off; or a path"
         ),
     )
     report_to: str = field(

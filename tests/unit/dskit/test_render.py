@@ -565,9 +565,7 @@ def test_singlenode_names_its_log_after_the_run(tmp_path: Path) -> None:
     next to the renamed log, and the END line lands in it (tee writes on into the renamed file)."""
     stub = Stubbed(tmp_path)
     flags = ("--backend", "fsdp", "--lora_r", "8")
-    proc = stub.run(
-        "train-singlenode.sh", *flags, env={"JOB_NAME": "unit", "STUB_RUN_NAME": "tiny-fsdp-lora"}
-    )
+    proc = stub.run("train-singlenode.sh", *flags, env={"STUB_RUN_NAME": "tiny-fsdp-lora"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (log,) = (stub.repo / "logs").iterdir()
     assert re.fullmatch(r"tiny-fsdp-lora_\d{8}-\d{6}\.out", log.name), log.name
@@ -592,6 +590,14 @@ def test_singlenode_names_its_log_after_the_run(tmp_path: Path) -> None:
     assert proc.returncode == 2
     (log,) = (stub.repo / "logs").iterdir()
     assert log.name.startswith("mine_") and log.read_text().rstrip().endswith("exit status 2")
+
+    # A JOB_NAME given names the log itself (pipelines find their logs by it): the run name is not asked.
+    stub = Stubbed(tmp_path / "job")
+    proc = stub.run("train-singlenode.sh", env={"JOB_NAME": "unit", "STUB_RUN_NAME": "mine"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (log,) = (stub.repo / "logs").iterdir()
+    assert log.name.startswith("unit_") and log.read_text().rstrip().endswith("exit status 0")
+    assert not [c for c in stub.recorded("python") if c[:2] == ["-m", "model_utils.observe.run_name"]]
 
 
 def test_singlenode_on_a_node_goes_through_srun(tmp_path: Path) -> None:
