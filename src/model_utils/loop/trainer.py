@@ -146,6 +146,8 @@ class Trainer:
             self.engine.start_schedule_at(0)
             return TrainState(run_id=decide_on_main(lambda: run_name.new_run_id(self.cfg), self.dist))
         state, target = self._load(target)
+        if (mismatch := run_name.resume_mismatch(self.cfg, state.run_id)) is not None:
+            warn0(mismatch)
         pos = state.position
         print0(step_line.resumed_line(target.path, state.step, pos.epoch, pos.consumed, self.engine.lr()))
         return state

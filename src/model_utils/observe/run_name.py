@@ -32,6 +32,18 @@ def new_run_id(cfg: TrainConfig) -> str:
     return f"{run_name(cfg)}-{time.strftime('%Y%m%d-%H%M%S')}" + (f"-job{job}" if job else "")
 
 
+def resume_mismatch(cfg: TrainConfig, resumed_id: str) -> str | None:
+    """What to warn when --run_name differs from the id of the run a checkpoint continues (that id is kept: one
+    run, one id across its files); None when they agree."""
+    given = cfg.report.run_name
+    if given is None or given == resumed_id:
+        return None
+    return (
+        f"--run_name {given}: the checkpoint resumed continues run {resumed_id}, which keeps its id (metrics, "
+        f"trackers, dskit plot {resumed_id}); a new --checkpoint_dir starts run {given}"
+    )
+
+
 def main(argv: list[str]) -> int:
     """Print the run name of these training flags; nothing and exit 2 when they do not parse (the launcher keeps
     its log's first name, and the preflight then says what is wrong)."""

@@ -38,6 +38,14 @@ def test_the_id_adds_the_start_time_and_slurm_job_unless_a_name_is_given(
     assert run_name.new_run_id(parse_args(["--run_name", "lr3e-4"])) == "lr3e-4"  # found again by that name
 
 
+def test_a_resume_keeps_its_runs_id_and_says_so_when_run_name_differs() -> None:
+    assert run_name.resume_mismatch(parse_args([]), "tiny_qwen3-deepspeed-20261126-091400") is None
+    assert run_name.resume_mismatch(parse_args(["--run_name", "a"]), "a") is None
+    warning = run_name.resume_mismatch(parse_args(["--run_name", "b"]), "a")
+    assert warning is not None and "continues run a, which keeps its id" in warning
+    assert "a new --checkpoint_dir starts run b" in warning
+
+
 @pytest.mark.parametrize("bad", ["", "-x", "a/b", "two words", "x" * 101, "../up"])
 def test_a_run_name_that_cannot_name_a_file_is_refused(bad: str) -> None:
     with pytest.raises(ConfigError, match=r"--run_name .* names files: use 1 to 100 letters"):
