@@ -387,8 +387,10 @@ def figure(run: RunSeries) -> Any:
             "host_rss_gib": "host RSS",
         }
         _panel(memory_ax, run, "memory (rank 0)", memory, "GiB")
-        # From 0: a steady 0.91 GiB autoscaled alone looks like a cliff over a few MiB of noise.
-        memory_ax.set_ylim(bottom=0)
+        # From 0: a steady 0.91 GiB autoscaled alone looks like a cliff over a few MiB of noise; the headroom
+        # keeps the curves off the frame and out from under the legend.
+        highest = max((v for key in memory for v in run.series[key].values), default=0.0)
+        memory_ax.set_ylim(0, highest * 1.3 or 1.0)
         lr_ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
         for ax in axes.flat:
             _legend(ax)

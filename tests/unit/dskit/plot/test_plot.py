@@ -327,7 +327,7 @@ def test_memory_starts_at_zero_and_step_ticks_fall_on_logged_steps(tmp_path):
     try:
         loss_ax, memory_ax = fig.axes[0], fig.axes[3]
         bottom, top = memory_ax.get_ylim()
-        assert bottom == 0 and top >= 0.918  # not 0.910-0.918 blown up into a cliff
+        assert bottom == 0 and top >= 1.1 * 0.918  # not 0.910-0.918 blown up into a cliff, nor on the frame
         assert [line.get_xdata()[0] for line in memory_ax.lines if line.get_gid() == RESUME_MARK] == [4]
         low, high = memory_ax.get_xlim()
         ticks = [t for t in memory_ax.get_xticks() if low <= t <= high]
