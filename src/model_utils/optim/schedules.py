@@ -200,7 +200,7 @@ class ScheduleSpec:
 
     def describe(self, total_steps: int, runs: Callable[[str], str]) -> str:
         """The schedule's shape, then what runs it: `runs` is the engine's phrase for a scheduler class
-        (Engine.runs_schedule), e.g. "DeepSpeed's WarmupCosineLR, stepped by the FSDP engine over torch AdamW"."""
+        (Engine.runs_schedule), e.g. "DeepSpeed's WarmupCosineLR over torch AdamW, stepped by the FSDP engine"."""
         implementation = self.implementation(total_steps)
         how = "" if implementation is None else f" ({runs(implementation)})"
         client = self.client(total_steps)
