@@ -10,7 +10,10 @@
 #   CUDA_VERSION=12.9 ./train-singlenode.sh node7 --max_steps 200
 # Bootstraps uv (pip) and the locked environment (uv sync --frozen) on first use; or DSKIT_PYTHON=/path/to/python
 # uses an interpreter that has torch already (a container's), and WHEELHOUSE=DIR installs with no network.
-# Output is teed to logs/<job name>_<timestamp>.out, so `tail -f logs/*.out` follows the run.
+# Output is teed to logs/<run name>_<timestamp>.out (--run_name, else model-backend[-lora]; the log starts as
+# logs/<job name>_<timestamp>.out until Python is set up; a JOB_NAME given keeps naming it), so
+# `tail -f logs/*.out` follows the run; the metrics file goes next to it. `dskit plot LOG` stitches every launch
+# of the log's run.
 # Environment overrides: JOB_NAME, CONFIG MAX_STEPS CHECKPOINT_FREQ DATASET DATASET_CONFIG_NAME LOCAL_DATASET MODEL
 # (training defaults; flags given here win), DSKIT_PYTHON, WHEELHOUSE, CUDA_VERSION, GPUS_PER_NODE, CPU_RANKS,
 # OMP_NUM_THREADS (threads per rank; default: cores / ranks).
@@ -19,6 +22,8 @@ set -euo pipefail
 script=$(readlink -f "${BASH_SOURCE[0]}")
 cd "$(dirname "$script")"
 
+# A JOB_NAME given here names the log; else the log is named after the run once Python is set up (name_log).
+log_named_by_job=${JOB_NAME:+yes}
 JOB_NAME=${JOB_NAME:-qwen3_0_6b-DeepSpeed}
 die() {
   echo "error: $*" >&2
@@ -149,6 +154,20 @@ run_preflight() {
 export_extra_env() { :; }
 
 
+# Renames the log after what runs, asked of the kit (the same rule as the run id; no torch imported); tee keeps
+# writing to the renamed file. Left as it is when the flags do not parse: the preflight then says why.
+name_log() {
+  local name named
+  [[ -z "$log_named_by_job" ]] || return 0
+  name=$("${py[@]}" -m model_utils.observe.run_name "$@" 2>/dev/null) || return 0
+  [[ "$name" =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]] || return 0
+  named="$PWD/logs/${name}_${DSKIT_LOG_FILE##*_}"
+  [[ "$named" != "$DSKIT_LOG_FILE" && ! -e "$named" ]] || return 0
+  mv "$DSKIT_LOG_FILE" "$named" || return 0
+  DSKIT_LOG_FILE=$named
+  echo "Logging to logs/${named##*/}"
+}
+
 train_here() {
   # Launch settings: rendered defaults, each overridable from the environment of the caller.
   CUDA_VERSION=${CUDA_VERSION:-12.8}
@@ -183,6 +202,7 @@ train_here() {
 
   echo "Host $(hostname): training here"
   setup_python
+  name_log "${train_args[@]}"
   probe
   choose_ranks
   export_extra_env
@@ -230,10 +250,11 @@ fi
 set +e
 {
   set -e # `set +e` above is for the pipeline's status only
+  # The END line goes through the same tee: the log may have been renamed meanwhile (name_log).
+  trap 'status=$?; echo "END $(date -Is) exit status $status"' EXIT
   echo "START $(date -Is) on $(hostname)${node:+, running on node $node through srun}"
   "${where[@]}" "$@"
 } 2>&1 | tee -a "$log"
 status=${PIPESTATUS[0]}
 set -e
-echo "END $(date -Is) exit status $status" | tee -a "$log"
 exit "$status"

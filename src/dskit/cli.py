@@ -140,7 +140,7 @@ COMMANDS = {
     "doctor": (_module_main("doctor"), "check this node for a run: a pass/warn/fail table with fixes"),
     "plot": (
         _module_main("plot"),
-        "plot loss, lr, tokens/s and memory of a run (RUN_LOG_OR_METRICS -o out.png)",
+        "plot loss, lr, tokens/s and memory of a run, every launch of it (RUN: its id, a log or metrics file)",
     ),
     "bench": (_module_main("bench"), "benchmark the kit's training path against a plain PyTorch loop"),
     "wheelhouse": (

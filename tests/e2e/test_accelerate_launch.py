@@ -26,6 +26,10 @@ LAUNCH = {
     "multi-gpu": ["--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no"],
 }
 BACKEND = {"deepspeed-config": "deepspeed", "fsdp-config": "fsdp", "multi-gpu": "deepspeed"}
+ENGINE = {
+    "deepspeed": ("DeepSpeed", "stepped by the DeepSpeed engine"),
+    "fsdp": ("FSDP2", "stepped by the FSDP engine"),
+}
 
 
 @pytest.mark.parametrize("how", list(LAUNCH))
@@ -44,17 +48,24 @@ def test_accelerate_launch_trains_one_world_of_two(tmp_path: Path, how: str) -> 
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     # One world of 2 (not two worlds of 1): 2 ranks' sequences in each step's batch.
+    title, steps_schedule = ENGINE[BACKEND[how]]
     assert (
-        "Training tiny-qwen3 for 3 steps: 2 ranks x micro batch 1 x accumulation 1 x 32 tokens = 64 tokens/step"
+        f"Training tiny-qwen3 with {title} for 3 steps: 2 ranks x micro batch 1 x accumulation 1 x 32 tokens = "
+        "64 tokens/step" in out
+    )
+    # The engine the accelerate config chose runs the schedule, and the log says so.
+    assert (
+        "lr schedule cosine: warm-up 3 steps, cosine decay to 0.1 x peak by step 3 (DeepSpeed's WarmupCosineLR"
         in out
     )
+    assert steps_schedule in out
     assert "Done: step 3/3, 192 tokens seen" in out, out[-4000:]
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [r["world_size"] for r in records if r.get("event") == "start"] == [2]
     assert [r["step"] for r in records if "loss" in r] == [3]
     assert (tmp_path / "ck" / "latest").read_text().strip() == "tiny_qwen3-3steps"
     # the lines come from rank 0 only: a second world would print its own
-    assert out.count("Training tiny-qwen3 for 3 steps") == 1
+    assert out.count(f"Training tiny-qwen3 with {title} for 3 steps") == 1
     # The accelerate config reached the ranks and chose the engine.
     assert "accelerate config: distributed_type" in out
     launch = json.loads((tmp_path / "ck" / "tiny_qwen3-3steps" / "launch.json").read_text())

@@ -346,3 +346,33 @@ def test_close_after_a_failed_step_ends_the_tracker_and_the_worker(
     assert trainer.batches is not None and trainer.batches._worker._shutdown
     assert "engine" not in vars(trainer)  # released
     trainer.close()  # idempotent
+
+
+def test_two_local_launches_of_a_named_run_are_one_run(tmp_path: Path, single_rank, monkeypatch) -> None:
+    """train-singlenode.sh launched twice writes a log (and metrics file) per launch: --run_name is the run's id
+    in both, its TensorBoard run, and what `dskit plot` stitches both launches by."""
+    from dskit import plot
+
+    logs = tmp_path / "logs"
+    outs = []
+    for launch, steps in ((1, 4), (2, 8)):
+        monkeypatch.setenv(launch_env.LOG_FILE, str(logs / f"exp_{launch}.out"))
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            trainer = make_trainer(tmp_path, single_rank, steps, "--run_name", "exp")
+            try:
+                trainer.fit()
+            finally:
+                trainer.close()
+        outs.append(out.getvalue())
+    assert "Run exp: metrics to " in outs[0] and "Run exp: metrics to " in outs[1]
+    assert "Training tiny-qwen3 with DeepSpeed for 4 steps" in outs[0]
+    starts = [
+        r for n in (1, 2) for r in records(logs / f"exp_{n}.metrics.jsonl") if r.get("event") == "start"
+    ]
+    assert [(r["run_id"], r["step"]) for r in starts] == [("exp", 0), ("exp", 4)]
+    assert [p.name for p in (logs / "tensorboard").iterdir()] == ["exp"]
+
+    run = plot.load_run("exp", logs)
+    assert run.sources == (logs / "exp_1.metrics.jsonl", logs / "exp_2.metrics.jsonl")
+    assert run.series["loss"].steps == (2, 4, 6, 8) and run.resumes == (4,)

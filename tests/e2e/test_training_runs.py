@@ -7,6 +7,7 @@ one torchrun worker, and ./train-singlenode.sh.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -128,6 +129,18 @@ def test_train_singlenode_trains_the_embedded_default_and_resumes(tmp_path: Path
         assert (ckpt / "latest").read_text().strip() == "tiny_qwen3-100steps"
         new_logs = [p for p in set((REPO / "logs").glob("*.out")) - logs_before if str(ckpt) in p.read_text()]
         assert len(new_logs) == 1 and "Step 100/100" in new_logs[0].read_text()
+        # Named after what ran once the kit named the run, the output following it to the END line.
+        assert re.fullmatch(r"tiny_qwen3-deepspeed_\d{8}-\d{6}\.out", new_logs[0].name), new_logs[0].name
+        assert new_logs[0].read_text().rstrip().endswith("exit status 0")
+        # The README's next command: `dskit plot` of that log (here its step lines: the metrics went elsewhere).
+        plotted = subprocess.run(
+            [str(REPO / ".venv/bin/dskit"), "plot", str(new_logs[0]), "-o", str(tmp_path / "run.png")],
+            env=ENV,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert plotted.returncode == 0 and (tmp_path / "run.png").stat().st_size > 10_000, plotted.stderr
 
         # The same command again: the run is complete, said in one line before any rank starts.
         again = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=900)

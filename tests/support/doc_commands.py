@@ -182,6 +182,10 @@ COMMANDS: dict[str, Run | DryRun | CoveredBy | Uncovered] = {
     ),
     "CUDA_VERSION=12.9 sbatch train.sbatch": DryRun(_SLURM_GPU, "bash -n train.sbatch"),
     "tail -f logs/*.out": DryRun("follows the logs until interrupted", "bash -n -c 'tail -f logs/*.out'"),
+    '.venv/bin/dskit plot "$(ls -t logs/*.out | head -n 1)"': CoveredBy(
+        "tests/e2e/test_training_runs.py::test_train_singlenode_trains_the_embedded_default_and_resumes",
+        "plot",
+    ),
     "make test": DryRun("the whole suite: what runs this test", "make -n test"),
     # README.md: a real dataset
     ".venv/bin/dskit prepare-data /fsx/data/c4-qwen3 --dataset allenai/c4 --dataset_config_name en "
@@ -277,6 +281,17 @@ COMMANDS: dict[str, Run | DryRun | CoveredBy | Uncovered] = {
     ".venv/bin/dskit estimate --model qwen3-0.6b --nodes 2 --gpus_per_node 8 --zero_stage 2 --offload optimizer "
     "--micro_batch_size 1 --seq_length 2048 --gpu_memory_gib 80": Run(),
     "DS_ACCELERATOR=cpu .venv/bin/dskit doctor": Run(),
+    # docs/metrics-and-trackers.md: two launches of one named run, plotted as one (the launcher's log naming is
+    # tests/unit/dskit/test_render.py::test_singlenode_names_its_log_after_the_run)
+    "./train-singlenode.sh --max_steps 40 --run_name first-hour --checkpoint_dir checkpoints/first-hour": CoveredBy(
+        "tests/e2e/test_trainer.py::test_two_local_launches_of_a_named_run_are_one_run", "--run_name"
+    ),
+    "./train-singlenode.sh --max_steps 80 --run_name first-hour --checkpoint_dir checkpoints/first-hour": CoveredBy(
+        "tests/e2e/test_trainer.py::test_two_local_launches_of_a_named_run_are_one_run", "--run_name"
+    ),
+    ".venv/bin/dskit plot first-hour": CoveredBy(
+        "tests/e2e/test_trainer.py::test_two_local_launches_of_a_named_run_are_one_run", "plot"
+    ),
     # docs/pipelines.md
     ".venv/bin/python examples/kedro/run.py --work_dir /tmp/kedro-run --max_steps 20 --mlflow": CoveredBy(
         "tests/e2e/test_api.py::test_kedro_example_trains_as_one_node_and_returns_a_serialisable_result",

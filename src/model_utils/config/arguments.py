@@ -45,6 +45,8 @@ CHECKPOINTING_FORMS = (
     "none, full, or every_N with N a whole number of layers (e.g. every_2: every second decoder layer)"
 )
 _EVERY = re.compile(r"every_([1-9][0-9]*)")
+# --run_name names files (logs/<run name>_<time>.out, <run name>.metrics.jsonl, a TensorBoard run dir).
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
 def _flag(help: str, **extra: Any) -> dict[str, Any]:
@@ -493,6 +495,14 @@ REPORT_TO = ("none", "tensorboard", "mlflow")
 
 @dataclass(frozen=True)
 class ReportArgs:
+    run_name: str | None = field(
+        default=None,
+        metadata=_flag(
+            "the run's id: its metrics records, TensorBoard run and MLflow run name, and its logs "
+            "(logs/<run name>_<time>.out); kept by resumes; default: <model>-<backend>[-lora] for the logs and "
+            "that plus the start time for the id"
+        ),
+    )
     report_dir: str = field(
         default="logs",
         metadata=_flag("where TensorBoard runs, the MLflow store and default metrics files go"),
@@ -501,7 +511,7 @@ class ReportArgs:
         default="auto",
         metadata=_flag(
             "JSON lines of metrics per logged step (rank 0): 'auto' = next to the launcher's log "
-            "(logs/<job>.metrics.jsonl), else <report_dir>/<run id>.metrics.jsonl; 'none' = off; or a path"
+            "(logs/<log name>.metrics.jsonl), else <report_dir>/<run id>.metrics.jsonl; 'none' = off; or a path"
         ),
     )
     report_to: str = field(
@@ -547,6 +557,11 @@ class ReportArgs:
         return window
 
     def __post_init__(self) -> None:
+        if self.run_name is not None and not RUN_NAME.fullmatch(self.run_name):
+            raise ConfigError(
+                f"--run_name {self.run_name!r} names files: use 1 to 100 letters, digits, '.', '_' or '-', "
+                "starting with a letter or digit, e.g. --run_name lr3e-4_warmup100"
+            )
         _check_choice("report_to", self.report_to, REPORT_TO, "a tracker")
         if self.tracking_uri is not None and self.report_to != "mlflow":
             raise ConfigError("--tracking_uri is for MLflow: add --report_to mlflow or drop --tracking_uri")

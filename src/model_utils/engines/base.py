@@ -176,6 +176,17 @@ class Engine(Protocol):
         where the kit ships nothing that does: `dskit estimate` recommends only layouts these select."""
         ...
 
+    # --- the log's words for what trains ---
+
+    # The engine as the log names it ("DeepSpeed", "FSDP2").
+    title: ClassVar[str]
+
+    @staticmethod
+    def runs_schedule(implementation: str) -> str:
+        """How this engine runs the lr scheduler class `implementation` (ScheduleSpec.implementation), for the
+        schedule's line in the log and `dskit config`."""
+        ...
+
     def close(self) -> None:
         """Release the engine's hooks and buffers (another engine may be built in this process next)."""
         ...

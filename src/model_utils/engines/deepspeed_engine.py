@@ -68,6 +68,7 @@ def torch_adam_on_cpu(ds: dict[str, Any]) -> dict[str, Any]:
 
 
 class DeepSpeedEngine:
+    title = "DeepSpeed"
     # A checkpoint of another world size goes through convert_universal first (trainer._load).
     reshards_on_load = False
     # ZeRO stages 0-3, with optimizer and parameter offload (memory_estimate.check_zero).
@@ -320,6 +321,12 @@ class DeepSpeedEngine:
         from model_utils.resolve import memory_estimate
 
         return memory_estimate.estimate_zero(shape, layout)
+
+    @staticmethod
+    def runs_schedule(implementation: str) -> str:
+        # DeepSpeed builds its own classes from the config's scheduler section; the kit's LambdaLR is handed to
+        # deepspeed.initialize. DeepSpeed steps either with its optimizer.
+        return f"{implementation}, stepped by the DeepSpeed engine"
 
     @staticmethod
     def describe_layout(layout: ZeroLayout) -> str:

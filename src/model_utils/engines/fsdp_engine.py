@@ -88,6 +88,7 @@ def _hf_model(model: torch.nn.Module) -> Any:
 
 
 class FsdpEngine:
+    title = "FSDP2"
     # DCP reshards to any world size on load: trainer._load makes no universal copy for this engine.
     reshards_on_load = True
     # No ZeRO stages: everything is sharded, and --fsdp_cpu_offload moves all of it to the host.
@@ -373,6 +374,11 @@ class FsdpEngine:
         from model_utils.resolve import memory_estimate
 
         return memory_estimate.estimate_fsdp(shape, layout)
+
+    @staticmethod
+    def runs_schedule(implementation: str) -> str:
+        # DeepSpeed's classes too are plain torch schedulers: this engine builds them over torch AdamW itself.
+        return f"{implementation} over torch AdamW, stepped by the FSDP engine"
 
     @staticmethod
     def describe_layout(layout: ZeroLayout) -> str:

@@ -31,7 +31,7 @@ from model_utils.loop import faults, hooks, observers, spike_guard
 from model_utils.loop.state import TrainState
 from model_utils.model import activation_checkpointing, kernels, lora
 from model_utils.model.models import build_model
-from model_utils.observe import metrics, step_line
+from model_utils.observe import metrics, run_name, step_line
 from model_utils.observe.log import print0, warn0
 from model_utils.observe.reporter import Reporter
 from model_utils.optim import param_groups
@@ -39,11 +39,6 @@ from model_utils.resolve.resolver import ResolvedRun
 
 # What became of a step's data (Trainer.train_step); an applied one then stands or is rolled back (hooks.py).
 APPLIED, DISCARDED, DROPPED = "applied", hooks.DISCARDED, hooks.DROPPED
-
-
-def new_run_id(short_name: str) -> str:
-    job = os.environ.get("SLURM_JOB_ID")
-    return f"{short_name}-{time.strftime('%Y%m%d-%H%M%S')}" + (f"-job{job}" if job else "")
 
 
 def create_engine(run: ResolvedRun, dist: DistInfo) -> tuple[Engine, param_groups.DecayGroups]:
@@ -67,7 +62,7 @@ def create_engine(run: ResolvedRun, dist: DistInfo) -> tuple[Engine, param_group
     groups = param_groups.split_for_weight_decay(model, cfg.optim.no_decay_embeddings)
     print0(groups.describe(ts.optim.weight_decay, cfg.optim.no_decay_embeddings))
     assert run.max_steps is not None
-    print0(ts.schedule.describe(run.max_steps))
+    print0(ts.schedule.describe(run.max_steps, engine_type.runs_schedule))
     torch.manual_seed(cfg.loop.seed + dist.rank)
     engine = engine_type.from_run(model, run, dist.device, groups.optimizer_groups())
     return engine, groups
@@ -151,10 +146,10 @@ class Trainer:
         if target is None:
             print0(step_line.fresh_line(self.cfg.checkpoint.checkpoint_dir))
             self.engine.start_schedule_at(0)
-            return TrainState(
-                run_id=decide_on_main(lambda: new_run_id(self.run.source.short_name), self.dist)
-            )
+            return TrainState(run_id=decide_on_main(lambda: run_name.new_run_id(self.cfg), self.dist))
         state, target = self._load(target)
+        if (mismatch := run_name.resume_mismatch(self.cfg, state.run_id)) is not None:
+            warn0(mismatch)
         pos = state.position
         print0(step_line.resumed_line(target.path, state.step, pos.epoch, pos.consumed, self.engine.lr()))
         return state
@@ -201,7 +196,7 @@ class Trainer:
             )
             self.engine.start_schedule_at(state.step)
         assert self.engine.optimizer_steps() == state.step, (self.engine.optimizer_steps(), state.step)
-        state.run_id = state.run_id or new_run_id(self.run.source.short_name)  # checkpoints of older kits
+        state.run_id = state.run_id or run_name.new_run_id(self.cfg)  # checkpoints of older kits
         return state, target
 
     def _universal_copy(self, source: protocol.ResumeTarget, why: str) -> protocol.ResumeTarget:
@@ -308,7 +303,7 @@ class Trainer:
                 f"Spike guard: skipped step {step + 1}: {self.spike.describe()}: no update, its data is consumed "
                 f"({guard.consecutive_skips} in a row, {guard.skipped_steps} in the run)"
             )
-            self._guard_event("spike_skip", step + 1, self.spike)
+            self._guard_event(spike_guard.SPIKE_SKIP, step + 1, self.spike)
             if action == spike_guard.STOP:
                 self._diverged(
                     f"{guard.consecutive_skips} steps in a row skipped as loss spikes (--max_consecutive_skips): "
@@ -321,7 +316,7 @@ class Trainer:
         spike, action = guard.step_applied(self.global_loss, self.engine.grad_norm())
         if spike is None:
             return True
-        self._guard_event("spike_grad_norm", step, spike)
+        self._guard_event(spike_guard.SPIKE_GRAD_NORM, step, spike)
         if action == spike_guard.ROLLBACK:
             return self._roll_back(f"{spike.describe()} at step {step}", must=False)
         warn0(
@@ -362,7 +357,7 @@ class Trainer:
         )
         rollback = hooks.Rollback(live.step, target.tag, why, start, end)
         self.hooks.on_guard_event(
-            hooks.GuardEvent("rollback", state.step, guard.counters(), rollback=rollback)
+            hooks.GuardEvent(spike_guard.ROLLBACK, state.step, guard.counters(), rollback=rollback)
         )
         return False
 
@@ -443,7 +438,8 @@ class Trainer:
         assert self.reporter is not None
         run = self.run
         print0(
-            f"Training {run.source.name} for {self.max_steps} steps: {self.dist.world_size} ranks x micro batch "
+            f"Training {run.source.name} with {type(self.engine).title} for {self.max_steps} steps: "
+            f"{self.dist.world_size} ranks x micro batch "
             f"{run.micro_batch_size} x accumulation {run.gradient_accumulation_steps} x "
             f"{run.seq_length} tokens = {run.tokens_per_step} tokens/step, "
             f"{run.steps_per_epoch} steps/epoch"

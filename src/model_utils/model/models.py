@@ -40,9 +40,13 @@ class ModelSource:
 
     @property
     def short_name(self) -> str:
-        """Name used in checkpoint tags: 'Qwen/Qwen3-0.6B' -> 'qwen3_0_6b'."""
-        base = self.name.rstrip("/").rsplit("/", 1)[-1]
-        return re.sub(r"[^a-z0-9]+", "_", base.lower()).strip("_") or "model"
+        return short_name(self.name)
+
+
+def short_name(model: str) -> str:
+    """A --model as used in checkpoint tags and run names: 'Qwen/Qwen3-0.6B' -> 'qwen3_0_6b'."""
+    base = model.rstrip("/").rsplit("/", 1)[-1]
+    return re.sub(r"[^a-z0-9]+", "_", base.lower()).strip("_") or "model"
 
 
 def _looks_like_path(name: str) -> bool:

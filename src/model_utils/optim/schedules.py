@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -190,23 +191,34 @@ class ScheduleSpec:
         section = self.deepspeed_section(total_steps)
         return None if section is None else deepspeed_scheduler(section, optimizer)
 
-    def describe(self, total_steps: int) -> str:
+    def implementation(self, total_steps: int) -> str | None:
+        """The scheduler class that runs the schedule (whichever engine steps it); None: a constant lr, none."""
+        if self.client(total_steps) is not None:
+            return "the kit's LambdaLR"
+        section = self._section()
+        return None if section is None else f"DeepSpeed's {section.get('type')}"
+
+    def describe(self, total_steps: int, runs: Callable[[str], str]) -> str:
+        """The schedule's shape, then what runs it: `runs` is the engine's phrase for a scheduler class
+        (Engine.runs_schedule), e.g. "DeepSpeed's WarmupCosineLR over torch AdamW, stepped by the FSDP engine"."""
+        implementation = self.implementation(total_steps)
+        how = "" if implementation is None else f" ({runs(implementation)})"
         client = self.client(total_steps)
         if client is not None:
-            return client.describe()
+            return client.describe() + how
         warmup = self.warmup_for(total_steps)
         if self.kind == "cosine":
             section = self._section()
             assert section is not None
             return (
-                f"lr schedule cosine (DeepSpeed WarmupCosineLR): warm-up {warmup} steps, cosine decay to "
-                f"{section['params'][COS_MIN_PARAM]:g} x peak by step {total_steps}"
+                f"lr schedule cosine: warm-up {warmup} steps, cosine decay to "
+                f"{section['params'][COS_MIN_PARAM]:g} x peak by step {total_steps}{how}"
             )
         if self.kind == "constant":
-            return f"lr schedule constant (DeepSpeed WarmupLR): warm-up {warmup} steps, then the peak lr"
+            return f"lr schedule constant: warm-up {warmup} steps, then the peak lr{how}"
         if self.kind == NONE:
             return f"lr constant: {self.source} has no scheduler"
-        return f"lr schedule: {self.kind} from {self.source}"
+        return f"lr schedule: {self.kind} from {self.source}{how}"
 
     def lr_at(self, peak_lr: float, total_steps: int, steps: list[int]) -> list[float]:
         """The lr each optimizer step (1-based) runs at, computed by the scheduler that trains."""

@@ -108,7 +108,7 @@ class ResolvedRun:
         shown = sorted(s for s in steps if 1 <= s <= total)
         return {
             "warmup_steps": warmup,
-            "lr_schedule": ts.schedule.describe(total),
+            "lr_schedule": ts.schedule.describe(total, engines.engine_class(ts.backend).runs_schedule),
             "lr_at_step": dict(zip(shown, ts.lr_at(total, shown), strict=True)),
         }
 

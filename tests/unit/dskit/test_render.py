@@ -349,6 +349,8 @@ case "$name" in
         # STUB_ENV_BROKEN: the interpreter lacks a package (python_env's one line, exit 2)
         if [[ -n "${STUB_ENV_BROKEN-}" ]]; then echo "error: $0 lacks what the kit needs: $STUB_ENV_BROKEN" >&2; exit 2; fi
         echo "${STUB_GPUS:-0} 3.11.7 2.6.0 none 0.19.8" ;;
+      # the log's name (STUB_RUN_NAME: what the kit answers; unset: nothing, as for flags that do not parse)
+      "-m model_utils.observe.run_name") record "$@"; [[ -z "${STUB_RUN_NAME-}" ]] || echo "$STUB_RUN_NAME" ;;
       # the launchers start torchrun and accelerate as modules of the run's interpreter
       "-m torch.distributed.run") name=torchrun; shift 2; record "$@"; stop_reason ;;
       "-m accelerate.commands.launch") name=accelerate; shift 2; record launch "$@"; stop_reason ;;
@@ -556,6 +558,46 @@ def test_singlenode_runs_here_and_logs(tmp_path: Path) -> None:
     text = log.read_text()
     assert text.startswith("START ") and "Ranks per node: 2 (CPU" in text
     assert text.rstrip().splitlines()[-1].startswith("END ") and text.rstrip().endswith("exit status 0")
+
+
+def test_singlenode_names_its_log_after_the_run(tmp_path: Path) -> None:
+    """The log starts under the job name and is renamed once the kit names the run: the ranks write the metrics
+    next to the renamed log, and the END line lands in it (tee writes on into the renamed file)."""
+    stub = Stubbed(tmp_path)
+    flags = ("--backend", "fsdp", "--lora_r", "8")
+    proc = stub.run("train-singlenode.sh", *flags, env={"STUB_RUN_NAME": "tiny-fsdp-lora"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (log,) = (stub.repo / "logs").iterdir()
+    assert re.fullmatch(r"tiny-fsdp-lora_\d{8}-\d{6}\.out", log.name), log.name
+    (asked,) = [c for c in stub.recorded("python") if c[:2] == ["-m", "model_utils.observe.run_name"]]
+    assert asked[2:] == list(flags)
+    (torchrun,) = stub.recorded("torchrun", with_env=True)
+    assert env_of(torchrun, "DSKIT_LOG_FILE") == str(log)
+    text = log.read_text()
+    assert text.startswith("START ") and f"Logging to logs/{log.name}" in text
+    assert text.rstrip().splitlines()[-1].startswith("END ") and text.rstrip().endswith("exit status 0")
+
+    # On a node through srun: the copy there renames the shared log, the caller's tee follows it.
+    stub = Stubbed(tmp_path / "node")
+    proc = stub.run("train-singlenode.sh", "n2", env={"CUDA_VERSION": "12.9", "STUB_RUN_NAME": "mine"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (log,) = (stub.repo / "logs").iterdir()
+    assert log.name.startswith("mine_") and log.read_text().rstrip().endswith("exit status 0")
+
+    # A failed launch still ends its log with its status, in the one file.
+    stub = Stubbed(tmp_path / "broken")
+    proc = stub.run("train-singlenode.sh", env={"STUB_RUN_NAME": "mine", "STUB_ENV_BROKEN": "torch"})
+    assert proc.returncode == 2
+    (log,) = (stub.repo / "logs").iterdir()
+    assert log.name.startswith("mine_") and log.read_text().rstrip().endswith("exit status 2")
+
+    # A JOB_NAME given names the log itself (pipelines find their logs by it): the run name is not asked.
+    stub = Stubbed(tmp_path / "job")
+    proc = stub.run("train-singlenode.sh", env={"JOB_NAME": "unit", "STUB_RUN_NAME": "mine"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (log,) = (stub.repo / "logs").iterdir()
+    assert log.name.startswith("unit_") and log.read_text().rstrip().endswith("exit status 0")
+    assert not [c for c in stub.recorded("python") if c[:2] == ["-m", "model_utils.observe.run_name"]]
 
 
 def test_singlenode_on_a_node_goes_through_srun(tmp_path: Path) -> None:

@@ -226,3 +226,26 @@ def test_a_warmup_ratio_rounds_up_as_hugging_face_does() -> None:
         settings("--warmup_ratio", "0.03").deepspeed_json(1, 6)["scheduler"]["params"]["warmup_num_steps"]
         == 1
     )
+
+
+@pytest.mark.parametrize(
+    ("flags", "runs"),
+    [
+        ([], "DeepSpeed's WarmupCosineLR, stepped by the DeepSpeed engine"),
+        (["--backend", "fsdp"], "DeepSpeed's WarmupCosineLR over torch AdamW, stepped by the FSDP engine"),
+        (["--lr_schedule", "wsd"], "the kit's LambdaLR, stepped by the DeepSpeed engine"),
+        (["--lr_schedule", "linear", "--backend", "fsdp"], "the kit's LambdaLR over torch AdamW, stepped by the FSDP engine"),
+        (["--lr_schedule", "constant", "--backend", "fsdp"], "DeepSpeed's WarmupLR over torch AdamW, stepped by the FSDP engine"),
+    ],
+)  # fmt: skip
+def test_the_schedule_line_says_which_class_runs_it_and_which_engine_steps_it(
+    flags: list[str], runs: str
+) -> None:
+    from model_utils import engines
+
+    ts = settings(*flags)
+    line = ts.schedule.describe(100, engines.engine_class(ts.backend).runs_schedule)
+    assert line.startswith(f"lr schedule {ts.schedule.kind}: warm-up 10 steps") and line.endswith(
+        f" ({runs})"
+    )
+    assert line.count("DeepSpeed") == runs.count("DeepSpeed")  # no DeepSpeed engine claimed under fsdp

@@ -561,11 +561,12 @@ def test_ops_need_a_toolchain_when_not_built(
 
 # --- the launchers -------------------------------------------------------------------------------------
 
-# Stands in for the repo's .venv/bin/python in a rendered script: the version probe gets fixed values, every
-# other call is recorded (arguments, then the launch variables it was given); PREFLIGHT_EXIT sets the exit of
-# `dskit preflight` (1: a doctor FAIL; 2: prepare's one-line error).
+# Stands in for the repo's .venv/bin/python in a rendered script: the version probe gets fixed values, the log's
+# run name none (test_render.py tests it), every other call is recorded (arguments, then the launch variables it
+# was given); PREFLIGHT_EXIT sets the exit of `dskit preflight` (1: a doctor FAIL; 2: prepare's one-line error).
 FAKE_PYTHON = r"""#!/usr/bin/env bash
 if [[ "$1 $2" == "-m dskit.env.python_env" ]]; then echo "0 3.11.7 2.6.0 none 0.19.8"; exit 0; fi
+if [[ "$1 $2" == "-m model_utils.observe.run_name" ]]; then exit 0; fi
 if [[ "$1 $2" == "-m torch.distributed.run" ]]; then shift 2; printf "%s\0" torchrun "$@" >"$CALLS/$(date +%s%N)"; exit; fi
 printf '%s\0' "$@" "ENV CUDA_VERSION=$CUDA_VERSION GPUS_PER_NODE=$GPUS_PER_NODE CPU_RANKS=$CPU_RANKS EFA=$EFA NODES=$SLURM_JOB_NUM_NODES" \
   >"$CALLS/$(date +%s%N)"

@@ -86,9 +86,10 @@ def assert_png(path: Path) -> None:
 
 
 def test_a_resume_drops_what_the_interrupted_job_logged_after_its_checkpoint():
-    series, resumes, run_id = build_series(requeued_run_records())
-    assert resumes == (40,)
-    assert run_id == RUN_ID
+    timeline = build_series(requeued_run_records())
+    series = timeline.series
+    assert timeline.resumes == (40,)
+    assert timeline.run_id == RUN_ID
     loss = series["loss"]
     assert loss.steps == (10, 20, 30, 40, 50, 60)
     assert loss.values == pytest.approx([7.5, 7.0, 6.5, 6.0, 5.0, 4.5])  # step 50: the requeued job's
@@ -108,14 +109,15 @@ def test_later_records_win_and_a_fresh_start_begins_again():
         {"event": "start", "step": 20, "resumed_from": "tiny_qwen3-20steps"},
         {"event": "start", "step": 20, "resumed_from": "tiny_qwen3-20steps"},  # a crash loop: one mark
     ]
-    series, resumes, _ = build_series(records)
+    timeline = build_series(records)
+    series = timeline.series
     assert series["loss"].steps == (10, 20) and series["loss"].values == (9.0, 7.0)
-    assert resumes == (10, 20)
+    assert timeline.resumes == (10, 20)
     assert series["device_mem_alloc_gib"].steps == ()  # CPU: null device memory is not a point
     assert series["host_rss_gib"].values == (3.0, 3.0)
 
-    series, resumes, _ = build_series([*records, {"event": "start", "step": 0, "resumed_from": None}])
-    assert resumes == () and series["loss"].steps == ()
+    timeline = build_series([*records, {"event": "start", "step": 0, "resumed_from": None}])
+    assert timeline.resumes == () and timeline.series["loss"].steps == ()
 
 
 def test_plot_of_a_metrics_file_with_a_resume(tmp_path, capsys):
@@ -124,7 +126,7 @@ def test_plot_of_a_metrics_file_with_a_resume(tmp_path, capsys):
     out = tmp_path / "logs" / f"{RUN_ID}.png"
     assert_png(out)
     printed = capsys.readouterr().out
-    assert f"wrote {out}: 6 training and 2 validation points, 1 resume(s)" in printed
+    assert f"wrote {out}: 6 training and 2 validation points, 1 resume(s), 0 skipped step(s)" in printed
 
     other = tmp_path / "elsewhere.png"
     assert cli.main(["plot", str(metrics), "-o", str(other)]) == 0
@@ -208,7 +210,8 @@ def test_bad_input_is_one_error_line_and_keeps_existing_files(tmp_path, capsys):
         f.write('{"loss": 1.0}\n')
     assert "line 2 is not a metrics record" in plot_error([str(not_a_record)], capsys)
 
-    only_events = write_jsonl(logs / "new.metrics.jsonl", requeued_run_records()[:1])
+    just_started = {**requeued_run_records()[0], "run_id": "tiny_qwen3-20261122-170000"}
+    only_events = write_jsonl(logs / "new.metrics.jsonl", [just_started])
     assert "has no metrics records" in plot_error([str(only_events)], capsys)
     empty_log = logs / "crashed.out"
     empty_log.write_text("START ...\nTraceback (most recent call last):\n")
@@ -229,3 +232,114 @@ def test_bad_input_is_one_error_line_and_keeps_existing_files(tmp_path, capsys):
         "list.metrics.jsonl",
         "new.metrics.jsonl",
     ]
+
+
+# --- a run in several files, the spike guard's marks, the axes ----------------------------------------------
+
+
+def two_launches(logs: Path) -> tuple[Path, Path]:
+    """A local run launched twice (train-singlenode.sh: a log and a metrics file per launch), beside another
+    run's files; the second launch's log names its metrics file in its "Run ..." line only."""
+    records = requeued_run_records()
+    cut = next(i for i, r in enumerate(records) if r.get("event") == "start" and r["step"] == 40)
+    write_jsonl(logs / "tiny_qwen3-deepspeed_20261122-160000.metrics.jsonl", records[:cut])
+    second = write_jsonl(logs / "tiny_qwen3-deepspeed_20261122-161500.metrics.jsonl", records[cut:])
+    other = [{**records[0], "run_id": "tiny_qwen3-deepspeed-20261122-170000"}, train(10, 1.0), train(70, 1.0)]
+    write_jsonl(logs / "tiny_qwen3-deepspeed_20261122-170000.metrics.jsonl", other)
+    log = logs / "renamed.out"
+    log.write_text(f"2026-11-22 16:15:00 | Run {RUN_ID}: metrics to {second}\n")
+    return log, second
+
+
+def test_a_run_launched_twice_is_stitched_from_its_id_its_logs_or_any_of_its_files(tmp_path, capsys):
+    logs = tmp_path / "logs"
+    log, second = two_launches(logs)
+    first = logs / "tiny_qwen3-deepspeed_20261122-160000.metrics.jsonl"
+    for target in (RUN_ID, log, first, second):
+        run = load_run(target, logs)
+        assert run.sources == (first, second), target
+        assert run.run_id == RUN_ID and run.resumes == (40,)
+        assert run.series["loss"].steps == (10, 20, 30, 40, 50, 60)  # not the other run's 70
+        assert run.series["loss"].values[4] == 5.0  # step 50: the resumed launch's
+        assert run.series["val_loss"].steps == (30, 60)
+
+    assert cli.main(["plot", RUN_ID, "--dir", str(logs)]) == 0
+    assert_png(logs / f"{RUN_ID}.png")
+    assert f"from {first}, {second}" in capsys.readouterr().out
+
+    err = plot_error(["tiny_qwen3-20991231-000000", "--dir", str(logs)], capsys)
+    assert f"no metrics file in {logs}/ has run tiny_qwen3-20991231-000000" in err
+
+
+def guarded_run_records() -> list[dict]:
+    """Steps 1-30 logged every 5; a skip at 23; a rollback at 30 to the checkpoint of 20, then 25 and 30 again."""
+    start = {"event": "start", "step": 0, "time": T0, "run_id": RUN_ID, "resumed_from": None}
+    skip = {"event": "spike_skip", "step": 23, "signal": "loss", "value": 40.0, "threshold": 9.0}
+    rollback = {
+        "event": "rollback",
+        "step": 20,
+        "from_step": 30,
+        "tag": "tiny_qwen3-20steps",
+        "reason": "grad norm",
+        "skip_from": {"epoch": 0, "consumed": 40},
+        "skip_to": {"epoch": 0, "consumed": 60},
+    }
+    before = [train(s, 8.0 - s / 10) for s in (5, 10, 15, 20, 25, 30)]
+    return [start, *before, skip, rollback, train(25, 5.0), train(30, 4.0)]
+
+
+def test_spike_guard_skips_and_rollbacks_are_read_and_marked_on_the_loss(tmp_path):
+    from dskit.plot import ROLLBACK_MARK, SKIP_MARK, Rollback, figure
+
+    timeline = build_series(guarded_run_records())
+    assert timeline.skips == (23,)
+    assert timeline.rollbacks == (Rollback(to_step=20, from_step=30),)
+    assert timeline.series["loss"].values[-2:] == (5.0, 4.0)  # the steps trained again after the rollback
+
+    run = load_run(write_jsonl(tmp_path / "guarded.metrics.jsonl", guarded_run_records()))
+    fig = figure(run)
+    try:
+        loss_ax, lr_ax = fig.axes[0], fig.axes[1]
+        skips = [line for line in loss_ax.lines if line.get_gid() == SKIP_MARK]
+        assert [tuple(line.get_xdata()) for line in skips] == [(23,)]
+        spans = [patch for patch in loss_ax.patches if patch.get_gid() == ROLLBACK_MARK]
+        assert len(spans) == 1
+        assert (spans[0].get_x(), spans[0].get_x() + spans[0].get_width()) == (20, 30)
+        labels = loss_ax.get_legend_handles_labels()[1]
+        assert "spike skipped" in labels and "rolled back" in labels
+        assert not [p for p in lr_ax.patches if p.get_gid() == ROLLBACK_MARK]  # the loss panel's marks
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+
+
+def test_memory_starts_at_zero_and_step_ticks_fall_on_logged_steps(tmp_path):
+    from dskit.plot import RESUME_MARK, figure
+
+    records = [
+        {"event": "start", "step": 0, "time": T0, "run_id": RUN_ID, "resumed_from": None},
+        *({**train(s, 7.0), "device_mem_alloc_gib": 0.910 + s / 1000} for s in (2, 4, 6, 8)),
+        {"event": "start", "step": 4, "time": T0 + 50, "run_id": RUN_ID, "resumed_from": "tiny_qwen3-4steps"},
+    ]
+    run = load_run(write_jsonl(tmp_path / "short.metrics.jsonl", records))
+    fig = figure(run)
+    try:
+        loss_ax, memory_ax = fig.axes[0], fig.axes[3]
+        bottom, top = memory_ax.get_ylim()
+        assert bottom == 0 and top >= 1.1 * 0.918  # not 0.910-0.918 blown up into a cliff, nor on the frame
+        assert [line.get_xdata()[0] for line in memory_ax.lines if line.get_gid() == RESUME_MARK] == [4]
+        low, high = memory_ax.get_xlim()
+        ticks = [t for t in memory_ax.get_xticks() if low <= t <= high]
+        assert ticks and all(t == int(t) and int(t) % 2 == 0 for t in ticks), ticks  # logged every 2 steps
+        assert list(loss_ax.get_xticks()) == list(memory_ax.get_xticks())  # one shared step axis
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+
+    long_run = build_series([train(s, 7.0) for s in range(10, 610, 10)])
+    from dskit.plot import step_locator
+
+    locs = step_locator(long_run.series["loss"].steps).tick_values(0, 600)
+    assert len(locs) <= 12 and all(loc % 10 == 0 for loc in locs)
