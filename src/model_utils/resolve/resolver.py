@@ -45,6 +45,8 @@ class ResolvedRun:
     micro_batch_size: int | str  # AUTO only outside the ranks: rank 0 probes its GPU
     steps_per_epoch: int | None
     max_steps: int | None  # --max_steps, or --epochs x steps_per_epoch
+    # What a resume changes in the schedule its checkpoint ran (ScheduleSpec.resume_line); None: nothing.
+    schedule_change: str | None = None
 
     @property
     def config(self) -> TrainConfig:
@@ -146,6 +148,7 @@ class ResolvedRun:
                 "train_blocks": len(self.train_blocks),
                 "validation_blocks": None if self.val_blocks is None else len(self.val_blocks),
                 "resume_from": None if self.resume is None else str(self.resume.path),
+                **({} if self.schedule_change is None else {"schedule_change": self.schedule_change}),
                 **self._schedule(),
             },
             "deepspeed": self.deepspeed_config()
@@ -395,6 +398,7 @@ def prepare(
         max_steps = epochs * steps_per_epoch
     _check_profile_steps(cfg, max_steps)  # with --epochs, max_steps is known only now
     _check_steps_left(resume, max_steps)
+    settings, schedule_change = _resumed_schedule(settings, resume, max_steps)
     run = ResolvedRun(
         settings,
         tokenizer,
@@ -405,6 +409,7 @@ def prepare(
         micro_batch,
         steps_per_epoch,
         max_steps,
+        schedule_change,
     )
     if run.layout is not None:
         print0(run.layout.describe())
@@ -444,6 +449,22 @@ def _fetch_hub(settings: RunSettings) -> RunSettings:
         + ", ".join(f"{s.repo}@{s.commit[:12]}" for s in pins.values())
     )
     return dataclasses.replace(settings, source=source, tokenizer=tok)
+
+
+def _resumed_schedule(
+    settings: RunSettings, resume: protocol.ResumeTarget | None, max_steps: int | None
+) -> tuple[RunSettings, str | None]:
+    """The settings with the schedule a resume trains (the checkpoint's warm-up kept, the decay to max_steps), and
+    the line saying what changed from the schedule the checkpoint ran (None: nothing, or no resume)."""
+    ran = None if resume is None or max_steps is None else launch_record.ran_schedule(resume.path)
+    step = None if resume is None else protocol.tag_step(resume.tag)
+    if ran is None or step is None:
+        return settings, None
+    assert max_steps is not None
+    ts = settings.train
+    change = ts.schedule.resume_line(ran, ts.optim.lr, step, max_steps)
+    kept = dataclasses.replace(ts, schedule=ts.schedule.resumed(ran))
+    return dataclasses.replace(settings, train=kept), change
 
 
 def _check_steps_left(resume: protocol.ResumeTarget | None, max_steps: int | None) -> None:
