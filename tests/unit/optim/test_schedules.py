@@ -179,7 +179,7 @@ def test_bad_schedule_combinations_found_when_resolving(tmp_path: Path) -> None:
         )
     )
     with pytest.raises(
-        ConfigError, match="has its own scheduler WarmupLR: drop the flag or the scheduler section"
+        ConfigError, match="has its own scheduler WarmupLR: drop --lr_schedule or the scheduler section"
     ):
         settings("--deepspeed_config", str(own), "--lr_schedule", "wsd")
     assert (
