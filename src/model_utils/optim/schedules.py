@@ -35,6 +35,7 @@ from model_utils.errors import ConfigError
 CLIENT_SCHEDULES = ("wsd", "linear")  # run as a torch LambdaLR: DeepSpeed has no such scheduler
 WARMUP_MIN_RATIO = 0.01
 NONE = "none"  # a DeepSpeed-format config without a scheduler (and no --lr_schedule): a constant lr
+WITHOUT_DECAY = ("constant", NONE)
 COSINE_TYPE = "WarmupCosineLR"
 # --lr_schedule cosine where the config has no scheduler section: DeepSpeed's WarmupCosineLR, warming up linearly.
 COSINE_SECTION = {
@@ -190,10 +191,7 @@ class ScheduleSpec:
         if warmup is not None:
             differs = f" (the flags now give {asked})" if asked != warmup else ""
             said.append(f"warm-up kept at {warmup} steps{differs};")
-        if total_steps != ran.total_steps and self.kind not in (
-            "constant",
-            NONE,
-        ):  # the only two without decay
+        if total_steps != ran.total_steps and self.kind not in WITHOUT_DECAY:
             said.append(f"the decay now ends at step {total_steps};")
         before = kept._lr_before(peak_lr, ran.total_steps, step + 1)
         (after,) = kept.lr_at(peak_lr, total_steps, [step + 1])
