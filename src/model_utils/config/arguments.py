@@ -14,6 +14,7 @@ the checks that depend on it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import difflib
 import json
@@ -21,7 +22,7 @@ import re
 import sys
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -655,6 +656,16 @@ class TrainConfig:
                 return f"{key} ({where})"
         return f"--{name}"
 
+    @contextlib.contextmanager
+    def origins_named(self) -> Iterator[None]:
+        """Inside, a ConfigError whose subject is a flag (`--seq_length 1024 is above ...`, raised where the
+        config is not at hand) names that setting where its value came from, as `setting` does."""
+        try:
+            yield
+        except ConfigError as e:
+            e.args = (_subject_with_origin(str(e), self.origins), *e.args[1:])
+            raise
+
     def key(self, name: str) -> str:
         """The setting alone, as a fix names it: `--lr`, or `optim.lr` for a value from the run file."""
         return next((key for flag, _, key in self.origins if flag == name), f"--{name}")
@@ -829,9 +840,9 @@ def assemble(
 
 
 def _subject_with_origin(message: str, origins: tuple[tuple[str, str, str], ...]) -> str:
-    """A section's check names its value's flag first (`--liger 'maybe' is not one of ...`): where the value came
-    from elsewhere, that name becomes the key and where it is (TrainConfig.setting), so the message never blames
-    a flag nobody typed."""
+    """A check that has no config at hand names its value's flag first (`--liger 'maybe' is not one of ...`):
+    where the value came from elsewhere, that name becomes the key and where it is (TrainConfig.setting), so the
+    message never blames a flag nobody typed."""
     subject = re.search(r"--(\w+)", message)
     where = {flag: f"{key} ({place})" for flag, place, key in origins}
     if subject is None or subject.group(1) not in where:

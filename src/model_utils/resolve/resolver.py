@@ -175,6 +175,13 @@ def resolve_settings(
     its weights by `prepare(fetch_hub=True)`; `on_ranks`: from the cache alone, weights included.
     """
     cfg = accelerate_env.join(cfg, os.environ if env is None else env)
+    with cfg.origins_named():
+        return _resolve_settings(cfg, gpu_bytes, world_size, on_ranks)
+
+
+def _resolve_settings(
+    cfg: TrainConfig, gpu_bytes: int | None, world_size: int, on_ranks: bool
+) -> RunSettings:
     startup.import_transformers()  # the first import of transformers in a rank: without what it does not use
     source = models.resolve_model_source(cfg.model.model)
     ts = _train_settings(cfg)
@@ -348,6 +355,17 @@ def prepare(
     settings = settings or resolve_settings(
         cfg, _rank_gpu_bytes(world_size), world_size or 1, on_ranks=world_size is not None
     )
+    with settings.config.origins_named():
+        return _prepare(settings, world_size, run_first, decide_once, fetch_hub)
+
+
+def _prepare(
+    settings: RunSettings,
+    world_size: int | None,
+    run_first: Callable[[Callable[[], Any]], Any],
+    decide_once: Callable[[Callable[[], Any]], Any],
+    fetch_hub: bool,
+) -> ResolvedRun:
     cfg = settings.config  # with the launch environment's settings joined (resolve_settings)
     protocol.check_writable(cfg.checkpoint.checkpoint_dir)
     on_ranks = world_size is not None

@@ -220,6 +220,12 @@ def test_a_run_file_value_is_named_by_its_key_and_file_in_messages(tmp_path: Pat
     assert str(err.value) == f"model.liger (run file {bad}) 'maybe' is not one of auto, on, off"
     with pytest.raises(ConfigError, match=r"^--liger 'maybe' is not one of"):
         parse_args(["--config", bad, "--liger", "maybe"])
+    long = write(tmp_path / "long.yaml", "data: {seq_length: 1024}\n")  # a check deep in resolution
+    with pytest.raises(ConfigError) as err:
+        resolver.resolve_settings(parse_args(["--config", long]))
+    assert str(err.value).startswith(f"data.seq_length (run file {long}) 1024 is above the model's maximum")
+    with pytest.raises(ConfigError, match=r"^--seq_length 1024 is above the model's maximum"):
+        resolver.resolve_settings(parse_args(["--config", long, "--seq_length", "1024"]))
     both = write(tmp_path / "both.yaml", "optim: {warmup_ratio: 0.03, warmup_steps: 5}\n")
     with pytest.raises(
         ConfigError, match=r"^optim.warmup_steps \(run file .*both.yaml\) and optim.warmup_ratio"
