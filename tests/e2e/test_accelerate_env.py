@@ -223,13 +223,29 @@ def test_multi_gpu_is_the_kits_default_engine(envs: dict[str, dict[str, str]]) -
         accelerate_env.join(parse_args(["--compile", "false"]), env)
 
 
-def test_a_given_flag_that_contradicts_the_config_is_refused(envs: dict[str, dict[str, str]]) -> None:
+def test_a_given_flag_that_contradicts_the_config_is_refused(
+    envs: dict[str, dict[str, str]], tmp_path: Path
+) -> None:
     with pytest.raises(ConfigError) as e:
         accelerate_env.join(parse_args(["--gradient_accumulation_steps", "2"]), envs["deepspeed_stage"])
     assert str(e.value) == (
         "--gradient_accumulation_steps 2 disagrees with the accelerate config, which asks for 4 "
         "(gradient_accumulation_steps): drop --gradient_accumulation_steps or change the accelerate config"
     )
+    # The same value from a run file is named as the run file's key, and a value the accelerate config gave
+    # as the accelerate config's.
+    run = tmp_path / "run.yaml"
+    run.write_text("optim: {gradient_accumulation_steps: 2}\n")
+    with pytest.raises(ConfigError) as e:
+        accelerate_env.join(parse_args(["--config", str(run)]), envs["deepspeed_stage"])
+    assert str(e.value) == (
+        f"optim.gradient_accumulation_steps (run file {run}) 2 disagrees with the accelerate config, which asks "
+        "for 4 (gradient_accumulation_steps): drop optim.gradient_accumulation_steps or change the accelerate "
+        "config"
+    )
+    joined = accelerate_env.join(parse_args([]), envs["fsdp2"])
+    assert joined.origin_of("backend") == "the accelerate config's distributed_type FSDP"
+    assert joined.setting("backend") == "--backend (the accelerate config's distributed_type FSDP)"
 
 
 def test_resolution_joins_the_accelerate_config(envs: dict[str, dict[str, str]]) -> None:

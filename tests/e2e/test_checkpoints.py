@@ -8,6 +8,8 @@ full disk and the S3 tier. The tests on tag directories built by hand are beside
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import shutil
 import signal
@@ -19,10 +21,14 @@ import torch
 
 from model_utils import engines
 from model_utils.checkpoint import protocol
+from model_utils.config.arguments import parse_args
 from model_utils.engines.deepspeed_engine import MODEL_STATES
+from model_utils.loop import trainer as training
+from model_utils.resolve import resolver
 from model_utils.storage import file_manifest
+from support.metrics_file import step_records
 from support.rank_pool import ENV, killed_in_first_save, run_ranks
-from support.reference_runs import HALF, Reference
+from support.reference_runs import HALF, Reference, copy_tags
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -258,3 +264,62 @@ def test_s3_tier_uploads_and_a_fresh_node_resumes_from_it(base_checkpoints, s3, 
     assert "downloading tiny_qwen3-4steps from s3://" in second.stdout
     assert "tiny_qwen3-4steps at step 4" in second.stdout and "Step 8/8 | Loss" in second.stdout
     assert "runs/one/tiny_qwen3-8steps/dskit_manifest.json" in s3.keys("runs/one/")
+
+
+# --- a resume with another --max_steps ----------------------------------------------------------------------
+
+
+def _train_in_process(ckpt: Path, metrics: Path, dist, cache: Path, *flags: str) -> str:
+    """A one-rank in-process run to its --max_steps, saving every 2 steps; what rank 0 printed."""
+    cfg = parse_args(
+        [
+            "--seq_length", "32", "--validation_fraction", "0", "--logging_freq", "1", "--checkpoint_freq", "2",
+            "--keep_checkpoints", "4", "--warmup_ratio", "0.5", "--data_cache_dir", str(cache),
+            "--checkpoint_dir", str(ckpt), "--metrics_file", str(metrics), *flags,
+        ]
+    )  # fmt: skip
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        trainer = training.Trainer(resolver.prepare(cfg, world_size=dist.world_size), dist)
+        try:
+            trainer.fit()
+        finally:
+            trainer.close()
+    return out.getvalue()
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("backend", ["deepspeed", "fsdp"])
+@pytest.mark.parametrize("schedule", ["cosine", "wsd"])
+def test_a_resume_with_another_max_steps_keeps_the_warmup_and_says_the_lr_it_changes(
+    tmp_path: Path, single_rank, backend: str, schedule: str
+) -> None:
+    """8 steps warming up over half of them (steps 1-4). The step-6 tag resumed with the same flags trains the
+    uninterrupted run's lr exactly; the step-2 tag resumed with --max_steps 6 keeps the 4-step warm-up (not 3,
+    half of 6), ends the decay at step 6, and says so in one line with the lr of step 3 before and after."""
+    flags = ["--backend", backend, "--lr_schedule", schedule]
+    cache, straight = tmp_path / "cache", tmp_path / "straight"
+    _train_in_process(straight, tmp_path / "straight.jsonl", single_rank, cache, *flags, "--max_steps", "8")
+    full = step_records(tmp_path / "straight.jsonl")
+    assert full[3]["lr"] < full[4]["lr"] < full[5]["lr"]  # warming up through step 4
+
+    same = copy_tags(straight, tmp_path / "same", "tiny_qwen3-6steps")
+    out = _train_in_process(same, tmp_path / "same.jsonl", single_rank, cache, *flags, "--max_steps", "8")
+    assert "lr schedule: " not in out, out[-3000:]  # nothing changed: nothing said
+    again = step_records(tmp_path / "same.jsonl")
+    assert [again[step]["lr"] for step in (7, 8)] == [full[step]["lr"] for step in (7, 8)]
+
+    shorter = copy_tags(straight, tmp_path / "shorter", "tiny_qwen3-2steps")
+    out = _train_in_process(
+        shorter, tmp_path / "shorter.jsonl", single_rank, cache, *flags, "--max_steps", "6"
+    )
+    resumed = step_records(tmp_path / "shorter.jsonl")
+    assert sorted(resumed) == [3, 4, 5, 6]
+    said = [line.split(" | ", 1)[-1] for line in out.splitlines() if "| lr schedule: " in line]
+    assert said == [
+        "lr schedule: --max_steps 6 (was 8): warm-up kept at 4 steps (the flags now give 3); the decay now ends "
+        f"at step 6; lr at step 3 {full[3]['lr']:.3g} -> {resumed[3]['lr']:.3g}"
+    ], out[-3000:]
+    # The warm-up as it ran, then the decay of a 6-step run (wsd: its last step).
+    assert [resumed[step]["lr"] for step in (3, 4)] == [full[step]["lr"] for step in (3, 4)]
+    assert resumed[5]["lr"] <= full[5]["lr"] and resumed[6]["lr"] < full[6]["lr"]

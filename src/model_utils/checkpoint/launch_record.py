@@ -19,6 +19,7 @@ from typing import Any
 
 from model_utils import engines
 from model_utils.errors import ConfigError
+from model_utils.optim.schedules import RanSchedule
 from model_utils.repo import REPO_ROOT
 
 # Keys of a transformers config that define the architecture; others (dtype, name, ...) may change freely.
@@ -136,3 +137,14 @@ def check_resume(
 def saved_world_size(tag_dir: Path) -> int | None:
     launch = read(tag_dir)
     return None if launch is None else launch.get("world_size")
+
+
+def ran_schedule(tag_dir: Path) -> RanSchedule | None:
+    """The lr schedule the run that saved tag_dir trained (its warm-up and total steps, as resolved); None: a
+    checkpoint without a launch record of them."""
+    launch = read(tag_dir)
+    resolved = {} if launch is None else launch.get("resolved", {})
+    total = resolved.get("max_steps")
+    if not isinstance(total, int) or "warmup_steps" not in resolved:
+        return None
+    return RanSchedule(resolved["warmup_steps"], total)

@@ -14,12 +14,14 @@ the checks that depend on it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import difflib
 import json
 import re
 import sys
 import typing
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -601,11 +603,18 @@ ONE_OF = (
 )
 
 
-def reject_both_given(given: frozenset[str] | set[str]) -> None:
-    """Both members of a pair of ONE_OF given (flags or run file): one line naming them."""
+def reject_both_given(
+    given: frozenset[str] | set[str], setting: Callable[[str], str] = "--{}".format
+) -> None:
+    """Both members of a pair of ONE_OF given (flags or run file): one line naming them (`setting`: a name as
+    a message says it, with where its value came from: TrainConfig.setting)."""
     for first, second in ONE_OF:
         if {first, second} <= given:
-            raise ConfigError(f"--{first} and --{second} both given: keep one of them")
+            raise ConfigError(f"{setting(first)} and {setting(second)} both given: keep one of them")
+
+
+FLAG = "flag"  # the origin of a value given on the command line
+DEFAULT = "default"  # ... of a value nobody gave
 
 
 @dataclass(frozen=True)
@@ -627,28 +636,67 @@ class TrainConfig:
     # (accelerate_env.join), never by parse_args. Its flags are then among the values above; the rest is checked
     # against the resolved run.
     accelerate: Any = None
+    # Where each explicit value not typed as a flag came from, recorded when parsed: (flag name, where, key),
+    # e.g. ("lr", "run file configs/x.yaml", "optim.lr"), ("backend", "the accelerate config's distributed_type
+    # FSDP", "--backend"). `origin_of` and `setting` read it.
+    origins: tuple[tuple[str, str, str], ...] = ()
+    run_file: str | None = None  # --config RUN.yaml, as given
 
     def __post_init__(self) -> None:
         # --fsdp_cpu_offload against --backend is checked in resolution (resolve/train_settings.py): an accelerate
         # config may set the backend.
-        reject_both_given(self.explicit)
+        reject_both_given(self.explicit, self.setting)
         wsd_only = sorted(
-            f"--{f}" for f in ("decay_fraction", "decay_type", "decay_from_step") if f in self.explicit
+            self.setting(f) for f in ("decay_fraction", "decay_type", "decay_from_step") if f in self.explicit
         )
         if wsd_only and self.optim.lr_schedule != "wsd":
             raise ConfigError(
-                f"{' and '.join(wsd_only)} apply to --lr_schedule wsd only: add it or drop them"
+                f"{' and '.join(wsd_only)} apply to --lr_schedule wsd only, not {self.setting('lr_schedule')} "
+                f"{self.optim.lr_schedule}: set it to wsd or drop them"
             )
-        given = sorted(f"--{f}" for f in GuardArgs.unused_in(self.guard.spike_guard) & self.explicit)
+        given = sorted(self.setting(f) for f in GuardArgs.unused_in(self.guard.spike_guard) & self.explicit)
         if given:
             raise ConfigError(
-                f"{' and '.join(given)} do not apply to --spike_guard {self.guard.spike_guard}: drop them"
-                + ("" if self.guard.spike_guard == "off" else " or use --spike_guard rollback")
+                f"{' and '.join(given)} do not apply to {self.setting('spike_guard')} {self.guard.spike_guard}: "
+                "drop them" + ("" if self.guard.spike_guard == "off" else " or use --spike_guard rollback")
             )
+
+    def origin_of(self, name: str) -> str:
+        """Where the value of flag `name` came from: FLAG (the command line), "run file PATH", "the accelerate
+        config's KEY", or DEFAULT."""
+        recorded = next((where for flag, where, _ in self.origins if flag == name), None)
+        if recorded is not None:
+            return recorded
+        return FLAG if name in self.explicit else DEFAULT
+
+    def setting(self, name: str) -> str:
+        """A setting as a message names it, with where its value came from when that is not a flag: `--lr`,
+        `optim.lr (run file configs/x.yaml)`, `--backend (the accelerate config's distributed_type FSDP)`; a
+        message never blames a flag nobody typed."""
+        for flag, where, key in self.origins:
+            if flag == name:
+                return f"{key} ({where})"
+        return f"--{name}"
+
+    @contextlib.contextmanager
+    def origins_named(self) -> Iterator[None]:
+        """Inside, a ConfigError whose subject is a flag (`--seq_length 1024 is above ...`, raised where the
+        config is not at hand) names that setting where its value came from, as `setting` does."""
+        try:
+            yield
+        except ConfigError as e:
+            e.args = (_subject_with_origin(str(e), self.origins), *e.args[1:])
+            raise
+
+    def key(self, name: str) -> str:
+        """The setting alone, as a fix names it: `--lr`, or `optim.lr` for a value from the run file."""
+        return next((key for flag, _, key in self.origins if flag == name), f"--{name}")
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["explicit"] = sorted(self.explicit)
+        for how_typed in ("origins", "run_file"):  # not what trains: the same run from a file or from flags
+            del d[how_typed]
         return d
 
 
@@ -762,6 +810,7 @@ def parse_args(argv: list[str] | None = None, prog: str = "train_deepspeed.py") 
     given = vars(build_parser(prog).parse_args(argv))
     values: dict[str, Any] = {}
     inline = None
+    origins: tuple[tuple[str, str, str], ...] = ()
     config_path = given.pop(CONFIG, None)
     if config_path is not None:
         loaded = run_file.load(config_path, SECTIONS)
@@ -772,21 +821,51 @@ def parse_args(argv: list[str] | None = None, prog: str = "train_deepspeed.py") 
                     del values[other]
         if loaded.deepspeed is not None and "deepspeed_config" not in given:
             inline = json.dumps(loaded.deepspeed, sort_keys=True)
-    return assemble(values | given, inline)
+        fields = flag_fields()
+        origins = tuple(
+            (name, f"run file {config_path}", run_file.key_of(name, fields[name][0]))
+            for name in sorted(values)
+            if name not in given
+        )
+    return assemble(values | given, inline, origins=origins, run_file=config_path)
 
 
 def assemble(
-    values: dict[str, Any], deepspeed_inline: str | None = None, accelerate: Any = None
+    values: dict[str, Any],
+    deepspeed_inline: str | None = None,
+    accelerate: Any = None,
+    origins: tuple[tuple[str, str, str], ...] = (),
+    run_file: str | None = None,
 ) -> TrainConfig:
-    """The config of these given values (flag name -> value; every other field at its default), checked."""
+    """The config of these given values (flag name -> value; every other field at its default), checked.
+    `origins`: where the values not typed as flags came from (TrainConfig.origins)."""
     fields = flag_fields()
     per_section: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
     for name, value in values.items():
         per_section[fields[name][0]][name] = value
-    sections = {s: SECTIONS[s](**kwargs) for s, kwargs in per_section.items()}
+    try:
+        sections = {s: SECTIONS[s](**kwargs) for s, kwargs in per_section.items()}
+    except ConfigError as e:
+        raise ConfigError(_subject_with_origin(str(e), origins)) from None
     return TrainConfig(
-        **sections, explicit=frozenset(values), deepspeed_inline=deepspeed_inline, accelerate=accelerate
+        **sections,
+        explicit=frozenset(values),
+        deepspeed_inline=deepspeed_inline,
+        accelerate=accelerate,
+        origins=origins,
+        run_file=run_file,
     )
+
+
+def _subject_with_origin(message: str, origins: tuple[tuple[str, str, str], ...]) -> str:
+    """A check that has no config at hand names its value's flag first (`--liger 'maybe' is not one of ...`):
+    where the value came from elsewhere, that name becomes the key and where it is (TrainConfig.setting), so the
+    message never blames a flag nobody typed."""
+    subject = re.search(r"--(\w+)", message)
+    where = {flag: f"{key} ({place})" for flag, place, key in origins}
+    if subject is None or subject.group(1) not in where:
+        return message
+    return message[: subject.start()] + where[subject.group(1)] + message[subject.end() :]
 
 
 def given_values(cfg: TrainConfig) -> dict[str, Any]:

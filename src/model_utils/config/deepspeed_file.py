@@ -24,13 +24,15 @@ from model_utils.repo import REPO_ROOT
 PRECISIONS = ("bf16", "fp16")
 
 
-def load_deepspeed_json(path: str) -> dict[str, Any]:
+def load_deepspeed_json(path: str, given_as: str = "--deepspeed_config") -> dict[str, Any]:
+    """`given_as`: the setting that named the file (TrainConfig.setting), for the message when it is missing."""
     p = Path(path)
     if not p.is_absolute() and not p.exists():
         p = REPO_ROOT / p  # the kit's own configs work from any working directory
     if not p.is_file():
         raise ConfigError(
-            f"DeepSpeed config {path} not found: pass --deepspeed_config PATH (e.g. deepspeed/ds_config.json)"
+            f"DeepSpeed config {path} not found: fix {given_as} (the path of a DeepSpeed JSON file, e.g. "
+            "deepspeed/ds_config.json)"
         )
     try:
         data = json.loads(p.read_text())
@@ -64,7 +66,7 @@ def given(cfg: TrainConfig, gpu_only: bool = False) -> tuple[str, dict[str, Any]
     merged in: the run file's section, --deepspeed_config, or the engine's default file (with `gpu_only`,
     resolution's choice on CUDA ranks, the default's GPU-only sibling)."""
     if cfg.deepspeed_inline is not None:
-        return "the run file's deepspeed section", json.loads(cfg.deepspeed_inline)
+        return f"the run file {cfg.run_file}'s deepspeed section", json.loads(cfg.deepspeed_inline)
     engine = engines.engine_class(cfg.optim.backend)
     path = cfg.optim.deepspeed_config if "deepspeed_config" in cfg.explicit else engine.default_config
     if gpu_only:
@@ -72,7 +74,10 @@ def given(cfg: TrainConfig, gpu_only: bool = False) -> tuple[str, dict[str, Any]
             "an explicit DeepSpeed config is never replaced"
         )
         path = engine.gpu_only_config
-    return path, load_deepspeed_json(path)
+    explicit = "deepspeed_config" in cfg.explicit and not gpu_only
+    return path, load_deepspeed_json(
+        path, cfg.setting("deepspeed_config") if explicit else "the kit's default"
+    )
 
 
 def get(d: Mapping[str, Any], path: tuple[str, ...]) -> Any:
@@ -104,7 +109,8 @@ def adopt(
     if len(key_path) > 1 and not isinstance(ds.get(key_path[0]), Mapping):
         if flag in cfg.explicit:
             raise ConfigError(
-                f"--{flag} given but {path} has no {key_path[0]!r} section: add one or drop the flag"
+                f"{cfg.setting(flag)} given but {path} has no {key_path[0]!r} section: add one or drop "
+                f"{cfg.key(flag)}"
             )
         return flag_value
     key_value = get(ds, key_path)
@@ -112,7 +118,7 @@ def adopt(
         return flag_value
     if flag in cfg.explicit and key_value != flag_value:
         raise ConfigError(
-            f"--{flag} {flag_value} disagrees with {'.'.join(key_path)} = {key_value} in {path}: "
-            f'drop the flag or set the key to "auto"'
+            f"{cfg.setting(flag)} {flag_value} disagrees with {'.'.join(key_path)} = {key_value} in {path}: "
+            f'drop {cfg.key(flag)} or set the key to "auto"'
         )
     return type(flag_value)(key_value) if flag_value != AUTO else int(key_value)

@@ -183,6 +183,11 @@ def load(path: str, sections: dict[str, type]) -> RunFile:
     return RunFile(path, values, deepspeed)
 
 
+def key_of(name: str, section: str) -> str:
+    """The run-file key that gives flag `name` of `section`: `optim.lr`; `deepspeed` for a DeepSpeed file's path."""
+    return DEEPSPEED if name == "deepspeed_config" else f"{section}.{name}"
+
+
 def dumps(sections: dict[str, dict[str, Any]], header: str, deepspeed: dict[str, Any] | None = None) -> str:
     """A run file's text: `header` (comment lines), the sections in order, and the embedded DeepSpeed config
     (none: the launch picks its default). `load` reads it back to the same values."""

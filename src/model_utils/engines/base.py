@@ -105,7 +105,7 @@ class Engine(Protocol):
         ...
 
     def start_schedule_at(self, step: int) -> None:
-        """Position the lr schedule for optimizer step `step + 1` (fresh starts and weights-only resumes)."""
+        """Position the lr schedule for optimizer step `step + 1` (fresh starts and every resume)."""
         ...
 
     def save(self, tag_dir: Path, client_state: dict[str, Any]) -> None:

@@ -77,6 +77,11 @@ def check(
             "layout and loads it that way itself when the world size changed"
         )
     _check_deepspeed_keys(ds, path)
+    if not isinstance(ds.get("optimizer"), dict):  # DeepSpeed accepts it, then fails at the first step
+        raise ConfigError(
+            f"{path} has no optimizer section: the run trains with the optimizer configured there: add "
+            '"optimizer": {"type": "AdamW", "params": {"lr": "auto"}} (as deepspeed/ds_config.json has)'
+        )
     return ds
 
 

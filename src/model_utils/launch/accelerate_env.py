@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -294,15 +294,22 @@ def _same(flag: str, given: Any, wanted: Any) -> bool:
     return given == wanted
 
 
-def check_against(request: AccelerateRequest, given: Mapping[str, Any]) -> dict[str, Any]:
+def check_against(
+    request: AccelerateRequest,
+    given: Mapping[str, Any],
+    setting: Callable[[str], str] = "--{}".format,
+    key: Callable[[str], str] = "--{}".format,
+) -> dict[str, Any]:
     """The flag values to train with (flag_values), or a ConfigError naming the first flag the user gave
-    explicitly (`given`: flag name -> value, e.g. TrainConfig.explicit's values) that the request contradicts."""
+    explicitly (`given`: flag name -> value, e.g. TrainConfig.explicit's values) that the request contradicts
+    (`setting`, `key`: a flag as the message names it, with and without where its value came from:
+    TrainConfig.setting and TrainConfig.key)."""
     wanted = flag_values(request)
     for flag, value in wanted.items():
         if flag in given and not _same(flag, given[flag], value):
             raise ConfigError(
-                f"--{flag} {given[flag]} disagrees with the accelerate config, which asks for {value} "
-                f"({_source(flag, request)}): drop --{flag} or change the accelerate config"
+                f"{setting(flag)} {given[flag]} disagrees with the accelerate config, which asks for {value} "
+                f"({_source(flag, request)}): drop {key(flag)} or change the accelerate config"
             )
     return wanted
 
@@ -315,8 +322,15 @@ def join(cfg: TrainConfig, env: Mapping[str, str]) -> TrainConfig:
     if request is None:
         return cfg
     values = arguments.given_values(cfg)
-    values |= check_against(request, values)
-    return arguments.assemble(values, cfg.deepspeed_inline, accelerate=request)
+    asked = check_against(request, values, cfg.setting, cfg.key)
+    origins = cfg.origins + tuple(
+        (flag, f"the accelerate config's {_source(flag, request)}", f"--{flag}")
+        for flag in sorted(asked)
+        if flag not in values
+    )
+    return arguments.assemble(
+        values | asked, cfg.deepspeed_inline, accelerate=request, origins=origins, run_file=cfg.run_file
+    )
 
 
 def _source(flag: str, request: AccelerateRequest) -> str:

@@ -152,6 +152,8 @@ class Trainer:
             warn0(mismatch)
         pos = state.position
         print0(step_line.resumed_line(target.path, state.step, pos.epoch, pos.consumed, self.engine.lr()))
+        if self.run.schedule_change is not None:
+            print0(self.run.schedule_change)
         return state
 
     def _load(self, target: protocol.ResumeTarget) -> tuple[TrainState, protocol.ResumeTarget]:
@@ -194,7 +196,8 @@ class Trainer:
                 f"{why_weights_only}: loaded the weights only (optimizer state starts fresh; the lr schedule and "
                 "data position continue)"
             )
-            self.engine.start_schedule_at(state.step)
+        # The schedule this run trains, at the loaded step: a resume with another --max_steps reshaped its decay.
+        self.engine.start_schedule_at(state.step)
         assert self.engine.optimizer_steps() == state.step, (self.engine.optimizer_steps(), state.step)
         state.run_id = state.run_id or run_name.new_run_id(self.cfg)  # checkpoints of older kits
         return state, target

@@ -15,10 +15,15 @@ WSD trains at the peak lr until the decay starts (`--decay_from_step`, else the 
 run), then decays to `--min_lr_ratio` of the peak (linear, cosine or sqrt shape). A run still in its stable
 phase can be extended by resuming with a larger --max_steps (the decay moves with it), or cooled down from any
 checkpoint with --decay_from_step.
+
+A resume keeps the warm-up its checkpoint ran (`ScheduleSpec.resumed`; launch.json records it): a --warmup_ratio is
+never recomputed from a changed --max_steps. A changed --max_steps reshapes only the decay, to end at the new last
+step, and `resume_line` announces it with the lr of the next step before and after the change.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable
@@ -31,6 +36,7 @@ from model_utils.errors import ConfigError
 CLIENT_SCHEDULES = ("wsd", "linear")  # run as a torch LambdaLR: DeepSpeed has no such scheduler
 WARMUP_MIN_RATIO = 0.01
 NONE = "none"  # a DeepSpeed-format config without a scheduler (and no --lr_schedule): a constant lr
+WITHOUT_DECAY = ("constant", NONE)
 COSINE_TYPE = "WarmupCosineLR"
 # --lr_schedule cosine where the config has no scheduler section: DeepSpeed's WarmupCosineLR, warming up linearly.
 COSINE_SECTION = {
@@ -101,6 +107,14 @@ class Schedule:
 
 
 @dataclass(frozen=True)
+class RanSchedule:
+    """The schedule a checkpoint's run trained (its launch record): what a resume of it keeps."""
+
+    warmup_steps: int | None  # None: it had no warm-up (a DeepSpeed-format config without a scheduler)
+    total_steps: int
+
+
+@dataclass(frozen=True)
 class ScheduleSpec:
     """The lr schedule that trains, as a ratio of the peak lr (OptimSettings.lr), for a run of any length: the
     total steps are known only once the data is (--epochs), so each method takes them."""
@@ -155,6 +169,43 @@ class ScheduleSpec:
         else:
             decay_start = max(warmup, total_steps - round(self.decay_fraction * total_steps))
         return Schedule(self.kind, total_steps, warmup, self.min_lr_ratio, decay_start, self.decay_type)
+
+    def resumed(self, ran: RanSchedule) -> ScheduleSpec:
+        """The schedule a resume of `ran` trains: its warm-up as it ran (a --warmup_ratio of a changed --max_steps,
+        or a changed --warmup_steps, would move a warm-up already run); the decay ends at whatever total steps
+        each method is given."""
+        if ran.warmup_steps is None or not self.warms_up():
+            return self
+        return dataclasses.replace(self, warmup_steps=ran.warmup_steps, warmup_ratio=None)
+
+    def resume_line(self, ran: RanSchedule, peak_lr: float, step: int, total_steps: int) -> str | None:
+        """The one line a resume at `step` of a run that trained `ran` prints when its schedule changes: another
+        --max_steps (the decay reshaped; the lr of step+1 before and after) or a warm-up the flags now make
+        different (kept). None when nothing changed: the lr continues exactly."""
+        kept = self.resumed(ran)
+        warmup, asked = kept.warmup_for(total_steps), self.warmup_for(total_steps)
+        if total_steps == ran.total_steps and warmup == asked:
+            return None
+        said = ["lr schedule:"]
+        if total_steps != ran.total_steps:
+            said.append(f"--max_steps {total_steps} (was {ran.total_steps}):")
+        if warmup is not None:
+            differs = f" (the flags now give {asked})" if asked != warmup else ""
+            said.append(f"warm-up kept at {warmup} steps{differs};")
+        if total_steps != ran.total_steps and self.kind not in WITHOUT_DECAY:
+            said.append(f"the decay now ends at step {total_steps};")
+        before = kept._lr_before(peak_lr, ran.total_steps, step + 1)
+        (after,) = kept.lr_at(peak_lr, total_steps, [step + 1])
+        said.append(f"lr at step {step + 1} {before:.3g} -> {after:.3g}")
+        return " ".join(said)
+
+    def _lr_before(self, peak_lr: float, total_steps: int, step: int) -> float:
+        """The lr `step` would have run at in the run of total_steps that was resumed (a --decay_from_step
+        beyond that run's end is new with this resume: that run had none)."""
+        if self.decay_from_step is not None and self.decay_from_step > total_steps:
+            return dataclasses.replace(self, decay_from_step=None)._lr_before(peak_lr, total_steps, step)
+        (lr,) = self.lr_at(peak_lr, total_steps, [step])
+        return lr
 
     def deepspeed_section(self, total_steps: int) -> dict[str, Any] | None:
         """DeepSpeed's scheduler section for a run of total_steps (its warm-up and total filled), a fresh dict;
@@ -265,15 +316,17 @@ def deepspeed_scheduler(scheduler_section: dict[str, Any], optimizer: Any) -> An
 
 def start_at(scheduler: Any, step: int) -> None:
     """Position a scheduler (DeepSpeed's or the kit's LambdaLR) for optimizer step `step + 1`: every engine's
-    start_schedule_at (fresh starts and weights-only resumes)."""
+    start_schedule_at (fresh starts, and every resume: a loaded scheduler state positions the schedule it is
+    loaded into, but the optimizer's lr loaded beside it is the saved run's)."""
     from torch.optim.lr_scheduler import LambdaLR
 
     # DeepSpeed's warm-up schedulers start at iteration -1, i.e. lr 0 for the first optimizer step; step k
     # should run at iteration k-1 (the warm-up minimum ratio for step 1).
     if scheduler is not None and hasattr(scheduler, "last_batch_iteration"):
         scheduler.step(step)
-    elif isinstance(scheduler, LambdaLR) and scheduler.last_epoch != step:
-        # A torch scheduler counts completed steps from 0; step k+1 runs at its ratio for k.
+    elif isinstance(scheduler, LambdaLR):
+        # A torch scheduler counts completed steps from 0; step k+1 runs at its ratio for k. Set even when a
+        # loaded state says `step` already: the optimizer's saved lr is the schedule's that saved it.
         scheduler.last_epoch = step
         lrs = [
             base * ratio(step) for base, ratio in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)

@@ -101,8 +101,8 @@ def _choose_schedule(cfg: TrainConfig, ds: Mapping[str, Any], path: str) -> tupl
     if file_type not in (None, schedules.COSINE_TYPE):
         if explicit:
             raise ConfigError(
-                f"--lr_schedule {kind} given but {path} has its own scheduler {file_type}: drop the flag or the "
-                "scheduler section"
+                f"{cfg.setting('lr_schedule')} {kind} given but {path} has its own scheduler {file_type}: drop "
+                f"{cfg.key('lr_schedule')} or the scheduler section"
             )
         return str(file_type), copy.deepcopy(dict(section))
     if kind == "cosine":
@@ -116,13 +116,13 @@ def _choose_schedule(cfg: TrainConfig, ds: Mapping[str, Any], path: str) -> tupl
 
 def _check_schedule_flags_apply(cfg: TrainConfig, spec: ScheduleSpec) -> None:
     where = {
-        "constant": "--lr_schedule constant",
+        "constant": f"{cfg.setting('lr_schedule')} constant",
         schedules.NONE: f"{spec.source}, which has no scheduler",
     }.get(spec.kind, f"{spec.source}'s own scheduler {spec.kind}")
     if "min_lr_ratio" in cfg.explicit and spec.kind not in ("cosine", *CLIENT_SCHEDULES):
-        raise ConfigError(f"--min_lr_ratio does not apply to {where}: drop it")
+        raise ConfigError(f"{cfg.setting('min_lr_ratio')} does not apply to {where}: drop it")
     if "warmup_ratio" in cfg.explicit and not spec.warms_up():
-        raise ConfigError(f"--warmup_ratio does not apply to {where} (no warm-up): drop it")
+        raise ConfigError(f"{cfg.setting('warmup_ratio')} does not apply to {where} (no warm-up): drop it")
 
 
 def _optimizer(ds: Mapping[str, Any], lr: float, path: str) -> OptimSettings:

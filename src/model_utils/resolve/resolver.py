@@ -45,6 +45,8 @@ class ResolvedRun:
     micro_batch_size: int | str  # AUTO only outside the ranks: rank 0 probes its GPU
     steps_per_epoch: int | None
     max_steps: int | None  # --max_steps, or --epochs x steps_per_epoch
+    # What a resume changes in the schedule its checkpoint ran (ScheduleSpec.resume_line); None: nothing.
+    schedule_change: str | None = None
 
     @property
     def config(self) -> TrainConfig:
@@ -146,6 +148,7 @@ class ResolvedRun:
                 "train_blocks": len(self.train_blocks),
                 "validation_blocks": None if self.val_blocks is None else len(self.val_blocks),
                 "resume_from": None if self.resume is None else str(self.resume.path),
+                **({} if self.schedule_change is None else {"schedule_change": self.schedule_change}),
                 **self._schedule(),
             },
             "deepspeed": self.deepspeed_config()
@@ -172,6 +175,13 @@ def resolve_settings(
     its weights by `prepare(fetch_hub=True)`; `on_ranks`: from the cache alone, weights included.
     """
     cfg = accelerate_env.join(cfg, os.environ if env is None else env)
+    with cfg.origins_named():
+        return _resolve_settings(cfg, gpu_bytes, world_size, on_ranks)
+
+
+def _resolve_settings(
+    cfg: TrainConfig, gpu_bytes: int | None, world_size: int, on_ranks: bool
+) -> RunSettings:
     startup.import_transformers()  # the first import of transformers in a rank: without what it does not use
     source = models.resolve_model_source(cfg.model.model)
     ts = _train_settings(cfg)
@@ -345,6 +355,17 @@ def prepare(
     settings = settings or resolve_settings(
         cfg, _rank_gpu_bytes(world_size), world_size or 1, on_ranks=world_size is not None
     )
+    with settings.config.origins_named():
+        return _prepare(settings, world_size, run_first, decide_once, fetch_hub)
+
+
+def _prepare(
+    settings: RunSettings,
+    world_size: int | None,
+    run_first: Callable[[Callable[[], Any]], Any],
+    decide_once: Callable[[Callable[[], Any]], Any],
+    fetch_hub: bool,
+) -> ResolvedRun:
     cfg = settings.config  # with the launch environment's settings joined (resolve_settings)
     protocol.check_writable(cfg.checkpoint.checkpoint_dir)
     on_ranks = world_size is not None
@@ -395,6 +416,7 @@ def prepare(
         max_steps = epochs * steps_per_epoch
     _check_profile_steps(cfg, max_steps)  # with --epochs, max_steps is known only now
     _check_steps_left(resume, max_steps)
+    settings, schedule_change = _resumed_schedule(settings, resume, max_steps)
     run = ResolvedRun(
         settings,
         tokenizer,
@@ -405,6 +427,7 @@ def prepare(
         micro_batch,
         steps_per_epoch,
         max_steps,
+        schedule_change,
     )
     if run.layout is not None:
         print0(run.layout.describe())
@@ -444,6 +467,22 @@ def _fetch_hub(settings: RunSettings) -> RunSettings:
         + ", ".join(f"{s.repo}@{s.commit[:12]}" for s in pins.values())
     )
     return dataclasses.replace(settings, source=source, tokenizer=tok)
+
+
+def _resumed_schedule(
+    settings: RunSettings, resume: protocol.ResumeTarget | None, max_steps: int | None
+) -> tuple[RunSettings, str | None]:
+    """The settings with the schedule a resume trains (the checkpoint's warm-up kept, the decay to max_steps), and
+    the line saying what changed from the schedule the checkpoint ran (None: nothing, or no resume)."""
+    ran = None if resume is None or max_steps is None else launch_record.ran_schedule(resume.path)
+    step = None if resume is None else protocol.tag_step(resume.tag)
+    if ran is None or step is None:
+        return settings, None
+    assert max_steps is not None
+    ts = settings.train
+    change = ts.schedule.resume_line(ran, ts.optim.lr, step, max_steps)
+    kept = dataclasses.replace(ts, schedule=ts.schedule.resumed(ran))
+    return dataclasses.replace(settings, train=kept), change
 
 
 def _check_steps_left(resume: protocol.ResumeTarget | None, max_steps: int | None) -> None:

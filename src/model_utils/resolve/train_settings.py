@@ -94,7 +94,8 @@ def resolve(cfg: TrainConfig, gpu_only: bool = False) -> TrainSettings:
     for flag, f in sorted(engine_only_flags(backend).items()):
         if flag in cfg.explicit:
             raise ConfigError(
-                f"--{flag} applies to --backend {f.metadata['engine']} only: {f.metadata['elsewhere']}"
+                f"{cfg.setting(flag)} applies to --backend {f.metadata['engine']} only, not "
+                f"{cfg.setting('backend')} {backend}: {f.metadata['elsewhere']}"
             )
     engine = engines.engine_class(backend)
     path, ds = given(cfg, gpu_only)
@@ -104,8 +105,8 @@ def resolve(cfg: TrainConfig, gpu_only: bool = False) -> TrainSettings:
     file_batch = {k: ds.get(k) for k in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")}
     if tokens is not None and file_batch["gradient_accumulation_steps"] not in (None, AUTO):
         raise ConfigError(
-            f"--global_batch_tokens given but {path} sets gradient_accumulation_steps = "
-            f'{file_batch["gradient_accumulation_steps"]}: set it to "auto" or drop --global_batch_tokens'
+            f"{cfg.setting('global_batch_tokens')} given but {path} sets gradient_accumulation_steps = "
+            f'{file_batch["gradient_accumulation_steps"]}: set it to "auto" or drop {cfg.key("global_batch_tokens")}'
         )
     # With a global batch in tokens the micro batch is the largest that fits, unless one is given.
     micro_flag = (

@@ -12,6 +12,7 @@ import pytest
 from model_utils.checkpoint import launch_record
 from model_utils.config.presets import PRESETS
 from model_utils.errors import ConfigError
+from model_utils.optim.schedules import RanSchedule
 from support.checkpoint_tags import fake_tag
 
 REPO = Path(__file__).resolve().parents[3]
@@ -87,3 +88,12 @@ def test_launch_record_hashes_the_resolved_run() -> None:
     one = launch_record.collect({"a": 1}, {"seq": 64}, {"zero": 2}, world_size=2)
     assert one["run_sha256"] == launch_record.collect({"a": 1}, {"seq": 64}, {"zero": 2}, 4)["run_sha256"]
     assert one["run_sha256"] != launch_record.collect({"a": 1}, {"seq": 64}, {"zero": 3}, 2)["run_sha256"]
+
+
+def test_a_launch_record_says_the_schedule_its_run_trained(tmp_path: Path) -> None:
+    tag, _ = _launch_tag(tmp_path)
+    assert launch_record.ran_schedule(tag) is None  # a kit before the schedule was recorded: nothing kept
+    launch = json.loads((tag / "launch.json").read_text())
+    launch["resolved"] |= {"max_steps": 200, "warmup_steps": 61}
+    (tag / "launch.json").write_text(json.dumps(launch))
+    assert launch_record.ran_schedule(tag) == RanSchedule(61, 200)

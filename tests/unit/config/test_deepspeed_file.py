@@ -67,7 +67,7 @@ def test_agreeing_flag_and_key_is_fine(tmp_path: Path) -> None:
 
 
 def test_override_without_its_section_is_an_error(tmp_path: Path) -> None:
-    path = write_ds(tmp_path, {"zero_optimization": {"stage": 1}})
+    path = write_ds(tmp_path, {"zero_optimization": {"stage": 1}, "optimizer": {"type": "AdamW"}})
     resolve_ds(["--deepspeed_config", path])  # no scheduler and no flag: fine
     with pytest.raises(ConfigError, match=r"--warmup_steps given but .* has no .scheduler. section"):
         resolve_ds(["--deepspeed_config", path, "--warmup_steps", "5"])

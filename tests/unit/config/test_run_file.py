@@ -11,7 +11,7 @@ import pytest
 from dskit import cli
 from model_utils.config.arguments import parse_args
 from model_utils.errors import ConfigError
-from model_utils.resolve import train_settings
+from model_utils.resolve import resolver, train_settings
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -49,7 +49,7 @@ def test_embedded_deepspeed_config_is_used_with_numbers_as_numbers(tmp_path: Pat
     cfg = parse_args(["--config", run])
     settings = train_settings.resolve(cfg)
     built = settings.deepspeed_json(micro_batch_size=1, total_steps=10)
-    assert settings.zero_stage == 3 and "the run file's deepspeed section" in settings.path
+    assert settings.zero_stage == 3 and settings.path == f"the run file {run}'s deepspeed section"
     assert built["zero_optimization"]["reduce_bucket_size"] == 500_000_000  # an int, not '5e8'
     assert (
         built["optimizer"]["params"]["eps"] == 1e-8
@@ -187,3 +187,95 @@ def test_the_lora_run_file_resolves_with_local_model_and_data(
     )  # fmt: skip
     assert run["resolved"]["zero_stage"] == 3 and run["resolved"]["validation_blocks"] > 0
     assert run["config"]["lora"]["lora_target_modules"] == "q_proj,k_proj,v_proj,o_proj"
+
+
+# --- the run file of docs/flags.md, as a reader copies it -------------------------------------------------------
+
+# Only what this machine cannot have: the hub model (no downloads in tests) and its sequence length (the tiny
+# stand-in's positions stop at 256).
+DOC_STANDINS = {"{model: Qwen/Qwen3-0.6B}": "{model: tiny-qwen3}", "seq_length: 1024": "seq_length: 256"}
+
+
+def test_the_run_file_of_the_flags_doc_resolves(tmp_path: Path) -> None:
+    doc = (REPO / "docs" / "flags.md").read_text()
+    section = doc[doc.index("## Run files: `--config RUN.yaml`") :]
+    example = section[section.index("```yaml\n") + len("```yaml\n") : section.index("```\n", 1)]
+    for shown, standin in DOC_STANDINS.items():
+        assert shown in example, f"docs/flags.md's run file no longer has {shown}: update DOC_STANDINS"
+        example = example.replace(shown, standin)
+    run = write(tmp_path / "run.yaml", example)
+    settings = resolver.resolve_settings(parse_args(["--config", run]))
+    ts = settings.train
+    assert (ts.optim.lr, ts.schedule.warmup_ratio, ts.schedule.kind, ts.zero_stage) == (
+        2e-5,
+        0.03,
+        "cosine",
+        3,
+    )
+    assert ts.gradient_accumulation_steps == 8 and settings.config.loop.epochs == 3
+    assert ts.schedule.warmup_for(1000) == 30
+
+
+# --- every message about a setting says where its value came from ------------------------------------------------
+
+NO_SCHEDULER = "deepspeed:\n  optimizer: {type: AdamW, params: {lr: auto}}\n"
+
+
+def test_a_run_file_value_is_named_by_its_key_and_file_in_messages(tmp_path: Path) -> None:
+    run = write(tmp_path / "run.yaml", "optim: {warmup_ratio: 0.03}\n" + NO_SCHEDULER)
+    cfg = parse_args(["--config", run])
+    assert cfg.origin_of("warmup_ratio") == f"run file {run}" and cfg.origin_of("lr") == "default"
+    with pytest.raises(ConfigError) as err:
+        train_settings.resolve(cfg)
+    assert str(err.value) == (
+        f"optim.warmup_ratio (run file {run}) does not apply to the run file {run}'s deepspeed section, which has "
+        "no scheduler (no warm-up): drop it"
+    )
+    bad = write(tmp_path / "bad.yaml", "model: {liger: maybe}\n")  # a section's own check
+    with pytest.raises(ConfigError) as err:
+        parse_args(["--config", bad])
+    assert str(err.value) == f"model.liger (run file {bad}) 'maybe' is not one of auto, on, off"
+    with pytest.raises(ConfigError, match=r"^--liger 'maybe' is not one of"):
+        parse_args(["--config", bad, "--liger", "maybe"])
+    long = write(tmp_path / "long.yaml", "data: {seq_length: 1024}\n")  # a check deep in resolution
+    with pytest.raises(ConfigError) as err:
+        resolver.resolve_settings(parse_args(["--config", long]))
+    assert str(err.value).startswith(f"data.seq_length (run file {long}) 1024 is above the model's maximum")
+    with pytest.raises(ConfigError, match=r"^--seq_length 1024 is above the model's maximum"):
+        resolver.resolve_settings(parse_args(["--config", long, "--seq_length", "1024"]))
+    both = write(tmp_path / "both.yaml", "optim: {warmup_ratio: 0.03, warmup_steps: 5}\n")
+    with pytest.raises(
+        ConfigError, match=r"^optim.warmup_steps \(run file .*both.yaml\) and optim.warmup_ratio"
+    ):
+        parse_args(["--config", both])
+
+
+def test_a_flag_value_is_named_as_the_flag_even_beside_a_run_file(tmp_path: Path) -> None:
+    run = write(tmp_path / "run.yaml", "optim: {warmup_ratio: 0.03}\n" + NO_SCHEDULER)
+    cfg = parse_args(["--config", run, "--warmup_ratio", "0.05"])  # the flag overrides the file's value
+    assert cfg.origin_of("warmup_ratio") == "flag" and cfg.setting("warmup_ratio") == "--warmup_ratio"
+    with pytest.raises(ConfigError) as err:
+        train_settings.resolve(cfg)
+    assert str(err.value) == (
+        f"--warmup_ratio does not apply to the run file {run}'s deepspeed section, which has no scheduler (no "
+        "warm-up): drop it"
+    )
+
+
+def test_a_deepspeed_section_without_an_optimizer_is_refused_naming_the_run_file(tmp_path: Path) -> None:
+    """The run file docs/flags.md showed before: its lr is the run file's, and the message says so; without
+    the lr, the section that cannot train is refused (DeepSpeed would fail at the first step)."""
+    body = "deepspeed:\n  zero_optimization: {stage: 3}\n"
+    run = write(tmp_path / "run.yaml", "optim: {lr: 2.0e-5}\n" + body)
+    with pytest.raises(ConfigError) as err:
+        train_settings.resolve(parse_args(["--config", run]))
+    assert str(err.value) == (
+        f"optim.lr (run file {run}) given but the run file {run}'s deepspeed section has no 'optimizer' section: "
+        "add one or drop optim.lr"
+    )
+    bare = write(tmp_path / "bare.yaml", body)
+    with pytest.raises(ConfigError) as err:
+        train_settings.resolve(parse_args(["--config", bare]))
+    said = str(err.value)
+    assert said.startswith(f"the run file {bare}'s deepspeed section has no optimizer section: ")
+    assert 'add "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}' in said

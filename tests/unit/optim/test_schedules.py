@@ -179,7 +179,7 @@ def test_bad_schedule_combinations_found_when_resolving(tmp_path: Path) -> None:
         )
     )
     with pytest.raises(
-        ConfigError, match="has its own scheduler WarmupLR: drop the flag or the scheduler section"
+        ConfigError, match="has its own scheduler WarmupLR: drop --lr_schedule or the scheduler section"
     ):
         settings("--deepspeed_config", str(own), "--lr_schedule", "wsd")
     assert (
@@ -249,3 +249,89 @@ def test_the_schedule_line_says_which_class_runs_it_and_which_engine_steps_it(
         f" ({runs})"
     )
     assert line.count("DeepSpeed") == runs.count("DeepSpeed")  # no DeepSpeed engine claimed under fsdp
+
+
+# --- a resume keeps the warm-up it ran; another --max_steps reshapes the decay alone, said in one line ---------
+
+RESUME_KINDS = {
+    "cosine": ["--warmup_ratio", "0.305"],
+    "wsd": ["--lr_schedule", "wsd", "--warmup_ratio", "0.305"],
+    "linear": ["--lr_schedule", "linear", "--warmup_ratio", "0.305"],
+    "constant": ["--lr_schedule", "constant", "--warmup_steps", "61"],
+}
+
+
+@pytest.mark.parametrize("kind", list(RESUME_KINDS))
+def test_a_resume_with_the_same_flags_trains_exactly_the_uninterrupted_schedule(kind: str) -> None:
+    spec = settings(*RESUME_KINDS[kind]).schedule
+    ran = schedules.RanSchedule(spec.warmup_for(200), 200)
+    assert ran.warmup_steps == 61
+    steps = list(range(1, 201))
+    assert spec.resumed(ran).lr_at(1.0, 200, steps) == spec.lr_at(1.0, 200, steps)
+    assert spec.resume_line(ran, 1.0, 127, 200) is None
+
+
+@pytest.mark.parametrize("kind", list(RESUME_KINDS))
+def test_another_max_steps_keeps_the_warmup_and_reshapes_only_the_decay(kind: str) -> None:
+    spec = settings(*RESUME_KINDS[kind]).schedule
+    ran = schedules.RanSchedule(61, 200)
+    kept = spec.resumed(ran)
+    assert kept.warmup_for(140) == 61  # never 43, the ratio of the new horizon
+    warmup = list(range(1, 62))
+    assert kept.lr_at(1.0, 140, warmup) == spec.lr_at(1.0, 200, warmup)  # the warm-up run so far, unchanged
+    (before,) = spec.lr_at(1.0, 200, [128])
+    (after,) = kept.lr_at(1.0, 140, [128])
+    line = spec.resume_line(ran, 1.0, 127, 140)
+    assert line is not None
+    head = "lr schedule: --max_steps 140 (was 200): warm-up kept at 61 steps"
+    if kind == "constant":
+        assert after == before == 1.0 and line == f"{head}; lr at step 128 1 -> 1"
+    else:
+        assert after < before and kept.lr_at(1.0, 140, [140]) == pytest.approx([0.1], abs=1e-6)
+        assert line == (
+            f"{head} (the flags now give 43); the decay now ends at step 140; "
+            f"lr at step 128 {before:.3g} -> {after:.3g}"
+        )
+
+
+def test_the_cosine_example_of_the_issue_keeps_its_warmup_and_says_the_lr_before_and_after() -> None:
+    spec = train_settings.resolve(parse_args(["--lr", "2e-5", "--warmup_ratio", "0.305"])).schedule
+    line = spec.resume_line(schedules.RanSchedule(61, 200), 2e-5, 127, 140)
+    assert line == (
+        "lr schedule: --max_steps 140 (was 200): warm-up kept at 61 steps (the flags now give 43); the decay now "
+        "ends at step 140; lr at step 128 1.15e-05 -> 3.01e-06"
+    )
+
+
+def test_a_changed_warmup_flag_on_resume_is_kept_and_said_and_a_new_decay_from_step_is_allowed() -> None:
+    spec = settings("--lr_schedule", "wsd", "--warmup_steps", "10").schedule
+    ran = schedules.RanSchedule(20, 100)
+    assert spec.resumed(ran).warmup_for(100) == 20
+    line = spec.resume_line(ran, 1.0, 50, 100)
+    assert line == "lr schedule: warm-up kept at 20 steps (the flags now give 10); lr at step 51 1 -> 1"
+    # A cool-down from step 300 of a run extended from 100 steps: the run resumed had no decay from there.
+    cool = settings("--lr_schedule", "wsd", "--decay_from_step", "300").schedule
+    line = cool.resume_line(schedules.RanSchedule(10, 100), 1.0, 90, 1000)
+    assert line is not None and line.endswith("lr at step 91 0.505 -> 1")  # 11 of 20 decay steps
+    # A run without a warm-up (a config without a scheduler) keeps none.
+    assert spec.resumed(schedules.RanSchedule(None, 100)) is spec
+
+
+def test_positioning_a_loaded_torch_scheduler_sets_the_lr_of_the_schedule_it_was_loaded_into() -> None:
+    import torch
+
+    def scheduler(total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+        optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+        client = client_schedule("linear", total_steps, 2, 0.0, 0.0, "linear", None)
+        return client.lambda_lr(optimizer)
+
+    saved = scheduler(10)
+    for _ in range(5):
+        saved.optimizer.step()
+        saved.step()
+    resumed = scheduler(20)
+    resumed.optimizer.load_state_dict(saved.optimizer.state_dict())  # the saved run's lr for step 6
+    resumed.load_state_dict(saved.state_dict())
+    assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(0.5)  # 4 of 8
+    schedules.start_at(resumed, 5)
+    assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(1 - 4 / 18)  # 4 of 18 decay steps

@@ -86,9 +86,9 @@ def test_a_run_file_value_is_given_too_and_must_agree_with_an_explicit_key(tmp_p
     run = write(tmp_path / "run.yaml", "optim: {lr: 2e-4}\n")
     with pytest.raises(ConfigError) as err:
         resolve("--config", run, "--deepspeed_config", explicit_ds(tmp_path))
-    assert str(err.value) == (
-        f"--lr 0.0002 disagrees with optimizer.params.lr = 5e-05 in {tmp_path / 'ds.json'}: drop the flag or set "
-        'the key to "auto"'
+    assert str(err.value) == (  # the value is the run file's, and the message says so
+        f"optim.lr (run file {run}) 0.0002 disagrees with optimizer.params.lr = 5e-05 in {tmp_path / 'ds.json'}: "
+        'drop optim.lr or set the key to "auto"'
     )
 
 
@@ -100,7 +100,7 @@ def test_the_run_files_embedded_config_is_read_like_a_file(tmp_path: Path) -> No
     )
     ts = resolve("--config", run)
     assert (ts.optim.lr, ts.optim.weight_decay, ts.schedule.warmup_steps) == (4e-4, 0.05, 3)
-    assert ts.path == "the run file's deepspeed section"
+    assert ts.path == f"the run file {run}'s deepspeed section"
 
 
 # --- refusals: one line each, as before -----------------------------------------------------------------------

@@ -71,7 +71,14 @@ def _ds_config(path: Path, offload: bool) -> Path:
     if offload:
         zero["offload_optimizer"] = {"device": "cpu"}
     path.write_text(
-        json.dumps({"bf16": {"enabled": True}, "zero_optimization": zero, "gradient_accumulation_steps": 1})
+        json.dumps(
+            {
+                "bf16": {"enabled": True},
+                "zero_optimization": zero,
+                "gradient_accumulation_steps": 1,
+                "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
+            }
+        )
     )
     return path
 

@@ -287,3 +287,28 @@ def test_bad_s3_input(case: str, tmp_path: Path, capsys, monkeypatch, request) -
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
     assert {k: v for k, v in snapshot(tmp_path).items() if "/cache/" not in k} == before
+
+
+def test_config_of_a_resume_with_another_max_steps_keeps_the_warmup_and_says_what_changed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The checkpoint ran 8 steps warming up over 4 (--warmup_ratio 0.5); `dskit config` of its resume with
+    --max_steps 12 keeps that warm-up (not 6) and shows the line the ranks print."""
+    from model_utils.storage import file_manifest
+    from support.checkpoint_tags import fake_tag
+
+    tag = fake_tag(tmp_path / "ckpt", 4, with_manifest=False)
+    resolved = {"seq_length": 64, "max_steps": 8, "warmup_steps": 4}
+    launch = {"config": {"data": {"seq_length": 64}}, "resolved": resolved, "world_size": 1}
+    (tag / "launch.json").write_text(json.dumps(launch))
+    file_manifest.write(tag, file_manifest.build(tag, {"tag": tag.name, "step": 4}))
+    flags = ["--lr_schedule", "linear", "--warmup_ratio", "0.5", "--lr", "1.0", "--seq_length", "64"]
+    places = ["--checkpoint_dir", str(tmp_path / "ckpt"), "--data_cache_dir", str(tmp_path / "cache")]
+    assert cli.main(["config", *flags, *places, "--max_steps", "12"]) == 0
+    shown = json.loads(capsys.readouterr().out)["resolved"]
+    assert shown["warmup_steps"] == 4 and shown["resume_from"] == str(tag)
+    # Step 5, the first of the linear decay to 0.1 x peak: 1 of 4 decay steps before, 1 of 8 now.
+    assert shown["schedule_change"] == (
+        "lr schedule: --max_steps 12 (was 8): warm-up kept at 4 steps (the flags now give 6); the decay now ends "
+        "at step 12; lr at step 5 0.775 -> 0.887"
+    )
