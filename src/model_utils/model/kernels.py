@@ -91,13 +91,11 @@ def prepare_jit_env(environ: MutableMapping[str, str] = os.environ) -> None:
 
 
 # What a first build of each op takes, said before it starts: (op, device type of the ranks) -> time. Measured
-# one op at a time into an empty TORCH_EXTENSIONS_DIR on a 2-core CPU VM (shm comm 0:20, cpu_adam 0:55); the GPU
-# builds (nvcc, more kernels) take longer. Other ops: the default below.
+# into an empty TORCH_EXTENSIONS_DIR on a 2-core CPU machine: shm comm 1m39s and cpu_adam 2m27s while other jobs
+# loaded it (load 7); cpu_adam 50 s idle (docs/speed.md). The GPU builds (nvcc) are not measured here.
 BUILD_TIME = {
-    ("deepspeed_shm_comm", "cpu"): "under a minute",
-    ("cpu_adam", "cpu"): "about 1-2 min",
-    ("cpu_adam", "cuda"): "about 1-3 min",
-    ("fused_adam", "cuda"): "about 1-3 min",
+    ("deepspeed_shm_comm", "cpu"): "about 0.5-2 min",
+    ("cpu_adam", "cpu"): "about 1-3 min",
 }
 DEFAULT_BUILD_TIME = "a few minutes"
 

@@ -253,7 +253,7 @@ def test_a_first_build_is_announced_with_its_time_and_then_its_result(
     kernels.build_ops(["CPUAdamBuilder"], "cpu", {"CPUAdamBuilder": builder}.get)
     lines = [line.split(" | ", 1)[1] for line in capsys.readouterr().out.splitlines()]
     assert lines[0] == (
-        "Building DeepSpeed op cpu_adam (first use on this machine; about 1-2 min on CPU; cached in ext; "
+        "Building DeepSpeed op cpu_adam (first use on this machine; about 1-3 min on CPU; cached in ext; "
         "the other ranks wait for it) ..."
     )
     assert re.fullmatch(r"Built DeepSpeed op cpu_adam in \d+s", lines[1]), lines
@@ -287,4 +287,4 @@ def test_a_failed_build_is_one_line_naming_the_op_with_its_output_kept(
     )
     assert "full output: ext/fused_adam/build-error.log" in message and "ds_report" in message
     assert "cuda.h missing" in (extensions / "fused_adam" / "build-error.log").read_text()
-    assert "about 1-3 min on CUDA" in capsys.readouterr().out
+    assert "a few minutes on CUDA" in capsys.readouterr().out
