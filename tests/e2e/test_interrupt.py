@@ -32,11 +32,11 @@ INTERRUPTED = re.compile(
 
 
 def launch_and_interrupt(
-    tmp_path: Path, job: str, interrupt: Callable[[int], None], *flags: str
+    tmp_path: Path, job: str, interrupt: Callable[[int], None], *flags: str, when: re.Pattern[str] = STEP
 ) -> tuple[int, str, float]:
-    """Run the launcher for up to 200 steps (no planned save before the end); after its first logged step call
-    `interrupt(process group)`. Returns (exit status, everything it printed, seconds from the interrupt to the
-    exit)."""
+    """Run the launcher for up to 200 steps (no planned save before the end); at the first line matching `when`
+    (default: the first logged step) call `interrupt(process group)`. Returns (exit status, everything it
+    printed, seconds from the interrupt to the exit)."""
     env = {k: v for k, v in ENV.items() if not k.startswith(("DSKIT_", "OMP_NUM_THREADS"))}
     env.update(JOB_NAME=job, GPUS_PER_NODE="0", CPU_RANKS="2")
     cmd = [
@@ -57,7 +57,7 @@ def launch_and_interrupt(
         assert proc.stdout is not None
         for line in proc.stdout:
             lines.append(line)
-            if interrupted_at is None and STEP.search(line):
+            if interrupted_at is None and when.search(line):
                 interrupted_at = time.monotonic()
                 interrupt(proc.pid)
         status = proc.wait()
@@ -70,9 +70,19 @@ def launch_and_interrupt(
     return status, output, time.monotonic() - interrupted_at
 
 
-def test_ctrl_c_saves_a_checkpoint_and_stops_quietly(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "when",
+    [
+        STEP,
+        # while torchrun starts the ranks: the stop waits until a rank takes it, instead of being lost or a
+        # KeyboardInterrupt in a rank's imports
+        re.compile(r"^Ranks started: "),
+    ],
+    ids=["after-a-step", "while-the-ranks-start"],
+)
+def test_ctrl_c_saves_a_checkpoint_and_stops_quietly(tmp_path: Path, when: re.Pattern[str]) -> None:
     status, output, _ = launch_and_interrupt(
-        tmp_path, f"interrupt-test-{os.getpid()}", lambda group: os.killpg(group, signal.SIGINT)
+        tmp_path, f"interrupt-test-{os.getpid()}", lambda group: os.killpg(group, signal.SIGINT), when=when
     )
     assert status == 130, output[-4000:]
     said = INTERRUPTED.findall(output)
@@ -91,10 +101,10 @@ def test_a_second_ctrl_c_aborts_at_once_without_saving(tmp_path: Path) -> None:
         time.sleep(0.5)  # two signals at once would be one to bash, as two keys pressed at once would
         os.killpg(group, signal.SIGINT)
 
-    # Steps of seconds (8 micro-batches each), so the second Ctrl-C comes while the ranks are still in the step
+    # Steps of seconds (64 micro-batches each), so the second Ctrl-C comes while the ranks are still in the step
     # the first one interrupted, before they could start to save.
     status, output, seconds = launch_and_interrupt(
-        tmp_path, f"abort-test-{os.getpid()}", twice, "--gradient_accumulation_steps", "8"
+        tmp_path, f"abort-test-{os.getpid()}", twice, "--gradient_accumulation_steps", "64"
     )
     assert status == 130, output[-4000:]
     assert "aborted (Ctrl-C again): the ranks are stopped without saving" in output, output[-4000:]

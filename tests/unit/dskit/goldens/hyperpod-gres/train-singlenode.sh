@@ -200,14 +200,24 @@ train_here() {
 # without saving.
 run_ranks() {
   interrupts=0
+  undelivered=""
+  # Ignored from before the fork: a Ctrl-C must not reach the launcher before setsid has taken it out of this
+  # process group (a trapped signal is reset to its default in the child).
+  trap '' INT
   setsid "$@" &
   launcher_pid=$!
   trap stop_ranks INT
   trap 'stop_ranks USR1' USR1
   echo "Ranks started: Ctrl-C here or \`kill -USR1 $BASHPID\` saves a checkpoint and stops them"
-  # Bash runs a trap only between commands, so wait in the background and re-wait after each trap.
+  # Bash runs a trap only between commands, so wait in the background and re-wait after each trap; a stop that
+  # came before any rank could take it is sent again each second.
   local status=0
   while :; do
+    if [[ -n "$undelivered" ]] && kill -0 "$launcher_pid" 2>/dev/null; then
+      sleep 1
+      signal_ranks "$undelivered"
+      continue
+    fi
     wait "$launcher_pid" || status=$?
     if [[ "$status" -gt 128 ]] && kill -0 "$launcher_pid" 2>/dev/null; then
       status=0
@@ -235,8 +245,23 @@ stop_ranks() {
     kill -KILL "${ranks[@]}" "$launcher_pid" 2>/dev/null || true
     return
   fi
-  # The ranks are the launcher's children `<python> -u src/train_deepspeed.py ...`.
-  pkill "-$signal" -P "$launcher_pid" -f '^[^ ]*python[^ ]* -u [^ ]*src/train_deepspeed\.py' || true
+  signal_ranks "$signal"
+}
+
+# Sends the stop signal to the ranks (the launcher's children `<python> -u src/train_deepspeed.py ...`) that
+# handle it already: USR1 (signal 10, SigCgt's bit 1 << 9 in /proc/PID/status) is caught once
+# preemption.install ran; before that, SIGINT would be a KeyboardInterrupt. One rank is enough: the ranks agree after each step. None yet (still
+# starting): `undelivered` keeps it for run_ranks to send again.
+# shellcheck disable=SC2317  # called by the INT and USR1 traps
+signal_ranks() {
+  local signal=$1 pid caught
+  undelivered=$signal
+  for pid in $(pgrep -P "$launcher_pid" -f '^[^ ]*python[^ ]* -u [^ ]*src/train_deepspeed\.py' || true); do
+    caught=$(sed -n 's/^SigCgt:[[:space:]]*//p' "/proc/$pid/status" 2>/dev/null || true)
+    if [[ -n "$caught" ]] && (((16#$caught >> 9) & 1)) && kill "-$signal" "$pid" 2>/dev/null; then
+      undelivered=""
+    fi
+  done
 }
 
 # Inside `srun` from the caller below: the caller already tees the output to the log.
