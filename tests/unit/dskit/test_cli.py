@@ -85,3 +85,13 @@ def test_config_help_names_the_command_and_says_each_default_once(capsys) -> Non
     assert text.startswith("usage: dskit config [--format json|yaml] [-h]"), text[:80]
     assert "(default: None)" not in text and "(default: the model's own) (default" not in text
     assert "(default: the model's own)" in text and "(default: 100)" in text  # --tokenizer's; --max_steps'
+
+
+def test_ctrl_c_in_a_command_is_one_line_and_status_130(capsys, monkeypatch) -> None:
+    def interrupted(argv: list[str]) -> int:
+        raise KeyboardInterrupt  # Ctrl-C in `dskit preflight` while the launcher checks the node
+
+    monkeypatch.setitem(cli.COMMANDS, "preflight", (interrupted, *cli.COMMANDS["preflight"][1:]))
+    assert cli.main(["preflight"]) == 130
+    captured = capsys.readouterr()
+    assert captured.err == "dskit preflight: interrupted (Ctrl-C)\n" and captured.out == ""
