@@ -521,7 +521,7 @@ class Trainer:
             ckpt.checkpoint_interval_minutes is not None and minutes >= ckpt.checkpoint_interval_minutes
         )
         plan = self._walltime_plan()
-        # One collective for every decision: a rank was signalled, its clock says a save is due, rank 0's
+        # One collective for every decision: a rank was signalled (by Ctrl-C?), its clock says a save is due, rank 0's
         # walltime plan says save (or save and stop) now, or an observer asked to stop.
         stop, interrupted, time_due, walltime_save, walltime_stop, asked = any_rank(
             [
