@@ -12,10 +12,12 @@ from functools import partial
 
 from model_utils.config.arguments import parse_args
 from model_utils.errors import CheckpointSaveFailed, ConfigError, RunDiverged
+from model_utils.launch import preemption
 from model_utils.observe.log import error_line, print0
 
 
 def main(argv: list[str] | None = None) -> int:
+    preemption.install()  # a Ctrl-C or USR1 during start-up is a stop request too, not a traceback
     try:
         cfg = parse_args(argv)
         from model_utils.launch import distributed

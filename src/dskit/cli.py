@@ -199,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         error_line(str(e))
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: the user knows why it stopped, a traceback tells them nothing
+        print(f"dskit {command}: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

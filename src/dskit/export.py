@@ -177,6 +177,12 @@ def export(checkpoint: Path, out_dir: Path, dtype: str = "bf16", adapter_only: b
             "drop --adapter_only to export the whole model"
         )
 
+    from model_utils.launch import startup
+
+    # DeepSpeed through the kit's import (accelerate's save_pretrained imports it: on a machine without a GPU its
+    # own import warns "Setting accelerator to CPU"), and no progress bars.
+    startup.import_deepspeed()
+    startup.transformers_bars_off()
     from transformers import AutoTokenizer
 
     try:

@@ -2,7 +2,9 @@
 
 Runs the rendered ./train-singlenode.sh for a few steps on CPU ranks (its own checkpoint dir, data cache and
 metrics file in tmp_path; the log it writes to logs/ is removed) and checks each line of the log against the
-formats below: a new kind of line from a library shows up here with the line itself.
+formats below: a new kind of line from a library shows up here with the line itself. The same holds for the
+ranks of a LoRA run with --profile_steps (one tiny run of both), of the shared FSDP reference run, and for
+`dskit export` of the shared DeepSpeed and FSDP reference runs' checkpoints.
 """
 
 from __future__ import annotations
@@ -10,11 +12,15 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from support.pretrained import save_tiny_qwen3
+from support.rank_pool import train
+from support.reference_runs import Reference
 from support.torchrun import ENV, REPO
 
 pytestmark = [pytest.mark.e2e, pytest.mark.launcher]
@@ -38,6 +44,9 @@ KIT_LINES = {
     "ranks": r"Ranks per node: \d+ \((GPUs|CPU, no GPU on \S+)\)",
     "threads": r"Threads per rank: OMP_NUM_THREADS=\d+ \((\d+ cores / \d+ ranks|from the environment)\)",
     "end": rf"END {ISO} exit status \d+",
+    "ranks started": r"Ranks started: Ctrl-C here or `kill -USR1 \d+` saves a checkpoint and stops them",
+    # dskit export (src/dskit/export.py main)
+    "exported": r"exported \S+ to \S+ \((bf16|fp32)(, the LoRA adapter only)?\)",
     # dskit doctor (src/dskit/doctor/: main, format_table, summary)
     "doctor header": r"dskit doctor on \S+ \(\d+ nodes?\):",
     "doctor columns": r"check +status +found +fix",
@@ -96,3 +105,44 @@ def test_every_line_of_a_default_launch_is_the_kits_own_or_actionable(tmp_path: 
         "actionable warning: prevent them (launcher environment) or filter them by logger and exact message "
         "(src/model_utils/launch/startup.py):\n" + "\n".join(offending)
     )
+
+
+def assert_clean(what: str, output: str) -> None:
+    offending = unexplained(output.splitlines())
+    assert not offending, (
+        f"{len(offending)} line(s) of {what} are neither the kit's own nor an actionable warning: prevent them "
+        "or filter them by logger and exact message (src/model_utils/launch/startup.py):\n"
+        + "\n".join(offending)
+    )
+
+
+def test_every_line_of_a_lora_run_with_a_profile_is_the_kits_own(tmp_path: Path) -> None:
+    base = save_tiny_qwen3(tmp_path / "base")  # a pretrained model: its weights are loaded on every rank
+    flags = [
+        "--model", str(base), "--lora_r", "4", "--lora_alpha", "8", "--profile_steps", "2:2",
+        "--max_steps", "2", "--logging_freq", "1", "--seq_length", "64", "--micro_batch_size", "2",
+        "--validation_fraction", "0", "--checkpoint_dir", str(tmp_path / "ckpt"),
+        "--data_cache_dir", str(tmp_path / "data"), "--metrics_file", str(tmp_path / "metrics.jsonl"),
+    ]  # fmt: skip
+    log = train(flags, tmp_path)
+    assert "LoRA r=4 alpha=8" in log and "Profiled steps 2-2: " in log, log[-4000:]
+    assert_clean("a LoRA run with --profile_steps", log)
+
+
+def test_every_line_of_an_fsdp_run_is_the_kits_own(fsdp_reference: Reference) -> None:
+    assert_clean("the FSDP reference run", fsdp_reference.straight_log)
+
+
+@pytest.mark.parametrize("engine", ["deepspeed", "fsdp"])
+def test_every_line_of_dskit_export_is_the_kits_own(
+    engine: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    reference: Reference = request.getfixturevalue(f"{engine}_reference")
+    # As from a user's shell on a machine without a GPU: no DS_ACCELERATOR set.
+    env = {k: v for k, v in ENV.items() if k != "DS_ACCELERATOR"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "dskit.cli", "export", str(reference.straight), str(tmp_path / "model")],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert_clean(f"dskit export of a {engine} checkpoint", proc.stdout + proc.stderr)

@@ -234,6 +234,12 @@ COMMANDS: dict[str, Run | DryRun | CoveredBy | Uncovered] = {
         "checkpoint",
     ),
     # docs/launchers.md
+    "kill -USR1 \"$(grep -ho 'kill -USR1 [0-9]*' logs/tiny_qwen3-deepspeed_*.out | tail -1 | cut -d' ' -f3)\"": (
+        CoveredBy(
+            "tests/e2e/test_interrupt.py::test_usr1_to_the_pid_the_log_names_saves_and_stops",
+            "grep -ho 'kill -USR1 [0-9]*'",
+        )
+    ),
     "MAX_STEPS=1000 DATASET=allenai/c4 DATASET_CONFIG_NAME=en LOCAL_DATASET=false sbatch train.sbatch "
     "--model Qwen/Qwen3-0.6B": DryRun(_SLURM + " and " + _HUB, FLAGS),
     ".venv/bin/dskit render --values p5.yaml": Run(),

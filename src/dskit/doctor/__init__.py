@@ -102,7 +102,7 @@ def diagnose(cfg: TrainConfig, ctx: LaunchContext) -> tuple[list[Result], Any]:
         _guarded("network (EFA)", lambda: check_network(ctx, on_gpus)),
         _guarded("checkpoint disk", lambda: check_disk(cfg, n_params, half)),
         _guarded("dataset", lambda: check_dataset(cfg.data)),
-        _guarded("DeepSpeed ops", lambda: check_ops(ctx, on_gpus)),
+        _guarded("DeepSpeed ops", lambda: check_ops(ctx, run_jit_ops(cfg, settings, ctx, gpus))),
     ]
     if settings is None:
         results.append(
@@ -120,6 +120,22 @@ def diagnose(cfg: TrainConfig, ctx: LaunchContext) -> tuple[list[Result], Any]:
                 Result("host RAM", Status.WARN, f"no estimate: {type(e).__name__}: {first_line(e)}", "")
             )
     return results, settings
+
+
+def run_jit_ops(cfg: TrainConfig, settings: Any, ctx: LaunchContext, gpus: GpuProbe) -> tuple[str, ...]:
+    """The DeepSpeed ops the ranks of this run will JIT-load (engines.jit_ops), for the config they will train
+    with: on GPUs with the kit's default config, the one the memory estimate picks there, as the ranks do."""
+    from model_utils import engines
+    from model_utils.config import deepspeed_file
+    from model_utils.resolve import resolver, train_settings
+
+    ranks, on_gpus = ranks_per_node(ctx, gpus)
+    if settings is not None and on_gpus and gpus.memory_bytes and deepspeed_file.default_in_use(cfg):
+        settings = resolver.choose_default_config(settings, gpus.memory_bytes, ranks * ctx.nodes)
+    ts = settings.train if settings is not None else train_settings.resolve(cfg)
+    # The micro batch and the step count do not change which optimizer runs.
+    ds = ts.deepspeed_json(ts.micro_batch_size if isinstance(ts.micro_batch_size, int) else 1, 1)
+    return engines.jit_ops(ts.backend, ds, "cuda" if on_gpus else "cpu")
 
 
 def report(results: list[Result], ctx: LaunchContext) -> int:

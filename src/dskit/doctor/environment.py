@@ -103,23 +103,26 @@ def _extensions_root(ctx: LaunchContext) -> Path:
     return Path(get_default_build_root()) / f"py{sys.version_info.major}{sys.version_info.minor}_{accel}"
 
 
-def check_ops(ctx: LaunchContext, uses_gpus: bool) -> Result:
-    """The ops training JIT-builds: CPUAdam (offloaded optimizer), FusedAdam on GPUs, the shm comm op on CPUs."""
+def check_ops(ctx: LaunchContext, ops: tuple[str, ...]) -> Result:
+    """The ops this run JIT-builds (`ops`: builder class names, engines.jit_ops of the resolved run): built
+    already, or buildable here."""
     startup.import_deepspeed()
     from deepspeed.accelerator import get_accelerator
-    from deepspeed.git_version_info import installed_ops
+
+    from model_utils.model import kernels
 
     name = "DeepSpeed ops"
     accelerator = get_accelerator()
-    wanted = ["CPUAdamBuilder", "FusedAdamBuilder" if uses_gpus else "ShareMemCommBuilder"]
+    if not ops:
+        return Result(name, Status.PASS, "this run builds none (torch's optimizer and collectives)")
     root = _extensions_root(ctx)
     built, to_build, incompatible = [], [], []
-    for class_name in wanted:
+    for class_name in ops:
         builder = accelerator.create_op_builder(class_name)
         if builder is None or type(builder).__name__ == "NotImplementedBuilder":
             continue
         op = builder.name
-        if installed_ops.get(op) or any((root / op).glob(f"{op}*.so")):
+        if kernels.op_is_built(op, root):
             built.append(op)
             continue
         try:
@@ -148,7 +151,7 @@ def check_ops(ctx: LaunchContext, uses_gpus: bool) -> Result:
     missing = [] if is_ninja_available() else ["ninja"]
     if shutil.which(compiler) is None:
         missing.append(f"a C++ compiler ({compiler})")
-    if "fused_adam" in to_build:
+    if any(op.startswith("fused_") for op in to_build) and accelerator.device_name() == "cuda":
         from torch.utils.cpp_extension import CUDA_HOME
 
         if CUDA_HOME is None or not os.access(Path(CUDA_HOME) / "bin" / "nvcc", os.X_OK):
@@ -164,5 +167,6 @@ def check_ops(ctx: LaunchContext, uses_gpus: bool) -> Result:
     return Result(
         name,
         Status.PASS,
-        f"{have}; {', '.join(to_build)} will be built on first use (a few minutes; ninja and {compiler} found)",
+        f"{have}; {', '.join(to_build)} will be built on first use (the first rank says so, with the time "
+        f"each takes; ninja and {compiler} found)",
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from model_utils.errors import ConfigError
 
@@ -52,3 +52,20 @@ def engine_of_tag(tag_dir: Path) -> str | None:
         if engine_class(name).owns_tag(tag_dir):
             return name
     return None
+
+
+# The DeepSpeed op builders the process group loads, by the ranks' device type: launch/distributed.py starts it
+# with deepspeed.init_distributed under every engine; CPU ranks' shared-memory collectives (build_shm_op in
+# deepspeed/comm/torch.py), nothing on GPUs (NCCL).
+COMM_OPS: dict[str, tuple[str, ...]] = {"cpu": ("ShareMemCommBuilder",)}
+
+
+def comm_ops(device_type: str) -> tuple[str, ...]:
+    return COMM_OPS.get(device_type, ())
+
+
+def jit_ops(backend: str, ds: dict[str, Any], device_type: str) -> tuple[str, ...]:
+    """Every DeepSpeed op builder (class name) a run of engine `backend` with the checked DeepSpeed-format config
+    `ds` on ranks of `device_type` ("cpu", "cuda") JIT-loads: the process group's, then the engine's. The ranks
+    build these (kernels.build_ops, announced) and `dskit doctor` checks them."""
+    return comm_ops(device_type) + engine_class(backend).jit_ops(ds, device_type)

@@ -45,6 +45,13 @@ class Engine(Protocol):
         (the spike guard's skip relies on it)."""
         ...
 
+    @staticmethod
+    def jit_ops(ds: dict[str, Any], device_type: str) -> tuple[str, ...]:
+        """The DeepSpeed op builders (class names, e.g. "CPUAdamBuilder") the engine JIT-loads when it trains
+        under the checked config `ds` on ranks of `device_type` ("cpu", "cuda"); the registry's jit_ops adds the
+        process group's."""
+        ...
+
     # --- building (trainer.create_engine); `run` is the resolved run (resolve.resolver.ResolvedRun) ---
 
     @staticmethod

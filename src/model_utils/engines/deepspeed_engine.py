@@ -19,6 +19,7 @@ from model_utils.config.deepspeed_file import get
 from model_utils.engines import deepspeed_config
 from model_utils.errors import ConfigError
 from model_utils.launch import startup
+from model_utils.model import kernels
 from model_utils.observe.log import print0
 from model_utils.optim import schedules
 
@@ -47,24 +48,65 @@ _ADAM_TYPES = ("adam", "adamw")
 TORCH_ADAM = "torch_adam"  # DeepSpeed's optimizer param: torch.optim's Adam/AdamW instead of its own kernels
 
 
+def _offloaded_optimizer(ds: dict[str, Any]) -> bool:
+    return get(ds, ("zero_optimization", "offload_optimizer", "device")) in ("cpu", "nvme")
+
+
+def _with_torch_adam(ds: dict[str, Any]) -> dict[str, Any] | None:
+    """`ds` with torch_adam set, where CPU ranks take torch's Adam(W) instead of FusedAdam; None: left as it is."""
+    optimizer = ds.get("optimizer")
+    if not isinstance(optimizer, dict) or str(optimizer.get("type", "")).lower() not in _ADAM_TYPES:
+        return None
+    if _offloaded_optimizer(ds) or TORCH_ADAM in (optimizer.get("params") or {}):
+        return None
+    return {**ds, "optimizer": {**optimizer, "params": {**(optimizer.get("params") or {}), TORCH_ADAM: True}}}
+
+
 def torch_adam_on_cpu(ds: dict[str, Any]) -> dict[str, Any]:
     """The config for CPU ranks: torch's AdamW (Adam) where DeepSpeed would take FusedAdam, a GPU kernel whose CPU
     copy it would first JIT-build (minutes of silence, for no speed-up on a CPU). An offloaded optimizer keeps
     DeepSpeedCPUAdam (built by `make warm`, and faster), and a torch_adam the config sets is left as it is."""
-    optimizer = ds.get("optimizer")
-    if not isinstance(optimizer, dict) or str(optimizer.get("type", "")).lower() not in _ADAM_TYPES:
+    changed = _with_torch_adam(ds)
+    if changed is None:
         return ds
-    if get(ds, ("zero_optimization", "offload_optimizer", "device")) in ("cpu", "nvme"):
-        return ds
-    if TORCH_ADAM in (optimizer.get("params") or {}):
-        return ds
-    params = {**(optimizer.get("params") or {}), TORCH_ADAM: True}
+    params = changed["optimizer"]["params"]
     # DeepSpeed's rule: decoupled weight decay for "AdamW", and for "Adam" unless adam_w_mode is off.
-    adamw = str(optimizer["type"]).lower() == "adamw" or params.get("adam_w_mode", True)
+    adamw = str(changed["optimizer"]["type"]).lower() == "adamw" or params.get("adam_w_mode", True)
     print0(
         f"Optimizer: torch.optim.{'AdamW' if adamw else 'Adam'} on CPU ranks (DeepSpeed's FusedAdam is a GPU kernel)"
     )
-    return {**ds, "optimizer": {**optimizer, "params": params}}
+    return changed
+
+
+# The op builder DeepSpeed's optimizer of each type loads (engine._configure_basic_optimizer), by where its state
+# lives: (offloaded to the CPU, on the device). None: a torch.optim optimizer, nothing to build.
+_OPTIMIZER_OPS: dict[str, tuple[str | None, str | None]] = {
+    "adam": ("CPUAdamBuilder", "FusedAdamBuilder"),
+    "adamw": ("CPUAdamBuilder", "FusedAdamBuilder"),
+    "adagrad": ("CPUAdagradBuilder", None),
+    "lamb": ("FusedLambBuilder", "FusedLambBuilder"),
+    "lion": ("CPULionBuilder", "FusedLionBuilder"),
+}
+
+
+def jit_ops(ds: dict[str, Any], device_type: str) -> tuple[str, ...]:
+    """The DeepSpeed op builders (class names) that deepspeed.initialize loads for config `ds` on ranks of
+    `device_type`: the optimizer's kernel, and the async-IO op when anything is offloaded to NVMe."""
+    if device_type == "cpu":
+        ds = _with_torch_adam(ds) or ds
+    ops: list[str] = []
+    optimizer = ds.get("optimizer")
+    if isinstance(optimizer, dict) and not (optimizer.get("params") or {}).get(TORCH_ADAM):
+        offloaded, on_device = _OPTIMIZER_OPS.get(str(optimizer.get("type", "")).lower(), (None, None))
+        op = offloaded if _offloaded_optimizer(ds) else on_device
+        if op is not None:
+            ops.append(op)
+    offloads = (
+        get(ds, ("zero_optimization", key, "device")) for key in ("offload_optimizer", "offload_param")
+    )
+    if "nvme" in offloads:
+        ops.append("AsyncIOBuilder")
+    return tuple(ops)
 
 
 class DeepSpeedEngine:
@@ -94,6 +136,10 @@ class DeepSpeedEngine:
     @staticmethod
     def discards_nonfinite_steps(ds: dict[str, Any], precision: str) -> bool:
         return deepspeed_config.discards_nonfinite_steps(ds, precision)
+
+    @staticmethod
+    def jit_ops(ds: dict[str, Any], device_type: str) -> tuple[str, ...]:
+        return jit_ops(ds, device_type)
 
     def __init__(
         self,
@@ -135,6 +181,7 @@ class DeepSpeedEngine:
         ds = run.deepspeed_config()
         if device.type == "cpu":
             ds = torch_adam_on_cpu(ds)
+        kernels.build_ops(jit_ops(ds, device.type), device.type)  # announced, before DeepSpeed loads them
         return cls(model, ds, param_groups, lr_scheduler=scheduler)
 
     def train_step(
@@ -286,6 +333,11 @@ class DeepSpeedEngine:
         """The consolidated fp32 masters (DeepSpeed's zero_to_fp32 over the optimizer shards, any stage), each
         materialised and cast one tensor at a time, in this one process (memory: dskit/export.py)."""
         startup.import_deepspeed()
+        with startup.zero_to_fp32_quiet():
+            return DeepSpeedEngine._consolidate(tag_dir, dtype)
+
+    @staticmethod
+    def _consolidate(tag_dir: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
         try:

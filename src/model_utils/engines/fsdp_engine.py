@@ -101,6 +101,10 @@ class FsdpEngine:
     def discards_nonfinite_steps(ds: dict[str, Any], precision: str) -> bool:
         return True  # it steps its optimizer itself: it can always leave a step out
 
+    @staticmethod
+    def jit_ops(ds: dict[str, Any], device_type: str) -> tuple[str, ...]:
+        return ()  # torch's AdamW and collectives: no DeepSpeed op
+
     def __init__(
         self,
         model: torch.nn.Module,

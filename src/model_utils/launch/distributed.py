@@ -52,11 +52,13 @@ def init_distributed() -> DistInfo:
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
+    from model_utils import engines
     from model_utils.model import kernels
 
     # Before the first op build (CPU ranks build DeepSpeed's shm comm op here): the checkout's ops dir, also for
     # a rank that no launcher of the kit started (accelerate launch, a bare torchrun).
     kernels.prepare_jit_env()
+    kernels.build_ops(engines.comm_ops(device.type), device.type)  # a first build announced, with its time
     with startup.op_built_lines_dropped():  # each CPU rank's "... built successfully"
         deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name())
     return DistInfo(

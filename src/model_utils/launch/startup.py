@@ -20,6 +20,10 @@ more. Two parts of it are work for features dskit does not use, measured on a 2-
 
 It also keeps lines out of every rank's log that tell a dskit user nothing they can act on, each matched
 exactly (by logger and message, or by the whole printed line), so that every other warning still shows:
+- transformers' progress bars ("Loading weights" when a rank loads a pretrained model, e.g. for LoRA;
+  "Writing model shards" in `dskit export`): `transformers_bars_off`; the kit's own bar says how far a run is.
+- DeepSpeed's zero_to_fp32 prints ("Processing zero checkpoint", shapes, counts) and progress bars while
+  `dskit export` consolidates a ZeRO tag: `zero_to_fp32_quiet`; its errors still raise.
 - torch.utils.cpp_extension's "No CUDA runtime is found, using CUDA_HOME=..." when a CPU run's ops are loaded
   on a machine with a CUDA toolkit but no GPU (the launcher says the ranks are on the CPU; `dskit doctor`
   checks torch against the GPUs and the driver).
@@ -146,12 +150,20 @@ def import_transformers() -> ModuleType:
     """`import transformers` (and accelerate, which it imports for its DeepSpeed integration) without the
     optional imports a rank does not use. Call it before any other import of transformers: the first decides.
     Chat templates (jinja2) are then unavailable in this process."""
-    if "transformers" in sys.modules:
-        return sys.modules["transformers"]
-    with _held_back(HELD_BACK_FROM_TRANSFORMERS):
-        import accelerate  # noqa: F401  (imported here so its boto3 probe runs while boto3 is held back)
-        import transformers
-    return transformers
+    if "transformers" not in sys.modules:
+        with _held_back(HELD_BACK_FROM_TRANSFORMERS):
+            import accelerate  # noqa: F401  (imported here so its boto3 probe runs while boto3 is held back)
+            import transformers  # noqa: F401  (returned from sys.modules below)
+    transformers_bars_off()
+    return sys.modules["transformers"]
+
+
+def transformers_bars_off() -> None:
+    """transformers' progress bars ("Loading weights", "Writing model shards") off in this process: each
+    redraw is another line in a log file, and a tiny model's bar tells nobody anything."""
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
 
 
 @contextlib.contextmanager
@@ -231,3 +243,18 @@ def overflow_unlogged() -> Iterator[None]:
         yield
     finally:
         logger.removeFilter(drop)
+
+
+@contextlib.contextmanager
+def zero_to_fp32_quiet() -> Iterator[None]:
+    """DeepSpeed's zero_to_fp32 without its prints (stdout) and tqdm bars while this is active (see the module
+    doc): wrap the consolidation, up to the last tensor materialised (ZeRO-3's lazy mode gathers then)."""
+    from deepspeed.utils import zero_to_fp32
+
+    original = zero_to_fp32.tqdm
+    zero_to_fp32.tqdm = lambda iterable, *args, **kwargs: iterable
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        zero_to_fp32.tqdm = original

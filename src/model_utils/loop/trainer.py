@@ -110,6 +110,7 @@ class Trainer:
             self.guard.load_state_dict(self.state.guard)
             print0(self.guard.describe())
             self.stop = StopRequest()
+            self.interrupted = False  # the ranks agreed the stop is a Ctrl-C (after_step)
             self.last_save_time = time.monotonic()
             self.walltime = walltime.WalltimePlanner() if dist.is_main else None
             resumed_at = self.state.step if run.resume is not None else None
@@ -501,7 +502,8 @@ class Trainer:
         assert self.reporter is not None
         s = self.state
         if reason == "preempted":
-            print0(step_line.preempted_line(s.step, self.stop.signal_name or "another rank"))
+            by = "Ctrl-C" if self.interrupted else self.stop.signal_name or "another rank"
+            print0(step_line.preempted_line(s.step, by))
         elif reason == "walltime":
             print0(step_line.walltime_line(s.step))
         elif reason == "done":
@@ -535,11 +537,12 @@ class Trainer:
             ckpt.checkpoint_interval_minutes is not None and minutes >= ckpt.checkpoint_interval_minutes
         )
         plan = self._walltime_plan()
-        # One collective for every decision: a rank was signalled, its clock says a save is due, rank 0's
+        # One collective for every decision: a rank was signalled (by Ctrl-C?), its clock says a save is due, rank 0's
         # walltime plan says save (or save and stop) now, or an observer asked to stop.
-        stop, time_due, walltime_save, walltime_stop, asked = any_rank(
+        stop, interrupted, time_due, walltime_save, walltime_stop, asked = any_rank(
             [
                 self.stop.signal_name is not None,
+                self.stop.interrupted,
                 time_due,
                 plan.save_now,
                 plan.stop_now,
@@ -547,6 +550,9 @@ class Trainer:
             ],
             self.dist.device,
         )
+        self.interrupted = interrupted
+        if interrupted and not last:
+            print0(step_line.interrupted_line(step))
         if due or stop or time_due or walltime_save or walltime_stop or asked:
             if walltime_save and not (stop or walltime_stop):
                 print0(

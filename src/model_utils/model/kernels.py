@@ -25,16 +25,18 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Callable, Iterable, Iterator, MutableMapping
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from model_utils import repo
 from model_utils.config.arguments import ModelArgs
-from model_utils.errors import ConfigError
+from model_utils.errors import ConfigError, first_line
 from model_utils.observe.log import print0
 
 # --- DeepSpeed's JIT-built ops ------------------------------------------------------------------------------
@@ -88,21 +90,104 @@ def prepare_jit_env(environ: MutableMapping[str, str] = os.environ) -> None:
         )
 
 
+# What a first build of each op takes, said before it starts: (op, device type of the ranks) -> time. Measured
+# into an empty TORCH_EXTENSIONS_DIR on a 2-core CPU machine: shm comm 1m39s and cpu_adam 2m27s while other jobs
+# loaded it (load 7); cpu_adam 50 s idle (docs/speed.md). The GPU builds (nvcc) are not measured here.
+BUILD_TIME = {
+    ("deepspeed_shm_comm", "cpu"): "about 0.5-2 min",
+    ("cpu_adam", "cpu"): "about 1-3 min",
+}
+DEFAULT_BUILD_TIME = "a few minutes"
+
+
+def extensions_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    """Where torch's cpp_extension builds and keeps DeepSpeed's JIT ops (prepare_jit_env sets it)."""
+    return Path(environ.get(EXTENSIONS_DIR_ENV) or repo.EXTENSIONS_DIR)
+
+
+def op_is_built(op: str, root: Path) -> bool:
+    """Whether DeepSpeed loads op `op` without building it: installed prebuilt (DS_BUILD_OPS) or its library is
+    in the extensions dir (torch's cpp_extension builds op X into ROOT/X/X*.so)."""
+    from deepspeed.git_version_info import installed_ops
+
+    return bool(installed_ops.get(op)) or any((root / op).glob(f"{op}*.so"))
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _took(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def build_ops(
+    builder_names: Iterable[str], device_type: str, create_builder: Callable[[str], Any] | None = None
+) -> None:
+    """Build the DeepSpeed ops a run needs that are not built yet, before DeepSpeed loads them itself, each one
+    announced with its expected time and followed by its result (rank 0's lines: every rank calls load(), the
+    first to take torch's file lock in the op's build dir builds it and the others wait on that lock). A build
+    that fails is a ConfigError naming the op. Ops already built are left for DeepSpeed to load.
+
+    `create_builder`: builder class name -> DeepSpeed op builder (default: the accelerator's), None or
+    DeepSpeed's NotImplementedBuilder where this accelerator has no such op.
+    """
+    if create_builder is None:
+        from model_utils.launch import startup
+
+        startup.import_deepspeed()
+        from deepspeed.accelerator import get_accelerator
+
+        create_builder = get_accelerator().create_op_builder
+    prepare_jit_env()
+    root = extensions_dir()
+    for class_name in builder_names:
+        builder = create_builder(class_name)
+        if (
+            builder is None
+            or type(builder).__name__ == "NotImplementedBuilder"
+            or op_is_built(builder.name, root)
+        ):
+            continue
+        op = builder.name
+        expected = BUILD_TIME.get((op, device_type), DEFAULT_BUILD_TIME)
+        print0(
+            f"Building DeepSpeed op {op} (first use on this machine; {expected} on {device_type.upper()}; "
+            f"cached in {_shown(root)}; the other ranks wait for it) ..."
+        )
+        started = time.monotonic()
+        try:
+            builder.load(verbose=False)  # torch's compiler lines: only when the build fails (below)
+        # A build fails in the compiler, ninja, a missing header or CUDA: any of them is "did not build here".
+        except Exception as e:
+            took = _took(time.monotonic() - started)
+            details = root / op / "build-error.log"
+            details.parent.mkdir(parents=True, exist_ok=True)
+            details.write_text(f"{type(e).__name__}: {e}\n")
+            raise ConfigError(
+                f"DeepSpeed op {op} did not build ({took}): {first_line(e)} (full output: {_shown(details)}): "
+                "install what it needs (ninja and a C++ compiler; the CUDA toolkit for GPU ops), see "
+                "`dskit doctor` and `ds_report`"
+            ) from e
+        print0(f"Built DeepSpeed op {op} in {_took(time.monotonic() - started)}")
+
+
 def warm_deepspeed_ops(names: Iterable[str]) -> None:
     """Build (or load from the extensions dir) DeepSpeed's ops once, outside any timed run."""
     from model_utils.launch import startup
 
-    prepare_jit_env()
     startup.import_deepspeed()
     from deepspeed.accelerator import get_accelerator
 
+    accelerator = get_accelerator()
     for name in names:
-        builder = get_accelerator().create_op_builder(name)
-        if builder is None:
-            raise ConfigError(
-                f"DeepSpeed has no op {name!r} for the {get_accelerator().device_name()} accelerator"
-            )
-        builder.load()
+        if accelerator.create_op_builder(name) is None:
+            raise ConfigError(f"DeepSpeed has no op {name!r} for the {accelerator.device_name()} accelerator")
+    build_ops(names, "cuda" if accelerator.device_name() == "cuda" else "cpu")
     print(f"DeepSpeed ops ready in {os.environ[EXTENSIONS_DIR_ENV]}")
 
 

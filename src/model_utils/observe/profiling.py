@@ -11,6 +11,7 @@ of the window, and its file name says which steps it holds.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,11 @@ import torch
 from model_utils.observe.log import print0, warn0
 
 TRACE_SUFFIX = ".pt.trace.json.gz"
+# Kineto's own log level (read when the profiler first starts): above its highest (USDT, 5), so its lines stay off
+# the log: "USDT: ... profiler_start/profiler_stop" at every start and stop, and on CPU ranks "ERROR: ...
+# gpuGetDeviceCount failed" (no GPU, as the run already says). A trace that cannot be written still fails in
+# export_chrome_trace. A KINETO_LOG_LEVEL set in the environment wins.
+KINETO_LOG_LEVEL = ("KINETO_LOG_LEVEL", "6")
 
 
 def trace_path(metrics_file: Path, first: int, last: int) -> Path:
@@ -46,6 +52,7 @@ class StepProfiler:
             activities = [torch.profiler.ProfilerActivity.CPU]
             if self.device.type == "cuda":
                 activities.append(torch.profiler.ProfilerActivity.CUDA)
+            os.environ.setdefault(*KINETO_LOG_LEVEL)
             self.profiler = torch.profiler.profile(activities=activities)
             self.profiler.__enter__()
         if self.profiler is not None:

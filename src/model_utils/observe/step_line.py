@@ -193,6 +193,14 @@ def preempted_line(step: int, requested_by: str) -> str:
     return f"Preempted: stop requested by {requested_by}; saved at step {step}"
 
 
+def interrupted_line(step: int) -> str:
+    """Said when the ranks agree to stop for a Ctrl-C, before the save (launch/preemption.py)."""
+    return (
+        f"interrupted (Ctrl-C): saving a checkpoint at step {step}, then stopping; "
+        "Ctrl-C again to abort without saving"
+    )
+
+
 def walltime_line(step: int) -> str:
     return f"Stopped at step {step} before the job's time limit; saved (a requeued job resumes here)"
 

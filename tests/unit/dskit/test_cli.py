@@ -194,3 +194,13 @@ def test_every_help_names_its_program_and_options_and_imports_no_ml_library() ->
         assert result["heavy"] == [], f"dskit {' '.join(argv)} imported {result['heavy']}"
     assert [r["code"] for r in results[-3:]] == [0, 0, 2]
     assert "did you mean export?" in results[-1]["text"]
+
+
+def test_ctrl_c_in_a_command_is_one_line_and_status_130(capsys, monkeypatch) -> None:
+    def interrupted(argv: list[str]) -> int:
+        raise KeyboardInterrupt  # Ctrl-C in `dskit preflight` while the launcher checks the node
+
+    monkeypatch.setitem(cli.COMMANDS, "preflight", (interrupted, *cli.COMMANDS["preflight"][1:]))
+    assert cli.main(["preflight"]) == 130
+    captured = capsys.readouterr()
+    assert captured.err == "dskit preflight: interrupted (Ctrl-C)\n" and captured.out == ""

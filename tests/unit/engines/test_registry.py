@@ -125,3 +125,64 @@ def test_a_third_engine_is_one_module_and_one_registry_line(
     monkeypatch.setitem(engines.ENGINES, "toy", "toy_engine:ToyEngine")
     assert engines.engine_class("toy").__name__ == "ToyEngine"
     assert engines.engine_of_tag(_tag(tmp_path / "ck", "toy.state")) == "toy"
+
+
+# --- the DeepSpeed ops a resolved run JIT-loads (built and announced by the ranks, checked by dskit doctor) ---
+
+
+def run_ops(flags: list[str], device_type: str) -> tuple[str, ...]:
+    from model_utils.config.arguments import parse_args
+    from model_utils.resolve import train_settings
+
+    ts = train_settings.resolve(parse_args(flags))
+    return engines.jit_ops(ts.backend, ts.deepspeed_json(1, 10), device_type)
+
+
+@pytest.mark.parametrize(
+    ("flags", "device_type", "ops"),
+    [
+        # ZeRO-2 without offload: torch's AdamW on CPU ranks (torch_adam_on_cpu); on GPUs the kit's GPU-only
+        # config asks for torch's fused AdamW, a config that does not for DeepSpeed's FusedAdam
+        (["--deepspeed_config", "DEEPSPEEDS_ADAM"], "cpu", ("ShareMemCommBuilder",)),
+        (["--deepspeed_config", "DEEPSPEEDS_ADAM"], "cuda", ("FusedAdamBuilder",)),
+        (["--deepspeed_config", "deepspeed/ds_config_gpu.json"], "cpu", ("ShareMemCommBuilder",)),
+        (["--deepspeed_config", "deepspeed/ds_config_gpu.json"], "cuda", ()),
+        # the default: the optimizer offloaded to the CPU (DeepSpeedCPUAdam) on either
+        ([], "cpu", ("ShareMemCommBuilder", "CPUAdamBuilder")),
+        ([], "cuda", ("CPUAdamBuilder",)),
+        (
+            ["--config", str(REPO / "configs" / "zero3-offload.yaml")],
+            "cpu",
+            ("ShareMemCommBuilder", "CPUAdamBuilder"),
+        ),
+        # FSDP: torch's AdamW and collectives; CPU ranks still start DeepSpeed's process group
+        (["--backend", "fsdp"], "cpu", ("ShareMemCommBuilder",)),
+        (["--backend", "fsdp"], "cuda", ()),
+    ],
+)
+def test_the_ops_a_run_builds_follow_its_config_and_device(
+    flags: list[str], device_type: str, ops: tuple[str, ...], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(REPO)
+    gpu_only = json.loads((REPO / "deepspeed" / "ds_config_gpu.json").read_text())
+    for key in ("torch_adam", "fused"):  # the config as DeepSpeed's docs write it: DeepSpeed's own Adam
+        del gpu_only["optimizer"]["params"][key]
+    (tmp_path / "adam.json").write_text(json.dumps(gpu_only))
+    flags = [str(tmp_path / "adam.json") if flag == "DEEPSPEEDS_ADAM" else flag for flag in flags]
+    assert run_ops(flags, device_type) == ops
+
+
+def test_the_engine_names_the_ops_of_its_optimizer_and_nvme_offload() -> None:
+    nvme = {"stage": 3, "offload_optimizer": {"device": "nvme"}, "offload_param": {"device": "nvme"}}
+    ds = deepspeed_engine.DeepSpeedEngine
+    assert ds.jit_ops({"optimizer": {"type": "AdamW"}, "zero_optimization": nvme}, "cuda") == (
+        "CPUAdamBuilder",
+        "AsyncIOBuilder",
+    )
+    assert ds.jit_ops({"optimizer": {"type": "Lamb"}}, "cuda") == ("FusedLambBuilder",)
+    # torch_adam set in the config: torch.optim's Adam, nothing to build; off: FusedAdam even on CPU ranks
+    assert ds.jit_ops({"optimizer": {"type": "Adam", "params": {"torch_adam": True}}}, "cuda") == ()
+    assert ds.jit_ops({"optimizer": {"type": "Adam", "params": {"torch_adam": False}}}, "cpu") == (
+        "FusedAdamBuilder",
+    )
+    assert ds.jit_ops({"optimizer": {"type": "SGD"}}, "cuda") == ()  # a torch.optim optimizer

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -34,3 +36,32 @@ def test_slurm_restart_count(monkeypatch: pytest.MonkeyPatch) -> None:
     assert preemption.slurm_restart_count() == 3
     monkeypatch.delenv("SLURM_RESTART_COUNT")
     assert preemption.slurm_restart_count() == 0  # the first run of the job: SLURM leaves it unset
+
+
+def test_ctrl_c_is_a_stop_request_too(restored_handlers) -> None:
+    request = preemption.StopRequest()
+    os.kill(os.getpid(), signal.SIGINT)  # the launcher's trap, on the terminal's Ctrl-C
+    assert request.signal_name == "SIGINT" and request.interrupted  # no KeyboardInterrupt
+
+
+def test_a_signal_during_start_up_is_kept_for_the_trainers_request(restored_handlers) -> None:
+    preemption.install()
+    os.kill(os.getpid(), signal.SIGUSR1)  # before the trainer exists: imports, the model, the engine
+    request = preemption.StopRequest()
+    assert request.signal_name == "SIGUSR1" and not request.interrupted
+    assert preemption.StopRequest().signal_name is None  # handed over once
+
+
+def test_a_second_ctrl_c_ends_the_rank_at_once_and_quietly() -> None:
+    code = (
+        "import os, signal, time\n"
+        "from model_utils.launch import preemption\n"
+        "preemption.install()\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "request = preemption.StopRequest()\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "time.sleep(30)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == preemption.INTERRUPTED_EXIT == 130
+    assert proc.stdout == proc.stderr == ""  # no traceback

@@ -9,6 +9,7 @@ engine: tests/e2e/test_model_setup.py.
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -217,3 +218,73 @@ def test_inductor_compile_matches_eager_on_gpu() -> None:
     ids = torch.randint(0, 2048, (4, 128), device="cuda")
     losses = [m(input_ids=ids, labels=ids).loss for m in (eager, fast)]
     assert losses[1].item() == pytest.approx(losses[0].item(), rel=1e-4)
+
+
+# --- DeepSpeed's JIT ops: a first build announced (build_ops) -------------------------------------------------
+# Around a stand-in builder: a real first build of an op takes 20 s to minutes of this machine's 2 cores.
+
+
+class StandInBuilder:
+    """An op builder whose load() "builds" by writing the op's library where torch's cpp_extension would."""
+
+    def __init__(self, name: str, root: Path, error: Exception | None = None) -> None:
+        self.name, self.root, self.error, self.loads = name, root, error, []
+
+    def load(self, verbose: bool = True) -> None:
+        self.loads.append(verbose)
+        if self.error is not None:
+            raise self.error
+        (self.root / self.name).mkdir(parents=True, exist_ok=True)
+        (self.root / self.name / f"{self.name}.so").write_bytes(b"")
+
+
+@pytest.fixture
+def extensions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv(kernels.EXTENSIONS_DIR_ENV, str(tmp_path / "ext"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RANK", "0")
+    return tmp_path / "ext"
+
+
+def test_a_first_build_is_announced_with_its_time_and_then_its_result(
+    extensions: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    builder = StandInBuilder("cpu_adam", extensions)
+    kernels.build_ops(["CPUAdamBuilder"], "cpu", {"CPUAdamBuilder": builder}.get)
+    lines = [line.split(" | ", 1)[1] for line in capsys.readouterr().out.splitlines()]
+    assert lines[0] == (
+        "Building DeepSpeed op cpu_adam (first use on this machine; about 1-3 min on CPU; cached in ext; "
+        "the other ranks wait for it) ..."
+    )
+    assert re.fullmatch(r"Built DeepSpeed op cpu_adam in \d+s", lines[1]), lines
+    assert len(lines) == 2 and builder.loads == [False]  # torch's compiler lines stay out of the log
+
+
+def test_a_built_op_is_left_to_deepspeed_and_other_ranks_build_without_a_word(
+    extensions: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    builder = StandInBuilder("deepspeed_shm_comm", extensions)
+    monkeypatch.setenv("RANK", "1")
+    kernels.build_ops(["ShareMemCommBuilder"], "cpu", {"ShareMemCommBuilder": builder}.get)
+    assert builder.loads == [False] and capsys.readouterr().out == ""  # rank 1 waits on the build, quietly
+    monkeypatch.setenv("RANK", "0")
+    kernels.build_ops(["ShareMemCommBuilder", "NoSuchBuilder"], "cpu", {"ShareMemCommBuilder": builder}.get)
+    assert builder.loads == [False] and capsys.readouterr().out == ""  # built: DeepSpeed loads it itself
+
+
+def test_a_failed_build_is_one_line_naming_the_op_with_its_output_kept(
+    extensions: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    error = RuntimeError(
+        "Error building extension 'fused_adam'\nfused_adam.cu:1: fatal error: cuda.h missing"
+    )
+    builder = StandInBuilder("fused_adam", extensions, error)
+    with pytest.raises(ConfigError) as raised:
+        kernels.build_ops(["FusedAdamBuilder"], "cuda", {"FusedAdamBuilder": builder}.get)
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith(
+        "DeepSpeed op fused_adam did not build (0s): Error building"
+    )
+    assert "full output: ext/fused_adam/build-error.log" in message and "ds_report" in message
+    assert "cuda.h missing" in (extensions / "fused_adam" / "build-error.log").read_text()
+    assert "a few minutes on CUDA" in capsys.readouterr().out

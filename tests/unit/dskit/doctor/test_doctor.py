@@ -548,15 +548,46 @@ def test_ops_need_a_toolchain_when_not_built(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cpu_node: Path
 ) -> None:
     ctx = context(extensions_dir=tmp_path / "extensions")  # nothing built there
-    result = doctor.check_ops(ctx, uses_gpus=False)
+    ops = ("ShareMemCommBuilder", "CPUAdamBuilder")
+    result = doctor.check_ops(ctx, ops)
     assert result.status is Status.PASS and "will be built on first use" in result.found
     (tmp_path / "empty-bin").mkdir()
     monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
     monkeypatch.delenv("CXX", raising=False)
-    result = doctor.check_ops(ctx, uses_gpus=False)
+    result = doctor.check_ops(ctx, ops)
     assert result.status is Status.FAIL, result
     assert "cpu_adam" in result.found and "ninja, a C++ compiler (c++) not found" in result.found
     assert "ninja-build g++" in result.fix
+    assert doctor.check_ops(ctx, ()).status is Status.PASS  # nothing to build: no toolchain needed
+
+
+@pytest.mark.parametrize(
+    ("flags", "gpus", "ops"),
+    [
+        ([], NO_GPU, ("ShareMemCommBuilder", "CPUAdamBuilder")),  # the default: the optimizer offloaded
+        (["--deepspeed_config", "deepspeed/ds_config_gpu.json"], NO_GPU, ("ShareMemCommBuilder",)),
+        (["--backend", "fsdp"], NO_GPU, ("ShareMemCommBuilder",)),
+        # 8 GPUs of 80 GB: the tiny model fits, so the ranks take the GPU-only default (torch's fused AdamW)
+        ([], EIGHT_GPUS, ()),
+    ],
+)
+def test_the_doctor_checks_the_ops_of_the_run_it_is_given(
+    flags: list[str], gpus: GpuProbe, ops: tuple[str, ...], cpu_node: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from model_utils.config.arguments import parse_args
+    from model_utils.resolve import resolver
+
+    monkeypatch.chdir(REPO)
+    cfg = parse_args(["--model", "tiny-qwen3", *flags])
+    assert doctor.run_jit_ops(cfg, resolver.resolve_settings(cfg), context(), gpus) == ops
+    if gpus is NO_GPU:  # without the model's settings (a hub model not reachable): from the flags alone
+        assert doctor.run_jit_ops(cfg, None, context(), gpus) == ops
+
+
+def test_the_ops_row_names_the_runs_ops(cpu_node: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _, rows = run_doctor(capsys, "--deepspeed_config", str(REPO / "deepspeed" / "ds_config_gpu.json"))
+    status, found, _ = rows["DeepSpeed ops"]
+    assert status == "PASS" and "deepspeed_shm_comm" in found and "cpu_adam" not in found, found
 
 
 # --- the launchers -------------------------------------------------------------------------------------

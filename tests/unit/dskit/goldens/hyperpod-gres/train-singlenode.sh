@@ -209,8 +209,79 @@ train_here() {
   # Check this machine, the flags, the model and the data in one process before any rank starts, and build the
   # packed-data cache (one node: no inter-node network to check).
   run_preflight 1 auto "${train_args[@]}"
-  "${py[@]}" -m torch.distributed.run --standalone --nnodes=1 --nproc_per_node="$nproc_per_node" \
+  run_ranks "${py[@]}" -m torch.distributed.run --standalone --nnodes=1 --nproc_per_node="$nproc_per_node" \
     src/train_deepspeed.py "${train_args[@]}"
+}
+
+# Ctrl-C is a stop request. torchrun (or accelerate) runs in a session of its own (setsid), and starts each rank
+# in one of its own too, so the terminal's SIGINT reaches this script only: never torchrun, which would kill
+# the ranks 30 s into their save. The trap sends SIGINT to the ranks, which save a checkpoint after the step they
+# are in and exit; USR1 to this shell (the pid the log names) does the same. A second Ctrl-C kills them at once,
+# without saving.
+run_ranks() {
+  interrupts=0
+  undelivered=""
+  # Ignored from before the fork: a Ctrl-C must not reach the launcher before setsid has taken it out of this
+  # process group (a trapped signal is reset to its default in the child).
+  trap '' INT
+  setsid "$@" &
+  launcher_pid=$!
+  trap stop_ranks INT
+  trap 'stop_ranks USR1' USR1
+  echo "Ranks started: Ctrl-C here or \`kill -USR1 $BASHPID\` saves a checkpoint and stops them"
+  # Bash runs a trap only between commands, so wait in the background and re-wait after each trap; a stop that
+  # came before any rank could take it is sent again each second.
+  local status=0
+  while :; do
+    if [[ -n "$undelivered" ]] && kill -0 "$launcher_pid" 2>/dev/null; then
+      sleep 1
+      signal_ranks "$undelivered"
+      continue
+    fi
+    wait "$launcher_pid" || status=$?
+    if [[ "$status" -gt 128 ]] && kill -0 "$launcher_pid" 2>/dev/null; then
+      status=0
+      continue
+    fi
+    break
+  done
+  trap - INT USR1
+  if [[ "$interrupts" -gt 0 && ("$status" -eq 0 || "$interrupts" -gt 1) ]]; then
+    exit 130 # 128 + SIGINT, as for any command a Ctrl-C ended
+  fi
+  return "$status"
+}
+
+# shellcheck disable=SC2317  # called by the INT and USR1 traps
+stop_ranks() {
+  local signal=${1:-INT}
+  if [[ "$signal" == INT ]]; then
+    interrupts=$((interrupts + 1))
+  fi
+  if [[ "$interrupts" -gt 1 ]]; then
+    echo "aborted (Ctrl-C again): the ranks are stopped without saving"
+    # The ranks first (their parent names them), in the same call as their launcher, so it has no time to report.
+    mapfile -t ranks < <(pgrep -P "$launcher_pid" || true)
+    kill -KILL "${ranks[@]}" "$launcher_pid" 2>/dev/null || true
+    return
+  fi
+  signal_ranks "$signal"
+}
+
+# Sends the stop signal to the ranks (the launcher's children `<python> -u src/train_deepspeed.py ...`) that
+# handle it already: USR1 (signal 10, SigCgt's bit 1 << 9 in /proc/PID/status) is caught once
+# preemption.install ran; before that, SIGINT would be a KeyboardInterrupt. One rank is enough: the ranks agree after each step. None yet (still
+# starting): `undelivered` keeps it for run_ranks to send again.
+# shellcheck disable=SC2317  # called by the INT and USR1 traps
+signal_ranks() {
+  local signal=$1 pid caught
+  undelivered=$signal
+  for pid in $(pgrep -P "$launcher_pid" -f '^[^ ]*python[^ ]* -u [^ ]*src/train_deepspeed\.py' || true); do
+    caught=$(sed -n 's/^SigCgt:[[:space:]]*//p' "/proc/$pid/status" 2>/dev/null || true)
+    if [[ -n "$caught" ]] && (((16#$caught >> 9) & 1)) && kill "-$signal" "$pid" 2>/dev/null; then
+      undelivered=""
+    fi
+  done
 }
 
 # Inside `srun` from the caller below: the caller already tees the output to the log.
@@ -239,6 +310,8 @@ if [[ $# -gt 0 && "$1" != -* ]]; then
   export DSKIT_SINGLENODE_LOGGED=1
 fi
 
+# Ctrl-C: the pipeline below handles it (run_ranks); this shell goes on to write the END line.
+trap : INT
 mkdir -p logs
 log="logs/${JOB_NAME}_$(date +%Y%m%d-%H%M%S).out"
 echo "Logging to $log"
@@ -257,7 +330,7 @@ set +e
   trap 'status=$?; echo "END $(date -Is) exit status $status"' EXIT
   echo "START $(date -Is) on $(hostname)${node:+, running on node $node through srun}"
   "${where[@]}" "$@"
-} 2>&1 | tee -a "$log"
+} 2>&1 | tee -i -a "$log" # -i: a Ctrl-C must not end the log while the ranks save
 status=${PIPESTATUS[0]}
 set -e
 exit "$status"

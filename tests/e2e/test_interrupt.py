@@ -1,0 +1,132 @@
+"""Ctrl-C on `./train-singlenode.sh`: a stop request, not a crash.
+
+The launcher runs in a process group of its own here, and SIGINT goes to that whole group, as a terminal sends
+it on Ctrl-C (to bash, tee, the preflight, whatever is in the foreground). The ranks (2 CPU ranks of the tiny
+default model) must then save a verified checkpoint at the step they agree on, say so in one line and exit
+130 without a traceback; a second Ctrl-C aborts at once, without saving, as quietly.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from model_utils.checkpoint import protocol
+from support.torchrun import ENV, REPO
+
+pytestmark = [pytest.mark.e2e, pytest.mark.launcher]
+
+STEP = re.compile(r"\| Step (\d+)/\d+ \| Loss ")
+INTERRUPTED = re.compile(
+    r"interrupted \(Ctrl-C\): saving a checkpoint at step (\d+), then stopping; Ctrl-C again to abort without "
+    r"saving"
+)
+
+
+def launch_and_interrupt(
+    tmp_path: Path, job: str, interrupt: Callable[[int], None], *flags: str, when: re.Pattern[str] = STEP
+) -> tuple[int, str, float]:
+    """Run the launcher for up to 200 steps (no planned save before the end); at the first line matching `when`
+    (default: the first logged step) call `interrupt(process group)`. Returns (exit status, everything it
+    printed, seconds from the interrupt to the exit)."""
+    env = {k: v for k, v in ENV.items() if not k.startswith(("DSKIT_", "OMP_NUM_THREADS"))}
+    env.update(JOB_NAME=job, GPUS_PER_NODE="0", CPU_RANKS="2")
+    cmd = [
+        str(REPO / "train-singlenode.sh"),
+        "--max_steps", "200", "--logging_freq", "1", "--checkpoint_freq", "1000", "--validation_freq", "1000",
+        "--checkpoint_dir", str(tmp_path / "ckpt"), "--data_cache_dir", str(tmp_path / "data"),
+        "--metrics_file", str(tmp_path / "metrics.jsonl"), *flags,
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )  # fmt: skip
+    watchdog = threading.Timer(600, lambda: os.killpg(proc.pid, signal.SIGKILL))
+    watchdog.start()
+    lines: list[str] = []
+    interrupted_at = None
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if interrupted_at is None and when.search(line):
+                interrupted_at = time.monotonic()
+                interrupt(proc.pid)
+        status = proc.wait()
+    finally:
+        watchdog.cancel()
+        for path in (REPO / "logs").glob(f"{job}_*"):  # only this test's files: other runs write theirs
+            path.unlink()
+    output = "".join(lines)
+    assert interrupted_at is not None, output[-4000:]
+    return status, output, time.monotonic() - interrupted_at
+
+
+@pytest.mark.parametrize(
+    "when",
+    [
+        STEP,
+        # while torchrun starts the ranks: the stop waits until a rank takes it, instead of being lost or a
+        # KeyboardInterrupt in a rank's imports
+        re.compile(r"^Ranks started: "),
+    ],
+    ids=["after-a-step", "while-the-ranks-start"],
+)
+def test_ctrl_c_saves_a_checkpoint_and_stops_quietly(tmp_path: Path, when: re.Pattern[str]) -> None:
+    status, output, _ = launch_and_interrupt(
+        tmp_path, f"interrupt-test-{os.getpid()}", lambda group: os.killpg(group, signal.SIGINT), when=when
+    )
+    assert status == 130, output[-4000:]
+    said = INTERRUPTED.findall(output)
+    assert len(said) == 1, output[-4000:]  # rank 0's one line
+    step = int(said[0])
+    target = protocol.newest_verified(tmp_path / "ckpt")
+    assert target is not None and protocol.tag_step(target.tag) == step, output[-4000:]
+    assert f"stop requested by Ctrl-C; saved at step {step}" in output
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output[-4000:]
+    assert re.search(r"^END \S+ exit status 130$", output, re.M), output[-4000:]
+
+
+def test_a_second_ctrl_c_aborts_at_once_without_saving(tmp_path: Path) -> None:
+    def twice(group: int) -> None:
+        os.killpg(group, signal.SIGINT)
+        time.sleep(0.5)  # two signals at once would be one to bash, as two keys pressed at once would
+        os.killpg(group, signal.SIGINT)
+
+    # Steps of seconds (64 micro-batches each), so the second Ctrl-C comes while the ranks are still in the step
+    # the first one interrupted, before they could start to save.
+    status, output, seconds = launch_and_interrupt(
+        tmp_path, f"abort-test-{os.getpid()}", twice, "--gradient_accumulation_steps", "64"
+    )
+    assert status == 130, output[-4000:]
+    assert "aborted (Ctrl-C again): the ranks are stopped without saving" in output, output[-4000:]
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output[-4000:]
+    assert seconds < 30, f"{seconds:.0f} s from the first Ctrl-C to the exit"
+    assert protocol.newest_verified(tmp_path / "ckpt") is None  # nothing saved
+
+
+def test_usr1_to_the_pid_the_log_names_saves_and_stops(tmp_path: Path) -> None:
+    """docs/launchers.md's command for a run without its terminal: the pid from the log's `Ranks started` line."""
+    job = f"usr1-test-{os.getpid()}"
+
+    def usr1_from_the_log(group: int) -> None:
+        subprocess.run(
+            ["bash", "-c", f"kill -USR1 \"$(grep -ho 'kill -USR1 [0-9]*' logs/{job}_*.out | tail -1 | cut -d' ' -f3)\""],
+            cwd=REPO, check=True, timeout=30,
+        )  # fmt: skip
+
+    status, output, _ = launch_and_interrupt(tmp_path, job, usr1_from_the_log)
+    assert status == 0, output[-4000:]
+    saved = re.findall(r"Preempted: stop requested by SIGUSR1; saved at step (\d+)", output)
+    assert len(saved) == 1, output[-4000:]
+    target = protocol.newest_verified(tmp_path / "ckpt")
+    assert target is not None and protocol.tag_step(target.tag) == int(saved[0]), output[-4000:]
+    assert "Traceback" not in output, output[-4000:]
