@@ -18,8 +18,9 @@ from support.small_trainer import make_trainer
 pytestmark = pytest.mark.e2e
 
 SCRIPT = REPO / "tests" / "support" / "validation_loss.py"
-# 64-token blocks of the embedded corpus with 0.3% held out: 70 validation blocks, 9 micro-batches of 8 (the last
-# of 6), dealt to 2 ranks as 5 and 4: the second rank repeats one batch that counts for nothing.
+# 64-token blocks of the embedded corpus with 0.3% held out: 60-some validation blocks in micro-batches of 8. How
+# many depends on where the checkout is (the held-out documents are chosen from the units' paths), so whether the
+# second rank repeats a batch that counts for nothing varies: tests/unit/data/test_sampler.py holds that case.
 FLAGS = ["--seq_length", "64", "--micro_batch_size", "8", "--validation_fraction", "0.003",
          "--validation_batches", "all", "--metrics_file", "none"]  # fmt: skip
 ENGINES = {
@@ -40,8 +41,9 @@ def full_pass(tmp_path: Path, nproc: int, engine: str) -> dict:
 @pytest.mark.parametrize("engine", list(ENGINES))
 def test_a_full_pass_on_two_ranks_is_the_loss_of_the_whole_set(tmp_path: Path, engine: str) -> None:
     one, two = full_pass(tmp_path, 1, engine), full_pass(tmp_path, 2, engine)
-    assert one["blocks"] == one["total_blocks"] == two["blocks"] == two["total_blocks"] == 70, (one, two)
-    assert one["tokens"] == two["tokens"] == 70 * 64
+    blocks = one["total_blocks"]
+    assert blocks > 32 and one["blocks"] == blocks == two["blocks"] == two["total_blocks"], (one, two)
+    assert one["tokens"] == two["tokens"] == blocks * 64
     assert two["loss"] == one["loss"], (one, two)  # exactly: the same batches, summed without rounding
 
 
