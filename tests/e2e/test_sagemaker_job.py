@@ -3,7 +3,8 @@ its own /opt/ml-like tree (no shared filesystem, like SageMaker), channels holdi
 dataset. SIGTERM mid-run (what StopTrainingJob or a spot interruption sends) -> both save and stop at one step;
 SageMaker's checkpoint sync (every instance's checkpoints/ up to one S3 prefix, the union down to every instance
 of the restarted job) is simulated by a directory union; the restart resumes from the newest verified tag,
-finishes, and the first host exports the model into model/, which from_pretrained loads.
+finishes, and the first host exports the model into model/ (as root: a bind mount of its own, as on SageMaker),
+which from_pretrained loads. Three bad inputs end with the kit's error line as the job's FailureReason.
 
 Not real here: SageMaker itself, the image and S3 sync of checkpoints (a copy stands in for it).
 """

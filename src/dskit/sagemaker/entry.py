@@ -16,7 +16,9 @@ where they are set (our job replaces the image's entrypoint, so the toolkit does
   instance: the ranks' save-and-stop path of SLURM's preemption. It is not passed to torchrun, whose own SIGTERM
   handling kills the ranks 30 s later and fails the run;
 * after a finished run the first host exports the newest verified checkpoint as a Hugging Face model into
-  model/ (SageMaker uploads it as model.tar.gz); on a failure the reason goes to output/failure.
+  model/ (SageMaker uploads it as model.tar.gz; a mount point there: staged on the ML volume, moved into it);
+  on a failure the reason goes to output/failure: the kit's own `error:` line (a rank's, through
+  DSKIT_ERROR_FILE, or the entry's), or for a crash a generic line with the last lines of the ranks' output.
 
 Instances do not share a filesystem: ranks on other hosts leave their checkpoint files in `.staging-<tag>` (only
 the first host commits a tag). SageMaker uploads every instance's checkpoints/ to one S3 prefix and downloads the
