@@ -161,13 +161,23 @@ def _build_model(hf_config: Path, state: dict[str, Any], lora_args: LoraArgs | N
     return model
 
 
-def export(checkpoint: Path, out_dir: Path, dtype: str = "bf16", adapter_only: bool = False) -> Path:
+def export(
+    checkpoint: Path,
+    out_dir: Path,
+    dtype: str = "bf16",
+    adapter_only: bool = False,
+    staging_dir: Path | None = None,
+    replace: bool = False,
+) -> Path:
     """Write the checkpoint (a run's checkpoint dir: its newest verified tag; or a tag dir) as a Hugging Face
     model dir, a LoRA run's adapters merged; with adapter_only, a LoRA run's adapter dir (PeftModel loads it
-    on the base model). Returns out_dir."""
+    on the base model). out_dir may exist (empty, or with replace its contents are replaced; the dir itself is
+    kept: it may be a mount point). The export is staged in staging_dir (default out_dir's parent) and moved in
+    (move_into). Returns out_dir."""
     torch_dtype = _torch_dtype(dtype)
     load_dir, tag = resolve_tag(Path(checkpoint))
-    _check_out_dir(Path(out_dir))
+    if not replace:
+        _check_out_dir(Path(out_dir))
     engine, hf_config = _check_tag(load_dir / tag)
     launch = launch_record.read(load_dir / tag)
     lora_args = lora.saved_args(launch)
@@ -208,10 +218,14 @@ def export(checkpoint: Path, out_dir: Path, dtype: str = "bf16", adapter_only: b
             model.tie_weights()
         model = model.to(torch_dtype)
 
-    # Write into a temp sibling and rename at the end: a failed export leaves no half-written out_dir.
+    # Staged whole first (next to out_dir, or on the volume staging_dir names), then moved in: a failed export
+    # leaves out_dir as it was.
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.with_name(f".{out_dir.name}.export-{os.getpid()}")
+    stage_parent = Path(staging_dir) if staging_dir is not None else out_dir.parent
+    stage_parent.mkdir(parents=True, exist_ok=True)
+    tmp = stage_parent / f".{out_dir.name}.export-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)  # a restarted job's pid can be the killed one's (PID 1)
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
@@ -221,12 +235,37 @@ def export(checkpoint: Path, out_dir: Path, dtype: str = "bf16", adapter_only: b
         os.umask(umask)
         for path in tmp.iterdir():
             path.chmod(0o666 & ~umask)
-        if out_dir.exists():
-            out_dir.rmdir()  # checked empty above; rename cannot replace a directory portably
-        tmp.rename(out_dir)
+        move_into(tmp, out_dir)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
+    return out_dir
+
+
+# Moved in last and removed first: from_pretrained needs it, so a dir without it never passes for a model.
+LAST_FILE = "config.json"
+
+
+def move_into(staged: Path, out_dir: Path) -> None:
+    """Make out_dir hold exactly staged's files, never removing or renaming out_dir itself (SageMaker's
+    /opt/ml/model is a mount point: EBUSY). LAST_FILE goes first when old contents are cleared and comes last
+    when the new ones move in, so an interrupted move leaves a dir without config.json, never a partial model
+    that loads. Each file is copied to a hidden `.part` name in out_dir, then renamed (atomic on its
+    filesystem); a same-filesystem move is a rename."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    old = sorted(out_dir.iterdir(), key=lambda p: p.name != LAST_FILE)
+    for path in old:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    for path in sorted(staged.iterdir(), key=lambda p: p.name == LAST_FILE):
+        part = out_dir / f".{path.name}.part"
+        if path.is_dir():
+            shutil.copytree(path, part)
+        else:
+            shutil.copy2(path, part)
+        os.replace(part, out_dir / path.name)
     return out_dir
 
 

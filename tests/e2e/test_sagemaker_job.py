@@ -3,7 +3,8 @@ its own /opt/ml-like tree (no shared filesystem, like SageMaker), channels holdi
 dataset. SIGTERM mid-run (what StopTrainingJob or a spot interruption sends) -> both save and stop at one step;
 SageMaker's checkpoint sync (every instance's checkpoints/ up to one S3 prefix, the union down to every instance
 of the restarted job) is simulated by a directory union; the restart resumes from the newest verified tag,
-finishes, and the first host exports the model into model/, which from_pretrained loads.
+finishes, and the first host exports the model into model/ (as root: a bind mount of its own, as on SageMaker),
+which from_pretrained loads. Three bad inputs end with the kit's error line as the job's FailureReason.
 
 Not real here: SageMaker itself, the image and S3 sync of checkpoints (a copy stands in for it).
 """
@@ -11,6 +12,7 @@ Not real here: SageMaker itself, the image and S3 sync of checkpoints (a copy st
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import os
 import re
@@ -65,15 +67,17 @@ def write_dataset(path: Path, docs: int, seed: int) -> None:
     (path / "part-0.jsonl").write_text("\n".join(lines) + "\n")
 
 
-def instance_tree(base: Path, host: str, model: Path, hyperparameters: dict[str, str]) -> None:
+def instance_tree(
+    base: Path, host: str, model: Path, hyperparameters: dict[str, str], hosts: list[str] = HOSTS
+) -> None:
     """What SageMaker lays out on an instance before the container starts."""
     config = base / "input" / "config"
     config.mkdir(parents=True)
-    resource = {"current_host": host, "hosts": HOSTS, "network_interface_name": "lo"}
+    resource = {"current_host": host, "hosts": hosts, "network_interface_name": "lo"}
     (config / "resourceconfig.json").write_text(json.dumps(resource))
     (config / "hyperparameters.json").write_text(json.dumps(hyperparameters))
     (config / "inputdataconfig.json").write_text(
-        json.dumps({c: {} for c in ("model", "train", "validation")})
+        json.dumps({c: {"TrainingInputMode": "File"} for c in ("model", "train", "validation")})
     )
     data = base / "input" / "data"
     shutil.copytree(model, data / "model")
@@ -81,9 +85,26 @@ def instance_tree(base: Path, host: str, model: Path, hyperparameters: dict[str,
     write_dataset(data / "validation", 20, seed=1)
 
 
-def start(bases: list[Path], port: int, logs: list[Path]) -> list[subprocess.Popen]:
+# As root: the first host's model/ a mount point of its own, as on SageMaker (the entry in a private mount
+# namespace with a dir bind-mounted there; the files land in that dir). Elsewhere a plain dir.
+MOUNTS_MODEL_DIR = os.geteuid() == 0 and shutil.which("unshare") is not None
+
+
+def entry_command(base: Path, model_volume: Path | None) -> list[str]:
+    entry = [sys.executable, "-m", "dskit.sagemaker.entry"]
+    if model_volume is None:
+        return entry
+    model_volume.mkdir(parents=True, exist_ok=True)
+    mount = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount, "sh",
+            str(model_volume), str(base / "model"), *entry]  # fmt: skip
+
+
+def start(
+    bases: list[Path], port: int, logs: list[Path], model_volume: Path | None = None
+) -> list[subprocess.Popen]:
     procs = []
-    for base, log in zip(bases, logs, strict=True):
+    for i, (base, log) in enumerate(zip(bases, logs, strict=True)):
         env = {
             **ENV,
             "DSKIT_SM_BASE": str(base),
@@ -99,7 +120,7 @@ def start(bases: list[Path], port: int, logs: list[Path]) -> list[subprocess.Pop
         with log.open("a") as out:
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "dskit.sagemaker.entry"],
+                    entry_command(base, model_volume if i == 0 else None),
                     env=env,
                     stdout=out,
                     stderr=subprocess.STDOUT,
@@ -159,8 +180,11 @@ def test_two_instances_train_stop_on_sigterm_resume_and_export(work: Path) -> No
         instance_tree(base, host, model, hps)
     logs = [tmp_path / f"instance{i}.log" for i in range(2)]
 
+    (bases[0] / "model").mkdir()
+    volume = tmp_path / "model-volume" if MOUNTS_MODEL_DIR else None
+    model_dir = volume or bases[0] / "model"  # where the first host's model/ files land
     started = time.monotonic()
-    procs = start(bases, free_port(), logs)
+    procs = start(bases, free_port(), logs, volume)
     first_step = wait_for(r"Step 1/", logs[0], procs)
     wait_for(r"Step 3/", logs[0], procs)
     signalled = time.monotonic()
@@ -175,11 +199,11 @@ def test_two_instances_train_stop_on_sigterm_resume_and_export(work: Path) -> No
     # No shared filesystem: the first host committed the tag, the other kept its rank's files in staging.
     assert (bases[0] / "checkpoints" / tag / "dskit_manifest.json").is_file()
     assert (bases[1] / "checkpoints" / f".staging-{tag}" / "rng_state_rank1.pt").is_file()
-    assert not list((bases[0] / "model").iterdir())  # stopped: nothing exported
+    assert not list(model_dir.iterdir())  # stopped: nothing exported
 
     sync_checkpoints(bases)
     restarted = time.monotonic()
-    procs = start(bases, free_port(), logs)
+    procs = start(bases, free_port(), logs, volume)
     resumed = wait_for(rf"Resumed from .*{tag} at step {saved} ", logs[0], procs)
     assert [p.wait(timeout=180) for p in procs] == [0, 0], logs[0].read_text()[-4000:]
     finished = time.monotonic()
@@ -188,12 +212,20 @@ def test_two_instances_train_stop_on_sigterm_resume_and_export(work: Path) -> No
     assert f"gathered 2 files of other hosts into model-{MAX_STEPS}steps" in second
     assert f"Step {saved + 1}/{MAX_STEPS}" in second and f"Step {MAX_STEPS}/{MAX_STEPS}" in second
     assert f"Step {saved}/" not in second  # continued, not repeated
-    assert "exported the newest verified checkpoint" in second
+    # Into model/ itself (a mount point: never removed or renamed), staged on the ML volume, which keeps nothing.
+    exported_line = re.search(
+        r"exported the newest verified checkpoint to (\S+) in ([\d.]+) s \(([\d.]+) MB", second
+    )
+    assert exported_line and exported_line[1] == str(bases[0] / "model"), second[-3000:]
+    assert not list((bases[0] / "input" / "dskit" / "export").iterdir())
 
     import torch
     from transformers import AutoModelForCausalLM
 
-    exported = AutoModelForCausalLM.from_pretrained(bases[0] / "model")
+    assert (model_dir / "config.json").is_file() and not list(model_dir.glob(".*"))
+    if volume is not None:
+        assert not list((bases[0] / "model").iterdir())  # the files went to the mount, not under it
+    exported = AutoModelForCausalLM.from_pretrained(model_dir)
     initial = AutoModelForCausalLM.from_pretrained(model)
     assert exported.config.model_type == "qwen3"
     assert exported.state_dict().keys() == initial.state_dict().keys()
@@ -209,6 +241,38 @@ def test_two_instances_train_stop_on_sigterm_resume_and_export(work: Path) -> No
     print(
         f"\ntimings: start to first step {first_step - started:.1f} s, SIGTERM to saved and stopped "
         f"{stopped - signalled:.1f} s, restart to resumed step {resumed - restarted:.1f} s, restart to exported "
-        f"model {finished - restarted:.1f} s, total {finished - started:.1f} s",
+        f"model {finished - restarted:.1f} s, total {finished - started:.1f} s; export {exported_line[2]} s, "
+        f"{exported_line[3]} MB into model/{' (a mount)' if volume else ''}",
         file=sys.stderr,
     )
+
+
+def test_the_failure_reason_is_the_kits_own_error_line(work: Path) -> None:
+    """Three bad inputs, each a one-host job (run side by side): output/failure, the job's FailureReason, is the
+    kit's `error:` line, whether the entry or a rank found the mistake."""
+    model = save_tiny_qwen3(work / "hf-model")
+    cases = ("no-train-files", "mixed-types", "pipe-mode")
+    bases = [work / case / "opt-ml" for case in cases]
+    for base in bases:
+        instance_tree(base, HOSTS[0], model, {"max_steps": "2", "seq_length": "32"}, hosts=HOSTS[:1])
+    train = [base / "input" / "data" / "train" for base in bases]
+    shutil.rmtree(train[0])  # a channel with nothing downloaded (Pipe mode leaves no files there)
+    (train[1] / "part-1.jsonl.gz").write_bytes(gzip.compress(b'{"text": "more"}\n'))
+    config = bases[2] / "input" / "config" / "inputdataconfig.json"
+    config.write_text(
+        json.dumps({"model": {"TrainingInputMode": "File"}, "train": {"TrainingInputMode": "Pipe"}})
+    )
+    logs = [work / f"{case}.log" for case in cases]
+    procs = [start([base], free_port(), [log])[0] for base, log in zip(bases, logs, strict=True)]
+    statuses = [p.wait(timeout=150) for p in procs]
+    reasons = [(base / "output" / "failure").read_text() for base in bases]
+    assert statuses == [1, 1, 2], [log.read_text()[-2000:] for log in logs]
+    assert reasons == [
+        f"error: dataset path {train[0]} does not exist: check --dataset (or --local_dataset false for a hub name)",
+        f"error: dataset dir {train[1]} mixes file types ['.jsonl', '.jsonl.gz']: keep one kind per dataset",
+        "error: channel train is in Pipe input mode, which the kit cannot read (it reads files): submit the job "
+        "with input_mode File or FastFile in the values file",
+    ], reasons
+    for reason, log in zip(reasons, logs, strict=True):
+        assert reason in log.read_text()  # the same line the job's log shows
+    print("\nfailure reasons:\n" + "\n".join(reasons), file=sys.stderr)

@@ -175,9 +175,9 @@ def build_request(
     assert prefix is not None and values.role is not None  # SageMakerValues requires both
     prefix = prefix.rstrip("/")
 
-    def channel(name: str, uri: str) -> dict[str, Any]:
+    def channel(name: str, uri: str, mode: str) -> dict[str, Any]:
         source = {"S3DataType": "S3Prefix", "S3Uri": uri, "S3DataDistributionType": "FullyReplicated"}
-        return {"ChannelName": name, "DataSource": {"S3DataSource": source}, "InputMode": "File"}
+        return {"ChannelName": name, "DataSource": {"S3DataSource": source}, "InputMode": mode}
 
     request: dict[str, Any] = {
         "TrainingJobName": job_name,
@@ -190,8 +190,8 @@ def build_request(
         },
         "HyperParameters": hyperparameters,
         "InputDataConfig": [
-            channel(CODE_CHANNEL, source_uri(values, job_name)),
-            *(channel(name, uri) for name, uri in sorted(values.channels.items())),
+            channel(CODE_CHANNEL, source_uri(values, job_name), "File"),  # the bootstrap untars it
+            *(channel(name, uri, values.input_mode) for name, uri in sorted(values.channels.items())),
         ],
         "OutputDataConfig": {"S3OutputPath": f"{prefix}/output"},
         "ResourceConfig": {

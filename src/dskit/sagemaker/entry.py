@@ -16,7 +16,9 @@ where they are set (our job replaces the image's entrypoint, so the toolkit does
   instance: the ranks' save-and-stop path of SLURM's preemption. It is not passed to torchrun, whose own SIGTERM
   handling kills the ranks 30 s later and fails the run;
 * after a finished run the first host exports the newest verified checkpoint as a Hugging Face model into
-  model/ (SageMaker uploads it as model.tar.gz); on a failure the reason goes to output/failure.
+  model/ (SageMaker uploads it as model.tar.gz; a mount point there: staged on the ML volume, moved into it);
+  on a failure the reason goes to output/failure: the kit's own `error:` line (a rank's, through
+  DSKIT_ERROR_FILE, or the entry's), or for a crash a generic line with the last lines of the ranks' output.
 
 Instances do not share a filesystem: ranks on other hosts leave their checkpoint files in `.staging-<tag>` (only
 the first host commits a tag). SageMaker uploads every instance's checkpoints/ to one S3 prefix and downloads the
@@ -29,12 +31,14 @@ installs the locked environment and re-executes itself in it.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +62,10 @@ OWNED_FLAGS = {
 STOPPED_STATUS = 143  # 128 + SIGTERM: saved and stopped, not finished (a restarted job resumes)
 PRUNE_EVERY_S = 30.0
 GATHER_CHUNK = 64 << 20  # bytes per message when the other hosts send their shards of the final tag
+# What the kit reads: files on the instance. Pipe streams a channel through a FIFO the ranks cannot list.
+READABLE_INPUT_MODES = ("File", "FastFile")
+FAILURE_LIMIT = 1024  # bytes of output/failure SageMaker keeps as the job's FailureReason
+LOG_TAIL_LINES = 40  # lines of the ranks' output kept for a crash's failure reason
 
 
 def log(message: str) -> None:
@@ -76,6 +84,7 @@ class Contract:
     cpus: int
     channels: dict[str, Path]
     hyperparameters: dict[str, str]
+    input_modes: dict[str, str]  # channel -> TrainingInputMode (inputdataconfig.json)
 
     @property
     def host_index(self) -> int:
@@ -113,7 +122,8 @@ class Contract:
             hps = json.loads(env["SM_HPS"])
         else:
             hps = _json_file(config / "hyperparameters.json", required=False)
-        channel_names = set(_json_file(config / "inputdataconfig.json", required=False))
+        input_config = _json_file(config / "inputdataconfig.json", required=False)
+        channel_names = set(input_config)
         channel_names |= {k[len("SM_CHANNEL_") :].lower() for k in env if k.startswith("SM_CHANNEL_")}
         channels = {
             name: Path(env.get(f"SM_CHANNEL_{name.upper()}") or base / "input" / "data" / name)
@@ -128,6 +138,11 @@ class Contract:
             cpus=int(env["SM_NUM_CPUS"]) if env.get("SM_NUM_CPUS") else (os.cpu_count() or 1),
             channels=channels,
             hyperparameters={str(k): str(v) for k, v in hps.items()},
+            input_modes={
+                str(name): str(spec.get("TrainingInputMode", "File"))
+                for name, spec in input_config.items()
+                if isinstance(spec, dict)
+            },
         )
 
 
@@ -161,6 +176,12 @@ def training_args(contract: Contract) -> list[str]:
         if name not in contract.channels:
             raise ConfigError(
                 f"the job has no {name} channel: submit it with channels.{name} in the values file"
+            )
+    for name, mode in sorted(contract.input_modes.items()):
+        if mode not in READABLE_INPUT_MODES:
+            raise ConfigError(
+                f"channel {name} is in {mode} input mode, which the kit cannot read (it reads files): submit the "
+                f"job with input_mode {' or '.join(READABLE_INPUT_MODES)} in the values file"
             )
     args: list[str] = []
     if "config" in hps:
@@ -196,6 +217,7 @@ def rank_environment(contract: Contract, nproc: int) -> dict[str, str]:
     # stopped early in the stop-reason file.
     env[launch_env.LOG_FILE] = str(contract.output_dir / "data" / f"train-{contract.current_host}.log")
     env[launch_env.STOP_REASON_FILE] = str(scratch / "stop_reason")
+    env[launch_env.ERROR_FILE] = str(scratch / "error")
     return env
 
 
@@ -250,12 +272,18 @@ def merge_host_shards(checkpoint_dir: Path) -> list[str]:
         world = launch_record.saved_world_size(tag_dir)
         missing = [r for r in range(world or 0) if not (tag_dir / f"rng_state_rank{r}.pt").is_file()]
         if missing:
-            os.replace(tag_dir, checkpoint_dir / f".incomplete-{tag_dir.name}")
+            # Renamed first, so no resume picks it even if the delete is cut short.
+            os.replace(tag_dir, checkpoint_dir / f"{INCOMPLETE_PREFIX}{tag_dir.name}")
             done.append(
-                f"{tag_dir.name} lacks the files of ranks {missing} (not synced from their host): set aside as "
-                f".incomplete-{tag_dir.name}"
+                f"{tag_dir.name} lacks the files of ranks {missing} (not synced from their host): deleted"
             )
+    # Deleted, not kept: checkpoints/ is synced to S3 and restored to every instance at each restart.
+    for demoted in sorted(checkpoint_dir.glob(f"{INCOMPLETE_PREFIX}*")):
+        shutil.rmtree(demoted)
     return done
+
+
+INCOMPLETE_PREFIX = ".incomplete-"
 
 
 def prune_staging(checkpoint_dir: Path, keep: int) -> None:
@@ -410,12 +438,48 @@ def _ensure_environment(contract: Contract, argv: list[str]) -> None:
 
 
 def _fail(contract: Contract, message: str) -> None:
-    """SageMaker shows output/failure as the job's FailureReason."""
+    """SageMaker shows output/failure (its first FAILURE_LIMIT bytes) as the job's FailureReason."""
     try:
         contract.output_dir.mkdir(parents=True, exist_ok=True)
-        (contract.output_dir / "failure").write_text(message + "\n")
+        (contract.output_dir / "failure").write_bytes(message.encode()[:FAILURE_LIMIT])
     except OSError:
         pass
+
+
+def failure_reason(error_line: str | None, status: int, host: str, tail: list[str]) -> str:
+    """The kit's own error line when a rank wrote one; else (a crash) a generic line and the log's last lines,
+    as many as fit in FAILURE_LIMIT bytes."""
+    if error_line:
+        return error_line.strip()
+    head = f"torchrun exited with status {status} on {host} (a crash, no error line from the kit); log tail:"
+    lines: list[str] = []
+    room = FAILURE_LIMIT - len(head.encode()) - 1
+    for line in reversed(tail):
+        room -= len(line.encode()) + 1
+        if room < 0:
+            break
+        lines.insert(0, line)
+    return "\n".join([head, *lines])
+
+
+class OutputTail:
+    """Copies torchrun's output to this process's stdout (the job's log) and keeps its last lines."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.lines: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
+        self._thread = threading.Thread(target=self._copy, args=(proc,), daemon=True)
+        self._thread.start()
+
+    def _copy(self, proc: subprocess.Popen) -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            sys.stdout.buffer.write(raw)
+            sys.stdout.buffer.flush()
+            self.lines.append(raw.decode(errors="replace").rstrip("\r\n"))
+
+    def last(self) -> list[str]:
+        self._thread.join(timeout=5.0)  # torchrun exited: what is left in the pipe
+        return list(self.lines)
 
 
 def run(contract: Contract) -> int:
@@ -430,6 +494,8 @@ def run(contract: Contract) -> int:
         log(line)
     env = rank_environment(contract, nproc)
     Path(env[launch_env.STOP_REASON_FILE]).unlink(missing_ok=True)
+    error_file = Path(env[launch_env.ERROR_FILE])
+    error_file.unlink(missing_ok=True)
     stop = StopForwarder()
     log(
         f"host {contract.current_host} ({index + 1} of {len(hosts)}), master {hosts[0]}:{port}, "
@@ -446,7 +512,10 @@ def run(contract: Contract) -> int:
         return STOPPED_STATUS
     try:
         # Its own session: a signal to this process group (a terminal's Ctrl-C, say) does not reach torchrun.
-        stop.torchrun = subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True)
+        stop.torchrun = subprocess.Popen(
+            cmd, cwd=REPO, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        output = OutputTail(stop.torchrun)
         keep = _keep_checkpoints(contract.hyperparameters)
         last_prune = time.monotonic()
         while stop.torchrun.poll() is None:
@@ -465,7 +534,8 @@ def run(contract: Contract) -> int:
     reason_file = Path(env[launch_env.STOP_REASON_FILE])
     stopped = stop.received_at is not None or reason_file.is_file()
     if status != 0:
-        _fail(contract, f"torchrun exited with status {status} on {contract.current_host}: see the job's log")
+        error_line = error_file.read_text() if error_file.is_file() else None
+        _fail(contract, failure_reason(error_line, status, contract.current_host, output.last()))
         log(f"torchrun exited with status {status}")
         return status
     if stopped:
@@ -479,8 +549,16 @@ def run(contract: Contract) -> int:
     if index == 0:
         from dskit import export
 
-        out = export.export(contract.checkpoint_dir, contract.model_dir)
-        log(f"exported the newest verified checkpoint to {out}")
+        # Staged on the ML storage volume (scratch), then moved into model/ (a mount point on SageMaker).
+        started = time.monotonic()
+        out = export.export(
+            contract.checkpoint_dir, contract.model_dir, staging_dir=contract.scratch / "export", replace=True
+        )
+        size = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
+        log(
+            f"exported the newest verified checkpoint to {out} in {time.monotonic() - started:.1f} s "
+            f"({size / 1e6:.1f} MB, staged in {contract.scratch / 'export'})"
+        )
     return 0
 
 
@@ -497,8 +575,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         if contract is not None:
-            _fail(contract, str(e))
+            _fail(contract, f"error: {e}")
         return 2
+    except Exception as e:
+        if contract is not None:  # a crash of the entry itself: its traceback follows in the log
+            _fail(contract, f"the dskit entry crashed on {contract.current_host}: {type(e).__name__}: {e}")
+        raise
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dskit.sagemaker.entry import READABLE_INPUT_MODES
 from model_utils.errors import ConfigError
 
 # GPUs per instance of the SageMaker training instance types the kit knows. A type not listed is refused (a typo
@@ -89,6 +90,7 @@ class SageMakerValues:
     instance_count: int = 1
     cpu_ranks_per_instance: int = 2  # ranks per instance on a CPU instance type (gloo)
     volume_size_gb: int = 500  # the ML storage volume: channels, checkpoints, caches, TMPDIR
+    input_mode: str = "File"  # every channel's: File (downloaded first) or FastFile (streamed); never Pipe
     max_runtime_s: int = 24 * 3600
     spot: bool = False  # managed spot training: interrupted jobs restart and resume from the checkpoints
     max_wait_s: int | None = (
@@ -146,6 +148,11 @@ class SageMakerValues:
             raise ConfigError(f"region {self.region!r} is not an AWS region name: use e.g. us-east-1")
         if self.image is not None and not self.image.strip():
             raise ConfigError("image is empty: give an image URI or leave the key out for the default")
+        if self.input_mode not in READABLE_INPUT_MODES:
+            raise ConfigError(
+                f"input_mode {self.input_mode!r} is not one the kit can read (it reads the channels as files; "
+                f"Pipe streams them through a FIFO): use {' or '.join(READABLE_INPUT_MODES)}"
+            )
         if self.setup not in SETUPS:
             raise ConfigError(f"setup {self.setup!r} must be one of {', '.join(SETUPS)}")
         if self.instance_type not in INSTANCE_GPUS:

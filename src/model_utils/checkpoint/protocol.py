@@ -383,6 +383,11 @@ def convert_universal(
 # --- loading --------------------------------------------------------------------------------------------
 
 
+def has_local_copy(target: ResumeTarget) -> bool:
+    """The tag is on this rank's disk: its dir and the manifest rank 0 commits it with."""
+    return (target.path / file_manifest.MANIFEST).is_file()
+
+
 def load(
     engine: Engine, target: ResumeTarget, rank: int, weights_only: bool, universal: bool = False
 ) -> dict[str, Any]:

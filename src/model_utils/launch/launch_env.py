@@ -5,6 +5,9 @@ from __future__ import annotations
 
 LOG_FILE = "DSKIT_LOG_FILE"  # the run's log: the metrics file goes next to it
 STOP_REASON_FILE = "DSKIT_STOP_REASON_FILE"  # train.sbatch: why the ranks stopped early (it then requeues)
+# The first `error:` line (observe.log.error_line) of a rank on this host goes here too (the SageMaker entry
+# makes it the job's FailureReason).
+ERROR_FILE = "DSKIT_ERROR_FILE"
 TTY = "DSKIT_TTY"  # the launcher's terminal: rank 0 draws its progress bar there, never into the log
 SINGLENODE_LOGGED = "DSKIT_SINGLENODE_LOGGED"  # train-singlenode.sh re-executed itself under its log tee
 FAULT_INJECT = "DSKIT_FAULT_INJECT"  # tests only: a rank SIGKILLs itself at a named point of a save

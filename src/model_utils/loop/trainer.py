@@ -157,8 +157,24 @@ class Trainer:
             print0(self.run.schedule_change)
         return state
 
+    def _check_every_host_has(self, target: protocol.ResumeTarget) -> None:
+        """Rank 0 picked the tag from its own disk; hosts without a shared filesystem (SageMaker restores each
+        instance's checkpoints/ on its own) may lack it, and the engine's load would end in a bare assertion."""
+        here = protocol.has_local_copy(target)
+        lacking = any_rank(
+            [r == self.dist.rank and not here for r in range(self.dist.world_size)], self.dist.device
+        )
+        if any(lacking):
+            ranks = [r for r, missing in enumerate(lacking) if missing]
+            raise ConfigError(
+                f"checkpoint {target.tag} is not on the host of ranks {ranks} (no {target.path} with its manifest "
+                "there): restore the checkpoint dir on every host (SageMaker: the CheckpointConfig S3 URI syncs "
+                "it), or move that tag aside to resume from an older one"
+            )
+
     def _load(self, target: protocol.ResumeTarget) -> tuple[TrainState, protocol.ResumeTarget]:
         """The engine and the run's state from a checkpoint (a resume, a rollback); the target actually read."""
+        self._check_every_host_has(target)
         # The world size is checked apart: another one is resumed whole through a universal copy.
         why_weights_only = launch_record.check_resume(
             target.path,

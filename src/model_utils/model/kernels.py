@@ -78,6 +78,7 @@ def prepare_jit_env(environ: MutableMapping[str, str] = os.environ) -> None:
     DeepSpeed cannot parse. Idempotent.
     """
     environ.setdefault(EXTENSIONS_DIR_ENV, str(repo.EXTENSIONS_DIR))
+    use_interpreters_ninja(environ)
     raw = environ.get(ARCH_LIST_ENV)
     if raw is None or not raw.strip():
         return
@@ -88,6 +89,18 @@ def prepare_jit_env(environ: MutableMapping[str, str] = os.environ) -> None:
             f"{ARCH_LIST_ENV}={raw!r} -> {normal!r} for DeepSpeed's op builds "
             "(DeepSpeed 0.19.8 cannot parse arch suffixes such as 9.0a)"
         )
+
+
+def use_interpreters_ninja(environ: MutableMapping[str, str]) -> None:
+    """Put the ninja installed beside this Python (the locked environment's) first on PATH. torch runs the
+    first `ninja` on PATH, and ninja versions write different build logs: `make warm` (system PATH) and a job
+    (.venv/bin first) found different ones, so every fresh job rebuilt the ops `make warm` had built."""
+    bin_dir = str(Path(sys.executable).parent)
+    if not (Path(bin_dir) / "ninja").is_file():
+        return  # no ninja in this environment: whatever PATH finds, for every entry alike
+    parts = [p for p in environ.get("PATH", "").split(os.pathsep) if p]
+    if parts[:1] != [bin_dir]:
+        environ["PATH"] = os.pathsep.join([bin_dir, *(p for p in parts if p != bin_dir)])
 
 
 # What a first build of each op takes, said before it starts: (op, device type of the ranks) -> time. Measured

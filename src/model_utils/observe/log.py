@@ -78,9 +78,18 @@ def warn0(message: str) -> None:
 
 
 def error_line(message: str) -> None:
-    """The single line a user sees for a mistake; printed by rank 0 only so N ranks do not repeat it."""
+    """The single line a user sees for a mistake; printed by rank 0 only so N ranks do not repeat it. Every rank
+    records it in DSKIT_ERROR_FILE when that is set (the first line on a host wins): a host whose ranks do not
+    include rank 0 has its reason too."""
+    line = step_line.error_line(message)
     if _rank() == 0:
-        print(step_line.error_line(message), file=sys.stderr, flush=True)
+        print(line, file=sys.stderr, flush=True)
+    if path := os.environ.get(launch_env.ERROR_FILE):
+        try:
+            with open(path, "x") as f:
+                f.write(line + "\n")
+        except OSError:
+            pass  # written already (first wins), or unwritable: the line is in the log
 
 
 def progress0(step: int, total: int, detail: str, width: int = 30) -> None:

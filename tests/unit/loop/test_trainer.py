@@ -39,3 +39,21 @@ def test_a_fresh_start_is_named_after_what_runs_or_its_run_name(gloo_rank, monke
         fresh_state(gloo_rank, "--backend", "fsdp", "--lora_r", "4").run_id,
     )
     assert fresh_state(gloo_rank, "--run_name", "warmup-sweep.3").run_id == "warmup-sweep.3"
+
+
+def test_a_checkpoint_missing_on_a_ranks_host_is_one_line_not_the_engines_assertion(
+    gloo_rank, tmp_path
+) -> None:
+    """SageMaker restores each instance's checkpoints/ on its own: rank 0's host may hold a tag another lacks."""
+    from model_utils.checkpoint.protocol import ResumeTarget
+    from model_utils.errors import ConfigError
+
+    this = SimpleNamespace(dist=gloo_rank)
+    target = ResumeTarget(tmp_path, "model-8steps")
+    with pytest.raises(
+        ConfigError, match=r"checkpoint model-8steps is not on the host of ranks \[0\] .*restore"
+    ):
+        trainer.Trainer._check_every_host_has(this, target)
+    (tmp_path / "model-8steps").mkdir()
+    (tmp_path / "model-8steps" / "dskit_manifest.json").write_text("{}")
+    trainer.Trainer._check_every_host_has(this, target)  # here: nothing to say

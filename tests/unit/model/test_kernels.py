@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import copy
 import re
+import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -160,19 +162,40 @@ def test_arch_suffixes_break_deepspeed_and_normalising_fixes_it(
 def test_prepare_jit_env_rewrites_only_what_deepspeed_cannot_parse(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    env = {kernels.ARCH_LIST_ENV: "8.0;9.0a"}
+    venv_first = {"PATH": str(Path(sys.executable).parent)}  # as prepare_jit_env leaves it (the next test)
+    env = {kernels.ARCH_LIST_ENV: "8.0;9.0a", **venv_first}
     kernels.prepare_jit_env(env)
     assert env == {
         kernels.ARCH_LIST_ENV: "8.0;9.0",
         kernels.EXTENSIONS_DIR_ENV: str(REPO / ".cache" / "torch_extensions"),  # one build per checkout
+        **venv_first,
     }
     assert "TORCH_CUDA_ARCH_LIST='8.0;9.0a' -> '8.0;9.0'" in capsys.readouterr().out
-    env = {kernels.ARCH_LIST_ENV: "8.0 9.0+PTX", kernels.EXTENSIONS_DIR_ENV: "/shared/ext"}
+    env = {kernels.ARCH_LIST_ENV: "8.0 9.0+PTX", kernels.EXTENSIONS_DIR_ENV: "/shared/ext", **venv_first}
     kernels.prepare_jit_env(env)
-    assert env == {kernels.ARCH_LIST_ENV: "8.0 9.0+PTX", kernels.EXTENSIONS_DIR_ENV: "/shared/ext"}
+    assert env == {
+        kernels.ARCH_LIST_ENV: "8.0 9.0+PTX",
+        kernels.EXTENSIONS_DIR_ENV: "/shared/ext",
+        **venv_first,
+    }
     assert capsys.readouterr().out == ""
     with pytest.raises(ConfigError, match="'Hopper', which DeepSpeed's op builder cannot parse: use numeric"):
         kernels.prepare_jit_env({kernels.ARCH_LIST_ENV: "Hopper"})
+
+
+def test_every_entry_builds_ops_with_the_environments_own_ninja() -> None:
+    """`make warm` (the system PATH) and a job (.venv/bin first) found different ninjas, whose build logs differ:
+    every fresh job rebuilt the ops. prepare_jit_env, which both run, puts this Python's ninja first."""
+    venv_bin = Path(sys.executable).parent
+    if not (venv_bin / "ninja").is_file():
+        pytest.skip("no ninja installed beside this Python")
+    for path in ("/usr/bin:/bin", f"/usr/bin:{venv_bin}:/bin", str(venv_bin)):
+        env = {"PATH": path, kernels.EXTENSIONS_DIR_ENV: "/x"}
+        kernels.prepare_jit_env(env)
+        kernels.prepare_jit_env(env)  # idempotent
+        assert shutil.which("ninja", path=env["PATH"]) == str(venv_bin / "ninja")
+        assert env["PATH"].split(":").count(str(venv_bin)) == 1
+        assert env["PATH"].split(":")[1:] == [p for p in path.split(":") if p != str(venv_bin)]
 
 
 def test_training_and_the_warm_step_share_the_jit_env_setup() -> None:

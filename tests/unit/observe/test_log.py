@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import select
+from pathlib import Path
 
 import pytest
 
@@ -74,3 +75,15 @@ def test_no_terminal_no_bar(
     monkeypatch.setenv(launch_env.TTY, str(not_a_tty))
     log.progress0(1, 2, "x")
     assert not_a_tty.read_text() == "" and capsys.readouterr().out == ""
+
+
+def test_every_ranks_first_error_line_goes_to_the_error_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    error_file = tmp_path / "error"
+    monkeypatch.setenv(launch_env.ERROR_FILE, str(error_file))
+    monkeypatch.setenv("RANK", "1")  # a host without rank 0: its ranks print nothing, but the file has it
+    log.error_line("dataset path /data/x does not exist: fix the path")
+    log.error_line("a later line")
+    assert capsys.readouterr() == ("", "")
+    assert error_file.read_text() == "error: dataset path /data/x does not exist: fix the path\n"

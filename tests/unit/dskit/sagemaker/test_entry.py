@@ -80,16 +80,18 @@ def test_other_hosts_files_join_their_tag_and_an_incomplete_tag_is_set_aside(tmp
     (ck / ".staging-m-4steps" / "rng_state_rank1.pt").write_text("1")
     committed(ck, "m-8steps", 2, [0])  # rank 1's files never arrived
     (ck / ".staging-m-12steps").mkdir()  # a save that never committed: left for rank 0 to clear
+    (ck / ".incomplete-m-2steps").mkdir()  # demoted by an older kit (or a delete cut short)
+    (ck / ".incomplete-m-2steps" / "mp_rank_00_model_states.pt").write_text("w")
     done = merge_host_shards(ck)
     assert done == [
         "merged 1 files of other hosts into m-4steps",
-        "m-8steps lacks the files of ranks [1] (not synced from their host): set aside as .incomplete-m-8steps",
+        "m-8steps lacks the files of ranks [1] (not synced from their host): deleted",
     ]
     assert (ck / "m-4steps" / "rng_state_rank1.pt").read_text() == "1" and not (
         ck / ".staging-m-4steps"
     ).exists()
-    assert (ck / ".incomplete-m-8steps").is_dir() and not (ck / "m-8steps").exists()
-    assert (ck / ".staging-m-12steps").is_dir()
+    # Gone from the synced dir, so not uploaded to S3 and restored at every restart.
+    assert sorted(p.name for p in ck.iterdir()) == [".staging-m-12steps", "m-4steps"]
 
 
 def test_pruning_keeps_the_newest_staging_dirs(tmp_path: Path) -> None:
@@ -99,3 +101,37 @@ def test_pruning_keeps_the_newest_staging_dirs(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         ".staging-m-15steps", ".staging-m-20steps", ".staging-m-25steps",
     ]  # fmt: skip
+
+
+def test_a_channel_the_kit_cannot_read_is_refused_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env = tree(tmp_path, {})
+    config = tmp_path / "input" / "config" / "inputdataconfig.json"
+    config.write_text(
+        json.dumps({"model": {"TrainingInputMode": "FastFile"}, "train": {"TrainingInputMode": "Pipe"}})
+    )
+    assert Contract.read(env).input_modes == {"model": "FastFile", "train": "Pipe"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert entry.main([]) == 2
+    line = "error: channel train is in Pipe input mode, which the kit cannot read (it reads files): submit the job "
+    line += "with input_mode File or FastFile in the values file"
+    assert capsys.readouterr().err == line + "\n"
+    assert (tmp_path / "output" / "failure").read_text() == line  # the job's FailureReason
+
+
+def test_the_failure_reason_is_the_kits_error_line_or_a_crash_with_the_logs_tail() -> None:
+    tail = [f"line {i} " + "x" * 60 for i in range(40)]
+    named = "error: dataset path /opt/ml/input/data/train does not exist: fix it\n"
+    assert entry.failure_reason(named, 2, "algo-1", tail) == named.strip()
+    crash = entry.failure_reason(None, -9, "algo-2", tail)
+    lines = crash.splitlines()
+    assert (
+        lines[0]
+        == "torchrun exited with status -9 on algo-2 (a crash, no error line from the kit); log tail:"
+    )
+    assert lines[-1] == tail[-1] and lines[1:] == tail[-(len(lines) - 1) :] and len(lines) > 5
+    assert (
+        len(crash.encode()) <= entry.FAILURE_LIMIT < len(crash.encode()) + len(tail[0]) + 2
+    )  # as much as fits

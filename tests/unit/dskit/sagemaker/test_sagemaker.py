@@ -229,6 +229,7 @@ def test_stop_asks_sagemaker_to_stop_a_running_job(
             "channels.model '/data/model' is not an S3 URI",
         ),
         ({"instance_count": "two"}, [], "instance_count = 'two' must be an integer"),
+        ({"input_mode": "Pipe"}, [], "input_mode 'Pipe' is not one the kit can read"),
         ({"spot": False, "max_wait_s": 100}, [], "max_wait_s is for spot jobs"),
         ({}, ["--lr", "fast"], "argument --lr: invalid float value: 'fast'"),
         ({}, ["--max_stepz", "3"], "unknown flag --max_stepz: did you mean --max_steps?"),
@@ -374,3 +375,15 @@ def test_the_readmes_values_files_dry_run_on_a_machine_without_aws_configuration
         assert status == 0, (name, err)
         assert json.loads(out[: out.rindex("}") + 1])["HyperParameters"] == {"max_steps": "20000"}
         assert "not checked are the buckets and the channels" in out, out[-500:]
+
+
+def test_the_input_mode_goes_to_every_data_channel_and_the_code_stays_a_file() -> None:
+    values = SageMakerValues(
+        role=ROLE,
+        s3_prefix="s3://bkt/p",
+        channels={"model": "s3://bkt/m/", "train": "s3://bkt/t/"},
+        input_mode="FastFile",
+    )
+    request = sagemaker.build_request(values, "dskit-1", "us-east-1", {})
+    modes = {c["ChannelName"]: c["InputMode"] for c in request["InputDataConfig"]}
+    assert modes == {sagemaker.CODE_CHANNEL: "File", "model": "FastFile", "train": "FastFile"}
