@@ -1,9 +1,10 @@
-"""The SageMaker entry's contract end to end on CPU: two "instances" as two entry processes on loopback, each with
-its own /opt/ml-like tree (no shared filesystem, like SageMaker), channels holding a Hugging Face model dir and a
-dataset. SIGTERM mid-run (what StopTrainingJob or a spot interruption sends) -> both save and stop at one step;
-SageMaker's checkpoint sync (every instance's checkpoints/ up to one S3 prefix, the union down to every instance
-of the restarted job) is simulated by a directory union; the restart resumes from the newest verified tag,
-finishes, and the first host exports the model into model/, which from_pretrained loads.
+"""The SageMaker entry's contract end to end on CPU: two "instances" as two entry processes on loopback, each its
+container's PID 1 (support/sagemaker_container.py) with its own /opt/ml-like tree (no shared filesystem, like
+SageMaker), channels holding a Hugging Face model dir and a dataset. SIGTERM mid-run, during a periodic save
+(what StopTrainingJob or a spot interruption sends) -> both save and stop at one step; SageMaker's checkpoint sync
+(every instance's checkpoints/ up to one S3 prefix, the union down to every instance of the restarted job) is
+simulated by a directory union; the restart resumes from the newest verified tag, finishes, and the first host
+exports the model into model/, which from_pretrained loads.
 
 Not real here: SageMaker itself, the image and S3 sync of checkpoints (a copy stands in for it).
 """
@@ -11,12 +12,10 @@ Not real here: SageMaker itself, the image and S3 sync of checkpoints (a copy st
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -27,91 +26,24 @@ import pytest
 from dskit import sagemaker
 from support.pretrained import save_tiny_qwen3
 from support.s3_server import free_port
-from support.torchrun import ENV, REPO
+from support.sagemaker_container import HOSTS, Container, instance_tree, start_instances
 
 pytestmark = [pytest.mark.e2e, pytest.mark.launcher]
 
-HOSTS = ["127.0.0.1", "localhost"]  # both name this machine: the first is the master's address
 MAX_STEPS = 60
-WORDS = [
-    "the",
-    "quick",
-    "brown",
-    "fox",
-    "jumps",
-    "over",
-    "a",
-    "lazy",
-    "dog",
-    "while",
-    "seven",
-    "small",
-    "birds",
-    "sing",
-    "near",
-    "the",
-    "old",
-    "river",
-    "bank",
-]
 
 
-def write_dataset(path: Path, docs: int, seed: int) -> None:
-    path.mkdir(parents=True)
-    lines = []
-    for i in range(docs):
-        words = [WORDS[(i * 7 + j * (seed + 3)) % len(WORDS)] for j in range(40)]
-        lines.append(json.dumps({"text": " ".join(words) + f" {i}."}))
-    (path / "part-0.jsonl").write_text("\n".join(lines) + "\n")
+def start(bases: list[Path], port: int, logs: list[Path]) -> list[Container]:
+    # Each entry as its container's PID 1. model/ stays a plain dir here: the export replaces it (issue #25).
+    return start_instances(bases, port, logs, model_mount=False)
 
 
-def instance_tree(base: Path, host: str, model: Path, hyperparameters: dict[str, str]) -> None:
-    """What SageMaker lays out on an instance before the container starts."""
-    config = base / "input" / "config"
-    config.mkdir(parents=True)
-    resource = {"current_host": host, "hosts": HOSTS, "network_interface_name": "lo"}
-    (config / "resourceconfig.json").write_text(json.dumps(resource))
-    (config / "hyperparameters.json").write_text(json.dumps(hyperparameters))
-    (config / "inputdataconfig.json").write_text(
-        json.dumps({c: {} for c in ("model", "train", "validation")})
-    )
-    data = base / "input" / "data"
-    shutil.copytree(model, data / "model")
-    write_dataset(data / "train", 400, seed=0)
-    write_dataset(data / "validation", 20, seed=1)
-
-
-def start(bases: list[Path], port: int, logs: list[Path]) -> list[subprocess.Popen]:
-    procs = []
-    for base, log in zip(bases, logs, strict=True):
-        env = {
-            **ENV,
-            "DSKIT_SM_BASE": str(base),
-            "DSKIT_SM_MASTER_PORT": str(port),
-            "DSKIT_SM_CPU_RANKS": "1",
-            "SM_NUM_GPUS": "0",
-            "SM_NUM_CPUS": "1",
-            # DeepSpeed's ops as `make warm` built them, not rebuilt in each instance's tree (minutes)
-            "TORCH_EXTENSIONS_DIR": os.environ.get(
-                "TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions")
-            ),
-        }
-        with log.open("a") as out:
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "dskit.sagemaker.entry"],
-                    env=env,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                )
-            )
-    return procs
-
-
-def wait_for(pattern: str, log: Path, procs: list[subprocess.Popen], timeout: float = 150) -> float:
+def wait_for(pattern: str, log: Path, procs: list[Container], timeout: float = 150) -> float:
     deadline = time.monotonic() + timeout
     while not re.search(pattern, log.read_text()):
-        if any(p.poll() is not None for p in procs):  # read once more: it may have printed it and finished
+        if any(
+            p.proc.poll() is not None for p in procs
+        ):  # read once more: it may have printed it and finished
             text = log.read_text()
             assert re.search(pattern, text), f"exited without {pattern!r}: " + text[-4000:]
             break
@@ -151,7 +83,7 @@ def test_two_instances_train_stop_on_sigterm_resume_and_export(work: Path) -> No
     tmp_path = work
     model = save_tiny_qwen3(tmp_path / "hf-model")
     hps = {
-        "max_steps": str(MAX_STEPS), "seq_length": "32", "logging_freq": "1", "checkpoint_freq": "1000",
+        "max_steps": str(MAX_STEPS), "seq_length": "32", "logging_freq": "1", "checkpoint_freq": "3",
         "validation_freq": "1000",
     }  # fmt: skip
     bases = [tmp_path / f"instance{i}" / "opt-ml" for i in range(2)]
@@ -162,10 +94,10 @@ def test_two_instances_train_stop_on_sigterm_resume_and_export(work: Path) -> No
     started = time.monotonic()
     procs = start(bases, free_port(), logs)
     first_step = wait_for(r"Step 1/", logs[0], procs)
-    wait_for(r"Step 3/", logs[0], procs)
+    wait_for(r"Step 3/", logs[0], procs)  # the step-3 save starts right after this line: the stop lands in it
     signalled = time.monotonic()
     for proc in procs:  # SageMaker stops every instance's container
-        proc.send_signal(signal.SIGTERM)
+        proc.stop()
     assert [p.wait(timeout=120) for p in procs] == [143, 143], logs[0].read_text()[-4000:]
     stopped = time.monotonic()
     first = logs[0].read_text()
