@@ -70,7 +70,8 @@ def assert_stopped(containers: list[Container], moment: str) -> None:
     for container in containers:
         log = container.log.read_text()
         assert re.search(moment, log), log[-4000:]
-        assert "Traceback" not in log and "exitcode" not in log, log[-4000:]
+        # A rank that died, or torchrun failing (its exit-barrier noise when the master host ends first is not)
+        assert "exitcode" not in log and "torchrun exited" not in log, log[-4000:]
         assert not (container.base / "output" / "failure").exists()  # a stop is not a failure
     took = ", ".join(f"{c.stop_to_exit_s():.1f} s" for c in containers)
     print(f"\nstop-to-exit {moment!r}: {took}", file=sys.stderr)
@@ -142,7 +143,7 @@ def test_stop_during_the_export_exits_143_with_the_final_checkpoint_kept(job: Jo
     assert "Traceback" not in text
     assert (containers[0].base / "checkpoints" / "model-2steps" / "dskit_manifest.json").is_file()
     # The other host had nothing left to do after the gather: it may have finished before the stop came.
-    assert containers[1].wait() in (0, 143)
+    assert containers[1].wait() in (0, 143), containers[1].log.read_text()[-4000:]
     for container in containers:
         assert not (container.base / "output" / "failure").exists()
     landed = sorted(p.name for p in (containers[0].base / "model").iterdir())

@@ -106,6 +106,8 @@ def test_two_instances_train_stop_on_sigterm_resume_and_export(work: Path) -> No
     tag = f"model-{saved}steps"  # the model's short name is its channel dir's
     # No shared filesystem: the first host committed the tag, the other kept its rank's files in staging.
     assert (bases[0] / "checkpoints" / tag / "dskit_manifest.json").is_file()
+    # The periodic save the stop came in (step 3) finished and verifies too.
+    assert (bases[0] / "checkpoints" / "model-3steps" / "dskit_manifest.json").is_file()
     assert (bases[1] / "checkpoints" / f".staging-{tag}" / "rng_state_rank1.pt").is_file()
     assert not list((bases[0] / "model").iterdir())  # stopped: nothing exported
 

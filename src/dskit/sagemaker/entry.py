@@ -494,6 +494,10 @@ def run(contract: Contract) -> int:
         [contract.checkpoint_dir, contract.model_dir, contract.output_dir / "data", contract.scratch]
     )
     args = training_args(contract)
+    # The merge's imports (torch: seconds) outside the block a stop waits for: only its file moves are held.
+    from model_utils.checkpoint import launch_record, protocol  # noqa: F401
+    from model_utils.storage import file_manifest  # noqa: F401
+
     with STOP.deferred():
         for line in merge_host_shards(contract.checkpoint_dir):
             log(line)
@@ -579,6 +583,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         # The other host's entry stopped first (the final gather's connection closed, say): a stop, not a failure.
         return _stopped()
+    finally:
+        STOP.on_stop = _exiting  # the status is decided: a stop now must not raise on the way out
+
+
+def _exiting() -> None:
+    pass
 
 
 def _stopped() -> int:
