@@ -85,9 +85,10 @@ def test_stop_before_set_up_exits_at_once(job: JobFactory) -> None:
             time.sleep(0.001)
     stop_all(containers)
     assert_stopped(containers, STOP_LINE.format(moment="(before|during) set-up"))
-    for container in containers:
-        assert not (container.base / "checkpoints").exists()  # nothing was started, nothing touched
-        assert max(c.stop_to_exit_s() for c in containers) < 5
+    for container in containers:  # nothing was started, nothing written (set-up may have made the dir)
+        checkpoints = container.base / "checkpoints"
+        assert not (checkpoints.exists() and any(checkpoints.iterdir()))
+    assert max(c.stop_to_exit_s() for c in containers) < 5
 
 
 def test_stop_during_uv_sync_ends_it_and_exits(job: JobFactory, tmp_path: Path) -> None:
