@@ -127,8 +127,12 @@ def test_stop_during_uv_sync_ends_it_and_exits(job: JobFactory, tmp_path: Path) 
 def test_stop_while_the_ranks_start_saves_nothing_broken_and_exits_143(job: JobFactory) -> None:
     """The stop comes before any rank handles USR1: it is sent to each rank once it does (it would kill it)."""
     containers = job.start({**HPS, "max_steps": "40", "checkpoint_freq": "1000"})
-    for container in containers:
-        container.wait_for(r"\d+ ranks \(CPU\)")  # the line right before torchrun starts
+    deadline = time.monotonic() + 120
+    # The moment a rank exists but has not installed its handler yet (USR1 now would kill it: exitcode -10).
+    while containers[0].starting_rank() is None:
+        assert containers[0].proc.poll() is None, containers[0].log.read_text()[-4000:]
+        assert time.monotonic() < deadline, "no starting rank seen"
+        time.sleep(0.002)
     stop_all(containers)
     assert_stopped(containers, r"stopped early .* after SIGTERM")
 

@@ -142,6 +142,14 @@ class Container:
         """Whether the entry has its SIGTERM handler (before that, PID 1 would drop the signal)."""
         return preemption.catches(self.host_pid, signal.SIGTERM)
 
+    def starting_rank(self) -> int | None:
+        """A rank (a child of the entry's torchrun) that does not handle USR1 yet, if there is one now."""
+        for torchrun in _children(self.host_pid):
+            for rank in _children(torchrun):
+                if not preemption.catches(rank, signal.SIGUSR1):
+                    return rank
+        return None
+
     def wait_for(self, pattern: str, timeout: float = 150, offset: int = 0) -> float:
         """Until the log (from offset) matches; the time it did."""
         deadline = time.monotonic() + timeout
@@ -175,6 +183,14 @@ class Container:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.host_pid, signal.SIGKILL)
             self.proc.wait(timeout=30)
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            found += [int(child) for child in task.read_text().split()]
+    return found
 
 
 def start_instances(
