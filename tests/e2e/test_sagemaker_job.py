@@ -1,10 +1,11 @@
-"""The SageMaker entry's contract end to end on CPU: two "instances" as two entry processes on loopback, each with
-its own /opt/ml-like tree (no shared filesystem, like SageMaker), channels holding a Hugging Face model dir and a
-dataset. SIGTERM mid-run (what StopTrainingJob or a spot interruption sends) -> both save and stop at one step;
-SageMaker's checkpoint sync (every instance's checkpoints/ up to one S3 prefix, the union down to every instance
-of the restarted job) is simulated by a directory union; the restart resumes from the newest verified tag,
-finishes, and the first host exports the model into model/ (as root: a bind mount of its own, as on SageMaker),
-which from_pretrained loads. Three bad inputs end with the kit's error line as the job's FailureReason.
+"""The SageMaker entry's contract end to end on CPU: two "instances" as two entry processes on loopback, each its
+container's PID 1 (support/sagemaker_container.py) with its own /opt/ml-like tree (no shared filesystem, like
+SageMaker), channels holding a Hugging Face model dir and a dataset. SIGTERM mid-run, during a periodic save
+(what StopTrainingJob or a spot interruption sends) -> both save and stop at one step; SageMaker's checkpoint sync
+(every instance's checkpoints/ up to one S3 prefix, the union down to every instance of the restarted job) is
+simulated by a directory union; the restart resumes from the newest verified tag, finishes, and the first host
+exports the model into model/ (a bind mount of its own, as on SageMaker), which from_pretrained loads. Three bad
+inputs end with the kit's error line as the job's FailureReason.
 
 Not real here: SageMaker itself, the image and S3 sync of checkpoints (a copy stands in for it).
 """
@@ -18,7 +19,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -29,110 +29,27 @@ import pytest
 from dskit import sagemaker
 from support.pretrained import save_tiny_qwen3
 from support.s3_server import free_port
-from support.torchrun import ENV, REPO
+from support.sagemaker_container import HOSTS, Container, instance_tree, start_instances
 
 pytestmark = [pytest.mark.e2e, pytest.mark.launcher]
 
-HOSTS = ["127.0.0.1", "localhost"]  # both name this machine: the first is the master's address
 MAX_STEPS = 60
-WORDS = [
-    "the",
-    "quick",
-    "brown",
-    "fox",
-    "jumps",
-    "over",
-    "a",
-    "lazy",
-    "dog",
-    "while",
-    "seven",
-    "small",
-    "birds",
-    "sing",
-    "near",
-    "the",
-    "old",
-    "river",
-    "bank",
-]
-
-
-def write_dataset(path: Path, docs: int, seed: int) -> None:
-    path.mkdir(parents=True)
-    lines = []
-    for i in range(docs):
-        words = [WORDS[(i * 7 + j * (seed + 3)) % len(WORDS)] for j in range(40)]
-        lines.append(json.dumps({"text": " ".join(words) + f" {i}."}))
-    (path / "part-0.jsonl").write_text("\n".join(lines) + "\n")
-
-
-def instance_tree(
-    base: Path, host: str, model: Path, hyperparameters: dict[str, str], hosts: list[str] = HOSTS
-) -> None:
-    """What SageMaker lays out on an instance before the container starts."""
-    config = base / "input" / "config"
-    config.mkdir(parents=True)
-    resource = {"current_host": host, "hosts": hosts, "network_interface_name": "lo"}
-    (config / "resourceconfig.json").write_text(json.dumps(resource))
-    (config / "hyperparameters.json").write_text(json.dumps(hyperparameters))
-    (config / "inputdataconfig.json").write_text(
-        json.dumps({c: {"TrainingInputMode": "File"} for c in ("model", "train", "validation")})
-    )
-    data = base / "input" / "data"
-    shutil.copytree(model, data / "model")
-    write_dataset(data / "train", 400, seed=0)
-    write_dataset(data / "validation", 20, seed=1)
-
-
-# As root: the first host's model/ a mount point of its own, as on SageMaker (the entry in a private mount
-# namespace with a dir bind-mounted there; the files land in that dir). Elsewhere a plain dir.
-MOUNTS_MODEL_DIR = os.geteuid() == 0 and shutil.which("unshare") is not None
-
-
-def entry_command(base: Path, model_volume: Path | None) -> list[str]:
-    entry = [sys.executable, "-m", "dskit.sagemaker.entry"]
-    if model_volume is None:
-        return entry
-    model_volume.mkdir(parents=True, exist_ok=True)
-    mount = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount, "sh",
-            str(model_volume), str(base / "model"), *entry]  # fmt: skip
 
 
 def start(
     bases: list[Path], port: int, logs: list[Path], model_volume: Path | None = None
-) -> list[subprocess.Popen]:
-    procs = []
-    for i, (base, log) in enumerate(zip(bases, logs, strict=True)):
-        env = {
-            **ENV,
-            "DSKIT_SM_BASE": str(base),
-            "DSKIT_SM_MASTER_PORT": str(port),
-            "DSKIT_SM_CPU_RANKS": "1",
-            "SM_NUM_GPUS": "0",
-            "SM_NUM_CPUS": "1",
-            # DeepSpeed's ops as `make warm` built them, not rebuilt in each instance's tree (minutes)
-            "TORCH_EXTENSIONS_DIR": os.environ.get(
-                "TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions")
-            ),
-        }
-        with log.open("a") as out:
-            procs.append(
-                subprocess.Popen(
-                    entry_command(base, model_volume if i == 0 else None),
-                    env=env,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                )
-            )
-    return procs
+) -> list[Container]:
+    # Each entry as its container's PID 1; the first host's model/ a bind mount of model_volume (its files outlive
+    # the container, as the job's model.tar.gz does), the others' a tmpfs of their own.
+    return start_instances(bases, port, logs, model_volume=model_volume)
 
 
-def wait_for(pattern: str, log: Path, procs: list[subprocess.Popen], timeout: float = 150) -> float:
+def wait_for(pattern: str, log: Path, procs: list[Container], timeout: float = 150) -> float:
     deadline = time.monotonic() + timeout
     while not re.search(pattern, log.read_text()):
-        if any(p.poll() is not None for p in procs):  # read once more: it may have printed it and finished
+        if any(
+            p.proc.poll() is not None for p in procs
+        ):  # read once more: it may have printed it and finished
             text = log.read_text()
             assert re.search(pattern, text), f"exited without {pattern!r}: " + text[-4000:]
             break
@@ -172,24 +89,23 @@ def test_two_instances_train_stop_on_sigterm_resume_and_export(work: Path) -> No
     tmp_path = work
     model = save_tiny_qwen3(tmp_path / "hf-model")
     hps = {
-        "max_steps": str(MAX_STEPS), "seq_length": "32", "logging_freq": "1", "checkpoint_freq": "1000",
+        "max_steps": str(MAX_STEPS), "seq_length": "32", "logging_freq": "1", "checkpoint_freq": "3",
         "validation_freq": "1000",
     }  # fmt: skip
     bases = [tmp_path / f"instance{i}" / "opt-ml" for i in range(2)]
     for base, host in zip(bases, HOSTS, strict=True):
         instance_tree(base, host, model, hps)
     logs = [tmp_path / f"instance{i}.log" for i in range(2)]
+    volume = tmp_path / "model-volume"  # where the first host's model/ files land
+    volume.mkdir()
 
-    (bases[0] / "model").mkdir()
-    volume = tmp_path / "model-volume" if MOUNTS_MODEL_DIR else None
-    model_dir = volume or bases[0] / "model"  # where the first host's model/ files land
     started = time.monotonic()
     procs = start(bases, free_port(), logs, volume)
     first_step = wait_for(r"Step 1/", logs[0], procs)
-    wait_for(r"Step 3/", logs[0], procs)
+    wait_for(r"Step 3/", logs[0], procs)  # the step-3 save starts right after this line: the stop lands in it
     signalled = time.monotonic()
     for proc in procs:  # SageMaker stops every instance's container
-        proc.send_signal(signal.SIGTERM)
+        proc.stop()
     assert [p.wait(timeout=120) for p in procs] == [143, 143], logs[0].read_text()[-4000:]
     stopped = time.monotonic()
     first = logs[0].read_text()
@@ -198,8 +114,10 @@ def test_two_instances_train_stop_on_sigterm_resume_and_export(work: Path) -> No
     tag = f"model-{saved}steps"  # the model's short name is its channel dir's
     # No shared filesystem: the first host committed the tag, the other kept its rank's files in staging.
     assert (bases[0] / "checkpoints" / tag / "dskit_manifest.json").is_file()
+    # The periodic save the stop came in (step 3) finished and verifies too.
+    assert (bases[0] / "checkpoints" / "model-3steps" / "dskit_manifest.json").is_file()
     assert (bases[1] / "checkpoints" / f".staging-{tag}" / "rng_state_rank1.pt").is_file()
-    assert not list(model_dir.iterdir())  # stopped: nothing exported
+    assert not list(volume.iterdir())  # stopped: nothing exported
 
     sync_checkpoints(bases)
     restarted = time.monotonic()
@@ -218,21 +136,20 @@ def test_two_instances_train_stop_on_sigterm_resume_and_export(work: Path) -> No
     )
     assert exported_line and exported_line[1] == str(bases[0] / "model"), second[-3000:]
     assert not list((bases[0] / "input" / "dskit" / "export").iterdir())
+    assert (volume / "config.json").is_file() and not list(volume.glob(".*"))
+    assert not list((bases[0] / "model").iterdir())  # the files went to the mount, not under it
 
     import torch
     from transformers import AutoModelForCausalLM
 
-    assert (model_dir / "config.json").is_file() and not list(model_dir.glob(".*"))
-    if volume is not None:
-        assert not list((bases[0] / "model").iterdir())  # the files went to the mount, not under it
-    exported = AutoModelForCausalLM.from_pretrained(model_dir)
+    exported = AutoModelForCausalLM.from_pretrained(volume)
     initial = AutoModelForCausalLM.from_pretrained(model)
     assert exported.config.model_type == "qwen3"
     assert exported.state_dict().keys() == initial.state_dict().keys()
     assert any(
         not torch.equal(p, initial.state_dict()[k]) for k, p in exported.state_dict().items()
     )  # trained
-    assert not list((bases[1] / "model").iterdir())  # one host writes the model: no clashing names in S3
+    # One host writes the model (no clashing names in S3); the other's model/ was a tmpfs, gone with its container.
 
     # SageMaker's metric regexes find the rank-0 lines, and the metrics file went to output/data.
     found = {m["Name"]: re.findall(m["Regex"], first + second) for m in sagemaker.METRIC_DEFINITIONS}
@@ -242,7 +159,7 @@ def test_two_instances_train_stop_on_sigterm_resume_and_export(work: Path) -> No
         f"\ntimings: start to first step {first_step - started:.1f} s, SIGTERM to saved and stopped "
         f"{stopped - signalled:.1f} s, restart to resumed step {resumed - restarted:.1f} s, restart to exported "
         f"model {finished - restarted:.1f} s, total {finished - started:.1f} s; export {exported_line[2]} s, "
-        f"{exported_line[3]} MB into model/{' (a mount)' if volume else ''}",
+        f"{exported_line[3]} MB into model/ (a mount)",
         file=sys.stderr,
     )
 

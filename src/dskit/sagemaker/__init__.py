@@ -42,9 +42,11 @@ LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 TERMINAL = ("Completed", "Failed", "Stopped")
 POLL_S = 30.0
 # The job's command: unpack the source onto the ML storage volume and run the entry with the image's Python
-# (which installs the locked environment first with setup uv). A constant: no value of the user's is in it.
+# (which installs the locked environment first with setup uv). A constant: no value of the user's is in it. The
+# shell is PID 1 until its exec, which drops a signal it does not handle: the trap keeps a stop in that window.
 BOOTSTRAP = """\
 set -euo pipefail
+trap 'echo "[dskit-sagemaker] SIGTERM before the entry started: stopped"; exit 143' TERM
 base=${DSKIT_SM_BASE:-/opt/ml}
 src="$base/input/dskit/src"
 mkdir -p "$src" "${TMPDIR:-/tmp}"

@@ -32,6 +32,7 @@ installs the locked environment and re-executes itself in it.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import shutil
@@ -40,13 +41,70 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
 from model_utils.errors import ConfigError
-from model_utils.launch import launch_env
+from model_utils.launch import launch_env, preemption
 from model_utils.repo import REPO_ROOT as REPO
+
+
+class Stopped(Exception):
+    """SIGTERM where there is nothing to save: before the ranks started, or during the export."""
+
+
+class StopState:
+    """The job's one SIGTERM handler, installed before anything else runs: as PID 1 the entry gets only the
+    signals it handles (the kernel drops the rest, and StopTrainingJob's SIGKILL follows 120 s later). Where the
+    stop lands decides what it does: before the ranks start and during the export it raises Stopped (nothing to
+    save: main exits 143); inside `deferred` (the host-shard merge) it waits for the block's end; while the ranks
+    run, `on_stop` (StopForwarder) asks them to save."""
+
+    def __init__(self) -> None:
+        self.received_at: float | None = None
+        self.moment = "before set-up"
+        self.on_stop: Callable[[], None] | None = None
+        self._holding = True  # until main can turn Stopped into exit 143
+
+    def install(self) -> None:
+        """main's first step: from here a stop raises Stopped (or is forwarded)."""
+        signal.signal(signal.SIGTERM, self._handle)
+        self._holding = False
+        # A SIGTERM that came while the previous image of this process re-executed itself was held blocked across
+        # the exec (an unhandled one would be dropped): it lands here, now that the handler is in place.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        if self.received_at is not None:
+            raise Stopped
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.received_at = self.received_at or time.monotonic()
+        if self.on_stop is not None:
+            self.on_stop()
+        elif not self._holding:
+            raise Stopped
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        """A stop inside the block (files moving between dirs) waits for its end."""
+        self._holding = True
+        try:
+            yield
+        finally:
+            self._holding = False
+        if self.received_at is not None:
+            raise Stopped
+
+    def took(self) -> str:
+        return f"{time.monotonic() - self.received_at:.1f} s after SIGTERM" if self.received_at else "at once"
+
+
+STOP = StopState()
+if __name__ == "__main__":
+    # Before anything else (`python -m` imported the package, and this module with it, first: the lines above cost
+    # nothing here). The job's bootstrap shell traps a stop until its exec (sagemaker.BOOTSTRAP).
+    signal.signal(signal.SIGTERM, STOP._handle)
 
 TRAIN_SCRIPT = REPO / "src" / "train_deepspeed.py"
 DEFAULT_BASE = "/opt/ml"
@@ -59,6 +117,7 @@ OWNED_FLAGS = {
     "checkpoint_dir": "checkpoints/ under the job's base dir (synced to the CheckpointConfig S3 URI)",
     "data_cache_dir": "a dir on the ML storage volume",
 }
+CHECKPOINTS = "checkpoints/"
 STOPPED_STATUS = 143  # 128 + SIGTERM: saved and stopped, not finished (a restarted job resumes)
 PRUNE_EVERY_S = 30.0
 GATHER_CHUNK = 64 << 20  # bytes per message when the other hosts send their shards of the final tag
@@ -382,16 +441,19 @@ def _children(pid: int) -> list[int]:
 
 
 class StopForwarder:
-    """SIGTERM to this process -> SIGUSR1 to every rank of this instance's torchrun (never to torchrun)."""
+    """SIGTERM to this process -> SIGUSR1 to every rank of this instance's torchrun (never to torchrun), once the
+    rank handles it (before that, USR1 would kill it: it is sent again each second until it does)."""
 
     def __init__(self) -> None:
         self.torchrun: subprocess.Popen | None = None
-        self.received_at: float | None = None
         self.signalled: set[int] = set()
-        self._previous = signal.signal(signal.SIGTERM, self._handle)
+        STOP.on_stop = self._handle
 
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.received_at = self.received_at or time.monotonic()
+    @property
+    def received_at(self) -> float | None:
+        return STOP.received_at
+
+    def _handle(self) -> None:
         log("SIGTERM: asking the ranks to save a checkpoint and stop")
         self.signalled.clear()  # a second SIGTERM signals every rank again
         self.forward()
@@ -401,6 +463,8 @@ class StopForwarder:
         if self.received_at is None or self.torchrun is None or self.torchrun.poll() is not None:
             return
         for pid in set(_children(self.torchrun.pid)) - self.signalled:
+            if not preemption.catches(pid, signal.SIGUSR1):
+                continue  # still starting
             try:
                 os.kill(pid, signal.SIGUSR1)
             except ProcessLookupError:
@@ -408,7 +472,7 @@ class StopForwarder:
             self.signalled.add(pid)
 
     def restore(self) -> None:
-        signal.signal(signal.SIGTERM, self._previous)
+        STOP.on_stop = None
 
 
 # --- the run ----------------------------------------------------------------------------------------------
@@ -433,7 +497,11 @@ def _ensure_environment(contract: Contract, argv: list[str]) -> None:
     env.setdefault("TMPDIR", str(contract.scratch / "tmp"))
     Path(env["TMPDIR"]).mkdir(parents=True, exist_ok=True)
     log("installing the locked environment (uv sync --frozen --no-dev)")
+    # A stop during the sync raises Stopped here (subprocess.run kills uv on the way out).
     subprocess.run([*uv, "sync", "--frozen", "--no-dev", "--compile-bytecode"], cwd=REPO, env=env, check=True)
+    # Held blocked across the exec (a blocked signal stays pending; an unhandled one to PID 1 is dropped): the new
+    # image's STOP.install takes it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     os.execv(venv_python, [str(venv_python), "-m", "dskit.sagemaker.entry", *argv])
 
 
@@ -490,8 +558,13 @@ def run(contract: Contract) -> int:
         [contract.checkpoint_dir, contract.model_dir, contract.output_dir / "data", contract.scratch]
     )
     args = training_args(contract)
-    for line in merge_host_shards(contract.checkpoint_dir):
-        log(line)
+    # The merge's imports (torch: seconds) outside the block a stop waits for: only its file moves are held.
+    from model_utils.checkpoint import launch_record, protocol  # noqa: F401
+    from model_utils.storage import file_manifest  # noqa: F401
+
+    with STOP.deferred():
+        for line in merge_host_shards(contract.checkpoint_dir):
+            log(line)
     env = rank_environment(contract, nproc)
     Path(env[launch_env.STOP_REASON_FILE]).unlink(missing_ok=True)
     error_file = Path(env[launch_env.ERROR_FILE])
@@ -506,10 +579,10 @@ def run(contract: Contract) -> int:
         f"--nproc_per_node={nproc}", f"--master_addr={hosts[0]}", f"--master_port={port}",
         str(TRAIN_SCRIPT), *args,
     ]  # fmt: skip
-    if stop.received_at is not None:
+    if STOP.received_at is not None:
         stop.restore()
-        log("SIGTERM came before the ranks started: not starting them")
-        return STOPPED_STATUS
+        raise Stopped
+    STOP.moment = "while the ranks start"
     try:
         # Its own session: a signal to this process group (a terminal's Ctrl-C, say) does not reach torchrun.
         stop.torchrun = subprocess.Popen(
@@ -528,7 +601,8 @@ def run(contract: Contract) -> int:
                 last_prune = time.monotonic()
         status = stop.torchrun.returncode
     finally:
-        stop.restore()
+        stop.restore()  # from here a stop raises Stopped again: the ranks are gone, nothing left to save
+        STOP.moment = "after the ranks ended"
         if stop.torchrun is not None and stop.torchrun.poll() is None:  # this process failed: take them along
             os.killpg(stop.torchrun.pid, signal.SIGKILL)
     reason_file = Path(env[launch_env.STOP_REASON_FILE])
@@ -544,6 +618,7 @@ def run(contract: Contract) -> int:
             f"stopped early{took}: checkpoint saved in {contract.checkpoint_dir}; a restarted job resumes there"
         )
         return STOPPED_STATUS
+    STOP.moment = "during the export"
     if len(hosts) > 1:
         log(gather_final_shards(contract, port + 1))
     if index == 0:
@@ -569,18 +644,41 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv[0] in ("-h", "--help") else 2
     contract = None
     try:
+        STOP.install()
         contract = Contract.read(dict(os.environ))
+        STOP.moment = "during set-up"
         _ensure_environment(contract, argv)
         return run(contract)
+    except Stopped:
+        return _stopped()
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         if contract is not None:
             _fail(contract, f"error: {e}")
         return 2
     except Exception as e:
+        if STOP.received_at is not None:
+            # The other host's entry stopped first (the final gather's connection closed, say): a stop, not a failure.
+            return _stopped()
         if contract is not None:  # a crash of the entry itself: its traceback follows in the log
             _fail(contract, f"the dskit entry crashed on {contract.current_host}: {type(e).__name__}: {e}")
         raise
+    finally:
+        STOP.on_stop = _exiting  # the status is decided: a stop now must not raise on the way out
+
+
+def _exiting() -> None:
+    pass
+
+
+def _stopped() -> int:
+    """A stop where no rank runs: one line, exit 143, and no output/failure (a stop is not a failure)."""
+    outcome = {
+        "during the export": "the run finished and its final checkpoint is saved; a restarted job starts from it",
+        "after the ranks ended": f"checkpoints as the ranks left them in {CHECKPOINTS}",
+    }.get(STOP.moment, f"the ranks were not started, nothing in {CHECKPOINTS} was touched")
+    log(f"SIGTERM {STOP.moment}: stopped {STOP.took()}: {outcome}")
+    return STOPPED_STATUS
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 from types import FrameType
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGINT)
@@ -64,3 +65,17 @@ def slurm_restart_count() -> int | None:
     if "SLURM_JOB_ID" not in os.environ:
         return None
     return int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+
+
+def catches(pid: int, sig: signal.Signals) -> bool:
+    """Whether process pid has a handler for sig (its SigCgt mask in /proc/PID/status). A launcher sends a rank
+    the stop only once it does: a rank still starting (before `install`) would die of USR1. The single-node
+    launcher's `signal_ranks` (templates/train-singlenode.sh.j2) reads the same mask in bash."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False  # exited meanwhile
+    for line in status.splitlines():
+        if line.startswith("SigCgt:"):
+            return bool((int(line.split()[1], 16) >> (sig - 1)) & 1)
+    return False

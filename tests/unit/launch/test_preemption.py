@@ -65,3 +65,20 @@ def test_a_second_ctrl_c_ends_the_rank_at_once_and_quietly() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == preemption.INTERRUPTED_EXIT == 130
     assert proc.stdout == proc.stderr == ""  # no traceback
+
+
+def test_catches_tells_a_process_that_handles_a_signal_from_one_that_would_die_of_it(
+    restored_handlers,
+) -> None:
+    starting = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(30)"]
+    )  # a rank before install
+    try:
+        assert not preemption.catches(starting.pid, signal.SIGUSR1)
+    finally:
+        starting.kill()
+        starting.wait()
+    assert not preemption.catches(starting.pid, signal.SIGUSR1)  # gone
+    preemption.install()
+    assert preemption.catches(os.getpid(), signal.SIGUSR1)
+    assert not preemption.catches(os.getpid(), signal.SIGUSR2)

@@ -4,6 +4,8 @@ it builds, and the checkpoint bookkeeping across instances (tests/e2e/test_sagem
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -135,3 +137,44 @@ def test_the_failure_reason_is_the_kits_error_line_or_a_crash_with_the_logs_tail
     assert (
         len(crash.encode()) <= entry.FAILURE_LIMIT < len(crash.encode()) + len(tail[0]) + 2
     )  # as much as fits
+
+
+@pytest.fixture
+def fresh_stop(monkeypatch: pytest.MonkeyPatch):
+    state = entry.StopState()
+    monkeypatch.setattr(entry, "STOP", state)
+    before = signal.getsignal(signal.SIGTERM)
+    yield state
+    signal.signal(signal.SIGTERM, before)
+
+
+def test_a_stop_before_main_is_held_and_answered_once_main_runs(fresh_stop: entry.StopState) -> None:
+    signal.signal(signal.SIGTERM, fresh_stop._handle)  # what the module's first lines do under `python -m`
+    os.kill(os.getpid(), signal.SIGTERM)  # recorded, nothing raised yet: main is not there to answer it
+    assert fresh_stop.received_at is not None
+    with pytest.raises(entry.Stopped):
+        fresh_stop.install()
+
+
+def test_a_stop_during_the_merge_lets_it_finish_then_main_exits_143_without_a_failure(
+    fresh_stop: entry.StopState,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    for name, value in tree(tmp_path, {"max_steps": "5"}).items():
+        monkeypatch.setenv(name, value)
+    merged = []
+
+    def merge(checkpoint_dir: Path) -> list[str]:
+        os.kill(os.getpid(), signal.SIGTERM)  # StopTrainingJob while files move between dirs
+        merged.append(checkpoint_dir)
+        return ["merged 2 files of other hosts into model-4steps"]
+
+    monkeypatch.setattr(entry, "merge_host_shards", merge)
+    monkeypatch.setattr(entry.subprocess, "Popen", None)  # the ranks must not start
+    assert entry.main([]) == entry.STOPPED_STATUS
+    out = capsys.readouterr().out
+    assert merged and "merged 2 files" in out  # the merge ran to its end
+    assert "[dskit-sagemaker] SIGTERM during set-up: stopped" in out
+    assert not (tmp_path / "output" / "failure").exists()  # a stop is not a failure

@@ -12,6 +12,7 @@ import io
 import json
 import re
 import shutil
+import signal
 import subprocess
 import tarfile
 import time
@@ -333,6 +334,31 @@ def test_bootstrap_is_shellcheck_clean_and_unpacks_the_source(tmp_path: Path) ->
     proc = subprocess.run(["bash", "-c", sagemaker.BOOTSTRAP], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"entry in {tmp_path / 'ml/input/dskit/src'} []"
+
+
+def test_a_stop_while_the_bootstrap_unpacks_is_kept_and_ends_it_with_143(tmp_path: Path) -> None:
+    """The bootstrap shell is the container's PID 1 until its exec: without a trap the kernel drops SIGTERM."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    unpacking = tmp_path / "unpacking"
+    (fake_bin / "tar").write_text(f"#!/bin/sh\ntouch {unpacking}\nsleep 1\n")
+    (fake_bin / "tar").chmod(0o755)
+    (fake_bin / "python3").write_text("#!/bin/sh\necho entry ran\n")
+    (fake_bin / "python3").chmod(0o755)
+    env = {
+        "PATH": f"{fake_bin}:/usr/bin:/bin",
+        "DSKIT_SM_BASE": str(tmp_path / "ml"),
+        "TMPDIR": str(tmp_path),
+    }
+    proc = subprocess.Popen(["bash", "-c", sagemaker.BOOTSTRAP], env=env, stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 10
+    while not unpacking.exists():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=10)
+    assert proc.returncode == 143
+    assert out == "[dskit-sagemaker] SIGTERM before the entry started: stopped\n"  # and the entry never ran
 
 
 def test_values_defaults_are_a_p5_on_demand_job() -> None:
