@@ -225,6 +225,8 @@ def test_each_shipped_config_estimate_can_recommend_trains_and_resumes(
     # ZeRO-3 partitions the weights too: each rank saves its own model states.
     partitioned = (ckpt / "tiny_qwen3-2steps" / "zero_pp_rank_1_mp_rank_00_model_states.pt").is_file()
     assert partitioned == ("zero3" in config)
+    if "zero3" in config:
+        return  # ZeRO-3's resume (the same files): tests/e2e/test_lora_training.py, configs/zero3-offload.yaml
     second = train([*run, "--max_steps", "3"])
     assert "tiny_qwen3-2steps at step 2 (epoch 0" in second and "Done: step 3/3" in second, second[-3000:]
     assert sorted(step_records(tmp_path / "m.jsonl")) == [1, 2, 3]

@@ -236,7 +236,7 @@ COMMANDS: dict[str, Run | DryRun | CoveredBy | Uncovered] = {
     # docs/launchers.md
     "kill -USR1 \"$(grep -ho 'kill -USR1 [0-9]*' logs/tiny_qwen3-deepspeed_*.out | tail -1 | cut -d' ' -f3)\"": (
         CoveredBy(
-            "tests/e2e/test_interrupt.py::test_usr1_to_the_pid_the_log_names_saves_and_stops",
+            "tests/e2e/test_interrupt.py::test_usr1_to_the_pid_the_log_names_while_the_ranks_start_saves_and_stops",
             "grep -ho 'kill -USR1 [0-9]*'",
         )
     ),

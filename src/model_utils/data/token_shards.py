@@ -250,7 +250,10 @@ def _held_out(index: int, fraction: float, phase: float) -> bool:
 
 
 def _phase(unit: Unit) -> float:
-    digest = hashlib.sha256(json.dumps(unit.to_dict(), sort_keys=True).encode()).digest()
+    """Where the unit's held-out documents start: from what the unit holds, not where its file lives (a dataset
+    copied to node-local disk or moved, and prepared again, holds out the same documents: no validation leak)."""
+    identity = {**unit.to_dict(), "location": unit.location.rsplit("/", 1)[-1], "s3_bucket": None}
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64
 
 

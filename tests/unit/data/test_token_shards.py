@@ -63,6 +63,13 @@ def test_validation_is_held_out_at_document_level(tmp_path: Path, tokenizer) -> 
         DataArgs(dataset=str(path), validation_fraction=0.1, data_cache_dir=str(tmp_path / "c2")), tokenizer
     )
     assert stream(again, "validation") == stream(dataset, "validation")  # deterministic
+    # The same file elsewhere (copied to node-local disk, a moved dataset) holds out the same documents.
+    (tmp_path / "elsewhere" / "deeper").mkdir(parents=True)
+    moved = write_jsonl(tmp_path / "elsewhere" / "deeper" / "d.jsonl", texts)
+    copy = run_data(
+        DataArgs(dataset=str(moved), validation_fraction=0.1, data_cache_dir=str(tmp_path / "c3")), tokenizer
+    )
+    assert stream(copy, "validation") == stream(dataset, "validation")
 
 
 def test_a_separate_validation_dataset(tmp_path: Path, tokenizer) -> None:
