@@ -289,8 +289,9 @@ def _train_in_process(ckpt: Path, metrics: Path, dist, cache: Path, *flags: str)
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("backend", ["deepspeed", "fsdp"])
-@pytest.mark.parametrize("schedule", ["cosine", "wsd"])
+# Each schedule implementation (DeepSpeed's WarmupCosineLR, the kit's LambdaLR) under one engine each: the rule
+# itself is ScheduleSpec's, for every kind (tests/unit/optim/test_schedules.py).
+@pytest.mark.parametrize(("backend", "schedule"), [("deepspeed", "cosine"), ("fsdp", "wsd")])
 def test_a_resume_with_another_max_steps_keeps_the_warmup_and_says_the_lr_it_changes(
     tmp_path: Path, single_rank, backend: str, schedule: str
 ) -> None:

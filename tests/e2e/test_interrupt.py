@@ -71,9 +71,12 @@ def launch_and_interrupt(
 
 
 def test_ctrl_c_saves_a_checkpoint_and_stops_quietly(tmp_path: Path) -> None:
+    # docs/fsdp.md's `./train-singlenode.sh --backend fsdp`: FSDP2 through the launcher, trained, saved and stopped
     status, output, _ = launch_and_interrupt(
-        tmp_path, f"interrupt-test-{os.getpid()}", lambda group: os.killpg(group, signal.SIGINT)
-    )
+        tmp_path, f"interrupt-test-{os.getpid()}", lambda group: os.killpg(group, signal.SIGINT),
+        "--backend", "fsdp",
+    )  # fmt: skip
+    assert "Training tiny-qwen3 with FSDP2 for 200 steps" in output, output[-4000:]
     assert status == 130, output[-4000:]
     said = INTERRUPTED.findall(output)
     assert len(said) == 1, output[-4000:]  # rank 0's one line

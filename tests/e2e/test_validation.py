@@ -18,9 +18,9 @@ from support.small_trainer import make_trainer
 pytestmark = pytest.mark.e2e
 
 SCRIPT = REPO / "tests" / "support" / "validation_loss.py"
-# 64-token blocks of the embedded corpus with 0.3% held out: 60-some validation blocks in micro-batches of 8. How
-# many depends on where the checkout is (the held-out documents are chosen from the units' paths), so whether the
-# second rank repeats a batch that counts for nothing varies: tests/unit/data/test_sampler.py holds that case.
+# 64-token blocks of the embedded corpus with 0.3% held out (14 validation blocks), in micro-batches of 8: one for
+# each of 2 ranks. A rank one batch short, which repeats a batch that counts for nothing: tests/unit/data/
+# test_sampler.py.
 FLAGS = ["--seq_length", "64", "--micro_batch_size", "8", "--validation_fraction", "0.003",
          "--validation_batches", "all", "--metrics_file", "none"]  # fmt: skip
 # ZeRO-2 runs the whole model on each rank, as one rank does: ZeRO-3 and FSDP, which gather the weights in every
@@ -43,7 +43,7 @@ def full_pass(tmp_path: Path, nproc: int, engine: str) -> dict:
 def test_a_full_pass_on_two_ranks_is_the_loss_of_the_whole_set(tmp_path: Path, engine: str) -> None:
     one, two = full_pass(tmp_path, 1, engine), full_pass(tmp_path, 2, engine)
     blocks = one["total_blocks"]
-    assert blocks > 32 and one["blocks"] == blocks == two["blocks"] == two["total_blocks"], (one, two)
+    assert blocks >= 8 and one["blocks"] == blocks == two["blocks"] == two["total_blocks"], (one, two)
     assert one["tokens"] == two["tokens"] == blocks * 64
     assert two["loss"] == one["loss"], (one, two)  # exactly: the same batches, summed without rounding
 

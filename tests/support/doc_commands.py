@@ -217,9 +217,10 @@ COMMANDS: dict[str, Run | DryRun | CoveredBy | Uncovered] = {
         _HUB, FLAGS
     ),
     # docs/fsdp.md
-    "./train-singlenode.sh --backend fsdp": Uncovered(
-        "100 FSDP steps through the launcher (about a minute); FSDP through torchrun is tests/e2e/test_fsdp.py, "
-        "the launcher's default run tests/e2e/test_training_runs.py"
+    "./train-singlenode.sh --backend fsdp": CoveredBy(
+        # FSDP2 through the launcher until a Ctrl-C after its first step: trained, saved, stopped
+        "tests/e2e/test_interrupt.py::test_ctrl_c_saves_a_checkpoint_and_stops_quietly",
+        "--backend fsdp",
     ),
     "./train-singlenode.sh --backend fsdp --fsdp_cpu_offload true": CoveredBy(
         "tests/e2e/test_fsdp.py::test_cpu_offload_trains_in_process", "fsdp_cpu_offload"
