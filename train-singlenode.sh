@@ -43,6 +43,9 @@ sync_env() {
     python3 -m pip install --quiet uv
     uv_cmd=(python3 -m uv)
   fi
+  # A first install is the one long quiet step before the preflight: say so.
+  [[ -x .venv/bin/python ]] || echo "Installing the locked environment into .venv (uv sync --frozen; the first" \
+    "time about 20 s with uv's cache, a few minutes without) ..."
   # Bytecode compiled once at install (incremental later): each rank imports ~2,000 modules at start.
   "${uv_cmd[@]}" sync --frozen --quiet --compile-bytecode
 }

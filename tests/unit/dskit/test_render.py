@@ -638,6 +638,20 @@ def env_of(call: list[str], name: str) -> str:
     return value
 
 
+def test_a_first_install_of_the_venv_is_announced(tmp_path: Path) -> None:
+    """The first `uv sync` is the one long step before the preflight speaks (about 20 s with uv's cache)."""
+    stub = Stubbed(tmp_path)
+    (
+        stub.repo / ".venv" / "bin" / "python"
+    ).unlink()  # no .venv yet: the stub uv makes none, so the launch fails
+    first = stub.run("train-singlenode.sh")
+    assert (
+        "Installing the locked environment into .venv (uv sync --frozen; the first time about 20 s"
+        in first.stdout
+    )
+    assert stub.recorded("uv") == [["sync", "--frozen", "--quiet", "--compile-bytecode"]]
+
+
 def other_python(tmp_path: Path) -> Path:
     """An interpreter outside the repo (a container's, a module's): the same stub, another path."""
     python = tmp_path / "opt" / "bin" / "python3"
@@ -648,8 +662,10 @@ def other_python(tmp_path: Path) -> Path:
 
 def test_singlenode_default_syncs_the_kits_venv(tmp_path: Path) -> None:
     stub = Stubbed(tmp_path)
-    assert stub.run("train-singlenode.sh").returncode == 0
+    done = stub.run("train-singlenode.sh")
+    assert done.returncode == 0
     assert stub.recorded("uv") == [["sync", "--frozen", "--quiet", "--compile-bytecode"]]
+    assert "Installing the locked environment" not in done.stdout  # .venv there: a quick sync, said nothing
     (torchrun,) = stub.recorded("torchrun", with_env=True)
     assert env_of(torchrun, "EXE") == str(stub.repo / ".venv" / "bin" / "python")
     assert env_of(torchrun, "PYTHONPATH") == str(stub.repo / "src")  # the checkout's code, whatever the env
