@@ -1,10 +1,12 @@
 """The SageMaker entry run the way a training job's container runs it, on this machine.
 
-Each "instance" gets its own /opt/ml-like tree (no shared filesystem) and runs `python -m dskit.sagemaker.entry`
-as PID 1 of a PID namespace of its own (the job's exec-form entrypoint), in a private mount namespace where
-model/ is a mount point of its own (a tmpfs), so the platform's rules hold here too: the kernel drops a signal
-that PID 1 has no handler for, and model/ can be neither removed nor renamed (EBUSY). `stop` sends SIGTERM from
-outside the namespace to the entry's host pid, as StopTrainingJob does. Needs root (unshare, mount).
+Each "instance" gets its own /opt/ml-like tree (no shared filesystem) and runs the job's command (the bootstrap
+shell, sagemaker.BOOTSTRAP, which starts `python3 -m dskit.sagemaker.entry`) as PID 1 of a PID namespace of its
+own (the job's exec-form entrypoint), in a private mount namespace where model/ is a mount point of its own (a
+tmpfs), so the platform's rules hold here too: the kernel drops a signal that PID 1 has no handler for, and
+model/ can be neither removed nor renamed (EBUSY). The code channel holds an empty source tarball: the entry runs
+from this checkout (PYTHONPATH), and `python3` on PATH is the given interpreter. `stop` sends SIGTERM from
+outside the namespace to PID 1's host pid, as StopTrainingJob does. Needs root (unshare, mount).
 
     containers = start_instances(bases, port, logs)   # one per host, HOSTS[i] in bases[i]
     containers[0].wait_for(r"Step 2/")
@@ -22,9 +24,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
+from dskit import sagemaker
 from model_utils.launch import preemption
 from support.torchrun import ENV, REPO
 
@@ -50,8 +54,8 @@ WORDS = [
     "river",
     "bank",
 ]
-# PID 1 of the namespace: mount model/ as its own filesystem, then become the entry (same pid: exec): a tmpfs, or a
-# dir outside bind-mounted there (its files outlive the container, as a job's model.tar.gz does).
+# PID 1 of the namespace: mount model/ as its own filesystem, then become the job's command (same pid: exec): a
+# tmpfs, or a dir outside bind-mounted there (its files outlive the container, as a job's model.tar.gz does).
 MOUNTED_MODEL = 'mount -t tmpfs -o size=256m dskit-model "$1" && shift && exec "$@"'
 BOUND_MODEL = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
 PLAIN_MODEL = 'shift && exec "$@"'
@@ -102,8 +106,22 @@ def entry_env(base: Path, port: int, **extra: str) -> dict[str, str]:
     }
 
 
+def _job_command_inputs(base: Path, python: str, start_delay_s: float) -> Path:
+    """The code channel's (empty) source tarball, and a bin dir whose `python3` is `python` (started after
+    start_delay_s: a slow interpreter start, the moment before the entry's handler exists made wide)."""
+    code = base / "input" / "data" / "code"
+    code.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(code / sagemaker.SOURCE_ARCHIVE, "w:gz"):
+        pass
+    bin_dir = base.parent / "image-bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "python3").write_text(f'#!/bin/sh\nsleep {start_delay_s}\nexec {python} "$@"\n')
+    (bin_dir / "python3").chmod(0o755)
+    return bin_dir
+
+
 class Container:
-    """One instance's entry as PID 1; `host_pid` is its pid outside the namespace."""
+    """One instance's job command as PID 1 (`host_pid` outside the namespace), the entry its child."""
 
     def __init__(
         self,
@@ -114,6 +132,7 @@ class Container:
         model_mount: bool = True,
         model_volume: Path
         | None = None,  # bind-mounted on model/ (else a tmpfs, or a plain dir: model_mount)
+        entry_start_delay_s: float = 0.0,
     ) -> None:
         if os.geteuid() != 0:
             raise RuntimeError(
@@ -124,9 +143,11 @@ class Container:
         script, mount = (MOUNTED_MODEL, []) if model_mount else (PLAIN_MODEL, [])
         if model_volume is not None:
             script, mount = BOUND_MODEL, [str(model_volume)]
+        bin_dir = _job_command_inputs(base, python, entry_start_delay_s)
+        env = {**env, "PATH": f"{bin_dir}:{env.get('PATH', os.defpath)}"}
         cmd = [
             "unshare", "--pid", "--fork", "--mount-proc", "--propagation", "private",
-            "sh", "-c", script, "sh", *mount, str(base / "model"), python, "-m", "dskit.sagemaker.entry",
+            "sh", "-c", script, "sh", *mount, str(base / "model"), "bash", "-c", sagemaker.BOOTSTRAP,
         ]  # fmt: skip
         with log.open("a") as out:
             self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -146,13 +167,24 @@ class Container:
             time.sleep(0.005)
         raise AssertionError("unshare started no child within 10 s")
 
+    def entry_pid(self) -> int | None:
+        """The entry (the child of PID 1 with the argument dskit.sagemaker.entry: not the shell's fork before its
+        exec), once the bootstrap started it."""
+        for child in _children(self.host_pid):
+            with contextlib.suppress(OSError):
+                if b"dskit.sagemaker.entry" in Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0"):
+                    return child
+        return None
+
     def handles_stop(self) -> bool:
-        """Whether the entry has its SIGTERM handler (before that, PID 1 would drop the signal)."""
-        return preemption.catches(self.host_pid, signal.SIGTERM)
+        """Whether the entry has its SIGTERM handler (before that, the bootstrap holds a stop)."""
+        entry = self.entry_pid()
+        return entry is not None and preemption.catches(entry, signal.SIGTERM)
 
     def starting_rank(self) -> int | None:
         """A rank (a child of the entry's torchrun) that does not handle USR1 yet, if there is one now."""
-        for torchrun in _children(self.host_pid):
+        entry = self.entry_pid()
+        for torchrun in _children(entry) if entry is not None else []:
             for rank in _children(torchrun):
                 if not preemption.catches(rank, signal.SIGUSR1):
                     return rank
@@ -207,6 +239,7 @@ def start_instances(
     logs: list[Path],
     model_mount: bool = True,
     model_volume: Path | None = None,  # the first host's model/ (SageMaker uploads that host's model only)
+    entry_start_delay_s: float = 0.0,
     **extra_env: str,
 ) -> list[Container]:
     return [
@@ -216,6 +249,7 @@ def start_instances(
             log,
             model_mount=model_mount,
             model_volume=model_volume if i == 0 else None,
+            entry_start_delay_s=entry_start_delay_s,
         )
         for i, (base, log) in enumerate(zip(bases, logs, strict=True))
     ]

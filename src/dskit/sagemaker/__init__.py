@@ -43,7 +43,10 @@ TERMINAL = ("Completed", "Failed", "Stopped")
 POLL_S = 30.0
 # The job's command: unpack the source onto the ML storage volume and run the entry with the image's Python
 # (which installs the locked environment first with setup uv). A constant: no value of the user's is in it. The
-# shell is PID 1 until its exec, which drops a signal it does not handle: the trap keeps a stop in that window.
+# shell stays the container's PID 1 for the whole job: the kernel drops a signal PID 1 has no handler for, and the
+# entry needs a moment after its start to install its own, so the shell's trap keeps a stop and hands it to the
+# entry once the entry handles SIGTERM (SigCgt), then passes on the entry's exit status. It polls (0.2 s) rather
+# than `wait`, which a trap arriving just before it would not interrupt.
 BOOTSTRAP = """\
 set -euo pipefail
 trap 'echo "[dskit-sagemaker] SIGTERM before the entry started: stopped"; exit 143' TERM
@@ -53,7 +56,26 @@ mkdir -p "$src" "${TMPDIR:-/tmp}"
 tar -xzf "$base/input/data/code/sourcedir.tar.gz" -C "$src"
 cd "$src"
 export PYTHONPATH="$src/src${PYTHONPATH:+:$PYTHONPATH}"
-exec python3 -m dskit.sagemaker.entry
+entry_handles_term() {  # the entry itself (not this shell's fork before its exec) with its handler in
+  local mask
+  grep -qxzF dskit.sagemaker.entry "/proc/$1/cmdline" 2>/dev/null || return 1
+  mask=$(sed -n 's/^SigCgt:[[:space:]]*//p' "/proc/$1/status" 2>/dev/null) || return 1
+  (( (0x${mask:-0} >> 14) & 1 ))
+}
+stop=0
+trap 'stop=1' TERM
+python3 -m dskit.sagemaker.entry &
+entry=$!
+while kill -0 "$entry" 2>/dev/null; do
+  if (( stop == 1 )) && entry_handles_term "$entry"; then
+    kill -TERM "$entry" 2>/dev/null || true
+    stop=2
+  fi
+  sleep 0.2
+done
+status=0
+wait "$entry" || status=$?
+exit "$status"
 """
 # SageMaker metric definitions: regexes over the rank-0 step and validation lines, made by step_line, which renders
 # those lines (so the two cannot drift apart).

@@ -56,8 +56,9 @@ class Stopped(Exception):
 
 
 class StopState:
-    """The job's one SIGTERM handler, installed before anything else runs: as PID 1 the entry gets only the
-    signals it handles (the kernel drops the rest, and StopTrainingJob's SIGKILL follows 120 s later). Where the
+    """The job's one SIGTERM handler, installed before anything else runs (the job's bootstrap shell, PID 1, holds
+    a stop until this process handles SIGTERM, then hands it on; run as PID 1 itself, the entry would get only the
+    signals it handles, and StopTrainingJob's SIGKILL follows 120 s later). Where the
     stop lands decides what it does: before the ranks start and during the export it raises Stopped (nothing to
     save: main exits 143); inside `deferred` (the host-shard merge) it waits for the block's end; while the ranks
     run, `on_stop` (StopForwarder) asks them to save."""
@@ -103,7 +104,7 @@ class StopState:
 STOP = StopState()
 if __name__ == "__main__":
     # Before anything else (`python -m` imported the package, and this module with it, first: the lines above cost
-    # nothing here). The job's bootstrap shell traps a stop until its exec (sagemaker.BOOTSTRAP).
+    # nothing here). The job's bootstrap shell holds a stop until this handler is in (sagemaker.BOOTSTRAP).
     signal.signal(signal.SIGTERM, STOP._handle)
 
 TRAIN_SCRIPT = REPO / "src" / "train_deepspeed.py"
@@ -499,8 +500,8 @@ def _ensure_environment(contract: Contract, argv: list[str]) -> None:
     log("installing the locked environment (uv sync --frozen --no-dev)")
     # A stop during the sync raises Stopped here (subprocess.run kills uv on the way out).
     subprocess.run([*uv, "sync", "--frozen", "--no-dev", "--compile-bytecode"], cwd=REPO, env=env, check=True)
-    # Held blocked across the exec (a blocked signal stays pending; an unhandled one to PID 1 is dropped): the new
-    # image's STOP.install takes it.
+    # Held blocked across the exec (a blocked signal stays pending, where the new image's default action would
+    # kill it, or drop it as PID 1): the new image's STOP.install takes it.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     os.execv(venv_python, [str(venv_python), "-m", "dskit.sagemaker.entry", *argv])
 

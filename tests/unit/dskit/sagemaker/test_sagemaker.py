@@ -14,6 +14,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tarfile
 import time
 from collections.abc import Iterator
@@ -359,6 +360,55 @@ def test_a_stop_while_the_bootstrap_unpacks_is_kept_and_ends_it_with_143(tmp_pat
     out, _ = proc.communicate(timeout=10)
     assert proc.returncode == 143
     assert out == "[dskit-sagemaker] SIGTERM before the entry started: stopped\n"  # and the entry never ran
+
+
+def _bootstrap_with_entry(tmp_path: Path, entry_source: str) -> dict[str, str]:
+    """An empty source tarball and a `python3` on PATH that runs entry_source (the kit's entry stands in)."""
+    code = tmp_path / "ml" / "input" / "data" / "code"
+    code.mkdir(parents=True)
+    with tarfile.open(code / sagemaker.SOURCE_ARCHIVE, "w:gz"):
+        pass
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "python3").write_text(f"#!{sys.executable}\n{entry_source}")
+    (fake_bin / "python3").chmod(0o755)
+    return {
+        "PATH": f"{fake_bin}:/usr/bin:/bin",
+        "DSKIT_SM_BASE": str(tmp_path / "ml"),
+        "TMPDIR": str(tmp_path),
+    }
+
+
+def test_the_bootstrap_ends_with_the_entrys_exit_status(tmp_path: Path) -> None:
+    env = _bootstrap_with_entry(tmp_path, "import sys; print('entry ran'); sys.exit(7)\n")
+    proc = subprocess.run(
+        ["bash", "-c", sagemaker.BOOTSTRAP], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert (proc.returncode, proc.stdout) == (7, "entry ran\n"), proc.stderr
+
+
+def test_a_stop_before_the_entry_handles_sigterm_waits_for_its_handler(tmp_path: Path) -> None:
+    """The entry needs a moment to install its handler: a SIGTERM in that moment would kill it (or, the entry as
+    PID 1, be dropped). The bootstrap shell holds it and hands it on once the entry handles SIGTERM."""
+    started = tmp_path / "started"
+    env = _bootstrap_with_entry(
+        tmp_path,
+        f"""import pathlib, signal, sys, time
+pathlib.Path({str(started)!r}).touch()
+time.sleep(1.0)  # the moment before the handler
+signal.signal(signal.SIGTERM, lambda *_: (print("entry: stopped", flush=True), sys.exit(143)))
+time.sleep(30)
+print("entry: finished")
+""",
+    )
+    proc = subprocess.Popen(["bash", "-c", sagemaker.BOOTSTRAP], env=env, stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 10
+    while not started.exists():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=10)
+    assert (proc.returncode, out) == (143, "entry: stopped\n")
 
 
 def test_values_defaults_are_a_p5_on_demand_job() -> None:
