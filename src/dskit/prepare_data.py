@@ -276,7 +276,9 @@ def exclusive(out: Path, lock: Path) -> Iterator[None]:
             with _lock_file(out, lock.with_name(lock.name + ".held")):
                 yield
             return
-        with contextlib.suppress(OSError):  # the holder's name is for the waiting line: a full disk may refuse it
+        with contextlib.suppress(
+            OSError
+        ):  # the holder's name is for the waiting line: a full disk may refuse it
             os.ftruncate(fd, 0)
             os.pwrite(fd, _holder().encode(), 0)
         yield

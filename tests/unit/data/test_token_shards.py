@@ -206,7 +206,7 @@ def _zero(file: Path, offset: int, length: int) -> None:
 
 
 def test_a_corrupted_shard_is_one_line_naming_it_and_the_command_that_re_prepares_it(
-    tmp_path: Path, tokenizer, monkeypatch
+    tmp_path: Path, tokenizer, monkeypatch, capsys
 ) -> None:
     source = corpus(tmp_path, 3000)
     out = tmp_path / "p"
@@ -227,6 +227,13 @@ def test_a_corrupted_shard_is_one_line_naming_it_and_the_command_that_re_prepare
         rf"\w+\): the data is corrupted or partly copied; re-prepare the units that fail with `(.*)`",
         line,
     ), line
+    # The preflight's `dskit prepare` (what the launchers run before any rank starts): that line, exit status 2.
+    from dskit import cli
+
+    capsys.readouterr()
+    checkpoints = ["--checkpoint_dir", str(tmp_path / "ck"), "--max_steps", "1"]
+    assert cli.main(["prepare", "--dataset", str(out), *checkpoints]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: {line}"]
     command = re.search(r"`(.*)`", line).group(1)
     assert command == (
         f"dskit prepare-data {out} --dataset {source} --train_split train --text_field text "
