@@ -5,6 +5,10 @@ The source is planned as units (documents.py) and each unit is tokenized by one 
 same OUT tokenizes only the units not yet finished. Under a SLURM array each task takes every
 --num_tasks-th unit (--task_index); whichever task finishes the last unit writes the manifest, after which
 the training job (`--dependency=afterok:ARRAY_JOB`) can read OUT with `--dataset OUT`.
+
+Two runs of the same command into one OUT (or of the same array task) do not race: the second waits on a lock
+in OUT for the first, saying whose it is, then finds the units done. A re-run into a prepared OUT verifies its
+shards and tokenizes again the units whose shards fail their checksums.
 """
 
 from __future__ import annotations
@@ -12,11 +16,16 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import contextlib
+import errno
+import fcntl
+import json
 import multiprocessing
 import os
 import queue
+import socket
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -224,6 +233,106 @@ def _stop(workers: set[int]) -> None:
             os.kill(pid, signal.SIGTERM)
 
 
+# --- one preparation at a time per output dir (and array task) --------------------------------------------
+
+LOCK = ".prepare-data.lock"
+_POLL_S = 1.0
+_NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS)
+
+
+def lock_path(out: Path, task_index: int, num_tasks: int) -> Path:
+    """The tasks of an array share OUT (each its own units); only the same task run twice must wait."""
+    return out / (LOCK if num_tasks == 1 else f"{LOCK}.task-{task_index}-of-{num_tasks}")
+
+
+def _holder() -> str:
+    return f"host {socket.gethostname()} pid {os.getpid()} since {time.strftime('%H:%M:%S')}"
+
+
+def _waiting(out: Path, lock: Path, holder: str) -> None:
+    print(
+        f"prepare-data: {out} is being prepared by another prepare-data ({holder or 'unknown holder'}, "
+        f"{lock.name}): waiting for it to finish",
+        flush=True,
+    )
+
+
+@contextlib.contextmanager
+def exclusive(out: Path, lock: Path) -> Iterator[None]:
+    """Hold `lock` while preparing. flock: the kernel (or the NFS server) releases it when its holder dies, so a
+    killed preparation leaves no stale lock; the file holds the holder's host and pid for the waiting line."""
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _waiting(out, lock, os.pread(fd, 200, 0).decode(errors="replace").strip())
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as e:
+            if e.errno not in _NO_FLOCK:
+                raise
+            os.close(fd)
+            fd = -1
+            with _lock_file(out, lock.with_name(lock.name + ".held")):
+                yield
+            return
+        with contextlib.suppress(
+            OSError
+        ):  # the holder's name is for the waiting line: a full disk may refuse it
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, _holder().encode(), 0)
+        yield
+    finally:
+        if fd >= 0:
+            os.close(fd)  # releases the flock
+
+
+@contextlib.contextmanager
+def _lock_file(out: Path, held: Path) -> Iterator[None]:
+    """Where the filesystem has no flock: a file created exclusively, naming its holder; taken over when stale
+    (its holder, on this host, is gone)."""
+    said = False
+    while True:
+        try:
+            fd = os.open(held, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            break
+        except FileExistsError:
+            try:
+                holder = held.read_text().strip()
+            except FileNotFoundError:
+                continue  # released meanwhile
+            words = holder.split()  # host HOST pid PID since TIME (_holder)
+            if (
+                words[:1] == ["host"]
+                and len(words) > 3
+                and words[1] == socket.gethostname()
+                and not _alive(words[3])
+            ):
+                held.unlink(missing_ok=True)  # stale: a killed preparation's
+                continue
+            if not said:
+                _waiting(out, held, f"{holder}; delete {held} if that process is gone")
+                said = True
+            time.sleep(_POLL_S)
+    try:
+        with contextlib.suppress(OSError):
+            os.write(fd, _holder().encode())
+        os.close(fd)
+        yield
+    finally:
+        held.unlink(missing_ok=True)
+
+
+def _alive(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
 def prepare(args: argparse.Namespace) -> int:
     _check(args)
     given = {name: getattr(args, name) for name in DATA_FLAGS if getattr(args, name) is not None}
@@ -235,11 +344,33 @@ def prepare(args: argparse.Namespace) -> int:
     out = Path(args.output).expanduser()
     start = time.monotonic()
     plan = documents.plan(data, max(1, int(args.unit_mb * 2**20)))
-    record = token_shards.plan_record(data, plan, spec, args.max_tokens)
+    unit_mb = None if args.unit_mb == documents.DEFAULT_UNIT_BYTES / 2**20 else args.unit_mb
+    record = token_shards.plan_record(data, plan, spec, args.max_tokens, unit_mb)
     token_shards.begin(out, record)  # refuses a directory holding another preparation
+    with exclusive(out, lock_path(out, args.task_index, args.num_tasks)):
+        return _prepare_locked(args, out, data, plan, record, spec, start)
+
+
+def _prepare_locked(
+    args: argparse.Namespace,
+    out: Path,
+    data: DataArgs,
+    plan: documents.Plan,
+    record: dict[str, Any],
+    spec: TokenizerSpec,
+    start: float,
+) -> int:
     if token_shards.state(out) == "prepared":
-        print(f"{out} is prepared already: train with --dataset {out}")
-        return 0
+        manifest = json.loads((out / token_shards.MANIFEST).read_text())
+        damaged = token_shards.damaged_units(out, manifest)
+        if not damaged:
+            print(f"{out} is prepared already: train with --dataset {out}")
+            return 0
+        shown = "; ".join(list(damaged.values())[:3]) + ("; ..." if len(damaged) > 3 else "")
+        print(
+            f"prepare-data: {len(damaged)} units' shards fail verification ({shown}): tokenizing them again"
+        )
+        token_shards.discard_units(out, sorted(damaged))
     todo = [i for i in token_shards.missing_units(out) if i % args.num_tasks == args.task_index]
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process is one core: parallelism comes from num_proc
     num_proc = max(1, min(args.num_proc, len(todo)))

@@ -11,7 +11,8 @@ patches transformers' modeling code for the whole process.
 One process, one device. Numbers are from this machine and these steps only; on CPU the table shows that the
 path works, not how fast a GPU is.
 
-`--data SOURCE` (or `--make_corpus PATH`) runs the data benchmark of data_bench.py instead.
+`--data SOURCE` (or `--make_corpus PATH`), and `--verify DIR` (or `--make_prepared PATH`), run the data
+benchmarks of data_bench.py instead.
 """
 
 from __future__ import annotations
@@ -114,11 +115,19 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument(
         "--make_corpus", metavar="PATH", help="write a benchmark corpus of Python sources as JSON lines"
     )
+    data.add_argument(
+        "--verify",
+        metavar="DIR",
+        help="time the shard verification of opening the prepared dataset DIR (first open, resume)",
+    )
+    data.add_argument(
+        "--make_prepared", metavar="PATH", help="write a prepared dataset of random token ids, for --verify"
+    )
     return p
 
 
 # The flags that make `dskit bench` the data benchmark: it has its own parser and never imports DeepSpeed.
-DATA_BENCH_FLAGS = ("--data", "--make_corpus")
+DATA_BENCH_FLAGS = ("--data", "--make_corpus", "--verify", "--make_prepared")
 
 
 @dataclass

@@ -16,6 +16,13 @@ per rank of a real run (its metrics file) or a given figure; the headroom is the
 `--make_corpus PATH --corpus_mb N` writes the corpus the measurements use: the Python sources of the standard
 library and of the site-packages of the Python running it (the venv's), one file per JSON line, in a fixed order,
 cycled to exactly N MB.
+
+`--verify DIR`: what opening the prepared dataset DIR costs for its shard checksums (token_shards.verify_shards):
+the first open from storage (the shards' pages dropped from the page cache first, file by file), the first open
+from the page cache, and a resume or second launch, which finds every shard in DIR/.verified.json. The record is
+deleted before each first open, and left as the resume wrote it. `--make_prepared PATH --prepared_mb N` writes a
+prepared dataset of N MB of random token ids in the kit's format (unit records, shards, the manifest written by
+token_shards.finish) to measure it at a size without tokenizing a corpus that large first.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import shutil
 import statistics
@@ -37,7 +45,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psutil
+import xxhash
 
 from dskit import columns, prepare_data
 from model_utils.config.arguments import DataArgs, ModelArgs, field_help
@@ -107,6 +117,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--corpus_mb", type=int, default=50, help="size of --make_corpus in MB (default: %(default)s)"
+    )
+    p.add_argument(
+        "--verify",
+        metavar="DIR",
+        help="time the shard verification of opening the prepared dataset DIR: first open (from storage, "
+        "from the page cache) and a resume",
+    )
+    p.add_argument(
+        "--make_prepared",
+        metavar="PATH",
+        help="first write a prepared dataset of random token ids to PATH (new), for --verify",
+    )
+    p.add_argument(
+        "--prepared_mb", type=int, default=1024, help="size of --make_prepared in MB (default: %(default)s)"
     )
     return p
 
@@ -455,6 +479,115 @@ def need_line(read: ReadPath, need: Need | None) -> str:
     )
 
 
+# --- shard verification ---------------------------------------------------------------------------------
+
+SHARD_MB = 32  # about what a unit of 64 MB of text becomes in uint16 ids
+
+
+def make_prepared(path: Path, megabytes: int, shard_mb: int = SHARD_MB) -> dict[str, Any]:
+    """A prepared dataset of `megabytes` MB of random uint16 token ids in shards of `shard_mb` MB, as
+    prepare-data lays it out: plan, a record per unit with its shards' checksums, then the manifest."""
+    if path.exists():
+        raise ConfigError(f"--make_prepared {path} exists: pass a new path")
+    total, per_shard = megabytes * MB, shard_mb * MB
+    units = max(1, math.ceil(total / per_shard))
+    record = {
+        "format_version": token_shards.FORMAT_VERSION,
+        "kit_version": token_shards.kit_version(),
+        "source": {
+            "dataset": f"random token ids (dskit bench --make_prepared, {megabytes} MB)",
+            "config_name": None,
+            "train_split": "train",
+            "fingerprint": "random-seed-0",
+            "bytes": None,
+        },
+        "tokenizer": {"name": "none", "fingerprint": "none", "eos_id": 0, "vocab_size": 2**16},
+        "dtype": "uint16",
+        "seq_length": None,
+        "text_field": "text",
+        "validation": {"fraction": 0.0},
+        "max_tokens": None,
+        "units": [{"random": index} for index in range(units)],
+    }
+    path.mkdir(parents=True)
+    (path / token_shards.PLAN).write_text(json.dumps(record, indent=1))
+    rng = np.random.default_rng(0)
+    for index in range(units):
+        size = min(per_shard, total - index * per_shard) // 2 * 2
+        shards = {}
+        for split, nbytes in ((token_shards.TRAIN, size), (token_shards.VALIDATION, 0)):
+            data = rng.integers(0, 2**16, nbytes // 2, dtype=np.uint16).tobytes()
+            file = path / split / f"{index:05d}.bin"
+            file.parent.mkdir(exist_ok=True)
+            file.write_bytes(data)
+            tokens = nbytes // 2
+            shards[split] = {
+                "file": f"{split}/{file.name}",
+                "tokens": tokens,
+                "documents": 1 if tokens else 0,
+                "bytes": nbytes,
+                "xxh3": xxhash.xxh3_64_hexdigest(data),
+            }
+        unit = path / "units" / f"{index:05d}.json"
+        unit.parent.mkdir(exist_ok=True)
+        unit.write_text(json.dumps({"unit": record["units"][index], "shards": shards, "empty_documents": 0}))
+    manifest = token_shards.finish(path)
+    assert manifest is not None, "every unit is written"
+    return {"path": str(path), "bytes": sum(p.stat().st_size for p in path.rglob("*.bin")), "shards": units}
+
+
+@dataclass
+class VerifyRun:
+    open: str
+    shards: int
+    hashed: int
+    hashed_mb: float
+    seconds: float
+    mb_per_s: float | None  # None when nothing was hashed
+
+
+def _drop_from_page_cache(files: list[Path]) -> None:
+    """These files' pages only (written back first): the next read comes from storage, other data untouched."""
+    for file in files:
+        fd = os.open(file, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def time_verify(path: Path) -> list[VerifyRun]:
+    dataset = token_shards.open_prepared(path, say=lambda line: None)  # a damaged DIR says so here
+    manifest = dataset.manifest
+    files = [path / s["file"] for split in token_shards.SPLITS for s in manifest["shards"][split]]
+
+    def measured(label: str) -> VerifyRun:
+        found = token_shards.verify_shards(path, manifest, say=lambda line: None)
+        assert not found.failed, found.failed
+        mb = found.hashed_bytes / MB
+        rate = mb / found.seconds if found.hashed else None
+        return VerifyRun(label, found.shards, found.hashed, mb, found.seconds, rate)
+
+    runs = []
+    (path / token_shards.VERIFIED).unlink(missing_ok=True)
+    _drop_from_page_cache(files)
+    runs.append(measured("first open, from storage"))
+    (path / token_shards.VERIFIED).unlink()
+    runs.append(measured("first open, page cache"))
+    runs.append(measured("resume (.verified.json)"))
+    return runs
+
+
+def format_verify_table(runs: list[VerifyRun]) -> str:
+    header = ("open", "shards", "hashed", "hashed MB", "s", "MB/s")
+    lines = [header]
+    for r in runs:
+        rate = "-" if r.mb_per_s is None else f"{r.mb_per_s:,.0f}"
+        lines.append((r.open, str(r.shards), str(r.hashed), f"{r.hashed_mb:,.1f}", f"{r.seconds:.3f}", rate))
+    return columns.align(lines)
+
+
 # --- output ---------------------------------------------------------------------------------------------
 
 
@@ -523,8 +656,44 @@ def _check(ns: argparse.Namespace) -> None:
             raise ConfigError(f"--{name} {getattr(ns, name)}: use 1 or more")
 
 
+def _verify_main(ns: argparse.Namespace) -> int:
+    if ns.prepared_mb < 1:
+        raise ConfigError(f"--prepared_mb {ns.prepared_mb}: use 1 or more")
+    if ns.make_prepared:
+        made = make_prepared(Path(ns.make_prepared).expanduser(), ns.prepared_mb)
+        print(
+            f"wrote {made['path']}: {made['bytes'] / MB:,.0f} MB of random token ids in {made['shards']} shards: "
+            f"measure its verification with dskit bench --verify {made['path']}",
+            flush=True,
+        )
+        if ns.verify is None:
+            return 0
+    if ns.verify is None:
+        raise ConfigError(
+            "pass --verify DIR (a prepared dataset), or --make_prepared PATH (dskit bench --help)"
+        )
+    path = Path(ns.verify).expanduser()
+    runs = time_verify(path)
+    size = sum(
+        (path / s["file"]).stat().st_size
+        for s in token_shards.open_prepared(path).manifest["shards"]["train"]
+    )
+    print(f"bench --verify: {path}, {runs[0].shards} shards, {size / MB:,.0f} MB of train shards", flush=True)
+    print(format_verify_table(runs))
+    print(
+        "hashed: shards read and checksummed (xxh3); the resume reads none of them, only their size, times and inode"
+    )
+    if ns.json:
+        out = Path(ns.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"dataset": str(path), "runs": [asdict(r) for r in runs]}, indent=2) + "\n")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     ns = build_parser().parse_args(argv)
+    if ns.verify or ns.make_prepared:
+        return _verify_main(ns)
     if ns.make_corpus:
         made = make_corpus(Path(ns.make_corpus).expanduser(), ns.corpus_mb)
         print(

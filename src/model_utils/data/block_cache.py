@@ -122,7 +122,8 @@ def prepared(
                 f"{' and '.join(fixed)} apply when data is prepared, and {given} is prepared already: "
                 "drop them (or give them to `dskit prepare-data` for a new preparation)"
             )
-        dataset = token_shards.open_prepared(given)
+        # Its shards are verified on opening: on rank 0 first, then the other ranks find them in its record.
+        dataset = run_first(lambda: token_shards.open_prepared(given))
         if dataset.tokenizer_fingerprint != spec.fingerprint:
             made_with = dataset.manifest["tokenizer"]["name"]
             raise ConfigError(

@@ -5,6 +5,8 @@
     DIR/train/NNNNN.bin    the unit's training tokens: documents each followed by EOS, uint16 or uint32
     DIR/validation/NNNNN.bin  the documents of the unit held out for validation
     DIR/manifest.json      written last, when every unit is done: only then is DIR a prepared dataset
+    DIR/.verified.json     the shards whose checksums were verified, by size, mtime, ctime and inode: a second
+                           open hashes only what changed (verify_shards)
 
 A shard is written under DIR/.staging and renamed into place when complete, then its unit record is written
 atomically, so a killed preparation leaves finished units and nothing that looks finished but is not; a re-run
@@ -21,10 +23,12 @@ import hashlib
 import itertools
 import json
 import os
+import shlex
 import shutil
 import socket
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,15 +36,18 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from model_utils.config.presets import PRESETS
 from model_utils.data import documents
 from model_utils.data.documents import SPLIT, TRAIN, VALIDATION, Plan, Unit
 from model_utils.errors import ConfigError
-from model_utils.storage.file_manifest import atomic_write_text
+from model_utils.observe.log import print0
+from model_utils.storage.file_manifest import fsync_dir
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 PLAN = "plan.json"
 SPLITS = (TRAIN, VALIDATION)
+VERIFIED = ".verified.json"
 _STAGING = ".staging"
 
 
@@ -108,8 +115,11 @@ def kit_version() -> str:
         return "unknown"
 
 
-def plan_record(data: Any, source: Plan, spec: TokenizerSpec, max_tokens: int | None) -> dict[str, Any]:
-    """What a preparation is of: a re-run into the same directory must produce exactly this again."""
+def plan_record(
+    data: Any, source: Plan, spec: TokenizerSpec, max_tokens: int | None, unit_mb: float | None = None
+) -> dict[str, Any]:
+    """What a preparation is of: a re-run into the same directory must produce exactly this again. `unit_mb`
+    (prepare-data's, when not the default) is kept so the command that re-prepares the data can be given."""
     if data.validation_dataset is not None:
         validation: dict[str, Any] = {"dataset": data.validation_dataset}
     elif data.validation_split is not None:
@@ -137,6 +147,7 @@ def plan_record(data: Any, source: Plan, spec: TokenizerSpec, max_tokens: int | 
         "text_field": data.text_field,
         "validation": validation,
         "max_tokens": max_tokens,
+        **({} if unit_mb is None else {"unit_mb": unit_mb}),
         "units": [u.to_dict() for u in source.units],
     }
 
@@ -156,8 +167,8 @@ def begin(out: Path, record: dict[str, Any]) -> None:
         # (what another task wrote right after winning the plan counts as a plan: look again)
         if content and not plan_path.is_file():
             raise ConfigError(f"{out} is not empty and holds no preparation: pass an empty or new output dir")
-        tmp = out / f".{PLAN}.{socket.gethostname()}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(record, indent=1))
+        tmp = _temporary(out / PLAN)
+        _write_durably(tmp, json.dumps(record, indent=1), "the plan")
         try:
             os.link(tmp, plan_path)
         except FileExistsError:
@@ -258,11 +269,43 @@ def _phase(unit: Unit) -> float:
 
 
 def _disk_full(out: Path, what: str) -> ConfigError:
-    free = shutil.disk_usage(out).free / 2**30
+    free = shutil.disk_usage(out).free
+    shown = f"{free / 2**30:.1f} GiB" if free >= 2**30 else f"{free / 2**20:.1f} MiB"
     return ConfigError(
-        f"disk full writing {what} in {out} ({free:.1f} GiB free): free space or pass another output dir; "
+        f"disk full writing {what} in {out} ({shown} free): free space or pass another output dir; "
         "a re-run keeps the units already finished"
     )
+
+
+def _temporary(path: Path) -> Path:
+    # Host and pid: the tasks of a SLURM array write into one directory, from several nodes.
+    return path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
+
+
+def _write_durably(tmp: Path, text: str, what: str) -> None:
+    """Write and fsync `tmp`; on failure remove it, and a full disk is one line naming the dir and its space."""
+    try:
+        with tmp.open("w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise _disk_full(tmp.parent, what) from None
+        raise
+
+
+def _write_atomically(path: Path, text: str, what: str) -> None:
+    """The old file or the new one, never a torn one, and no temporary file left when the write fails."""
+    tmp = _temporary(path)
+    _write_durably(tmp, text, what)
+    try:
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
 
 
 def _quiet(nbytes: int, tokens: int) -> None:
@@ -317,12 +360,7 @@ def write_unit(
     done = {"unit": unit.to_dict(), "shards": committed, "empty_documents": empty}
     path = _record_path(out, index)
     path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        atomic_write_text(path, json.dumps(done, indent=1))
-    except OSError as e:
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise _disk_full(out, f"the record of unit {index}") from None
-        raise
+    _write_atomically(path, json.dumps(done, indent=1), f"the record of unit {index}")
     return done
 
 
@@ -373,7 +411,7 @@ def finish(out: Path) -> dict[str, Any] | None:
         "documents": {split: sum(s["documents"] for s in shards[split]) for split in SPLITS},
         "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=1))
+    _write_atomically(out / MANIFEST, json.dumps(manifest, indent=1), "the manifest")
     if used == len(plan["units"]):  # nobody writes any more (killed writers' leftovers go too)
         shutil.rmtree(out / _STAGING, ignore_errors=True)
     else:  # a prefix: other tasks may still be writing units past it; they find the manifest and stop
@@ -470,7 +508,146 @@ class PreparedDataset:
         return TokenBlocks(arrays, seq_length)
 
 
-def open_prepared(path: Path) -> PreparedDataset:
+# --- verifying the shards -------------------------------------------------------------------------------
+
+_HASH_CHUNK = 8 << 20
+_SAY_FROM_BYTES = 2**30  # hashing less takes under a second or so: not worth a line
+
+
+def prepare_command(path: Path, record: dict[str, Any]) -> str:
+    """The `dskit prepare-data` command that made `path` (its plan or manifest `record`): run again, it
+    tokenizes only the units not done, so it re-prepares the units whose shards fail their checksums."""
+    source = record["source"]
+    args = ["dskit", "prepare-data", str(path), "--dataset", source["dataset"]]
+    if source.get("config_name") is not None:
+        args += ["--dataset_config_name", source["config_name"]]
+    args += ["--train_split", source["train_split"], "--text_field", record["text_field"]]
+    ((held_out, value),) = record["validation"].items()  # one of dataset, split, fraction (plan_record)
+    args += [f"--validation_{held_out}", str(value)]
+    name = record["tokenizer"]["name"]
+    args += ["--model" if name in PRESETS else "--tokenizer", name]  # a preset names its tokenizer
+    if record.get("max_tokens") is not None:
+        args += ["--max_tokens", str(record["max_tokens"])]
+    if record.get("unit_mb") is not None:
+        args += ["--unit_mb", f"{record['unit_mb']:g}"]
+    return shlex.join(args)
+
+
+def shard_digest(file: Path) -> str:
+    """xxh3-64 of a shard, as _ShardFile recorded it while writing."""
+    digest = xxhash.xxh3_64()
+    buffer = bytearray(_HASH_CHUNK)
+    view = memoryview(buffer)
+    with file.open("rb", buffering=0) as f:
+        while n := f.readinto(buffer):
+            digest.update(view[:n])
+    return digest.hexdigest()
+
+
+def _identity(file: Path) -> dict[str, int]:
+    """What changes when a shard's bytes are written, copied or replaced (ctime: not even `touch` sets it back)."""
+    st = file.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "inode": st.st_ino}
+
+
+def _read_verified(path: Path) -> dict[str, Any]:
+    try:
+        found = json.loads((path / VERIFIED).read_text())
+    except (OSError, ValueError):
+        return {}  # none yet, or unreadable: everything is hashed (and the file written again)
+    shards = found.get("shards") if isinstance(found, dict) else None
+    return shards if isinstance(shards, dict) else {}
+
+
+@dataclass(frozen=True)
+class Verification:
+    """What verify_shards found: `failed` maps a shard file to what is wrong with it (empty: all verify)."""
+
+    failed: dict[str, str]
+    shards: int
+    hashed: int  # shards hashed this time: those without a current entry in .verified.json
+    hashed_bytes: int
+    seconds: float
+
+
+def verify_shards(path: Path, manifest: dict[str, Any], say: Callable[[str], None] = print0) -> Verification:
+    """Every shard of the manifest at its recorded size and xxh3. A shard verified before and not changed since
+    (same size, mtime, ctime and inode in .verified.json) is not read again, so a resume or a second launch
+    costs a stat per shard. The others are read by a thread per core (up to 8): reads release the GIL, so they
+    overlap each other and the hashing, which holds it (xxh3 runs at ~10 GB/s: the read is the cost)."""
+    started = time.perf_counter()
+    verified = _read_verified(path)
+    shards = {s["file"]: s for split in SPLITS for s in manifest["shards"][split]}
+    failed: dict[str, str] = {}
+    current: dict[str, Any] = {}
+    todo: list[tuple[str, dict[str, int]]] = []
+    for rel, shard in shards.items():
+        try:
+            identity = _identity(path / rel)
+        except OSError:
+            failed[rel] = "is missing"
+            continue
+        if identity["size"] != shard["bytes"]:
+            failed[rel] = f"is {identity['size']:,} bytes, not the {shard['bytes']:,} its unit recorded"
+        elif verified.get(rel) == {**identity, "xxh3": shard["xxh3"]}:
+            current[rel] = verified[rel]
+        else:
+            todo.append((rel, identity))
+    total = sum(identity["size"] for _, identity in todo)
+    if total >= _SAY_FROM_BYTES:
+        say(
+            f"Data: verifying {len(todo):,} shards ({total / 2**30:,.1f} GiB) of {path} against their checksums"
+        )
+    workers = max(1, min(8, len(os.sched_getaffinity(0)), len(todo)))
+    with ThreadPoolExecutor(workers) as pool:
+        digests = pool.map(lambda item: shard_digest(path / item[0]), todo)
+        for (rel, identity), digest in zip(todo, digests, strict=True):
+            if digest == shards[rel]["xxh3"]:
+                current[rel] = {**identity, "xxh3": digest}
+            else:
+                failed[rel] = (
+                    f"does not match its checksum (xxh3 {digest}, its unit recorded {shards[rel]['xxh3']})"
+                )
+    seconds = time.perf_counter() - started
+    if todo and current:  # something newly verified: recorded for the next open
+        _record_verified(path, current, say)
+    if total >= _SAY_FROM_BYTES:
+        say(
+            f"Data: {total / 2**30:,.1f} GiB verified in {seconds:.1f} s ({total / 2**20 / seconds:,.0f} MB/s)"
+        )
+    return Verification(failed, len(shards), len(todo), total, seconds)
+
+
+def _record_verified(path: Path, shards: dict[str, Any], say: Callable[[str], None]) -> None:
+    try:
+        _write_atomically(
+            path / VERIFIED, json.dumps({"version": 1, "shards": shards}), "the verification record"
+        )
+    except (OSError, ConfigError) as e:  # a read-only or full dataset dir: correct, only slower next time
+        reason = e.strerror if isinstance(e, OSError) else "disk full"
+        say(
+            f"Data: could not record the verified shards in {path / VERIFIED} ({reason}): each open hashes them"
+        )
+
+
+def damaged_units(path: Path, manifest: dict[str, Any]) -> dict[int, str]:
+    """The units whose shards fail verification, each with its first failing shard's line."""
+    units: dict[int, str] = {}
+    for rel, why in verify_shards(path, manifest).failed.items():
+        units.setdefault(int(Path(rel).stem), f"{rel} {why}")
+    return units
+
+
+def discard_units(path: Path, indices: list[int]) -> None:
+    """Make `path` unfinished again with these units not done: the manifest first, so nothing trains on it."""
+    (path / MANIFEST).unlink(missing_ok=True)
+    for index in indices:
+        _record_path(path, index).unlink(missing_ok=True)
+
+
+def open_prepared(path: Path, say: Callable[[str], None] = print0) -> PreparedDataset:
+    """The prepared dataset at `path`, its shards verified (verify_shards): a corrupted or partly copied shard is
+    one line naming it and the command that re-prepares it, before anything reads it."""
     found = state(path)
     if found == "unfinished":
         left = len(missing_units(path))
@@ -485,6 +662,14 @@ def open_prepared(path: Path) -> PreparedDataset:
         raise ConfigError(
             f"{path} was prepared in format {manifest.get('format_version')}, this kit reads {FORMAT_VERSION}: "
             "prepare it again"
+        )
+    failed = verify_shards(path, manifest, say).failed
+    if failed:
+        rel, why = next(iter(failed.items()))
+        more = f" (and {len(failed) - 1} more shards)" if len(failed) > 1 else ""
+        raise ConfigError(
+            f"prepared data {path}: shard {rel} {why}{more}: the data is corrupted or partly copied; re-prepare "
+            f"the units that fail with `{prepare_command(path, manifest)}`"
         )
     return PreparedDataset(path, manifest)
 

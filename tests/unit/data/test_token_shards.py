@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -194,3 +196,135 @@ def test_disk_full_is_one_line_and_leaves_nothing_looking_complete(tmp_path: Pat
         for record in (out / "units").glob("*.json"):  # every unit with a record is whole
             assert token_shards.unit_done(out, int(record.stem)) is not None
         assert not [p for p in (out / ".staging").rglob("*") if p.is_file()]
+
+
+def _zero(file: Path, offset: int, length: int) -> None:
+    """Bit rot or a torn copy: bytes zeroed in place, the size unchanged (every id still in range)."""
+    with file.open("r+b") as f:
+        f.seek(offset)
+        f.write(bytes(length))
+
+
+def test_a_corrupted_shard_is_one_line_naming_it_and_the_command_that_re_prepares_it(
+    tmp_path: Path, tokenizer, monkeypatch, capsys
+) -> None:
+    source = corpus(tmp_path, 3000)
+    out = tmp_path / "p"
+    assert prep(out, "--dataset", str(source), "--num_proc", "1", "--unit_mb", "0.2") == 0
+    prepared = token_shards.open_prepared(out)
+    before = stream(prepared, "train")
+    shard = out / "train" / "00001.bin"
+    assert shard.stat().st_size > 64 * 1024
+    size = shard.stat().st_size
+    _zero(shard, 4096, 64 * 1024)
+    assert shard.stat().st_size == size
+    with pytest.raises(ConfigError) as refused:
+        run_data(DataArgs(dataset=str(out)), tokenizer)
+    line = str(refused.value)
+    assert "\n" not in line
+    assert re.fullmatch(
+        rf"prepared data {out}: shard train/00001\.bin does not match its checksum \(xxh3 \w+, its unit recorded "
+        rf"\w+\): the data is corrupted or partly copied; re-prepare the units that fail with `(.*)`",
+        line,
+    ), line
+    # The preflight's `dskit prepare` (what the launchers run before any rank starts): that line, exit status 2.
+    from dskit import cli
+
+    capsys.readouterr()
+    checkpoints = ["--checkpoint_dir", str(tmp_path / "ck"), "--max_steps", "1"]
+    assert cli.main(["prepare", "--dataset", str(out), *checkpoints]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: {line}"]
+    command = re.search(r"`(.*)`", line).group(1)
+    assert command == (
+        f"dskit prepare-data {out} --dataset {source} --train_split train --text_field text "
+        "--validation_fraction 0.02 --model tiny-qwen3 --unit_mb 0.2"
+    )
+    # The command, as printed, re-tokenizes the damaged unit alone and gives the bytes prepared first.
+    tokenized: list[int] = []
+    monkeypatch.setattr(token_shards, "write_unit", _counting(token_shards.write_unit, tokenized))
+    argv = shlex.split(command)
+    assert argv[:2] == ["dskit", "prepare-data"]
+    assert prep(Path(argv[2]), *argv[3:]) == 0
+    assert tokenized == [1]
+    assert stream(token_shards.open_prepared(out), "train") == before
+
+
+def test_an_untouched_dataset_opened_twice_is_hashed_once(tmp_path: Path, monkeypatch) -> None:
+    out = tmp_path / "p"
+    assert prep(out, "--dataset", str(corpus(tmp_path)), "--num_proc", "1", "--unit_mb", "0.02") == 0
+    manifest = token_shards.open_prepared(out).manifest
+    shards = {s["file"]: s["xxh3"] for split in token_shards.SPLITS for s in manifest["shards"][split]}
+    assert len(shards) > 2
+    recorded = json.loads((out / token_shards.VERIFIED).read_text())["shards"]
+    assert {rel: entry["xxh3"] for rel, entry in recorded.items()} == shards  # every shard, verified
+
+    hashed: list[str] = []
+    real_digest = token_shards.shard_digest
+
+    def counting_digest(file: Path) -> str:
+        hashed.append(str(file.relative_to(out)))
+        return real_digest(file)
+
+    monkeypatch.setattr(token_shards, "shard_digest", counting_digest)
+    token_shards.open_prepared(out)
+    assert hashed == []  # the second open: a stat per shard, no byte read
+    rewritten = next(iter(shards))
+    (out / rewritten).write_bytes((out / rewritten).read_bytes())  # the same bytes, written again
+    token_shards.open_prepared(out)
+    assert hashed == [rewritten]  # only what changed since it was verified
+    (out / token_shards.VERIFIED).write_text("{not json")  # a damaged record is only a cold cache
+    token_shards.open_prepared(out)
+    assert sorted(hashed[1:]) == sorted(shards)
+
+
+def _fill(directory: Path) -> Path:
+    """Fill the filesystem of `directory` to the last byte."""
+    filler = directory / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:
+        with contextlib.suppress(OSError):
+            while True:
+                os.write(fd, bytes(1 << 16))
+        with contextlib.suppress(OSError):
+            while True:
+                os.write(fd, b"\0")
+    finally:
+        os.close(fd)
+    return filler
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs to fill needs root")
+def test_disk_full_writing_the_manifest_or_the_plan_is_one_line_and_leaves_no_temporary_file(
+    tmp_path: Path, capsys
+) -> None:
+    from dskit import cli
+
+    source = corpus(tmp_path)
+    args = ["--dataset", str(source), "--num_proc", "1"]
+    with tiny_filesystem(tmp_path / "small", "4m") as small:
+        out = small / "p"
+        assert prep(out, *args) == 0
+        (out / "manifest.json").unlink()  # every unit done, the manifest still to write
+        filler = _fill(small)
+        capsys.readouterr()
+        assert cli.main(["prepare-data", str(out), *args]) == 2
+        lines = capsys.readouterr().err.splitlines()
+        assert len(lines) == 1, lines
+        assert re.fullmatch(
+            rf"error: disk full writing the manifest in {out} \(0\.0 MiB free\): free space or pass another "
+            r"output dir; a re-run keeps the units already finished",
+            lines[0],
+        ), lines[0]
+        assert not (out / "manifest.json").exists()
+        assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
+        # A new preparation's plan: one line too, and the new dir left empty.
+        assert cli.main(["prepare-data", str(small / "q"), *args]) == 2
+        lines = capsys.readouterr().err.splitlines()
+        assert len(lines) == 1 and lines[0].startswith(
+            f"error: disk full writing the plan in {small / 'q'} ("
+        ), lines
+        assert list((small / "q").iterdir()) == []
+        # Space freed, the same command finishes it.
+        filler.unlink()
+        assert prep(out, *args) == 0
+        assert token_shards.state(out) == "prepared"

@@ -1,14 +1,22 @@
 """`dskit prepare-data OUT --dataset SOURCE`: the same shards with one or two processes, a --max_tokens prefix,
-progress lines in logs, and a run that trains on what it prepared."""
+progress lines in logs, a run that trains on what it prepared, and a second run into one dir waiting for the
+first."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from dskit import prepare_data
 from model_utils.config.arguments import DataArgs
 from model_utils.data import token_shards
 from model_utils.errors import ConfigError
@@ -54,3 +62,104 @@ def test_progress_lines_in_logs(tmp_path: Path, capsys) -> None:
     assert lines, "a line per update when not on a terminal"  # (stdout is captured: no bar)
     assert re.fullmatch(r"prepare-data: \d+/\d+ units, [\d,]+ MB of [\d,]+ MB read, [\d.,]+M tokens, "
                         r"[\d.]+M tokens/s, eta [\d.]+ min", lines[-1]), lines[-1]  # fmt: skip
+
+
+HELD_AT_THE_FIRST_UNIT = """
+import sys, time
+from pathlib import Path
+from dskit import prepare_data
+from model_utils.data import token_shards
+
+gate, real_write_unit = Path(sys.argv[1]), token_shards.write_unit
+
+def write_unit_when_let(*args, **kwargs):
+    while not gate.exists():  # holds the output dir's lock until the test lets it go on
+        time.sleep(0.05)
+    return real_write_unit(*args, **kwargs)
+
+token_shards.write_unit = write_unit_when_let
+sys.exit(prepare_data.main(sys.argv[2:]))
+"""
+
+
+def _wait_for(predicate, what: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_a_second_prepare_data_into_the_same_dir_waits_for_the_first_then_reuses_it(tmp_path: Path) -> None:
+    source = corpus(tmp_path)
+    out, gate = tmp_path / "p", tmp_path / "go-on"
+    args = [str(out), "--dataset", str(source), "--num_proc", "1", "--unit_mb", "0.02"]
+    logs = {name: (tmp_path / f"{name}.log").open("w") for name in ("first", "second")}
+    first = subprocess.Popen(
+        [sys.executable, "-c", HELD_AT_THE_FIRST_UNIT, str(gate), *args],
+        stdout=logs["first"],
+        stderr=subprocess.STDOUT,
+    )
+    second = None
+    try:
+        lock = out / prepare_data.LOCK
+        _wait_for(
+            lambda: lock.is_file() and f"pid {first.pid} " in lock.read_text(), "the first to hold the lock"
+        )
+        second = subprocess.Popen(
+            [sys.executable, "-m", "dskit.cli", "prepare-data", *args],
+            stdout=logs["second"],
+            stderr=subprocess.STDOUT,
+        )
+        second_log = tmp_path / "second.log"
+        _wait_for(lambda: "waiting for it to finish" in second_log.read_text(), "the second's waiting line")
+        assert re.search(
+            rf"prepare-data: {out} is being prepared by another prepare-data \(host \S+ pid {first.pid} since "
+            r"[\d:]+, \.prepare-data\.lock\): waiting for it to finish",
+            second_log.read_text(),
+        ), second_log.read_text()
+        assert first.poll() is None and second.poll() is None  # the first is held, the second waits for it
+        gate.touch()
+        assert first.wait(timeout=300) == 0, (tmp_path / "first.log").read_text()
+        assert second.wait(timeout=300) == 0, second_log.read_text()
+    finally:
+        for process in (first, second):
+            if process is not None and process.poll() is None:
+                process.kill()
+        for log in logs.values():
+            log.close()
+    assert f"{out} is prepared already: train with --dataset {out}" in (tmp_path / "second.log").read_text()
+    assert "Traceback" not in (tmp_path / "second.log").read_text()
+    assert token_shards.open_prepared(out).manifest["units"] > 2
+
+
+def test_without_flock_a_lock_left_by_a_killed_preparation_is_taken_over(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    out = tmp_path / "p"
+    out.mkdir()
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    held = out / f"{prepare_data.LOCK}.held"
+    held.write_text(f"host {socket.gethostname()} pid {gone.stdout.strip()} since 11:00:00")
+
+    def no_flock(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")  # a filesystem without flock
+
+    monkeypatch.setattr(prepare_data.fcntl, "flock", no_flock)
+    source = corpus(tmp_path)
+    assert prep(out, "--dataset", str(source), "--num_proc", "1") == 0
+    assert "waiting" not in capsys.readouterr().out  # its holder is gone: nobody to wait for
+    assert not held.exists() and token_shards.state(out) == "prepared"
+    # One whose holder lives is waited for, naming it.
+    held.write_text(f"host {socket.gethostname()} pid {os.getpid()} since 11:00:00")
+    monkeypatch.setattr(prepare_data, "_POLL_S", 0.01)
+    sleeps = []
+    # (its holder finishes during the first wait)
+    monkeypatch.setattr(prepare_data.time, "sleep", lambda s: sleeps.append(held.unlink(missing_ok=True)))
+    assert prep(out, "--dataset", str(source), "--num_proc", "1") == 0
+    assert (
+        f"(host {socket.gethostname()} pid {os.getpid()} since 11:00:00; delete {held}"
+        in capsys.readouterr().out
+    )
+    assert len(sleeps) == 1 and not held.exists()

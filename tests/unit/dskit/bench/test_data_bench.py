@@ -97,3 +97,28 @@ def test_make_corpus_cycles_the_sources_to_the_exact_size(
     assert texts[:-1] == [a, b] * ((len(texts) - 1) // 2) + [a] * ((len(texts) - 1) % 2)  # in order, cycled
     # The last document is cut, and padded with spaces, to end the file at exactly 1 MB.
     assert (a if len(texts) % 2 else b).startswith(texts[-1].rstrip(" "))
+
+
+def test_verify_times_the_first_open_and_a_resume_that_hashes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from model_utils.data import token_shards
+
+    made = data_bench.make_prepared(tmp_path / "p", 3, shard_mb=1)
+    assert made["shards"] == 3 and made["bytes"] == 3 * 2**20
+    dataset = token_shards.open_prepared(tmp_path / "p")  # a prepared dataset as the kit reads it
+    assert dataset.tokens("train") == 3 * 2**19
+    figures = tmp_path / "verify.json"
+    assert cli.main(["bench", "--verify", str(tmp_path / "p"), "--json", str(figures)]) == 0
+    out = capsys.readouterr().out
+    assert "first open, from storage" in out and "resume (.verified.json)" in out
+    runs = {r["open"]: r for r in json.loads(figures.read_text())["runs"]}
+    assert [r["hashed"] for r in runs.values()] == [3, 3, 0]  # the resume: every shard found in the record
+    assert (
+        runs["first open, page cache"]["hashed_mb"] == 3.0 and runs["first open, page cache"]["mb_per_s"] > 0
+    )
+    assert runs["resume (.verified.json)"]["mb_per_s"] is None
+    assert cli.main(["bench", "--make_prepared", str(tmp_path / "p")]) == 2  # never over an existing dir
+    assert capsys.readouterr().err.startswith(
+        f"error: --make_prepared {tmp_path / 'p'} exists: pass a new path"
+    )
