@@ -4,7 +4,8 @@ checkpoint resumed under ZeRO-3 (the weights alone, from the consolidated master
 matrix is refused or handled before anything loads: tests/unit/checkpoint/test_launch_record.py.
 
 One rank in this process (about 3 s a run): a 3-step cosine run saving steps 2 and 3, then two resumes of its
-step-2 tag, each with one line saying what it changed and no traceback.
+step-2 tag, each with one line saying what it changed and no traceback; and the schedule switch under FSDP, from
+the shared FSDP reference run's step-4 tag (tests/support/reference_runs.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from model_utils.config.arguments import parse_args
 from model_utils.loop import trainer as training
 from model_utils.resolve import resolver
 from support.metrics_file import step_records
-from support.reference_runs import copy_tags
+from support.reference_runs import Reference, copy_tags
 
 REPO = Path(__file__).resolve().parents[2]
 ZERO3 = str(REPO / "deepspeed" / "ds_config_zero3.json")
@@ -36,12 +37,15 @@ def _corpus(path: Path, words: str) -> Path:
 
 def _train(ckpt: Path, metrics: Path, dist, *flags: str) -> str:
     """A one-rank in-process run to step 3, saving every 2 steps; what rank 0 printed (a traceback included)."""
-    cfg = parse_args(
-        [
-            "--seq_length", "32", "--logging_freq", "1", "--checkpoint_freq", "2", "--max_steps", "3",
-            "--validation_batches", "1", "--checkpoint_dir", str(ckpt), "--metrics_file", str(metrics), *flags,
-        ]
+    return _run(
+        dist,
+        "--seq_length", "32", "--logging_freq", "1", "--checkpoint_freq", "2", "--max_steps", "3",
+        "--validation_batches", "1", "--checkpoint_dir", str(ckpt), "--metrics_file", str(metrics), *flags,
     )  # fmt: skip
+
+
+def _run(dist, *flags: str) -> str:
+    cfg = parse_args(list(flags))
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         trainer = training.Trainer(resolver.prepare(cfg, world_size=dist.world_size), dist)
@@ -112,3 +116,25 @@ def test_a_zero2_checkpoint_resumes_under_zero3_with_its_weights_and_the_same_da
     assert "--new_data" not in out and "other data" not in out
     straight = step_records(work / "straight.jsonl")
     assert step_records(tmp_path / "m.jsonl")[3]["loss"] == pytest.approx(straight[3]["loss"], rel=1e-3)
+
+
+@pytest.mark.e2e
+def test_another_schedule_under_fsdp_keeps_the_optimizer(
+    fsdp_reference: Reference, single_rank, tmp_path: Path
+) -> None:
+    """The FSDP engine's scheduler too: DCP reads the optimizer's param groups, which a torch LambdaLR (wsd) marks
+    with an `initial_lr` DeepSpeed's cosine class never wrote (a `Missing key in checkpoint state_dict` error
+    before)."""
+    ckpt = fsdp_reference.copy(tmp_path / "ckpt", "tiny_qwen3-4steps")
+    metrics = tmp_path / "m.jsonl"
+    flags = [*fsdp_reference.run_flags(ckpt, metrics), "--lr_schedule", "wsd", "--max_steps", "5"]
+    out = _run(single_rank, *flags)  # the last --max_steps counts
+    assert "Traceback" not in out and "Step 5/5 | Loss" in out, out[-3000:]
+    assert "loaded the weights only" not in out
+    lines = [line.split(" | ", 1)[-1] for line in out.splitlines()]
+    switch = [
+        line for line in lines if line.startswith("lr schedule: --lr_schedule wsd (was cosine) from step 5")
+    ]
+    assert len(switch) == 1 and switch[0].endswith(f"lr at step 5 {step_records(metrics)[5]['lr']:.3g}"), (
+        switch
+    )

@@ -327,7 +327,9 @@ class DeepSpeedEngine:
                 with gathered or contextlib.nullcontext():
                     if reads:
                         param.copy_(full[name])
-        self._engine.optimizer.refresh_fp32_params()
+        optimizer = self._engine.optimizer
+        if hasattr(optimizer, "refresh_fp32_params"):  # its fp32 masters from the weights just copied in
+            optimizer.refresh_fp32_params()
         # Memory-mapped: a ZeRO-0/1/2 file holds the 16-bit weights too, which are not read here.
         saved = torch.load(states[0], map_location="cpu", weights_only=False, mmap=True)
         self._engine.global_steps = int(saved["global_steps"])

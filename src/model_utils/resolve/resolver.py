@@ -49,10 +49,9 @@ class ResolvedRun:
     schedule_change: str | None = None
     # False: a resume onto another --lr_schedule, whose scheduler state the engine must not load.
     loads_schedule_state: bool = True
-    # The content of the training data (token_shards.content_fingerprint), recorded in every checkpoint.
+    # The content of the training data (token_shards.content_fingerprint), recorded in every checkpoint and
+    # compared on resume (the trainer resets the data position of a resume onto other data with --new_data).
     data_fingerprint: str | None = None
-    # What a resume does differently (launch_record.check_resume: a data reset); None without a resume.
-    resume_plan: launch_record.ResumePlan | None = None
 
     @property
     def config(self) -> TrainConfig:
@@ -396,8 +395,10 @@ def _prepare(
     tokenizer_name = cfg.model.tokenizer or settings.source.name
     dataset = block_cache.prepared(cfg.data, cfg.explicit, tokenizer, tokenizer_name, run_first)
     data_fingerprint = token_shards.content_fingerprint(dataset.manifest)
-    # Other data refused (or, with --new_data, its position reset) before any rank trains.
-    plan = None if resume is None else check_resume(settings, resume.path, data_fingerprint=data_fingerprint)
+    if (
+        resume is not None
+    ):  # other data refused before any rank trains (--new_data: the ranks reset its position)
+        check_resume(settings, resume.path, data_fingerprint=data_fingerprint)
     seq = settings.seq_length
     train_blocks = _blocks_or_error(dataset, "train", cfg, seq)
     val_blocks = _blocks_or_error(dataset, "validation", cfg, seq) if dataset.holds_validation else None
@@ -435,7 +436,6 @@ def _prepare(
         schedule_change,
         loads_schedule_state,
         data_fingerprint,
-        plan,
     )
     if run.layout is not None:
         print0(run.layout.describe())
