@@ -1,10 +1,17 @@
 """How a run was launched, saved beside every checkpoint, and what a resume may and may not change.
 
-A resume with another model architecture or sequence length is refused (the weights or the data position would
-not mean the same thing). A different world size is allowed: the trainer converts a DeepSpeed checkpoint to DeepSpeed's
-universal layout once and resumes it whole (protocol.convert_universal; an FSDP checkpoint reshards on load),
-or loads the weights alone when the optimizer's parameter groups changed too or the conversion fails, with a
-warning. A checkpoint of the other --backend is refused.
+`check_resume` compares every launch setting a checkpoint fixes, before any rank starts (the preflight) and again
+on the ranks; each difference is refused in one line or handled and said in one line:
+
+- refused: another --backend, model architecture or sequence length (the weights or the data position would not
+  mean the same thing), other LoRA flags (model/lora.py's check_resume), and other data (the prepared data's
+  content fingerprint, not its path) unless --new_data true, which starts the data position over;
+- weights only (optimizer state starts fresh): another ZeRO stage, or other optimizer parameter groups. Another
+  world size resumes whole: the trainer converts a DeepSpeed checkpoint to DeepSpeed's universal layout once
+  (protocol.convert_universal; an FSDP checkpoint reshards on load), or loads the weights alone when the
+  conversion fails, with a warning;
+- another --lr_schedule: the new schedule continues from the loaded step, the optimizer state is kept and the
+  old scheduler's state is not loaded (ScheduleSpec.resume_line says so).
 """
 
 from __future__ import annotations
@@ -14,12 +21,13 @@ import json
 import os
 import socket
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from model_utils import engines
 from model_utils.errors import ConfigError
-from model_utils.optim.schedules import RanSchedule
+from model_utils.optim.schedules import CLIENT_SCHEDULES, NONE, RanSchedule
 from model_utils.repo import REPO_ROOT
 
 # Keys of a transformers config that define the architecture; others (dtype, name, ...) may change freely.
@@ -85,6 +93,14 @@ def read(tag_dir: Path) -> dict[str, Any] | None:
         return None
 
 
+@dataclass(frozen=True)
+class ResumePlan:
+    """What a resume that may go ahead does differently from a plain one (each None: nothing)."""
+
+    weights_only: str | None = None  # why only the weights load (the optimizer state starts fresh)
+    data_reset: str | None = None  # the line saying the data changed and its position starts over
+
+
 def check_resume(
     tag_dir: Path,
     model_config: Any,
@@ -92,10 +108,16 @@ def check_resume(
     world_size: int | None,
     optimizer_groups: list[list[int]] | None = None,
     backend: str | None = None,
-) -> str | None:
-    """Raise on an incompatible resume. Return why only the weights can be loaded (another world size, or
-    another layout of the optimizer's parameter groups), else None. world_size and optimizer_groups None: not
-    known yet, as in `dskit prepare`. backend: --backend, checked against the engine that wrote the tag."""
+    zero_stage: int | None = None,
+    data_fingerprint: str | None = None,
+    new_data: bool = False,
+    dataset: str | None = None,
+) -> ResumePlan:
+    """Raise on an incompatible resume; else the plan (what is loaded, what starts over). world_size,
+    optimizer_groups and data_fingerprint None: not known yet (the preflight before the data, `dskit prepare`);
+    dataset: --dataset, for the messages.
+    backend: --backend, checked against the engine that wrote the tag; zero_stage: the run's ZeRO stage (the
+    backend's, where it shards by stage). The lr schedule is compared by the resolver (ScheduleSpec.resume_line)."""
     # The other engines are asked (imported) only when the run's own does not recognise the tag.
     if backend is not None and not engines.engine_class(backend).owns_tag(tag_dir):
         saved_backend = engines.engine_of_tag(tag_dir)
@@ -116,7 +138,7 @@ def check_resume(
                 )
     launch = read(tag_dir)
     if launch is None:
-        return None
+        return ResumePlan()
     resolved = launch.get("resolved", {})
     # Kits before the resolved run wrote the resolved sequence length into the config itself.
     saved_seq = resolved.get("seq_length", launch["config"]["data"]["seq_length"])
@@ -125,6 +147,26 @@ def check_resume(
             f"checkpoint {tag_dir} was trained with --seq_length {saved_seq}, not {seq_length}: "
             f"resume with --seq_length {saved_seq}, or use a new --checkpoint_dir"
         )
+    data_reset = _data_change(tag_dir, launch, data_fingerprint, new_data, dataset)
+    why = _weights_only(launch, world_size, optimizer_groups, backend, zero_stage)
+    return ResumePlan(weights_only=why, data_reset=data_reset)
+
+
+def _weights_only(
+    launch: dict[str, Any],
+    world_size: int | None,
+    optimizer_groups: list[list[int]] | None,
+    backend: str | None,
+    zero_stage: int | None,
+) -> str | None:
+    """Why the checkpoint's optimizer state cannot be loaded into this run (None: it can)."""
+    resolved = launch.get("resolved", {})
+    saved_stage = _saved_zero_stage(launch)
+    sharded_by_stage = backend is not None and engines.engine_class(backend).zero_stages
+    # Each ZeRO stage lays the optimizer state out in its own files (ZeRO-3 the weights too): DeepSpeed loads
+    # none of another stage's, so the weights come from the consolidated masters (DeepSpeedEngine.load).
+    if sharded_by_stage and zero_stage is not None and saved_stage is not None and saved_stage != zero_stage:
+        return f"ZeRO stage changed from {saved_stage} to {zero_stage}"
     if world_size is not None and launch["world_size"] != world_size:
         return f"world size changed from {launch['world_size']} to {world_size}"
     saved_groups = resolved.get("optimizer_groups")
@@ -134,17 +176,63 @@ def check_resume(
     return None
 
 
+def _saved_zero_stage(launch: dict[str, Any]) -> int | None:
+    stage = launch.get("resolved", {}).get("zero_stage")
+    if isinstance(stage, int):
+        return stage
+    zero = launch.get("deepspeed_config", {}).get("zero_optimization")  # kits before the resolved stage
+    return int(zero.get("stage", 0)) if isinstance(zero, dict) else None
+
+
+def _data_change(
+    tag_dir: Path, launch: dict[str, Any], data_fingerprint: str | None, new_data: bool, dataset: str | None
+) -> str | None:
+    """The line of a resume onto other data with --new_data true (its position starts over); a refusal without
+    it. Same content elsewhere (a moved or copied dataset) has the same fingerprint: no change."""
+    saved = launch.get("resolved", {}).get("data_fingerprint")
+    if data_fingerprint is None or saved is None or saved == data_fingerprint:
+        return None  # not known yet, or a checkpoint of a kit before the fingerprint: nothing to compare
+    saved_dataset = launch.get("config", {}).get("data", {}).get("dataset")
+    if not new_data:
+        raise ConfigError(
+            f"checkpoint {tag_dir} was trained on other data ({saved_dataset}, content {saved}) than --dataset "
+            f"{dataset} (content {data_fingerprint}): resume with its data, pass --new_data true to train on this "
+            "data from its start (weights, optimizer and lr schedule continue), or use a new --checkpoint_dir"
+        )
+    return (
+        f"--new_data: the data changed from {saved_dataset} (content {saved}) to {dataset} (content "
+        f"{data_fingerprint}): its position starts over at epoch 0, block 0 (weights, optimizer and lr schedule "
+        "continue)"
+    )
+
+
 def saved_world_size(tag_dir: Path) -> int | None:
     launch = read(tag_dir)
     return None if launch is None else launch.get("world_size")
 
 
 def ran_schedule(tag_dir: Path) -> RanSchedule | None:
-    """The lr schedule the run that saved tag_dir trained (its warm-up and total steps, as resolved); None: a
-    checkpoint without a launch record of them."""
+    """The lr schedule the run that saved tag_dir trained (its kind, warm-up and total steps, as resolved);
+    None: a checkpoint without a launch record of them."""
     launch = read(tag_dir)
     resolved = {} if launch is None else launch.get("resolved", {})
     total = resolved.get("max_steps")
-    if not isinstance(total, int) or "warmup_steps" not in resolved:
+    if launch is None or not isinstance(total, int) or "warmup_steps" not in resolved:
         return None
-    return RanSchedule(resolved["warmup_steps"], total)
+    return RanSchedule(
+        resolved["warmup_steps"], total, resolved.get("lr_schedule_kind") or _schedule_kind(launch)
+    )
+
+
+# The kinds of DeepSpeed's scheduler classes the kit's --lr_schedule runs (optim/schedules.py).
+_DEEPSPEED_KINDS = {"WarmupCosineLR": "cosine", "WarmupLR": "constant"}
+
+
+def _schedule_kind(launch: dict[str, Any]) -> str | None:
+    """The schedule kind a launch record of a kit before `lr_schedule_kind` implies: DeepSpeed's scheduler
+    section, else the kit's own (--lr_schedule wsd, linear), else none."""
+    section = launch.get("deepspeed_config", {}).get("scheduler")
+    if isinstance(section, dict):
+        return _DEEPSPEED_KINDS.get(str(section.get("type")), section.get("type"))
+    flag = launch.get("config", {}).get("optim", {}).get("lr_schedule")
+    return flag if flag in CLIENT_SCHEDULES else NONE if "deepspeed_config" in launch else None

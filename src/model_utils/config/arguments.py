@@ -337,6 +337,14 @@ class CheckpointArgs:
             "resume from this checkpoint dir (its newest verified tag) or tag dir instead of --checkpoint_dir"
         ),
     )
+    new_data: bool = field(
+        default=False,
+        metadata=_flag(
+            "true: resume on data other than the checkpoint's (its content, not its path, compared): the data "
+            "position starts over at epoch 0, block 0, while weights, optimizer and lr schedule continue; "
+            "without it such a resume is refused"
+        ),
+    )
 
     keep_checkpoints: int = field(
         default=3,

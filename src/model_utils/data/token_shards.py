@@ -700,3 +700,12 @@ def prepare_in_process(out: Path, record: dict[str, Any], spec: TokenizerSpec) -
     manifest = finish(out)
     assert manifest is not None, "every unit of the plan (or of its prefix) is done"
     return manifest
+
+
+def content_fingerprint(manifest: dict[str, Any]) -> str:
+    """What the training blocks hold, from the manifest's per-shard checksums in stream order (not where the
+    dataset lives: a moved or copied one keeps it): a checkpoint records it, and a resume on other data is
+    refused (checkpoint/launch_record.py)."""
+    shards = [(shard["xxh3"], shard["tokens"]) for shard in manifest["shards"][TRAIN]]
+    identity = {"dtype": manifest["dtype"], "train_shards": shards}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]

@@ -161,6 +161,9 @@ class DeepSpeedEngine:
             )
         self.module = self._engine.module
         self._discarded = 0  # steps discarded at the caller's request (train_step's `keep`)
+        # False (from_run: a resume onto another --lr_schedule): load() leaves the scheduler's state out,
+        # another class's; the schedule is positioned by start_schedule_at either way.
+        self._loads_schedule_state = True
 
     @staticmethod
     def prepare_model(model: torch.nn.Module, run: ResolvedRun, device: torch.device) -> torch.nn.Module:
@@ -182,7 +185,9 @@ class DeepSpeedEngine:
         if device.type == "cpu":
             ds = torch_adam_on_cpu(ds)
         kernels.build_ops(jit_ops(ds, device.type), device.type)  # announced, before DeepSpeed loads them
-        return cls(model, ds, param_groups, lr_scheduler=scheduler)
+        engine = cls(model, ds, param_groups, lr_scheduler=scheduler)
+        engine._loads_schedule_state = run.loads_schedule_state
+        return engine
 
     def train_step(
         self, micro_batches: list[torch.Tensor], keep: Callable[[torch.Tensor], bool] | None = None
@@ -269,6 +274,8 @@ class DeepSpeedEngine:
         # `universal`: tag_dir was written by convert_universal. DeepSpeed reads its `checkpoint.load_universal`
         # config flag only while loading (engine.load_universal_checkpoint()), so it is set for this load
         # alone: a same-world-size resume of an ordinary tag must not see it.
+        if weights_only and not universal and self._other_stage(tag_dir):
+            return self._load_weights_of_other_stage(tag_dir)
         config = self._engine._config
         before = config.load_universal_checkpoint
         config.load_universal_checkpoint = universal
@@ -277,7 +284,7 @@ class DeepSpeedEngine:
                 str(tag_dir.parent),
                 tag=tag_dir.name,
                 load_optimizer_states=not weights_only,
-                load_lr_scheduler_states=not weights_only,
+                load_lr_scheduler_states=not weights_only and self._loads_schedule_state,
             )
         finally:
             config.load_universal_checkpoint = before
@@ -285,6 +292,51 @@ class DeepSpeedEngine:
             return None
         self._discarded = int(client_state.get(DISCARDED_KEY, 0))  # global_steps came back with them
         return client_state
+
+    def _other_stage(self, tag_dir: Path) -> bool:
+        """Whether tag_dir was saved on the other side of ZeRO-3 (which partitions the weights and names its
+        model-states files per rank) from this engine: DeepSpeed's own load finds none of its files."""
+        saved_by_stage3 = not (tag_dir / MODEL_STATES).is_file() and any(tag_dir.glob(MODEL_STATES_GLOB))
+        return saved_by_stage3 != bool(self._engine.zero_optimization_partition_weights())
+
+    def _load_weights_of_other_stage(self, tag_dir: Path) -> dict[str, Any] | None:
+        """The weights of a tag saved under another ZeRO stage (its fp32 masters, consolidated on rank 0) into
+        this engine's module, the optimizer's masters refreshed from them; the client state and step counts from
+        the tag's model states (every stage writes them with each rank's)."""
+        import deepspeed
+
+        states = sorted(tag_dir.glob(MODEL_STATES_GLOB))
+        if not states:
+            return None
+        stage3 = bool(self._engine.zero_optimization_partition_weights())
+        # ZeRO-3: rank 0 alone holds the full weights, gathering one parameter at a time to copy it in; below
+        # ZeRO-3 every rank holds the whole model anyway and reads its own copy (no collective).
+        reads = not stage3 or torch.distributed.get_rank() == 0
+        full = self.read_full_state_dict(tag_dir, torch.float32) if reads else {}
+        names = [name for name, _ in self.module.named_parameters()]
+        lacking = torch.tensor([sum(name not in full for name in names) if reads else 0])
+        torch.distributed.all_reduce(lacking)  # every rank stops, or none (ZeRO-3's gathers need them all)
+        if int(lacking):
+            raise ConfigError(
+                f"checkpoint {tag_dir} lacks {int(lacking)} of this model's parameters: resume it with its own "
+                "--deepspeed_config (ZeRO stage), or use a new --checkpoint_dir"
+            )
+        with torch.no_grad():
+            for name, param in self.module.named_parameters():
+                gathered = deepspeed.zero.GatheredParameters([param], modifier_rank=0) if stage3 else None
+                with gathered or contextlib.nullcontext():
+                    if reads:
+                        param.copy_(full[name])
+        optimizer = self._engine.optimizer
+        if hasattr(optimizer, "refresh_fp32_params"):  # its fp32 masters from the weights just copied in
+            optimizer.refresh_fp32_params()
+        # Memory-mapped: a ZeRO-0/1/2 file holds the 16-bit weights too, which are not read here.
+        saved = torch.load(states[0], map_location="cpu", weights_only=False, mmap=True)
+        self._engine.global_steps = int(saved["global_steps"])
+        self._engine.global_samples = int(saved.get("global_samples", 0))
+        self._engine.skipped_steps = int(saved.get("skipped_steps", 0))
+        self._discarded = int(saved.get(DISCARDED_KEY, 0))
+        return saved
 
     # --- the checkpoint's files, without an engine ---
 

@@ -131,6 +131,9 @@ class FsdpEngine:
         self._scheduler = schedule.torch_scheduler(self._optimizer, total_steps)
         self._clip = optim.gradient_clipping
         self._steps = 0  # applied optimizer steps
+        # False (from_run: a resume onto another --lr_schedule): load() leaves the scheduler's state out,
+        # another class's; the schedule is positioned by start_schedule_at either way.
+        self._loads_schedule_state = True
         self._grad_norm: float | None = None
 
     @staticmethod
@@ -148,9 +151,11 @@ class FsdpEngine:
     ) -> FsdpEngine:
         ts = run.settings.train
         assert run.max_steps is not None
-        return cls(
+        engine = cls(
             model, ts.optim, ts.schedule, run.max_steps, param_groups, device, cpu_offload=ts.fsdp_cpu_offload
         )
+        engine._loads_schedule_state = run.loads_schedule_state
+        return engine
 
     @staticmethod
     def check_config(ds: dict[str, Any], path: str) -> None:
@@ -302,6 +307,13 @@ class FsdpEngine:
             dcp.load({"model": model_state}, checkpoint_id=dcp_dir)
             set_model_state_dict(self.module, model_state)
         else:
+            # A torch LambdaLR keeps its `initial_lr` in the optimizer's param groups, DeepSpeed's classes do not:
+            # onto another schedule the key is this run's scheduler's, not one to read from the checkpoint.
+            initial_lrs = (
+                []
+                if self._loads_schedule_state
+                else [group.pop("initial_lr", None) for group in self._optimizer.param_groups]
+            )
             # get_state_dict initialises a fresh optimizer's state (a step at lr 0) so DCP has tensors to load
             # into; the saved state then replaces it, resharded for this world size.
             model_state, optim_state = get_state_dict(self.module, self._optimizer)
@@ -314,8 +326,13 @@ class FsdpEngine:
                 optim_state_dict=loaded["optim"],
                 options=StateDictOptions(strict=True),
             )
+            for group, initial_lr in zip(self._optimizer.param_groups, initial_lrs, strict=False):
+                group.pop("initial_lr", None)
+                if initial_lr is not None:
+                    group["initial_lr"] = initial_lr
         saved = torch.load(state_file, weights_only=False)
-        if not weights_only and self._scheduler is not None and saved["scheduler"] is not None:
+        loads_schedule = not weights_only and self._loads_schedule_state
+        if loads_schedule and self._scheduler is not None and saved["scheduler"] is not None:
             self._scheduler.load_state_dict(saved["scheduler"])
         # The step count comes back either way (as DeepSpeed's global_steps does); a weights-only resume
         # repositions the schedule with start_schedule_at.

@@ -21,7 +21,7 @@ from model_utils import engines
 from model_utils.checkpoint import launch_record, protocol
 from model_utils.config.arguments import ALL
 from model_utils.data import step_batches
-from model_utils.data.sampler import BlockSampler, ValidationPlan, validation_plan
+from model_utils.data.sampler import BlockSampler, DataPosition, ValidationPlan, validation_plan
 from model_utils.engines.base import Engine
 from model_utils.errors import ConfigError, RunDiverged
 from model_utils.launch import launch_env, walltime
@@ -35,7 +35,7 @@ from model_utils.observe import metrics, run_name, step_line
 from model_utils.observe.log import print0, warn0
 from model_utils.observe.reporter import Reporter
 from model_utils.optim import param_groups
-from model_utils.resolve.resolver import ResolvedRun
+from model_utils.resolve.resolver import ResolvedRun, check_resume
 
 # What became of a step's data (Trainer.train_step); an applied one then stands or is rolled back (hooks.py).
 APPLIED, DISCARDED, DROPPED = "applied", hooks.DISCARDED, hooks.DROPPED
@@ -176,14 +176,13 @@ class Trainer:
         """The engine and the run's state from a checkpoint (a resume, a rollback); the target actually read."""
         self._check_every_host_has(target)
         # The world size is checked apart: another one is resumed whole through a universal copy.
-        why_weights_only = launch_record.check_resume(
+        plan = check_resume(
+            self.run.settings,
             target.path,
-            self.run.model_config,
-            self.run.seq_length,
-            None,
-            self.decay_groups.layout(),
-            self.cfg.optim.backend,
+            optimizer_groups=self.decay_groups.layout(),
+            data_fingerprint=self.run.data_fingerprint,
         )
+        why_weights_only = plan.weights_only
         saved_ranks = launch_record.saved_world_size(target.path)
         universal = False
         # FSDP's DCP shards reshard on load: another world size resumes whole without a copy.
@@ -213,6 +212,9 @@ class Trainer:
                 f"{why_weights_only}: loaded the weights only (optimizer state starts fresh; the lr schedule and "
                 "data position continue)"
             )
+        if plan.data_reset is not None:  # the saved position counts blocks of the checkpoint's data
+            state.position = DataPosition()
+            print0(plan.data_reset)
         # The schedule this run trains, at the loaded step: a resume with another --max_steps reshaped its decay.
         self.engine.start_schedule_at(state.step)
         assert self.engine.optimizer_steps() == state.step, (self.engine.optimizer_steps(), state.step)

@@ -18,7 +18,9 @@ checkpoint with --decay_from_step.
 
 A resume keeps the warm-up its checkpoint ran (`ScheduleSpec.resumed`; launch.json records it): a --warmup_ratio is
 never recomputed from a changed --max_steps. A changed --max_steps reshapes only the decay, to end at the new last
-step, and `resume_line` announces it with the lr of the next step before and after the change.
+step, and `resume_line` announces it with the lr of the next step before and after the change. A resume with
+another --lr_schedule (`switches_from`) runs the new schedule from the loaded step: the optimizer state is kept,
+the old scheduler's state is not loaded (another class: it would not load), and `resume_line` says so.
 """
 
 from __future__ import annotations
@@ -112,6 +114,7 @@ class RanSchedule:
 
     warmup_steps: int | None  # None: it had no warm-up (a DeepSpeed-format config without a scheduler)
     total_steps: int
+    kind: str | None = None  # ScheduleSpec.kind; None: not recorded (a kit before it)
 
 
 @dataclass(frozen=True)
@@ -178,15 +181,26 @@ class ScheduleSpec:
             return self
         return dataclasses.replace(self, warmup_steps=ran.warmup_steps, warmup_ratio=None)
 
+    def switches_from(self, ran: RanSchedule) -> bool:
+        """Whether a resume of `ran` trains another kind of schedule (its scheduler state is then not loaded)."""
+        return ran.kind is not None and ran.kind != self.kind
+
     def resume_line(self, ran: RanSchedule, peak_lr: float, step: int, total_steps: int) -> str | None:
         """The one line a resume at `step` of a run that trained `ran` prints when its schedule changes: another
-        --max_steps (the decay reshaped; the lr of step+1 before and after) or a warm-up the flags now make
-        different (kept). None when nothing changed: the lr continues exactly."""
+        kind (the new one continues from `step`), another --max_steps (the decay reshaped; the lr of step+1
+        before and after) or a warm-up the flags now make different (kept). None when nothing changed: the lr
+        continues exactly."""
         kept = self.resumed(ran)
         warmup, asked = kept.warmup_for(total_steps), self.warmup_for(total_steps)
-        if total_steps == ran.total_steps and warmup == asked:
+        switched = self.switches_from(ran)
+        if total_steps == ran.total_steps and warmup == asked and not switched:
             return None
         said = ["lr schedule:"]
+        if switched:
+            said.append(
+                f"--lr_schedule {self.kind} (was {ran.kind}) from step {step + 1} ({ran.kind}'s scheduler state not "
+                "loaded);"
+            )
         if total_steps != ran.total_steps:
             said.append(f"--max_steps {total_steps} (was {ran.total_steps}):")
         if warmup is not None:
@@ -194,9 +208,12 @@ class ScheduleSpec:
             said.append(f"warm-up kept at {warmup} steps{differs};")
         if total_steps != ran.total_steps and self.kind not in WITHOUT_DECAY:
             said.append(f"the decay now ends at step {total_steps};")
-        before = kept._lr_before(peak_lr, ran.total_steps, step + 1)
         (after,) = kept.lr_at(peak_lr, total_steps, [step + 1])
-        said.append(f"lr at step {step + 1} {before:.3g} -> {after:.3g}")
+        if switched:  # the old schedule's lr is not this spec's to compute
+            said.append(f"lr at step {step + 1} {after:.3g}")
+        else:
+            before = kept._lr_before(peak_lr, ran.total_steps, step + 1)
+            said.append(f"lr at step {step + 1} {before:.3g} -> {after:.3g}")
         return " ".join(said)
 
     def _lr_before(self, peak_lr: float, total_steps: int, step: int) -> float:

@@ -47,6 +47,11 @@ class ResolvedRun:
     max_steps: int | None  # --max_steps, or --epochs x steps_per_epoch
     # What a resume changes in the schedule its checkpoint ran (ScheduleSpec.resume_line); None: nothing.
     schedule_change: str | None = None
+    # False: a resume onto another --lr_schedule, whose scheduler state the engine must not load.
+    loads_schedule_state: bool = True
+    # The content of the training data (token_shards.content_fingerprint), recorded in every checkpoint and
+    # compared on resume (the trainer resets the data position of a resume onto other data with --new_data).
+    data_fingerprint: str | None = None
 
     @property
     def config(self) -> TrainConfig:
@@ -111,6 +116,7 @@ class ResolvedRun:
         return {
             "warmup_steps": warmup,
             "lr_schedule": ts.schedule.describe(total, engines.engine_class(ts.backend).runs_schedule),
+            "lr_schedule_kind": ts.schedule.kind,  # what a resume compares (launch_record.ran_schedule)
             "lr_at_step": dict(zip(shown, ts.lr_at(total, shown), strict=True)),
         }
 
@@ -148,6 +154,7 @@ class ResolvedRun:
                 "train_blocks": len(self.train_blocks),
                 "validation_blocks": None if self.val_blocks is None else len(self.val_blocks),
                 "resume_from": None if self.resume is None else str(self.resume.path),
+                "data_fingerprint": self.data_fingerprint,
                 **({} if self.schedule_change is None else {"schedule_change": self.schedule_change}),
                 **self._schedule(),
             },
@@ -381,18 +388,17 @@ def _prepare(
     _check_profile_steps(cfg, cfg.loop.max_steps if cfg.loop.epochs is None else None)
     resume = decide_once(lambda: _select_resume(cfg))
     if resume is not None:  # refuse another architecture or block length before any data work
-        launch_record.check_resume(
-            resume.path,
-            settings.model_config,
-            settings.seq_length,
-            world_size=None,
-            backend=cfg.optim.backend,
-        )
+        check_resume(settings, resume.path)
         lora.check_resume(resume.path, cfg.lora)
     tokenizer = models.load_tokenizer(settings.source, cfg.model.tokenizer, settings.tokenizer)
     models.check_vocab(tokenizer, settings.model_config)
     tokenizer_name = cfg.model.tokenizer or settings.source.name
     dataset = block_cache.prepared(cfg.data, cfg.explicit, tokenizer, tokenizer_name, run_first)
+    data_fingerprint = token_shards.content_fingerprint(dataset.manifest)
+    if (
+        resume is not None
+    ):  # other data refused before any rank trains (--new_data: the ranks reset its position)
+        check_resume(settings, resume.path, data_fingerprint=data_fingerprint)
     seq = settings.seq_length
     train_blocks = _blocks_or_error(dataset, "train", cfg, seq)
     val_blocks = _blocks_or_error(dataset, "validation", cfg, seq) if dataset.holds_validation else None
@@ -416,7 +422,7 @@ def _prepare(
         max_steps = epochs * steps_per_epoch
     _check_profile_steps(cfg, max_steps)  # with --epochs, max_steps is known only now
     _check_steps_left(resume, max_steps)
-    settings, schedule_change = _resumed_schedule(settings, resume, max_steps)
+    settings, schedule_change, loads_schedule_state = _resumed_schedule(settings, resume, max_steps)
     run = ResolvedRun(
         settings,
         tokenizer,
@@ -428,6 +434,8 @@ def _prepare(
         steps_per_epoch,
         max_steps,
         schedule_change,
+        loads_schedule_state,
+        data_fingerprint,
     )
     if run.layout is not None:
         print0(run.layout.describe())
@@ -469,20 +477,45 @@ def _fetch_hub(settings: RunSettings) -> RunSettings:
     return dataclasses.replace(settings, source=source, tokenizer=tok)
 
 
+def check_resume(
+    settings: RunSettings,
+    tag_dir: Path,
+    world_size: int | None = None,
+    optimizer_groups: list[list[int]] | None = None,
+    data_fingerprint: str | None = None,
+) -> launch_record.ResumePlan:
+    """launch_record.check_resume with this run's settings: the preflight's (before and after the data) and the
+    trainer's (with the optimizer groups) are the same comparison."""
+    cfg = settings.config
+    return launch_record.check_resume(
+        tag_dir,
+        settings.model_config,
+        settings.seq_length,
+        world_size,
+        optimizer_groups,
+        backend=cfg.optim.backend,
+        zero_stage=settings.train.zero_stage,
+        data_fingerprint=data_fingerprint,
+        new_data=cfg.checkpoint.new_data,
+        dataset=cfg.data.dataset,
+    )
+
+
 def _resumed_schedule(
     settings: RunSettings, resume: protocol.ResumeTarget | None, max_steps: int | None
-) -> tuple[RunSettings, str | None]:
-    """The settings with the schedule a resume trains (the checkpoint's warm-up kept, the decay to max_steps), and
-    the line saying what changed from the schedule the checkpoint ran (None: nothing, or no resume)."""
+) -> tuple[RunSettings, str | None, bool]:
+    """The settings with the schedule a resume trains (the checkpoint's warm-up kept, the decay to max_steps), the
+    line saying what changed from the schedule the checkpoint ran (None: nothing, or no resume), and whether the
+    checkpoint's scheduler state is loaded (not into another kind of schedule)."""
     ran = None if resume is None or max_steps is None else launch_record.ran_schedule(resume.path)
     step = None if resume is None else protocol.tag_step(resume.tag)
     if ran is None or step is None:
-        return settings, None
+        return settings, None, True
     assert max_steps is not None
     ts = settings.train
     change = ts.schedule.resume_line(ran, ts.optim.lr, step, max_steps)
     kept = dataclasses.replace(ts, schedule=ts.schedule.resumed(ran))
-    return dataclasses.replace(settings, train=kept), change
+    return dataclasses.replace(settings, train=kept), change, not ts.schedule.switches_from(ran)
 
 
 def _check_steps_left(resume: protocol.ResumeTarget | None, max_steps: int | None) -> None:

@@ -1,8 +1,10 @@
 """The launch record (launch.json) saved with each checkpoint: what it records of the launch, its hash of the
-resolved run, and the resume check against another architecture, sequence length, world size or optimizer groups."""
+resolved run, and the resume check over every setting a checkpoint fixes (the matrix below: schedule, ZeRO stage,
+backend, LoRA, sequence length, model, data): each difference refused in one line or handled and said."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 from pathlib import Path
@@ -10,9 +12,12 @@ from pathlib import Path
 import pytest
 
 from model_utils.checkpoint import launch_record
+from model_utils.config.arguments import LoraArgs, parse_args
 from model_utils.config.presets import PRESETS
 from model_utils.errors import ConfigError
+from model_utils.model import lora
 from model_utils.optim.schedules import RanSchedule
+from model_utils.resolve import train_settings
 from support.checkpoint_tags import fake_tag
 
 REPO = Path(__file__).resolve().parents[3]
@@ -34,12 +39,13 @@ def _launch_tag(tmp_path: Path, world_size: int = 2, seq_length: int = 64) -> tu
 
 def test_launch_manifest_refuses_another_architecture_or_sequence_length(tmp_path: Path) -> None:
     tag, config = _launch_tag(tmp_path)
-    assert launch_record.check_resume(tag, config, 64, world_size=2) is None
+    assert launch_record.check_resume(tag, config, 64, world_size=2) == launch_record.ResumePlan()
     # Weights only: another world size, or optimizer groups this checkpoint was not saved with.
-    assert launch_record.check_resume(tag, config, 64, world_size=1) == "world size changed from 2 to 1"
-    why = launch_record.check_resume(tag, config, 64, world_size=2, optimizer_groups=[[3, 100], [2, 8]])
+    plan = launch_record.check_resume(tag, config, 64, world_size=1)
+    assert plan.weights_only == "world size changed from 2 to 1"
+    plan = launch_record.check_resume(tag, config, 64, world_size=2, optimizer_groups=[[3, 100], [2, 8]])
     assert (
-        why
+        plan.weights_only
         == "the optimizer's parameter groups changed from one group (a kit before weight-decay groups) to [[3, 100], [2, 8]]"
     )
     wider = PRESETS["tiny-qwen3"].build_config()
@@ -50,7 +56,7 @@ def test_launch_manifest_refuses_another_architecture_or_sequence_length(tmp_pat
         launch_record.check_resume(tag, config, 128, world_size=2)
     # A checkpoint of a kit before the resolved run: the resolved length was written into the config.
     (tag / "launch.json").write_text(json.dumps({"config": {"data": {"seq_length": 64}}, "world_size": 2}))
-    assert launch_record.check_resume(tag, config, 64, world_size=2) is None
+    assert launch_record.check_resume(tag, config, 64, world_size=2) == launch_record.ResumePlan()
     with pytest.raises(ConfigError, match="was trained with --seq_length 64, not 128"):
         launch_record.check_resume(tag, config, 128, world_size=2)
 
@@ -96,4 +102,160 @@ def test_a_launch_record_says_the_schedule_its_run_trained(tmp_path: Path) -> No
     launch = json.loads((tag / "launch.json").read_text())
     launch["resolved"] |= {"max_steps": 200, "warmup_steps": 61}
     (tag / "launch.json").write_text(json.dumps(launch))
-    assert launch_record.ran_schedule(tag) == RanSchedule(61, 200)
+    assert launch_record.ran_schedule(tag) == RanSchedule(61, 200)  # its kind unknown: no switch is seen
+    launch["resolved"]["lr_schedule_kind"] = "wsd"
+    (tag / "launch.json").write_text(json.dumps(launch))
+    assert launch_record.ran_schedule(tag) == RanSchedule(61, 200, "wsd")
+
+
+@pytest.mark.parametrize(
+    ("deepspeed_config", "optim", "kind"),
+    [
+        ({"scheduler": {"type": "WarmupCosineLR"}}, {"lr_schedule": "cosine"}, "cosine"),
+        ({"scheduler": {"type": "WarmupLR"}}, {"lr_schedule": "constant"}, "constant"),
+        (
+            {"scheduler": {"type": "WarmupDecayLR"}},
+            {"lr_schedule": "cosine"},
+            "WarmupDecayLR",
+        ),  # the config's own
+        ({}, {"lr_schedule": "wsd"}, "wsd"),  # the kit's LambdaLR: no section in DeepSpeed's dict
+        ({}, {"lr_schedule": "cosine"}, "none"),  # a config without a scheduler
+    ],
+)
+def test_the_schedule_kind_of_a_record_before_it_was_written_comes_from_the_deepspeed_dict(
+    tmp_path: Path, deepspeed_config: dict, optim: dict, kind: str
+) -> None:
+    """Checkpoints of kits before `lr_schedule_kind` (the issue's cosine checkpoint) still say what they ran, so
+    a resume onto another --lr_schedule does not load their scheduler's state."""
+    tag, _ = _launch_tag(tmp_path)
+    launch = json.loads((tag / "launch.json").read_text())
+    launch["resolved"] |= {"max_steps": 200, "warmup_steps": 61}
+    launch |= {"deepspeed_config": deepspeed_config, "config": {**launch["config"], "optim": optim}}
+    (tag / "launch.json").write_text(json.dumps(launch))
+    assert launch_record.ran_schedule(tag) == RanSchedule(61, 200, kind)
+
+
+# --- a resume with each setting changed -------------------------------------------------------------------
+
+FINGERPRINT = "6284e9ae0dcd0e0d"
+
+
+def _saved_run(tmp_path: Path, lora_args: LoraArgs | None = None) -> tuple[Path, object]:
+    """A ZeRO-2 DeepSpeed tag of a cosine run on data of FINGERPRINT, as this kit records it."""
+    tag, config = _launch_tag(tmp_path)
+    launch = json.loads((tag / "launch.json").read_text())
+    launch["config"] |= {
+        "data": {"seq_length": None, "dataset": "embedded"},
+        "lora": dataclasses.asdict(lora_args or LoraArgs()),
+    }
+    launch["resolved"] |= {
+        "max_steps": 8,
+        "warmup_steps": 2,
+        "lr_schedule_kind": "cosine",
+        "zero_stage": 2,
+        "backend": "deepspeed",
+        "data_fingerprint": FINGERPRINT,
+    }
+    (tag / "launch.json").write_text(json.dumps(launch))
+    return tag, config
+
+
+def _resume(tag: Path, config: object, **changed: object) -> str:
+    """What the preflight makes of a resume of `tag` with these settings changed: "same", what it handles (a
+    schedule switch, weights only, a data reset) or "refused: <the line>". Anything else would be a traceback."""
+    model = changed.pop("model", config)
+    flags = ["--lr_schedule", str(changed.pop("lr_schedule", "cosine"))]
+    schedule = train_settings.resolve(parse_args(flags)).schedule
+    try:
+        lora.check_resume(tag, changed.pop("lora", LoraArgs()))  # type: ignore[arg-type]
+        plan = launch_record.check_resume(
+            tag,
+            model,
+            changed.pop("seq_length", 64),  # type: ignore[arg-type]
+            world_size=2,
+            backend=changed.pop("backend", "deepspeed"),  # type: ignore[arg-type]
+            zero_stage=changed.pop("zero_stage", 2),  # type: ignore[arg-type]
+            data_fingerprint=changed.pop("data", FINGERPRINT),  # type: ignore[arg-type]
+            new_data=bool(changed.pop("new_data", False)),
+            dataset="/data/other",
+        )
+    except ConfigError as e:
+        return f"refused: {e}"
+    assert not changed, changed
+    ran = launch_record.ran_schedule(tag)
+    assert ran is not None
+    said = [schedule.resume_line(ran, 1.0, 4, 8)] if schedule.switches_from(ran) else []
+    said += [why for why in (plan.weights_only, plan.data_reset) if why is not None]
+    return " | ".join(said) or "same"
+
+
+def _wider() -> object:
+    config = PRESETS["tiny-qwen3"].build_config()
+    config.num_hidden_layers += 1
+    return config
+
+
+# setting -> (the change, what the preflight makes of it)
+MATRIX = {
+    "nothing": ({}, "same"),
+    "schedule": ({"lr_schedule": "wsd"}, "lr schedule: --lr_schedule wsd (was cosine) from step 5"),
+    "ZeRO stage 2 -> 3": ({"zero_stage": 3}, "ZeRO stage changed from 2 to 3"),
+    "ZeRO stage 2 -> 1": ({"zero_stage": 1}, "ZeRO stage changed from 2 to 1"),
+    "backend": ({"backend": "fsdp", "zero_stage": 0}, "refused: checkpoint {tag} was saved by --backend deepspeed"),
+    "LoRA on": ({"lora": LoraArgs(lora_r=4)}, "refused: checkpoint {tag} was trained without LoRA, not with"),
+    "sequence length": ({"seq_length": 128}, "refused: checkpoint {tag} was trained with --seq_length 64, not 128"),
+    "model": ({"model": _wider()}, "refused: checkpoint {tag} has num_hidden_layers=2 but the model now has"),
+    "data": ({"data": "0123456789abcdef"}, "refused: checkpoint {tag} was trained on other data (embedded, content"),
+    "data, with --new_data": (
+        {"data": "0123456789abcdef", "new_data": True},
+        "--new_data: the data changed from embedded (content 6284e9ae0dcd0e0d) to /data/other (content "
+        "0123456789abcdef): its position starts over at epoch 0, block 0",
+    ),
+    "same data, --new_data": ({"new_data": True}, "same"),  # nothing to reset: a requeue with the flag continues
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("cell", list(MATRIX))
+def test_each_setting_a_checkpoint_fixes_is_refused_or_handled_in_one_line(tmp_path: Path, cell: str) -> None:
+    tag, config = _saved_run(tmp_path)
+    change, expected = MATRIX[cell]
+    outcome = _resume(tag, config, **dict(change))
+    assert outcome.startswith(expected.format(tag=tag)), outcome
+    assert "\n" not in outcome  # one line each
+
+
+def test_lora_changes_are_refused_whichever_way(tmp_path: Path) -> None:
+    tag, config = _saved_run(tmp_path, LoraArgs(lora_r=4))
+    assert _resume(tag, config, lora=LoraArgs(lora_r=4)) == "same"
+    assert _resume(tag, config, lora=LoraArgs()).startswith(
+        f"refused: checkpoint {tag} was trained with --lora_r 4"
+    )
+    assert _resume(tag, config, lora=LoraArgs(lora_r=8)).startswith("refused: ")
+
+
+def test_the_zero_stage_is_compared_only_where_the_backend_shards_by_stage(tmp_path: Path) -> None:
+    """FSDP has no ZeRO stage (0 in its record); a record without the resolved stage reads DeepSpeed's dict."""
+    tag, config = _saved_run(tmp_path)
+    plan = launch_record.check_resume(tag, config, 64, world_size=2, zero_stage=3)
+    assert plan.weights_only is None  # no --backend given: nothing known of stages
+    launch = json.loads((tag / "launch.json").read_text())
+    del launch["resolved"]["zero_stage"]
+    launch["deepspeed_config"] = {"zero_optimization": {"stage": 3}}
+    (tag / "launch.json").write_text(json.dumps(launch))
+    plan = launch_record.check_resume(tag, config, 64, world_size=2, backend="deepspeed", zero_stage=2)
+    assert plan.weights_only == "ZeRO stage changed from 3 to 2"
+    # The stage is said before another world size: the stage is why the optimizer state cannot come along.
+    plan = launch_record.check_resume(tag, config, 64, world_size=1, backend="deepspeed", zero_stage=2)
+    assert plan.weights_only == "ZeRO stage changed from 3 to 2"
+
+
+def test_data_of_a_kit_before_the_fingerprint_or_not_known_yet_is_not_compared(tmp_path: Path) -> None:
+    tag, config = _saved_run(tmp_path)
+    assert launch_record.check_resume(tag, config, 64, None).data_reset is None  # before the data is prepared
+    launch = json.loads((tag / "launch.json").read_text())
+    del launch["resolved"]["data_fingerprint"]
+    (tag / "launch.json").write_text(json.dumps(launch))
+    assert (
+        launch_record.check_resume(tag, config, 64, None, data_fingerprint="0" * 16)
+        == launch_record.ResumePlan()
+    )

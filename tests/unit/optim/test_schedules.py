@@ -317,6 +317,26 @@ def test_a_changed_warmup_flag_on_resume_is_kept_and_said_and_a_new_decay_from_s
     assert spec.resumed(schedules.RanSchedule(None, 100)) is spec
 
 
+@pytest.mark.parametrize(("ran_kind", "kind"), [("cosine", "wsd"), ("wsd", "cosine"), ("linear", "constant")])
+def test_another_schedule_on_resume_continues_from_the_loaded_step_and_says_so(
+    ran_kind: str, kind: str
+) -> None:
+    """The issue's `--lr_schedule wsd` on a cosine checkpoint: the new schedule (its warm-up as the checkpoint ran
+    it) from the next step, the old scheduler's state not loaded, said in one line."""
+    spec = settings(*RESUME_KINDS[kind]).schedule
+    ran = schedules.RanSchedule(61, 200, ran_kind)
+    assert spec.switches_from(ran)
+    (after,) = spec.resumed(ran).lr_at(1.0, 200, [128])
+    line = spec.resume_line(ran, 1.0, 127, 200)
+    assert line == (
+        f"lr schedule: --lr_schedule {kind} (was {ran_kind}) from step 128 ({ran_kind}'s scheduler state not "
+        f"loaded); warm-up kept at 61 steps; lr at step 128 {after:.3g}"
+    )
+    # The same kind, or a checkpoint that did not record its kind: no switch, the state loads as before.
+    assert not spec.switches_from(schedules.RanSchedule(61, 200, kind))
+    assert not spec.switches_from(schedules.RanSchedule(61, 200))
+
+
 def test_positioning_a_loaded_torch_scheduler_sets_the_lr_of_the_schedule_it_was_loaded_into() -> None:
     import torch
 

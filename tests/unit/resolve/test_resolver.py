@@ -29,9 +29,15 @@ def jsonl(path: Path, rows: list[dict]) -> str:
     return str(path)
 
 
-def checkpoint_with(t: Path, hidden_size: int = 64, seq_length: int = 256, fsdp: bool = False) -> str:
+def checkpoint_with(
+    t: Path,
+    hidden_size: int = 64,
+    seq_length: int = 256,
+    fsdp: bool = False,
+    data_fingerprint: str | None = None,
+) -> str:
     """A verified checkpoint dir whose saved model config / launch manifest differ from the defaults (fsdp: as
-    the FSDP engine saves it)."""
+    the FSDP engine saves it; data_fingerprint: trained on data of that content)."""
     from model_utils.config.presets import PRESETS
     from model_utils.storage import file_manifest
 
@@ -41,9 +47,10 @@ def checkpoint_with(t: Path, hidden_size: int = 64, seq_length: int = 256, fsdp:
     config = PRESETS["tiny-qwen3"].build_config()
     config.hidden_size = hidden_size
     config.save_pretrained(tag / "hf_config")
-    (tag / "launch.json").write_text(
-        json.dumps({"config": {"data": {"seq_length": seq_length}}, "world_size": 2})
-    )
+    launch = {"config": {"data": {"seq_length": seq_length, "dataset": "corpus.jsonl"}}, "world_size": 2}
+    if data_fingerprint is not None:
+        launch["resolved"] = {"seq_length": seq_length, "data_fingerprint": data_fingerprint}
+    (tag / "launch.json").write_text(json.dumps(launch))
     file_manifest.write(tag, file_manifest.build(tag, {"tag": tag.name, "step": 5}))
     return str(tag.parent)
 
@@ -150,6 +157,11 @@ CASES = {
         lambda t: ["--checkpoint_dir", checkpoint_with(t, seq_length=256, fsdp=True)],
         "was saved by --backend fsdp, not deepspeed",
     ),
+    "resume on other data": (
+        lambda t: ["--checkpoint_dir", checkpoint_with(t, data_fingerprint="0" * 16)],
+        "tiny_qwen3-5steps was trained on other data (corpus.jsonl, content 0000000000000000) than --dataset "
+        "embedded (content ",
+    ),
     "resume at max_steps": (
         lambda t: ["--checkpoint_dir", checkpoint_with(t), "--max_steps", "5"],
         "tiny_qwen3-5steps is at step 5, at --max_steps 5: nothing to train. Raise --max_steps to continue",
@@ -235,6 +247,26 @@ def test_a_requeued_job_whose_run_is_complete_only_says_so(tmp_path: Path, capsy
         "tiny_qwen3-5steps is at step 5 of --max_steps 5: this job's run is complete"
         in capsys.readouterr().out
     )
+
+
+def test_a_resume_on_other_data_goes_ahead_with_new_data_and_the_same_data_anywhere_is_no_change(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """--new_data true lets the preflight through (the ranks reset the data position and say so); the embedded
+    data's own fingerprint, recorded as a run of it would, is no change at all."""
+    from model_utils.data import token_shards
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cache = ["--data_cache_dir", str(tmp_path / "cache"), "--deepspeed_config", DS, "--max_steps", "8"]
+    other = checkpoint_with(tmp_path / "other", data_fingerprint="0" * 16)
+    assert cli.main(["prepare", *cache, "--checkpoint_dir", other, "--new_data", "true"]) == 0
+    capsys.readouterr()
+    assert cli.main(["config", *cache, "--checkpoint_dir", other, "--new_data", "true"]) == 0
+    fingerprint = json.loads(capsys.readouterr().out)["resolved"]["data_fingerprint"]
+    manifest = next((tmp_path / "cache" / "prepared").glob("*/manifest.json"))
+    assert fingerprint == token_shards.content_fingerprint(json.loads(manifest.read_text()))
+    same = checkpoint_with(tmp_path / "same", data_fingerprint=fingerprint)
+    assert cli.main(["prepare", *cache, "--checkpoint_dir", same]) == 0
 
 
 def test_bad_input_from_the_real_command(tmp_path: Path) -> None:
