@@ -84,7 +84,13 @@ def text(line: str) -> str:
     line = _FLAG_IN_TEXT.sub(
         lambda m: m.group(0) if not is_secret_name(m.group(2)) else f"{m[1]}{m[2]}{m[3]}{MASK}", line
     )
-    return _ASSIGN_IN_TEXT.sub(lambda m: f"{m[1]}={MASK}" if is_secret_name(m.group(1)) else m.group(0), line)
+    return _ASSIGN_IN_TEXT.sub(lambda m: f"{m[1]}={MASK}" if _secret_assignment(m[1]) else m.group(0), line)
+
+
+def _secret_assignment(name: str) -> bool:
+    # NAME=VALUE in prose: an environment variable or a snake_case key (HF_TOKEN=x, api_key=x), not the words of
+    # a sentence (`write it as key=value`).
+    return ("_" in name or name.isupper()) and is_secret_name(name)
 
 
 def value(name: str, item: Any) -> Any:
