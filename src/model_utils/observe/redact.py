@@ -88,9 +88,9 @@ def text(line: str) -> str:
 
 
 def _secret_assignment(name: str) -> bool:
-    # NAME=VALUE in prose: an environment variable or a snake_case key (HF_TOKEN=x, api_key=x), not the words of
-    # a sentence (`write it as key=value`).
-    return ("_" in name or name.isupper()) and is_secret_name(name)
+    # NAME=VALUE in prose: an environment variable or a snake_case key (HF_TOKEN=x, api_key=x), not a placeholder
+    # of a sentence (`write it as key=value`, `use KEY=V1,V2`).
+    return "_" in name and is_secret_name(name)
 
 
 def value(name: str, item: Any) -> Any:
