@@ -63,23 +63,21 @@ def collect(
     batch, max_steps, ...)."""
     import torch
 
-    run = {"config": config, "resolved": resolved, "deepspeed_config": deepspeed_config}
     # launch.json sits beside the weights and is copied with them: no credentials in it (observe/redact.py).
-    return redact.tree(
-        {
-            **run,
-            # Two launches trained the same run (flags, run file, DeepSpeed dict, resolved values) iff these match.
-            "run_sha256": hashlib.sha256(json.dumps(run, sort_keys=True, default=str).encode()).hexdigest(),
-            "git_commit": _git_commit(),
-            "uv_lock_sha256": _lock_hash(),
-            "nodes": os.environ.get("SLURM_JOB_NODELIST") or socket.gethostname(),
-            "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-            "world_size": world_size,
-            "cuda_version": os.environ.get("CUDA_VERSION"),
-            "torch_cuda": torch.version.cuda,
-            "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(("NCCL_", "FI_"))},
-        }
-    )
+    run = redact.tree({"config": config, "resolved": resolved, "deepspeed_config": deepspeed_config})
+    return {
+        **run,
+        # Two launches trained the same run (flags, run file, DeepSpeed dict, resolved values) iff these match.
+        "run_sha256": hashlib.sha256(json.dumps(run, sort_keys=True, default=str).encode()).hexdigest(),
+        "git_commit": _git_commit(),
+        "uv_lock_sha256": _lock_hash(),
+        "nodes": os.environ.get("SLURM_JOB_NODELIST") or socket.gethostname(),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "world_size": world_size,
+        "cuda_version": os.environ.get("CUDA_VERSION"),
+        "torch_cuda": torch.version.cuda,
+        "env": redact.tree({k: v for k, v in sorted(os.environ.items()) if k.startswith(("NCCL_", "FI_"))}),
+    }
 
 
 def read(tag_dir: Path) -> dict[str, Any] | None:
