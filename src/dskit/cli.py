@@ -11,6 +11,7 @@ import typing
 from typing import Any
 
 from model_utils.errors import ConfigError
+from model_utils.observe import redact
 from model_utils.observe.log import error_line
 
 
@@ -39,7 +40,7 @@ def _config(args: list[str]) -> int:
 
         print(run_yaml.dump(run), end="")
     else:
-        print(json.dumps(run.to_dict(), indent=2, default=str))
+        print(json.dumps(redact.tree(run.to_dict()), indent=2, default=str))
     return 0
 
 

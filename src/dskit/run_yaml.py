@@ -18,6 +18,7 @@ from typing import Any
 from model_utils.config import deepspeed_file
 from model_utils.config import run_file as run_file_format
 from model_utils.config.arguments import ONE_OF, SECTIONS, GuardArgs, engine_only_flags
+from model_utils.observe import redact
 from model_utils.resolve.resolver import ResolvedRun
 
 _WSD_ONLY = ("decay_fraction", "decay_type", "decay_from_step")
@@ -65,6 +66,6 @@ def dump(run: ResolvedRun) -> str:
             f"\nNo deepspeed section: the default {run.settings.train.path} (on CUDA ranks "
             f"{deepspeed_file.gpu_only_config(run.config)} where the memory estimate fits the GPU)."
         )
-    sections = run_file(run)
+    sections = redact.tree(run_file(run))  # printed: a tracking URI's password stays out of the terminal
     deepspeed = sections.pop(run_file_format.DEEPSPEED, None)
     return run_file_format.dumps(sections, header, deepspeed)

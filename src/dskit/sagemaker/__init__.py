@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from dskit.sagemaker import entry
-from dskit.sagemaker.values import DEFAULT_IMAGE, SageMakerValues, bucket_of, load, redact_arn
+from dskit.sagemaker.values import DEFAULT_IMAGE, SageMakerValues, bucket_of, load
 from model_utils.errors import CommandParser, ConfigError, first_line
 from model_utils.launch import launch_env
-from model_utils.observe import step_line
+from model_utils.observe import redact, step_line
 from model_utils.repo import REPO_ROOT as REPO
 
 SOURCE_ARCHIVE = "sourcedir.tar.gz"
@@ -91,7 +91,6 @@ METRIC_DEFINITIONS = [
         ("validation:perplexity", "Perplexity"),
     )
 ]
-_SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "KEY", "CREDENTIAL")
 
 USAGE = """\
 usage: dskit sagemaker submit [--values FILE] [--wait] [--dry_run] [TRAINING FLAGS...]
@@ -246,12 +245,16 @@ def source_uri(values: SageMakerValues, job_name: str) -> str:
 
 
 def redacted(request: dict[str, Any]) -> dict[str, Any]:
-    """The request for printing: the role's account masked, secret-looking environment values hidden."""
-    out = json.loads(json.dumps(request))
-    out["RoleArn"] = redact_arn(out["RoleArn"])
-    out["Environment"] = {
-        k: "***" if any(w in k.upper() for w in _SECRET_WORDS) else v for k, v in out["Environment"].items()
+    """The request for printing (observe/redact.py): the role's account masked, the values of secret-named
+    environment variables and hyperparameters hidden, credentials in every URI removed. Tags are kept as they
+    are ("Key" names a tag, not a secret); the rest only has its URIs redacted."""
+    out = {
+        k: v if k in ("Environment", "HyperParameters", "Tags") else redact.tree(v)
+        for k, v in request.items()
     }
+    out["RoleArn"] = redact.arn(request["RoleArn"])
+    out["Environment"] = redact.tree(request["Environment"])
+    out["HyperParameters"] = redact.tree(request["HyperParameters"])
     return out
 
 
@@ -401,7 +404,7 @@ def submit(args: list[str]) -> int:
     except (ClientError, BotoCoreError) as e:
         raise _aws_error(e, f"creating training job {job_name}", "fix what SageMaker says above") from None
     print(
-        f"created {redact_arn(arn)}: {values.instance_count} x {values.instance_type}"
+        f"created {redact.arn(arn)}: {values.instance_count} x {values.instance_type}"
         f"{' (spot)' if values.spot else ''}, checkpoints {request['CheckpointConfig']['S3Uri']}, "
         f"model {request['OutputDataConfig']['S3OutputPath']}/{job_name}/output/model.tar.gz"
     )
@@ -448,7 +451,7 @@ def status(job: str) -> int:
         f"status: {d['TrainingJobStatus']} ({d.get('SecondaryStatus', '-')})",
         f"instances: {resources.get('InstanceCount')} x {resources.get('InstanceType')}"
         + (" (spot)" if d.get("EnableManagedSpotTraining") else ""),
-        f"role: {redact_arn(d.get('RoleArn', '-'))}",
+        f"role: {redact.arn(d.get('RoleArn', '-'))}",
     ]
     if d.get("CheckpointConfig"):
         lines.append(f"checkpoints: {d['CheckpointConfig'].get('S3Uri')}")

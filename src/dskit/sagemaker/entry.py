@@ -48,6 +48,7 @@ from types import FrameType
 
 from model_utils.errors import ConfigError
 from model_utils.launch import launch_env, preemption
+from model_utils.observe import redact
 from model_utils.repo import REPO_ROOT as REPO
 
 
@@ -510,7 +511,7 @@ def _fail(contract: Contract, message: str) -> None:
     """SageMaker shows output/failure (its first FAILURE_LIMIT bytes) as the job's FailureReason."""
     try:
         contract.output_dir.mkdir(parents=True, exist_ok=True)
-        (contract.output_dir / "failure").write_bytes(message.encode()[:FAILURE_LIMIT])
+        (contract.output_dir / "failure").write_bytes(redact.text(message).encode()[:FAILURE_LIMIT])
     except OSError:
         pass
 

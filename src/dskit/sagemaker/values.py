@@ -18,11 +18,12 @@ import re
 import types
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from dskit.sagemaker.entry import READABLE_INPUT_MODES
+from model_utils.config import run_file
 from model_utils.errors import ConfigError
+from model_utils.observe import redact
 
 # GPUs per instance of the SageMaker training instance types the kit knows. A type not listed is refused (a typo
 # would otherwise surface only as a failed job): add a new type here with its GPU count.
@@ -111,7 +112,7 @@ class SageMakerValues:
             )
         if not _ROLE.fullmatch(self.role):
             raise ConfigError(
-                f"role {redact_arn(self.role)} is not an IAM role ARN: use arn:aws:iam::<account>:role/<name>"
+                f"role {redact.arn(self.role)} is not an IAM role ARN: use arn:aws:iam::<account>:role/<name>"
             )
         if self.s3_prefix is None:
             raise ConfigError(
@@ -220,11 +221,6 @@ FIELDS = {f.name: f for f in dataclasses.fields(SageMakerValues)}
 _HINTS = typing.get_type_hints(SageMakerValues)
 
 
-def redact_arn(arn: str) -> str:
-    """An ARN with its account id masked: arn:aws:iam::****9012:role/Name."""
-    return re.sub(r":\d{8}(\d{4}):", r":****\1:", arn)
-
-
 def bucket_of(uri: str, where: str) -> str:
     m = _S3_URI.fullmatch(uri)
     if not m:
@@ -259,20 +255,10 @@ def _check_types(values: SageMakerValues) -> None:
 
 def load(path: str | None) -> SageMakerValues:
     """The values file (YAML), checked; no file: the defaults (which lack a role: an error naming the key)."""
-    import yaml
-
     if path is None:
         return SageMakerValues()
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise ConfigError(f"values file {path} not found: pass an existing YAML file to --values")
-    try:
-        data = yaml.safe_load(file.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or type(e).__name__
-        raise ConfigError(f"values file {path} is not valid YAML{where}: {problem}") from None
+    # The run files' strict reader: a repeated key, an absurd number or an alias bomb is one line here too.
+    data = run_file.load_yaml(path, "values file", "pass an existing YAML file to --values")
     data = data or {}
     if not isinstance(data, dict):
         raise ConfigError(f"values file {path} must be a mapping of key: value (got {type(data).__name__})")

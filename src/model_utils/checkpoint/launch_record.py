@@ -27,6 +27,7 @@ from typing import Any
 
 from model_utils import engines
 from model_utils.errors import ConfigError
+from model_utils.observe import redact
 from model_utils.optim.schedules import CLIENT_SCHEDULES, NONE, RanSchedule
 from model_utils.repo import REPO_ROOT
 
@@ -70,7 +71,8 @@ def collect(
     batch, max_steps, ...)."""
     import torch
 
-    run = {"config": config, "resolved": resolved, "deepspeed_config": deepspeed_config}
+    # launch.json sits beside the weights and is copied with them: no credentials in it (observe/redact.py).
+    run = redact.tree({"config": config, "resolved": resolved, "deepspeed_config": deepspeed_config})
     return {
         **run,
         # Two launches trained the same run (flags, run file, DeepSpeed dict, resolved values) iff these match.
@@ -82,7 +84,7 @@ def collect(
         "world_size": world_size,
         "cuda_version": os.environ.get("CUDA_VERSION"),
         "torch_cuda": torch.version.cuda,
-        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(("NCCL_", "FI_"))},
+        "env": redact.tree({k: v for k, v in sorted(os.environ.items()) if k.startswith(("NCCL_", "FI_"))}),
     }
 
 

@@ -12,12 +12,18 @@ flag: an unknown or misplaced one is an error naming the closest valid key and i
 "not given". Values are converted by the field's type, so PyYAML's YAML 1.1 strings for numbers without a dot
 (`5e8`, `1e-4`) become numbers, and inside `deepspeed:` such strings become numbers too: DeepSpeed never sees a
 number as a string. Flags on the command line override the file.
+
+The YAML is read strictly (`load_yaml`, shared with `dskit sagemaker`'s values file): a key given twice, a
+non-finite number or one past LARGEST_NUMBER, aliases that expand past MAX_NODES, and bytes that are not UTF-8
+are each refused in one line naming the file and line, instead of the last key silently winning or a 3 GB
+expansion.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -30,6 +36,11 @@ from model_utils.errors import ConfigError
 DEEPSPEED = "deepspeed"
 # A number PyYAML (YAML 1.1) leaves as a string: an exponent without a dot in the mantissa, e.g. 5e8, 1e-4.
 _EXPONENT_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+# No count, size or rate in a run comes near this (DeepSpeed's bucket sizes are ~1e9); past it a value is a typo
+# (max_steps: 1e30), and as an int it would overflow the C longs that torch and DeepSpeed keep counts in.
+LARGEST_NUMBER = 1e15
+# Nodes of a file with its aliases expanded: a real run file has a few hundred; an alias bomb has billions.
+MAX_NODES = 100_000
 
 
 @dataclass(frozen=True)
@@ -89,9 +100,13 @@ def _typed(hint: Any, value: Any, where: str) -> Any:
                 except ValueError:
                     raise bad from None
             value = parsed
-        if base is int and isinstance(value, float) and not value.is_integer():
-            raise bad
         if not isinstance(value, int | float):
+            raise bad
+        if not math.isfinite(value) or abs(value) > LARGEST_NUMBER:  # 'inf', 'nan', '1e400' as text
+            raise ConfigError(
+                f"{where}: {value!r} is not a finite number up to {LARGEST_NUMBER:.0e}: fix the value"
+            )
+        if base is int and isinstance(value, float) and not value.is_integer():
             raise bad
         return base(value)
     if isinstance(value, str):
@@ -113,20 +128,133 @@ def numbers_in(tree: Any) -> Any:
     return tree
 
 
-def load(path: str, sections: dict[str, type]) -> RunFile:
-    """Read and check a run file; values by flag name, converted to the fields' types."""
+def _strict_loader(path: str) -> type:
+    """yaml.SafeLoader that refuses duplicate keys and non-finite or absurd numbers, with the line."""
+    import yaml
+
+    def refuse(node: Any, what: str, fix: str) -> ConfigError:
+        return ConfigError(f"{path}:{node.start_mark.line + 1}: {what}: fix: {fix}")
+
+    def checked(node: Any, number: float) -> None:
+        if number != number or number in (float("inf"), float("-inf")):
+            raise refuse(node, f"{node.value!r} is not a finite number", "give a finite value")
+        if abs(number) > LARGEST_NUMBER:
+            raise refuse(
+                node,
+                f"{node.value} is past the largest number a run takes ({LARGEST_NUMBER:.0e})",
+                "correct the value",
+            )
+
+    class StrictLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                if not isinstance(key, list | dict) and key in seen:
+                    raise refuse(
+                        key_node,
+                        f"key {key!r} is given twice (first at line {seen[key]}; the last would silently win)",
+                        "keep one (merge the two)",
+                    )
+                if not isinstance(key, list | dict):
+                    seen[key] = key_node.start_mark.line + 1
+            return super().construct_mapping(node, deep=deep)
+
+        def construct_yaml_float(self, node: Any) -> float:
+            number = super().construct_yaml_float(node)
+            checked(node, number)
+            return number
+
+        def construct_yaml_int(self, node: Any) -> int:
+            number = super().construct_yaml_int(node)
+            checked(node, number)
+            return number
+
+        def construct_yaml_str(self, node: Any) -> str:
+            text = super().construct_yaml_str(node)
+            if node.style is None and _EXPONENT_NUMBER.fullmatch(
+                text.strip()
+            ):  # 1e30: read as a number later
+                checked(node, float(text))
+            return text
+
+    StrictLoader.add_constructor("tag:yaml.org,2002:float", StrictLoader.construct_yaml_float)
+    StrictLoader.add_constructor("tag:yaml.org,2002:int", StrictLoader.construct_yaml_int)
+    StrictLoader.add_constructor("tag:yaml.org,2002:str", StrictLoader.construct_yaml_str)
+    return StrictLoader
+
+
+def _check_expansion(root: Any, path: str) -> None:
+    """Refuse a node graph whose aliases expand past MAX_NODES, counted without expanding it (each distinct node
+    once: an alias is the anchored node itself), or that contains itself."""
+    sizes: dict[int, int] = {}
+    visiting: set[int] = set()
+
+    def size(node: Any) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in visiting:
+            raise ConfigError(
+                f"{path}:{node.start_mark.line + 1}: an alias refers to itself: fix: remove the alias"
+            )
+        visiting.add(key)
+        children: list[Any] = []
+        if isinstance(node.value, list):
+            for item in node.value:
+                children.extend(item if isinstance(item, tuple) else (item,))
+        total = 1 + sum(size(child) for child in children)
+        visiting.discard(key)
+        if total > MAX_NODES:
+            raise ConfigError(
+                f"{path}:{node.start_mark.line + 1}: its aliases expand to more than {MAX_NODES:,} values (an "
+                "alias bomb?): fix: write the values out, or use fewer nested aliases"
+            )
+        sizes[key] = total
+        return total
+
+    size(root)
+
+
+def load_yaml(path: str, what: str, fix: str) -> Any:
+    """A YAML file's data, read strictly (see the module's doc); `what` names the file in messages ("run file"),
+    `fix` says where the file comes from ("check --config")."""
     import yaml
 
     file = Path(path).expanduser()
     if not file.is_file():
-        raise ConfigError(f"run file {path} not found: check --config")
+        raise ConfigError(f"{what} {path} not found: {fix}")
+    raw = file.read_bytes()
     try:
-        data = yaml.safe_load(file.read_text())
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{path}:{line}: {what} is not UTF-8 text (byte 0x{raw[e.start]:02x}): fix: save it as UTF-8"
+        ) from None
+    loader = _strict_loader(path)(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_expansion(node, path)
+        return loader.construct_document(node)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        where = f":{mark.line + 1}" if mark else ""
         problem = getattr(e, "problem", None) or type(e).__name__
-        raise ConfigError(f"run file {path} is not valid YAML{where}: {problem}") from None
+        raise ConfigError(
+            f"{path}{where}: {what} is not valid YAML: {problem}: fix: correct the YAML there"
+        ) from None
+    finally:
+        loader.dispose()
+
+
+def load(path: str, sections: dict[str, type]) -> RunFile:
+    """Read and check a run file; values by flag name, converted to the fields' types."""
+    data = load_yaml(path, "run file", "check --config")
     if data is None:
         data = {}
     if not isinstance(data, dict):

@@ -12,7 +12,7 @@ import time
 from typing import TextIO
 
 from model_utils.launch import launch_env
-from model_utils.observe import step_line
+from model_utils.observe import redact, step_line
 
 
 def _rank() -> int:
@@ -66,11 +66,11 @@ _bar = _ProgressBar()
 
 
 def print0(message: str) -> None:
-    """Print a timestamped line from global rank 0 only (flushed: logs are tailed live)."""
+    """Print a timestamped line from global rank 0 only (flushed: logs are tailed live), secrets redacted."""
     if _rank() == 0:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         _bar.clear()
-        print(f"{stamp} | {message}", flush=True)
+        print(f"{stamp} | {redact.text(message)}", flush=True)
 
 
 def warn0(message: str) -> None:
@@ -80,8 +80,8 @@ def warn0(message: str) -> None:
 def error_line(message: str) -> None:
     """The single line a user sees for a mistake; printed by rank 0 only so N ranks do not repeat it. Every rank
     records it in DSKIT_ERROR_FILE when that is set (the first line on a host wins): a host whose ranks do not
-    include rank 0 has its reason too."""
-    line = step_line.error_line(message)
+    include rank 0 has its reason too. Secrets redacted (a URI's password, a token flag's value)."""
+    line = step_line.error_line(redact.text(message))
     if _rank() == 0:
         print(line, file=sys.stderr, flush=True)
     if path := os.environ.get(launch_env.ERROR_FILE):

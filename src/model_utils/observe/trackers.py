@@ -26,7 +26,7 @@ from urllib.parse import urlparse
 
 from model_utils.config.arguments import REPORT_TO
 from model_utils.errors import ConfigError, first_line
-from model_utils.observe import step_line
+from model_utils.observe import redact, step_line
 from model_utils.observe.log import print0, warn0
 
 if TYPE_CHECKING:
@@ -207,6 +207,7 @@ def open_tracker(
     the run is a child of that one, in its experiment.
     """
     check_report_to(report_to)
+    config = redact.tree(config)  # the params and config text a tracker keeps: no credentials
     state = dict(resume_state or {})
     previous = state.get(report_to)
     if report_to == "none":
@@ -253,16 +254,6 @@ def default_tracking_uri(log_dir: Path) -> str:
     return f"sqlite:///{(log_dir / 'mlflow.db').resolve()}"
 
 
-def redacted(uri: str) -> str:
-    """The URI without user:password, for messages and checkpoints."""
-    parsed = urlparse(uri)
-    if parsed.password is None and parsed.username is None:
-        return uri
-    host = parsed.hostname or ""
-    netloc = f"{host}:{parsed.port}" if parsed.port else host
-    return parsed._replace(netloc=netloc).geturl()
-
-
 def check_reachable(uri: str) -> None:
     """Fail in seconds, not after MLflow's ~4 minutes of retries, when a tracking server is not listening."""
     parsed = urlparse(uri)
@@ -273,7 +264,7 @@ def check_reachable(uri: str) -> None:
         socket.create_connection((parsed.hostname, port), timeout=HTTP_CONNECT_TIMEOUT_S).close()
     except OSError as err:
         raise ConfigError(
-            f"MLflow tracking server {redacted(uri)} is not reachable ({first_line(err)}): start it, fix --tracking_uri, "
+            f"MLflow tracking server {redact.uri(uri)} is not reachable ({first_line(err)}): start it, fix --tracking_uri, "
             "or leave it unset for a local store under the log dir"
         ) from err
 
@@ -323,7 +314,7 @@ def check_parent_run(tracking_uri: str | None, log_dir: Path, parent_run_id: str
         raise
     except Exception as err:
         raise ConfigError(
-            f"cannot open MLflow tracking URI {redacted(uri)}: {first_line(err)}: fix --tracking_uri"
+            f"cannot open MLflow tracking URI {redact.uri(uri)}: {first_line(err)}: fix --tracking_uri"
         ) from err
 
 
@@ -337,7 +328,7 @@ def _parent_run(client: MlflowClient, parent_run_id: str, uri: str) -> Any:
         if err.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
             raise
         raise ConfigError(
-            f"--mlflow_parent_run_id {parent_run_id}: no such run in {redacted(uri)}: copy the id from the "
+            f"--mlflow_parent_run_id {parent_run_id}: no such run in {redact.uri(uri)}: copy the id from the "
             "parent's run page, or point --tracking_uri at the store that has it"
         ) from err
     if parent.info.lifecycle_stage == "deleted":
@@ -407,9 +398,9 @@ def _reopen(
             "starting a new run"
         )
         return None
-    if previous.get("tracking_uri") != redacted(uri):
+    if previous.get("tracking_uri") != redact.uri(uri):
         warn0(
-            f"MLflow: the run was tracked at {previous.get('tracking_uri')}, now at {redacted(uri)}: "
+            f"MLflow: the run was tracked at {previous.get('tracking_uri')}, now at {redact.uri(uri)}: "
             "starting a new run"
         )
         return None
@@ -417,7 +408,7 @@ def _reopen(
         run = client.get_run(previous["run_id"])
     except MlflowException as err:
         warn0(
-            f"MLflow: run {previous['run_id']} not found in {redacted(uri)} ({first_line(err)}): "
+            f"MLflow: run {previous['run_id']} not found in {redact.uri(uri)} ({first_line(err)}): "
             "starting a new run"
         )
         return None
@@ -468,13 +459,13 @@ def _open_mlflow(
         raise
     except Exception as err:  # the store's own errors: unsupported scheme, file store, unwritable path, SQL
         raise ConfigError(
-            f"cannot open MLflow tracking URI {redacted(uri)}: {first_line(err)}: use sqlite:///ABS/PATH/mlflow.db or an "
+            f"cannot open MLflow tracking URI {redact.uri(uri)}: {first_line(err)}: use sqlite:///ABS/PATH/mlflow.db or an "
             "http(s):// tracking server, or leave --tracking_uri unset for a local store under the log dir"
         ) from err
-    state = {"run_id": mlflow_run_id, "tracking_uri": redacted(uri), "experiment": experiment}
+    state = {"run_id": mlflow_run_id, "tracking_uri": redact.uri(uri), "experiment": experiment}
     if parent_run_id is not None:
         state["parent_run_id"] = parent_run_id
     print0(
-        step_line.mlflow_line(mlflow_run_id, experiment, redacted(uri), parent_run_id)
+        step_line.mlflow_line(mlflow_run_id, experiment, redact.uri(uri), parent_run_id)
     )  # dskit.api reads it
     return MlflowTracker(client, mlflow_run_id), state

@@ -80,6 +80,15 @@ def test_launch_manifest_records_how_the_run_was_launched(monkeypatch) -> None:
     assert len(head) == 40 and info["git_commit"] == head
 
 
+def test_launch_record_holds_no_credentials(monkeypatch) -> None:
+    monkeypatch.setenv("NCCL_IB_AUTH", "nccl_secret")  # recorded env: NCCL_*/FI_*, secret-named ones masked
+    config = {"report": {"tracking_uri": "https://admin:pw@mlflow.example/x", "run_name": "r"}}
+    info = launch_record.collect(config, {"seq_length": 64}, {}, world_size=1)
+    assert info["config"]["report"] == {"tracking_uri": "https://mlflow.example/x", "run_name": "r"}
+    assert info["env"]["NCCL_IB_AUTH"] == "***"
+    assert "pw" not in json.dumps(info) and "nccl_secret" not in json.dumps(info)
+
+
 def test_launch_manifest_has_no_commit_outside_a_git_checkout(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(launch_record, "REPO_ROOT", tmp_path)  # the kit unpacked from an archive, say
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))  # no repo above tmp_path either

@@ -4,6 +4,7 @@ numbers, flags over the file, strict keys, `dskit config --format yaml` fed back
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -77,7 +78,7 @@ def test_embedded_deepspeed_config_is_used_with_numbers_as_numbers(tmp_path: Pat
         ("loop: {max_steps: 2.5}\n", r"loop\.max_steps: 2\.5 is not a valid int"),
         ("model: {compile: yes please}\n", r"model\.compile: 'yes please' is not a valid bool"),
         ("optim: [1, 2]\n", r"section optim is a list, not a mapping"),
-        ("model: {model: x\n", r"is not valid YAML at line 2 column 1"),
+        ("model: {model: x\n", r"run\.yaml:2: run file is not valid YAML: .*: fix: correct the YAML there"),
     ],
 )
 def test_bad_run_files_are_one_line(tmp_path: Path, text: str, message: str) -> None:
@@ -101,6 +102,65 @@ def test_a_validation_batches_word_other_than_all_is_one_line(tmp_path: Path) ->
     assert str(err.value) == (
         f"run file {path}: loop.validation_batches: 'most' is not a valid int or 'all': fix the value"
     )
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        # The last key would win: a repeated section drops the first (max_steps 5 became 100).
+        (
+            "loop: {max_steps: 5}\noptim: {lr: 1e-4}\nloop: {seed: 1}\n",
+            r"run\.yaml:3: key 'loop' is given twice \(first at line 1; the last would silently win\): fix: keep one",
+        ),
+        ("optim:\n  lr: 1e-4\n  lr: 2e-4\n", r"run\.yaml:3: key 'lr' is given twice"),
+        (
+            "deepspeed:\n  bf16: {enabled: true, enabled: false}\n",
+            r"run\.yaml:2: key 'enabled' is given twice",
+        ),
+        ("optim: {lr: .inf}\n", r"run\.yaml:1: '\.inf' is not a finite number: fix: give a finite value"),
+        ("optim:\n  lr: .nan\n", r"run\.yaml:2: '\.nan' is not a finite number"),
+        ("loop: {max_steps: 1e30}\n", r"run\.yaml:1: 1e30 is past the largest number a run takes \(1e\+15\)"),
+        (
+            "loop: {max_steps: 10000000000000000000}\n",
+            r"run\.yaml:1: 10000000000000000000 is past the largest",
+        ),
+        (
+            "deepspeed:\n  zero_optimization: {reduce_bucket_size: 1.0e400}\n",
+            r"run\.yaml:2: .* not a finite number",
+        ),
+        ("optim: {lr: inf}\n", r"optim\.lr: inf is not a finite number up to 1e\+15: fix the value"),
+        ("optim: {lr: 'nan'}\n", r"optim\.lr: nan is not a finite number"),
+        ("a: &a [*a]\n", r"run\.yaml:1: an alias refers to itself"),
+    ],
+)
+def test_strict_yaml_is_one_line_with_the_line(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as raised:
+        parse_args(["--config", write(tmp_path / "run.yaml", text)])
+    assert "\n" not in str(raised.value)
+
+
+def test_an_alias_bomb_is_refused_before_it_expands(tmp_path: Path) -> None:
+    # Nine levels of ten aliases: 10^9 values if expanded (the run grew to 3 GB and never finished).
+    lines = ["deepspeed:", "  a: &a [x, x, x, x, x, x, x, x, x, x]"]
+    for level, name in enumerate("bcdefghi"):
+        prev = "abcdefghi"[level]
+        lines.append(f"  {name}: &{name} [{', '.join(['*' + prev] * 10)}]")
+    path = write(tmp_path / "run.yaml", "\n".join(lines) + "\n")
+    started = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"run\.yaml:6: its aliases expand to more than 100,000 values"):
+        parse_args(["--config", path])
+    assert time.perf_counter() - started < 5
+    # A few aliases, as real files use them, still load.
+    fine = write(tmp_path / "ok.yaml", "optim: &o {lr: 1e-4}\n")
+    assert parse_args(["--config", fine]).optim.lr == 1e-4
+
+
+def test_bytes_that_are_not_utf8_are_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_bytes(b"model: {model: tiny-qwen3}\n# caf\xe9\n")
+    with pytest.raises(ConfigError) as raised:
+        parse_args(["--config", str(path)])
+    assert str(raised.value) == f"{path}:2: run file is not UTF-8 text (byte 0xe9): fix: save it as UTF-8"
 
 
 def test_missing_run_file(tmp_path: Path) -> None:

@@ -204,3 +204,19 @@ def test_ctrl_c_in_a_command_is_one_line_and_status_130(capsys, monkeypatch) -> 
     assert cli.main(["preflight"]) == 130
     captured = capsys.readouterr()
     assert captured.err == "dskit preflight: interrupted (Ctrl-C)\n" and captured.out == ""
+
+
+def test_config_prints_no_credentials(capsys) -> None:
+    import socket
+
+    server = socket.create_server(("127.0.0.1", 0))  # the preflight only checks that the server listens
+    port = server.getsockname()[1]
+    uri = f"http://admin:pw@127.0.0.1:{port}/"
+    assert cli.main(["config", "--max_steps", "7", "--report_to", "mlflow", "--tracking_uri", uri]) == 0
+    printed = capsys.readouterr().out
+    assert json.loads(printed)["config"]["report"]["tracking_uri"] == f"http://127.0.0.1:{port}/"
+    assert "pw" not in printed and "admin" not in printed
+    assert cli.main(["config", "--format", "yaml", "--report_to", "mlflow", "--tracking_uri", uri]) == 0
+    printed = capsys.readouterr().out
+    assert f"tracking_uri: http://127.0.0.1:{port}/" in printed and "pw" not in printed
+    server.close()

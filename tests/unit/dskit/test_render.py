@@ -352,7 +352,7 @@ case "$name" in
       # the log's name (STUB_RUN_NAME: what the kit answers; unset: nothing, as for flags that do not parse)
       "-m model_utils.observe.run_name") record "$@"; [[ -z "${STUB_RUN_NAME-}" ]] || echo "$STUB_RUN_NAME" ;;
       # the launchers start torchrun and accelerate as modules of the run's interpreter
-      "-m torch.distributed.run") name=torchrun; shift 2; record "$@"; stop_reason ;;
+      "-m model_utils.launch.supervise") name=torchrun; shift 2; record "$@"; stop_reason ;;
       "-m accelerate.commands.launch") name=accelerate; shift 2; record launch "$@"; stop_reason ;;
       *) record "$@" ;;
     esac ;;
@@ -560,6 +560,22 @@ def test_singlenode_runs_here_and_logs(tmp_path: Path) -> None:
     assert text.rstrip().splitlines()[-1].startswith("END ") and text.rstrip().endswith("exit status 0")
 
 
+@pytest.mark.parametrize("job_name", ["exp/1", "../up", "two words", "-dash"])
+def test_singlenode_refuses_a_job_name_that_cannot_name_its_log(tmp_path: Path, job_name: str) -> None:
+    """A '/' in JOB_NAME made tee fail (logs/exp/1_<time>.out has no directory) and the run went on without its
+    log: refused in one line before anything starts."""
+    stub = Stubbed(tmp_path)
+    proc = stub.run("train-singlenode.sh", "--max_steps", "5", env={"JOB_NAME": job_name})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(
+        f"error: JOB_NAME '{job_name}' cannot name the log file logs/<JOB_NAME>_<time>.out: use "
+    )
+    assert line.endswith(f"(e.g. JOB_NAME={re.sub(r'[^A-Za-z0-9._-]', '_', job_name)})")
+    assert stub.recorded("torchrun") == [] and stub.recorded("python") == []
+    assert not (stub.repo / "logs").exists() and not (stub.repo.parent / "logs").exists()
+
+
 def test_singlenode_names_its_log_after_the_run(tmp_path: Path) -> None:
     """The log starts under the job name and is renamed once the kit names the run: the ranks write the metrics
     next to the renamed log, and the END line lands in it (tee writes on into the renamed file)."""
@@ -739,7 +755,10 @@ def test_container_with_a_wheelhouse_installs_inside_the_image(tmp_path: Path) -
     ]  # fmt: skip
     venv_python = str(stub.repo / ".venv" / "bin" / "python")
     assert image in probe and probe[probe.index(venv_python) + 1 :][:2] == ["-m", "dskit.env.python_env"]
-    assert image in ranks and ranks[ranks.index(venv_python) + 1 :][:2] == ["-m", "torch.distributed.run"]
+    assert image in ranks and ranks[ranks.index(venv_python) + 1 :][:2] == [
+        "-m",
+        "model_utils.launch.supervise",
+    ]
     assert stub.recorded("uv") == []
 
 

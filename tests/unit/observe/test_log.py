@@ -77,6 +77,19 @@ def test_no_terminal_no_bar(
     assert not_a_tty.read_text() == "" and capsys.readouterr().out == ""
 
 
+def test_log_lines_error_lines_and_the_error_file_hold_no_credentials(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    error_file = tmp_path / "error"
+    monkeypatch.setenv(launch_env.ERROR_FILE, str(error_file))
+    log.print0("MLflow run 1 at https://admin:pw@mlflow.example/ (--hf_token hf_abc)")
+    log.error_line("cannot open https://bob:pw2@mlflow.example/?token=t0k: fix --tracking_uri")
+    out, err = capsys.readouterr()
+    assert out.endswith("| MLflow run 1 at https://mlflow.example/ (--hf_token ***)\n")
+    assert err == "error: cannot open https://mlflow.example/?token=***: fix --tracking_uri\n"
+    assert error_file.read_text() == err
+
+
 def test_every_ranks_first_error_line_goes_to_the_error_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -24,7 +24,6 @@ from model_utils.observe.trackers import (
     check_parent_run,
     flatten_params,
     open_tracker,
-    redacted,
     scalar_items,
     take_env_run_id,
 )
@@ -36,6 +35,7 @@ CONFIG = {
     "optim": {"lr": 0.003, "betas": [0.9, 0.95], "deepspeed_config": "deepspeed/ds_config.json"},
     "loop": {"max_steps": 100, "metrics_file": None},
     "notes": "x" * 2000,
+    "report": {"tracking_uri": "https://admin:pw@mlflow.example/", "hf_token": "hf_secret"},
 }
 
 
@@ -124,7 +124,9 @@ def test_tensorboard_requeue_continues_the_same_run_dir(tmp_path):
     acc.Reload()
     config_events = acc.Tensors("config/text_summary")
     assert len(config_events) == 1
-    assert '"max_steps": 100' in config_events[0].tensor_proto.string_val[0].decode()
+    logged = config_events[0].tensor_proto.string_val[0].decode()
+    assert '"max_steps": 100' in logged and '"tracking_uri": "https://mlflow.example/"' in logged
+    assert "pw@" not in logged and "hf_secret" not in logged and '"hf_token": "***"' in logged
 
 
 def test_tensorboard_requeue_replaces_steps_logged_after_the_checkpoint(tmp_path):
@@ -217,6 +219,8 @@ def test_mlflow_requeue_continues_the_same_run(mlflow_store, capfd, recwarn):
     assert params["optim.lr"] == "0.003" and params["loop.max_steps"] == "100"
     assert params["optim.betas"] == "[0.9, 0.95]" and params["loop.metrics_file"] == "null"
     assert len(params["notes"]) == 500
+    # Params go through the one redaction: a URI's password and a secret-named value never reach the store.
+    assert params["report.tracking_uri"] == "https://mlflow.example/" and params["report.hf_token"] == "***"
     # Artifacts of the local store stay under the log dir, not in the working dir.
     assert experiment.artifact_location == (mlflow_store / "mlflow-artifacts").resolve().as_uri()
 
@@ -269,8 +273,6 @@ def test_mlflow_unopenable_tracking_uris_are_config_errors(tmp_path):
 def test_flatten_params_and_redaction():
     params = flatten_params({"a": {"b": {"c": 1}, "empty": {}}, "bad key!": "v", "long": "y" * 9000})
     assert params == {"a.b.c": "1", "a.empty": "{}", "bad key_": "v", "long": "y" * 497 + "..."}
-    assert redacted("https://u:p@mlflow.example:5000/x") == "https://mlflow.example:5000/x"
-    assert redacted("sqlite:////abs/mlflow.db") == "sqlite:////abs/mlflow.db"
 
 
 def test_mlflow_child_of_a_parent_run_is_created_once_and_continued(mlflow_store, tmp_path, capsys):

@@ -598,7 +598,7 @@ def test_the_ops_row_names_the_runs_ops(cpu_node: Path, capsys: pytest.CaptureFi
 FAKE_PYTHON = r"""#!/usr/bin/env bash
 if [[ "$1 $2" == "-m dskit.env.python_env" ]]; then echo "0 3.11.7 2.6.0 none 0.19.8"; exit 0; fi
 if [[ "$1 $2" == "-m model_utils.observe.run_name" ]]; then exit 0; fi
-if [[ "$1 $2" == "-m torch.distributed.run" ]]; then shift 2; printf "%s\0" torchrun "$@" >"$CALLS/$(date +%s%N)"; exit; fi
+if [[ "$1 $2" == "-m model_utils.launch.supervise" ]]; then shift 2; printf "%s\0" torchrun "$@" >"$CALLS/$(date +%s%N)"; exit; fi
 printf '%s\0' "$@" "ENV CUDA_VERSION=$CUDA_VERSION GPUS_PER_NODE=$GPUS_PER_NODE CPU_RANKS=$CPU_RANKS EFA=$EFA NODES=$SLURM_JOB_NUM_NODES" \
   >"$CALLS/$(date +%s%N)"
 if [[ "$3" == preflight ]]; then

@@ -139,6 +139,17 @@ def test_the_failure_reason_is_the_kits_error_line_or_a_crash_with_the_logs_tail
     )  # as much as fits
 
 
+def test_the_failure_file_holds_no_credentials(tmp_path: Path) -> None:
+    contract = Contract.read(tree(tmp_path, {}))
+    tail = ["mlflow.exceptions.RestException: https://admin:pw@mlflow.example/api failed", "HF_TOKEN=hf_abc"]
+    entry._fail(contract, entry.failure_reason(None, 1, "algo-1", tail))
+    written = (tmp_path / "output" / "failure").read_text()
+    assert written.splitlines()[1:] == [
+        "mlflow.exceptions.RestException: https://mlflow.example/api failed",
+        "HF_TOKEN=***",
+    ]
+
+
 @pytest.fixture
 def fresh_stop(monkeypatch: pytest.MonkeyPatch):
     state = entry.StopState()

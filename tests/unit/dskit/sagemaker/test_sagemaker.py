@@ -151,17 +151,31 @@ def test_dry_run_prints_the_redacted_request_and_touches_nothing(
 ) -> None:
     values = values_file(
         tmp_path, role=ROLE, s3_prefix=s3.uri("dskit"), channels=channels(s3, validation=False),
-        instance_type="ml.g5.2xlarge", env={"HF_TOKEN": "hf_secret"},
+        instance_type="ml.g5.2xlarge",
+        env={
+            "HF_TOKEN": "hf_secret", "MLFLOW_TRACKING_URI": "https://admin:pw_env@mlflow.example/",
+            "GITHUB_PAT": "ghp_secret", "HF_AUTH": "auth_secret", "TOKENIZERS_PARALLELISM": "false",
+        },
     )  # fmt: skip
     before = s3.keys()
-    status, out, err = submit(capsys, "--values", str(values), "--dry_run", "--max_steps", "5")
+    status, out, err = submit(
+        capsys, "--values", str(values), "--dry_run", "--max_steps", "5",
+        "--tracking_uri", "https://bob:pw_hp@mlflow.example/", "--report_to", "mlflow",
+    )  # fmt: skip
     assert status == 0, err
     printed = json.loads(out[: out.rindex("}") + 1])
     assert printed["RoleArn"] == "arn:aws:iam::****9012:role/DskitTraining"
     assert printed["Environment"]["HF_TOKEN"] == "***"
+    assert printed["Environment"]["GITHUB_PAT"] == printed["Environment"]["HF_AUTH"] == "***"
+    assert printed["Environment"]["MLFLOW_TRACKING_URI"] == "https://mlflow.example/"
+    assert printed["Environment"]["TOKENIZERS_PARALLELISM"] == "false"  # not a secret: shown
     assert "FI_PROVIDER" not in printed["Environment"]  # g5.2xlarge has no EFA
-    assert printed["HyperParameters"] == {"max_steps": "5"}
-    assert "hf_secret" not in out and "dry run: nothing uploaded or created" in out
+    assert printed["HyperParameters"] == {
+        "max_steps": "5", "tracking_uri": "https://mlflow.example/", "report_to": "mlflow",
+    }  # fmt: skip
+    for secret in ("hf_secret", "pw_env", "pw_hp", "ghp_secret", "auth_secret", "admin", "bob"):
+        assert secret not in out + err, secret
+    assert "dry run: nothing uploaded or created" in out
     assert s3.keys() == before and proxy.requests == []
 
 
@@ -463,3 +477,23 @@ def test_the_input_mode_goes_to_every_data_channel_and_the_code_stays_a_file() -
     request = sagemaker.build_request(values, "dskit-1", "us-east-1", {})
     modes = {c["ChannelName"]: c["InputMode"] for c in request["InputDataConfig"]}
     assert modes == {sagemaker.CODE_CHANNEL: "File", "model": "FastFile", "train": "FastFile"}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (f"role: {ROLE}\ninstance_count: 1\ninstance_count: 4\n", r"sm\.yaml:3: key 'instance_count' is given twice"),
+        (f"role: {ROLE}\nmax_runtime_s: .inf\n", r"sm\.yaml:2: '\.inf' is not a finite number"),
+        ("a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+            f"{n}: &{n} [{', '.join(['*' + p] * 10)}]\n" for p, n in zip("abcdefgh", "bcdefghi", strict=True)
+        ), r"sm\.yaml:5: its aliases expand to more than 100,000 values"),
+    ],
+)  # fmt: skip
+def test_the_values_file_is_read_as_strictly_as_a_run_file(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "sm.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load(str(path))
+    path.write_bytes(b"role: caf\xe9\n")
+    with pytest.raises(ConfigError, match=r"sm\.yaml:1: values file is not UTF-8 text"):
+        load(str(path))

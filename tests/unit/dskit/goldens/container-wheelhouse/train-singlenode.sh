@@ -157,6 +157,14 @@ run_preflight() {
 export_extra_env() { :; }
 
 
+# JOB_NAME names the log (logs/<JOB_NAME>_<time>.out) and the srun job: a '/' there would make tee fail and the
+# log be lost while the run goes on, so such a name is refused before anything starts (the rule of render's
+# job_name and of --run_name).
+if [[ ! "$JOB_NAME" =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]]; then
+  die "JOB_NAME '$JOB_NAME' cannot name the log file logs/<JOB_NAME>_<time>.out: use letters, digits, '.', '_'" \
+    "or '-', starting with a letter or digit (e.g. JOB_NAME=${JOB_NAME//[^A-Za-z0-9._-]/_})"
+fi
+
 # Renames the log after what runs, asked of the kit (the same rule as the run id; no torch imported); tee keeps
 # writing to the renamed file. Left as it is when the flags do not parse: the preflight then says why.
 name_log() {
@@ -213,7 +221,9 @@ train_here() {
   # Check this machine, the flags, the model and the data in one process before any rank starts, and build the
   # packed-data cache (one node: no inter-node network to check).
   run_preflight 1 auto "${train_args[@]}"
-  run_ranks "${py[@]}" -m torch.distributed.run --standalone --nnodes=1 --nproc_per_node="$nproc_per_node" \
+  # torchrun through model_utils.launch.supervise: the same torchrun, in the same process, ending a failed run with
+  # one line naming the rank that failed, its host and why (signal, exit status, its error line).
+  run_ranks "${py[@]}" -m model_utils.launch.supervise --standalone --nnodes=1 --nproc_per_node="$nproc_per_node" \
     src/train_deepspeed.py "${train_args[@]}"
 }
 

@@ -1,0 +1,94 @@
+"""torchrun, ending a failed run with one line that says which rank failed, where and why.
+
+    python -m model_utils.launch.supervise [TORCHRUN FLAGS] src/train_deepspeed.py [TRAINING FLAGS]
+
+What the launchers start instead of `python -m torch.distributed.run`, with the same arguments. torchrun runs in
+this process, so the ranks stay its children (the launchers' signal_ranks finds them by their parent). When a
+rank fails, torchrun stops the others and reports it as a ChildFailedError traceback whose "Root Cause" block is
+buried among the ranks' own tracebacks; this ends the output instead with one line, e.g.
+
+    error: rank 1 (local rank 1, pid 4242) on node7 was killed by SIGKILL (signal 9); torchrun stopped the other ranks
+
+or, for a rank that wrote the kit's own `error:` line (observe/log.py error_line, through DSKIT_ERROR_FILE, which
+this sets for its ranks when the caller has not), that line's message:
+
+    error: rank 0 (local rank 0, pid 4242) on node7 exited with status 2: dataset path /x does not exist: fix ...
+
+The exit status stays torchrun's (1 for a failed rank).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from model_utils.launch import launch_env
+from model_utils.observe import step_line
+
+
+def _how(exitcode: int) -> str:
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = "a signal"
+        return f"was killed by {name} (signal {-exitcode})"
+    return f"exited with status {exitcode}"
+
+
+def summary(failures: dict[int, Any], host: str, error_line: str | None) -> str:
+    """The one line for torchrun's failures ({global rank: ProcessFailure}): the first one (by time; a rank that
+    ended by SIGTERM, torchrun's own stop of the others, only when none ended otherwise), how it ended, and the
+    kit's error line from this host's ranks if one was written."""
+
+    def stopped(failure: Any) -> bool:
+        return failure.exitcode == -signal.SIGTERM
+
+    rank, failure = min(failures.items(), key=lambda item: (stopped(item[1]), item[1].timestamp, item[0]))
+    line = (
+        f"rank {rank} (local rank {failure.local_rank}, pid {failure.pid}) on {host} {_how(failure.exitcode)}"
+    )
+    message = step_line.parse_error(error_line) if error_line else None
+    if message:
+        line += f": {message}"
+    elif failure.exitcode < 0:
+        line += "; torchrun stopped the other ranks"
+    others = sum(1 for r, f in failures.items() if r != rank and not stopped(f))
+    if others:
+        line += f" ({others} more rank{'s' if others > 1 else ''} failed after it)"
+    return step_line.error_line(line)
+
+
+def main(argv: list[str]) -> int:
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    own_file = launch_env.ERROR_FILE not in os.environ
+    error_file = Path(
+        os.environ.get(launch_env.ERROR_FILE) or Path(tempfile.mkdtemp(prefix="dskit-ranks-")) / "error"
+    )
+    os.environ[launch_env.ERROR_FILE] = str(error_file)  # the ranks inherit it
+    try:
+        torchrun.run(torchrun.parse_args(argv))
+    except ChildFailedError as failed:
+        try:
+            written = error_file.read_text().strip() or None
+        except OSError:
+            written = None
+        sys.stdout.flush()
+        print(summary(failed.failures, socket.gethostname(), written), file=sys.stderr, flush=True)
+        return 1
+    finally:
+        if own_file:
+            error_file.unlink(missing_ok=True)
+            error_file.parent.rmdir()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,76 @@
+"""launch/supervise.py: torchrun that ends a failed run with one line naming the rank, its host and why. The
+line from torchrun's failures, and a real 2-rank torchrun of a tiny script (no model) whose rank 1 writes the
+kit's error line and exits 2. A rank SIGKILLed in a real training run through the launcher:
+tests/e2e/test_rank_failure.py."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+from model_utils.launch import supervise
+from support.torchrun import ENV, REPO
+
+
+def failure(local_rank: int, pid: int, exitcode: int) -> ProcessFailure:
+    return ProcessFailure(local_rank=local_rank, pid=pid, exitcode=exitcode, error_file="<N/A>")
+
+
+def test_the_line_names_the_first_failed_rank_its_host_and_how_it_ended() -> None:
+    killed = {1: failure(1, 4242, -signal.SIGKILL)}
+    assert supervise.summary(killed, "node7", None) == (
+        "error: rank 1 (local rank 1, pid 4242) on node7 was killed by SIGKILL (signal 9); torchrun stopped the "
+        "other ranks"
+    )
+    written = "error: dataset path /x does not exist: fix the path\n"
+    assert supervise.summary({3: failure(1, 7, 2)}, "n2", written) == (
+        "error: rank 3 (local rank 1, pid 7) on n2 exited with status 2: dataset path /x does not exist: fix the path"
+    )
+    # torchrun's SIGTERM to the other ranks lands in the same second: not the rank that failed.
+    stopped = {0: failure(0, 1, -signal.SIGTERM), 1: failure(1, 2, -signal.SIGKILL)}
+    stopped[0].timestamp = stopped[1].timestamp
+    assert supervise.summary(stopped, "h", None) == (
+        "error: rank 1 (local rank 1, pid 2) on h was killed by SIGKILL (signal 9); torchrun stopped the other ranks"
+    )
+    two = {0: failure(0, 1, 1), 1: failure(1, 2, 1)}
+    two[1].timestamp = two[0].timestamp + 5  # rank 0 failed first
+    assert supervise.summary(two, "h", None) == (
+        "error: rank 0 (local rank 0, pid 1) on h exited with status 1 (1 more rank failed after it)"
+    )
+    alone = {2: failure(0, 9, -signal.SIGTERM)}  # a SIGTERM from outside: still named
+    assert supervise.summary(alone, "h", None).startswith(
+        "error: rank 2 (local rank 0, pid 9) on h was killed by SIGTERM"
+    )
+
+
+RANK_SCRIPT = """
+import os, sys
+from model_utils.observe.log import error_line
+if os.environ["RANK"] == "1":
+    error_line("dataset path /nope does not exist: fix --dataset")
+    sys.exit(2)
+"""
+
+
+def test_a_real_torchrun_ends_with_the_failed_ranks_line(tmp_path: Path) -> None:
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    env = {k: v for k, v in ENV.items() if k != "DSKIT_ERROR_FILE"}
+    env["PYTHONPATH"] = str(REPO / "src")
+    proc = subprocess.run(
+        [sys.executable, "-m", "model_utils.launch.supervise", "--standalone", "--nproc_per_node=2", str(script)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: rank 1 (local rank 1, pid "), proc.stderr
+    assert last.endswith(
+        f") on {socket.gethostname()} exited with status 2: dataset path /nope does not exist: fix --dataset"
+    )
+    assert "ChildFailedError" not in proc.stderr and "Root Cause" not in proc.stderr
+    assert list(tmp_path.iterdir()) == [script]  # nothing left behind
