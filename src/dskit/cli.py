@@ -8,6 +8,7 @@ import json
 import os
 import sys
 import typing
+from pathlib import Path
 from typing import Any
 
 from model_utils.errors import ConfigError
@@ -79,10 +80,13 @@ def _preflight(train_args: list[str]) -> int:
     if any(a in ("-h", "--help") for a in train_args):
         print(PREFLIGHT_USAGE)
         return 0
+    from model_utils.checkpoint import lease
     from model_utils.config.arguments import parse_args
     from model_utils.resolve import resolver
 
     cfg = parse_args(train_args)
+    # A live run in this checkpoint dir refuses the launch here, before the ranks start (they take the lease).
+    lease.check_free(Path(cfg.checkpoint.checkpoint_dir))
     ctx = doctor.LaunchContext.from_env(os.environ)
     results, settings = doctor.diagnose(cfg, ctx)
     status = doctor.report(results, ctx)

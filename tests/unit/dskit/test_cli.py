@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 from dskit import cli
 
@@ -204,3 +206,16 @@ def test_ctrl_c_in_a_command_is_one_line_and_status_130(capsys, monkeypatch) -> 
     assert cli.main(["preflight"]) == 130
     captured = capsys.readouterr()
     assert captured.err == "dskit preflight: interrupted (Ctrl-C)\n" and captured.out == ""
+
+
+def test_preflight_refuses_a_checkpoint_dir_a_live_run_holds_before_any_check(tmp_path: Path, capsys) -> None:
+    from model_utils.checkpoint import lease
+
+    held = lease.acquire(tmp_path)  # a live run's lease (this process's)
+    try:
+        assert cli.main(["preflight", "--checkpoint_dir", str(tmp_path)]) == 2
+    finally:
+        held.release()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"checkpoint dir {tmp_path} is in use by another run (host " in err[0], err
+    assert f"pid {os.getpid()}" in err[0]
