@@ -101,6 +101,32 @@ def test_kill_during_save_resumes_from_the_last_verified_checkpoint(
 
 
 @pytest.mark.e2e
+def test_each_rank_checksums_its_own_shard_and_a_bit_flip_in_rank_1s_is_caught_at_resume(
+    fake_base: tuple[str, Path], tmp_path: Path
+) -> None:
+    """The manifest 2 ranks saved holds rank 1's checksum of its own shard; at the next start the ranks verify in
+    parallel (rank 1 reads its shard), so one flipped bit in it sends the resume back to the older tag, with rank
+    0's warning naming the file."""
+    layout, base = fake_base
+    ckpt = tmp_path / "ck"
+    shutil.copytree(base, ckpt)
+    newest = ckpt / "tiny_qwen3-4steps"
+    engine_type = engines.engine_class(layout)
+    (shard,) = [p for p in newest.rglob("*") if protocol.writer_rank(engine_type, str(p.relative_to(newest))) == 1
+                and p.suffix in (".pt", ".distcp") and not p.name.startswith("rng_state")]  # fmt: skip
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 1  # same size: only a checksum sees it
+    shard.write_bytes(bytes(data))
+    proc = run_ranks([layout, str(ckpt), "6"], script=FAKE_ENGINE)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    rel = shard.relative_to(newest)
+    assert f"skipping checkpoint {newest}: {rel} does not match its checksum" in proc.stdout, proc.stdout[
+        -3000:
+    ]
+    assert "Resumed from" in proc.stdout and "tiny_qwen3-2steps at step 2" in proc.stdout
+
+
+@pytest.mark.e2e
 def test_a_write_failing_on_another_rank_stops_every_rank_with_its_reason(
     fake_base: tuple[str, Path], tmp_path: Path
 ) -> None:
