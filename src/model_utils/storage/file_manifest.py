@@ -11,9 +11,11 @@ the manifest itself: a crash leaves either the old file or the new one, never a 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +94,23 @@ def read(tag_dir: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and isinstance(data.get("files"), dict) else None
 
 
+# While set, verify() checks presence and sizes only (checksums_left_to_the_ranks).
+_checksums_left_to_the_ranks = False
+
+
+@contextlib.contextmanager
+def checksums_left_to_the_ranks() -> Iterator[None]:
+    """verify() checks that every file is there with its size, not its checksum, while this is active: for the
+    one-process check before the ranks start (the launchers' preflight), whose ranks then verify the checksums in
+    parallel and pass over a tag that fails them. One process reading a whole checkpoint is what this avoids."""
+    global _checksums_left_to_the_ranks
+    before, _checksums_left_to_the_ranks = _checksums_left_to_the_ranks, True
+    try:
+        yield
+    finally:
+        _checksums_left_to_the_ranks = before
+
+
 # Files some rank of this job verified against a manifest: (path, size, mtime in ns, checksum) (see the module doc).
 _verified: set[tuple[str, int, int, str]] = set()
 
@@ -138,7 +157,11 @@ def verify(tag_dir: Path, checksums: bool = True) -> str | None:
         st = path.stat()
         if st.st_size != meta["size"]:
             return f"{rel} has {st.st_size} bytes, the manifest says {meta['size']}"
-        if not checksums or _verified_key(path, st, meta["xxh3"]) in _verified:
+        if (
+            not checksums
+            or _checksums_left_to_the_ranks
+            or _verified_key(path, st, meta["xxh3"]) in _verified
+        ):
             continue
         if file_digest(path) != meta["xxh3"]:
             return f"{rel} does not match its checksum"

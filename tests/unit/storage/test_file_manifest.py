@@ -69,3 +69,16 @@ def test_check_files_reports_the_first_bad_file_of_its_share(tmp_path: Path) -> 
     assert problem is None and len(keys) == 1  # another rank's share: not this one's to read
     problem, _ = file_manifest.check_files(tag, manifest, ["mp_rank_00_model_states.pt"])
     assert problem == "mp_rank_00_model_states.pt has 5 bytes, the manifest says 1000"
+
+
+def test_checksums_left_to_the_ranks_checks_sizes_only_while_active(tmp_path: Path) -> None:
+    tag = fake_tag(tmp_path, 10)
+    shard = tag / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    data = shard.read_bytes()
+    shard.write_bytes(bytes([data[0] ^ 1]) + data[1:])
+    with file_manifest.checksums_left_to_the_ranks():
+        assert file_manifest.verify(tag) is None  # the ranks' parallel check is the one that reads it
+        shard.write_bytes(data[:10])
+        assert file_manifest.verify(tag) == f"{shard.name} has 10 bytes, the manifest says 1000"
+    shard.write_bytes(bytes([data[0] ^ 1]) + data[1:])
+    assert file_manifest.verify(tag) == f"{shard.name} does not match its checksum"
