@@ -20,22 +20,28 @@ def main(argv: list[str] | None = None) -> int:
     preemption.install()  # a Ctrl-C or USR1 during start-up is a stop request too, not a traceback
     try:
         cfg = parse_args(argv)
+        from model_utils.checkpoint import lease, protocol
         from model_utils.launch import distributed
         from model_utils.loop.trainer import Trainer
         from model_utils.resolve import resolver
 
         dist = distributed.init_distributed()
-        run = resolver.prepare(
-            cfg,
-            world_size=dist.world_size,
-            run_first=partial(distributed.main_first, info=dist),
-            decide_once=partial(distributed.decide_on_main, info=dist),
-        )
-        trainer = Trainer(run, dist)
-        try:
-            trainer.fit()
-        finally:
-            trainer.close()
+        decide_on_main = partial(distributed.decide_on_main, info=dist)
+        # One run per checkpoint dir, taken before anything reads or writes it (a second run is refused here).
+        with lease.held_on_main(cfg.checkpoint.checkpoint_dir, dist.is_main, decide_on_main):
+            # Every rank checks its share of the resume candidates' files; rank 0's choice in prepare reads none again.
+            protocol.verify_in_parallel(cfg.checkpoint.checkpoint_dir, cfg.checkpoint.resume_from_checkpoint)
+            run = resolver.prepare(
+                cfg,
+                world_size=dist.world_size,
+                run_first=partial(distributed.main_first, info=dist),
+                decide_once=decide_on_main,
+            )
+            trainer = Trainer(run, dist)
+            try:
+                trainer.fit()
+            finally:
+                trainer.close()
     except ConfigError as e:
         error_line(str(e))
         return 2

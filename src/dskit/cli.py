@@ -8,6 +8,7 @@ import json
 import os
 import sys
 import typing
+from pathlib import Path
 from typing import Any
 
 from model_utils.errors import ConfigError
@@ -80,17 +81,23 @@ def _preflight(train_args: list[str]) -> int:
     if any(a in ("-h", "--help") for a in train_args):
         print(PREFLIGHT_USAGE)
         return 0
+    from model_utils.checkpoint import lease
     from model_utils.config.arguments import parse_args
     from model_utils.resolve import resolver
+    from model_utils.storage import file_manifest
 
     cfg = parse_args(train_args)
+    # A live run in this checkpoint dir refuses the launch here, before the ranks start (they take the lease).
+    lease.check_free(Path(cfg.checkpoint.checkpoint_dir))
     ctx = doctor.LaunchContext.from_env(os.environ)
     results, settings = doctor.diagnose(cfg, ctx)
     status = doctor.report(results, ctx)
     if status != 0:
         return status  # 1: a FAIL row (its fix is in the table above): the launch stops before prepare
-    # the settings the doctor resolved; a hub model's weights fetched here, once for the job's ranks
-    return _prepared(resolver.prepare(cfg, settings=settings, fetch_hub=True))
+    # the settings the doctor resolved; a hub model's weights fetched here, once for the job's ranks. The resume
+    # candidate's files are checked for presence and size: the ranks verify its checksums, in parallel.
+    with file_manifest.checksums_left_to_the_ranks():
+        return _prepared(resolver.prepare(cfg, settings=settings, fetch_hub=True))
 
 
 def _render(args: list[str]) -> int:

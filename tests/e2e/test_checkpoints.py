@@ -101,6 +101,32 @@ def test_kill_during_save_resumes_from_the_last_verified_checkpoint(
 
 
 @pytest.mark.e2e
+def test_each_rank_checksums_its_own_shard_and_a_bit_flip_in_rank_1s_is_caught_at_resume(
+    fake_base: tuple[str, Path], tmp_path: Path
+) -> None:
+    """The manifest 2 ranks saved holds rank 1's checksum of its own shard; at the next start the ranks verify in
+    parallel (rank 1 reads its shard), so one flipped bit in it sends the resume back to the older tag, with rank
+    0's warning naming the file."""
+    layout, base = fake_base
+    ckpt = tmp_path / "ck"
+    shutil.copytree(base, ckpt)
+    newest = ckpt / "tiny_qwen3-4steps"
+    engine_type = engines.engine_class(layout)
+    (shard,) = [p for p in newest.rglob("*") if protocol.writer_rank(engine_type, str(p.relative_to(newest))) == 1
+                and p.suffix in (".pt", ".distcp") and not p.name.startswith("rng_state")]  # fmt: skip
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 1  # same size: only a checksum sees it
+    shard.write_bytes(bytes(data))
+    proc = run_ranks([layout, str(ckpt), "6"], script=FAKE_ENGINE)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    rel = shard.relative_to(newest)
+    assert f"skipping checkpoint {newest}: {rel} does not match its checksum" in proc.stdout, proc.stdout[
+        -3000:
+    ]
+    assert "Resumed from" in proc.stdout and "tiny_qwen3-2steps at step 2" in proc.stdout
+
+
+@pytest.mark.e2e
 def test_a_write_failing_on_another_rank_stops_every_rank_with_its_reason(
     fake_base: tuple[str, Path], tmp_path: Path
 ) -> None:
@@ -324,3 +350,69 @@ def test_a_resume_with_another_max_steps_keeps_the_warmup_and_says_the_lr_it_cha
     # The warm-up as it ran, then the decay of a 6-step run (wsd: its last step).
     assert [resumed[step]["lr"] for step in (3, 4)] == [full[step]["lr"] for step in (3, 4)]
     assert resumed[5]["lr"] <= full[5]["lr"] and resumed[6]["lr"] < full[6]["lr"]
+
+
+# --- one run per checkpoint dir ---------------------------------------------------------------------------
+
+
+@pytest.mark.e2e
+def test_a_second_launch_into_a_live_runs_checkpoint_dir_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Two real launches (torchrun, 2 CPU ranks of the tiny default model) into one --checkpoint_dir: the second is
+    refused before its ranks train, naming the first's host and pid, and touches nothing; the first trains on, and
+    releases the lease when it stops (Ctrl-C)."""
+    import json
+    import re
+    import threading
+
+    from model_utils.checkpoint import lease
+    from support.torchrun import ENV as TORCHRUN_ENV
+    from support.torchrun import run_torchrun, torchrun_cmd
+
+    ckpt = tmp_path / "ckpt"
+    flags = [
+        "--max_steps", "100000", "--logging_freq", "1", "--checkpoint_freq", "100000",
+        "--validation_freq", "100000", "--checkpoint_dir", str(ckpt), "--data_cache_dir", str(tmp_path / "data"),
+    ]  # fmt: skip
+    first = subprocess.Popen(
+        torchrun_cmd(flags), cwd=REPO, env=TORCHRUN_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True,  # its own process group: Ctrl-C goes to torchrun and its ranks
+    )  # fmt: skip
+    watchdog = threading.Timer(600, lambda: os.killpg(first.pid, signal.SIGKILL))
+    watchdog.start()
+    lines: list[str] = []
+    try:
+        assert first.stdout is not None
+        for line in first.stdout:  # training: the lease is held
+            lines.append(line)
+            if re.search(r"\| Step \d+/100000 \| Loss ", line):
+                break
+        held = json.loads((ckpt / lease.LEASE_FILE).read_text())
+        before = sorted(p.name for p in ckpt.iterdir())
+        second = run_torchrun(["--metrics_file", str(tmp_path / "second.jsonl"), *flags])
+        after = sorted(p.name for p in ckpt.iterdir())
+        still_training = first.poll() is None
+        still_held = json.loads((ckpt / lease.LEASE_FILE).read_text())["token"] == held["token"]
+        os.killpg(first.pid, signal.SIGINT)
+        lines.extend(first.stdout)
+        status = first.wait()
+    finally:
+        watchdog.cancel()
+    out = second.stdout + second.stderr
+    assert second.returncode != 0, out[-3000:]
+    refusals = [line for line in out.splitlines() if "is in use by another run" in line]
+    assert len(refusals) == 1, out[-3000:]  # one line, from rank 0, for every rank
+    assert (
+        f"checkpoint dir {ckpt} is in use by another run (host {held['host']}, pid {held['pid']}"
+        in refusals[0]
+    )
+    # (a bare torchrun adds its own traceback for a rank's non-zero exit; the launchers refuse in their preflight)
+    assert 'train_deepspeed.py", line' not in out and "| Step " not in out
+    assert after == before and not (tmp_path / "second.jsonl").exists()  # the second touched nothing
+    assert still_training and still_held
+    first_out = "".join(lines)
+    # Ctrl-C: the ranks saved and stopped (a bare torchrun then exits 1 with its own traceback; the launchers 130)
+    assert status != 0 and "Preempted: stop requested by Ctrl-C; saved at step" in first_out, first_out[
+        -3000:
+    ]
+    assert "Training finished" in first_out
+    assert lease.LEASE_FILE not in {p.name for p in ckpt.iterdir()}, first_out[-3000:]  # released at its exit

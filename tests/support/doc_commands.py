@@ -230,6 +230,11 @@ COMMANDS: dict[str, Run | DryRun | CoveredBy | Uncovered] = {
         "tests/e2e/test_bench.py::test_bench_prints_and_writes_both_rows", "backend=fsdp"
     ),
     # docs/checkpoints.md: after the README's first run made checkpoints/
+    ".venv/bin/dskit bench --checkpoint_mb 100,1000": CoveredBy(
+        # the same benchmark at 1 MB (2 real ranks, both methods): the sizes only change how long it takes
+        "tests/unit/dskit/bench/test_checkpoint_bench.py::test_a_small_run_times_both_methods_and_writes_json",
+        "--checkpoint_mb",
+    ),
     ".venv/bin/dskit export checkpoints/ out/qwen3-run1 --dtype bf16": CoveredBy(
         "tests/e2e/test_export.py::test_a_checkpoint_dir_exports_what_resume_would_pick_not_latest",
         "checkpoint",

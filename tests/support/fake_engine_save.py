@@ -3,7 +3,7 @@ writes small files: the kill -9 matrix's engine-independent part, on real ranks 
 
     (ranks) tests/support/fake_engine_save.py deepspeed|fsdp CHECKPOINT_DIR STEP [STEP ...]
 
-As the trainer does it: every rank resumes from the newest verified tag in CHECKPOINT_DIR (if any; rank 0 prints
+As the trainer does it: the ranks verify the candidate tags in parallel, every rank resumes from the newest verified tag in CHECKPOINT_DIR (if any; rank 0 prints
 "Resumed from <tag dir> at step N"), then saves a tag of each STEP in turn with protocol.save, so a fault
 injected through DSKIT_FAULT_INJECT kills a rank at that point of the first save, and with FAIL_RANK_ENV=R the
 first save's write fails on rank R as on a full disk (the run then ends as the trainer's does: one error line,
@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from model_utils import engines
 from model_utils.checkpoint import protocol
 from model_utils.engines import deepspeed_engine, fsdp_engine
 from model_utils.errors import CheckpointSaveFailed
@@ -68,6 +69,9 @@ class FakeEngine:
     def after_failed_save(self) -> None:
         pass  # its save runs no collectives
 
+    def writer_rank(self, rel: str) -> int | None:
+        return engines.engine_class(self.layout).writer_rank(rel)  # the real engine's layout, the real answer
+
     def load(self, tag_dir: Path, weights_only: bool, universal: bool = False) -> dict[str, Any] | None:
         saved = torch.load(self._client_file(tag_dir), weights_only=False)["client_state"]
         step = saved[protocol.CLIENT_KEY]["train_state"]["step"]
@@ -92,6 +96,7 @@ def main() -> None:
     torch.distributed.init_process_group("gloo")
     rank = torch.distributed.get_rank()
     engine = FakeEngine(rank, layout)
+    protocol.verify_in_parallel(checkpoint_dir)  # as the trainer's entry point: every rank its share
     target = protocol.select_resume(checkpoint_dir, None)
     if target is not None:
         state = protocol.load(engine, target, rank, weights_only=False)

@@ -12,7 +12,8 @@ One process, one device. Numbers are from this machine and these steps only; on 
 path works, not how fast a GPU is.
 
 `--data SOURCE` (or `--make_corpus PATH`), and `--verify DIR` (or `--make_prepared PATH`), run the data
-benchmarks of data_bench.py instead.
+benchmarks of data_bench.py instead, `--checkpoint_mb SIZES` the checkpoint save and verification benchmark of
+checkpoint_bench.py.
 """
 
 from __future__ import annotations
@@ -123,11 +124,22 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument(
         "--make_prepared", metavar="PATH", help="write a prepared dataset of random token ids, for --verify"
     )
+    ckpt = p.add_argument_group(
+        "checkpoint benchmark, instead of training (dskit bench --checkpoint_mb 100 --help)"
+    )
+    ckpt.add_argument(
+        "--checkpoint_mb",
+        metavar="SIZES",
+        help="time a checkpoint's save and resume verification at these total MB (e.g. 100,1000), per-rank "
+        "checksums against rank 0 checksumming every file",
+    )
     return p
 
 
 # The flags that make `dskit bench` the data benchmark: it has its own parser and never imports DeepSpeed.
 DATA_BENCH_FLAGS = ("--data", "--make_corpus", "--verify", "--make_prepared")
+# The flag of the checkpoint benchmark (checkpoint_bench.py): its own parser too.
+CHECKPOINT_BENCH_FLAG = "--checkpoint_mb"
 
 
 @dataclass
@@ -519,6 +531,10 @@ def main(argv: list[str]) -> int:
         from dskit.bench import data_bench
 
         return data_bench.main(argv)
+    if any(arg.split("=", 1)[0] == CHECKPOINT_BENCH_FLAG for arg in argv):
+        from dskit.bench import checkpoint_bench
+
+        return checkpoint_bench.main(argv)
     ns = build_parser().parse_args(argv)
     startup.import_deepspeed()
     import torch

@@ -4,12 +4,15 @@ The protocol sits above the engine seam (engines/base.py): an engine writes and 
 inside the directory it is handed, and answers for its own files (which tag it wrote, how it converts one for
 another world size), so every engine gets the same guarantees.
 
-Save: every rank writes into a staging dir `.staging-<tag>`; after a barrier rank 0 writes a manifest of every
-file's size and checksum, renames the staging dir to `<tag>` (atomic), and only then replaces `latest` (temp file,
+Save: every rank writes into a staging dir `.staging-<tag>` and checksums its own files right after writing them
+(the engine names each rank's shards: Engine.writer_rank); the ranks' checksums are gathered with their outcome
+(also the barrier), and rank 0 writes a manifest of every file's size and checksum (hashing only the files no rank
+claimed), renames the staging dir to `<tag>` (atomic), and only then replaces `latest` (temp file,
 fsync, rename). An engine's own `latest` (DeepSpeed's is a plain open() before its last barrier) is never used, so a crash
 at any point leaves the previous checkpoints and a `latest` that names a complete one.
 
-Resume: the newest tag whose manifest verifies (sizes and checksums). A tag with a missing, short or corrupt file,
+Resume: the newest tag whose manifest verifies (sizes and checksums). The ranks verify first, in parallel, each its
+own share of a tag's files (verify_in_parallel); the main rank's choice then re-reads none of them. A tag with a missing, short or corrupt file,
 or without a manifest, is skipped with a warning naming it; a `latest` that is empty, truncated or names a bad tag
 is reported and ignored the same way.
 
@@ -50,6 +53,7 @@ HF_CONFIG_DIR = "hf_config"
 LAUNCH_FILE = "launch.json"
 STAGING_PREFIX = ".staging-"
 _TAG_RE = re.compile(r"^(?P<name>[^.].*)-(?P<step>\d+)steps$")
+_RNG_RE = re.compile(r"^rng_state_rank(\d+)\.pt$")
 # Fault injection for the crash tests: the process SIGKILLs itself at the named point of a save.
 FAULT_ENV = launch_env.FAULT_INJECT
 
@@ -154,6 +158,61 @@ def select_resume(checkpoint_dir: str, resume_from: str | None) -> ResumeTarget 
     return target
 
 
+def writer_rank(engine: type[Engine] | Engine | None, rel: str) -> int | None:
+    """The rank that wrote a tag's file `rel`: the protocol's own files (RNG states; rank 0's hf_config/ and
+    launch.json), else the engine's shards (Engine.writer_rank); None when unknown."""
+    if (m := _RNG_RE.match(rel)) is not None:
+        return int(m[1])
+    if rel == LAUNCH_FILE or rel.startswith(f"{HF_CONFIG_DIR}/"):
+        return 0
+    return None if engine is None else engine.writer_rank(rel)
+
+
+def _verify_candidates(checkpoint_dir: str, resume_from: str | None) -> list[Path]:
+    """The tag dirs select_resume would check, in its order."""
+    if resume_from is not None and is_tag_dir(Path(resume_from)):
+        path = Path(resume_from)
+        return [path] if (path / file_manifest.MANIFEST).is_file() else []
+    root = Path(resume_from if resume_from is not None else checkpoint_dir)
+    return [root / tag for tag in _tags_newest_first(root)]
+
+
+def verify_in_parallel(checkpoint_dir: str, resume_from: str | None = None) -> None:
+    """On every rank, before the main rank picks the checkpoint to resume (select_resume, newest_verified): the
+    candidate tags are checked newest first, each rank reading its own share of a tag's files (those it wrote, at
+    the same world size; the rest spread over the ranks), until one matches on every rank. The main rank learns
+    which files matched (file_manifest.remember_verified) and reads none of them again; a tag with a bad file is
+    left to its check, which names the file."""
+    world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+    candidates: list[Any] = [_verify_candidates(checkpoint_dir, resume_from) if rank == 0 else None]
+    torch.distributed.broadcast_object_list(candidates, src=0)
+    for tag_dir in candidates[0]:
+        manifest = file_manifest.read(tag_dir)
+        problem, keys = "absent", []  # a rank that cannot see the tag (node-local dirs) leaves it to rank 0
+        if manifest is not None:
+            engine_type = _engine_type(tag_dir)
+            files = sorted(manifest["files"])
+            mine = [rel for i, rel in enumerate(files) if _verifier(engine_type, rel, i, world) == rank]
+            problem, keys = file_manifest.check_files(tag_dir, manifest, mine)
+        outcomes: list[Any] = [None] * world
+        torch.distributed.all_gather_object(outcomes, (problem, keys))
+        if rank == 0:
+            file_manifest.remember_verified([k for _, ks in outcomes for k in ks])
+        if all(p in (None, "absent") for p, _ in outcomes):
+            return  # verified everywhere, or as far as the ranks can see it: rank 0's check finishes it
+
+
+def _verifier(engine_type: type[Engine] | None, rel: str, index: int, world: int) -> int:
+    """The rank that checks a file at resume: its writer (whose node may still cache it), else one by turns."""
+    writer = writer_rank(engine_type, rel)
+    return (index if writer is None else writer) % world
+
+
+def _engine_type(tag_dir: Path) -> type[Engine] | None:
+    name = engines.engine_of_tag(tag_dir)
+    return None if name is None else engines.engine_class(name)
+
+
 # --- saving ---------------------------------------------------------------------------------------------
 
 
@@ -203,15 +262,19 @@ class SaveRequest:
     launch: dict[str, Any]
 
 
+Digests = dict[str, dict[str, Any]]  # a tag's file (relative path) -> its size and checksum
+
+
 def _write_rank_files(
     engine: Engine, req: SaveRequest, staging: Path, rank: int, model_config: Any, tokenizer: Any
-) -> BaseException | None:
-    """This rank's files; the error that stopped them, if any, once the engine's save is over on every rank."""
+) -> tuple[BaseException | None, Digests]:
+    """This rank's files and their checksums, computed right after the writes (still in this rank's page cache);
+    the error that stopped them, if any, once the engine's save is over on every rank."""
     try:
         engine.save(staging, {CLIENT_KEY: {"train_state": req.train_state, "config": req.config}})
     except (OSError, RuntimeError) as e:  # torch.save reports ENOSPC as a RuntimeError
         engine.after_failed_save()
-        return e
+        return e, {}
     try:
         torch.save(_rng_state(), _rng_file(staging, rank))
         if rank == 0:
@@ -220,33 +283,46 @@ def _write_rank_files(
             file_manifest.atomic_write_text(
                 staging / LAUNCH_FILE, json.dumps(req.launch, indent=1, sort_keys=True, default=str)
             )
+        return None, _digest_own_files(engine, staging, rank)
     except (OSError, RuntimeError) as e:
-        return e
-    return None
+        return e, {}
 
 
-def _first_failure(failure: BaseException | None, root: Path) -> str | None:
-    """Every rank's outcome, gathered (so also a barrier: every rank is done writing): the first failed rank's
-    reason, the same on every rank, or None when all wrote their files."""
+def _digest_own_files(engine: Engine, staging: Path, rank: int) -> Digests:
+    """Size and checksum of the files this rank wrote (writer_rank), fsynced; another rank's are not touched,
+    nor files no one claims (rank 0 hashes those after every rank is done)."""
+    digests = {}
+    for path in staging.rglob("*"):
+        rel = str(path.relative_to(staging))
+        if writer_rank(engine, rel) == rank and path.is_file():
+            digests[rel] = file_manifest.digest_written(path)
+    return digests
+
+
+def _first_failure(failure: BaseException | None, digests: Digests, root: Path) -> tuple[str | None, Digests]:
+    """Every rank's outcome and checksums, gathered (so also a barrier: every rank is done writing): the first
+    failed rank's reason, the same on every rank, or None when all wrote their files; and all ranks' checksums."""
     reason = None
     if failure is not None:
         reason = first_line(failure)
         if _out_of_space(failure, root) and os.strerror(errno.ENOSPC) not in reason:
             reason = f"{os.strerror(errno.ENOSPC)}: {reason}"
-    reasons: list[str | None] = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(reasons, reason)
-    failed = [(r, why) for r, why in enumerate(reasons) if why is not None]
+    outcomes: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(outcomes, (reason, digests))
+    everyone: Digests = {rel: d for _, rank_digests in outcomes for rel, d in rank_digests.items()}
+    failed = [(r, why) for r, (why, _) in enumerate(outcomes) if why is not None]
     if not failed:
-        return None
+        return None, everyone
     r, why = failed[0]
-    return why if r == 0 else f"rank {r}: {why}"
+    return (why if r == 0 else f"rank {r}: {why}"), everyone
 
 
-def _commit(root: Path, staging: Path, req: SaveRequest) -> Path:
-    """Rank 0, after every rank's files are on disk: manifest, atomic rename, then `latest`."""
+def _commit(root: Path, staging: Path, req: SaveRequest, digests: Digests) -> Path:
+    """Rank 0, after every rank's files are on disk: manifest (the ranks' checksums), atomic rename, `latest`."""
     _inject_fault("before_manifest")
     _inject_fault("mid_file", staging)
-    file_manifest.write(staging, file_manifest.build(staging, {"tag": req.tag, "step": req.step}))
+    manifest = file_manifest.build(staging, {"tag": req.tag, "step": req.step}, digests)
+    file_manifest.write(staging, manifest)
     _inject_fault("before_rename")
     final = root / req.tag
     if final.exists():  # an unverified leftover of the same name (a verified one would have been resumed)
@@ -266,10 +342,10 @@ def save(engine: Engine, req: SaveRequest, rank: int, model_config: Any, tokeniz
     if rank == 0 and staging.exists():
         shutil.rmtree(staging)  # debris of a save that crashed
     torch.distributed.barrier()
-    failure = _write_rank_files(engine, req, staging, rank, model_config, tokenizer)
+    failure, digests = _write_rank_files(engine, req, staging, rank, model_config, tokenizer)
     if rank == 1:
         _inject_fault("rank1_before_barrier")
-    failed = _first_failure(failure, root)
+    failed, digests = _first_failure(failure, digests, root)
     if failed is not None:
         if rank == 0:
             shutil.rmtree(staging, ignore_errors=True)
@@ -281,7 +357,7 @@ def save(engine: Engine, req: SaveRequest, rank: int, model_config: Any, tokeniz
         error_line(str(error))
         torch.distributed.barrier()
         raise error
-    final = _commit(root, staging, req) if rank == 0 else None
+    final = _commit(root, staging, req, digests) if rank == 0 else None
     torch.distributed.barrier()
     print0(step_line.saved_line(root / req.tag, _throughput(root / req.tag, time.perf_counter() - started)))
     return final

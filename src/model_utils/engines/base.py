@@ -137,6 +137,12 @@ class Engine(Protocol):
         ...
 
     @staticmethod
+    def writer_rank(rel: str) -> int | None:
+        """The rank that wrote the tag's file `rel` (a path relative to the tag dir): one rank's own shard, hashed by
+        that rank right after its write; None for the engine's other files (the protocol's main rank hashes those)."""
+        ...
+
+    @staticmethod
     def converted_tag(tag: str) -> str | None:
         """The name of `tag`'s copy made by convert_universal, beside it (never a tag's name: never a resume
         candidate); None for an engine that reshards on load and makes none."""

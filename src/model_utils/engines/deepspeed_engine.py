@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +38,8 @@ DISCARDED_KEY = "dskit_discarded_steps"
 MODEL_STATES = "mp_rank_00_model_states.pt"
 MODEL_STATES_GLOB = "*model_states.pt"
 OPTIM_STATES_GLOB = "*optim_states.pt"
+# One rank's own shard (its optimizer state; ZeRO-3 also its model states): `[bf16_]zero_pp_rank_<R>_mp_rank_00_...`.
+RANK_SHARD = re.compile(r"(?:^|/)(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_\w+\.pt$")
 # A tag converted for another world size (universal layout): `<tag>-universal`, never itself a resume candidate
 # (its name is no tag's), kept while its source tag is.
 UNIVERSAL_SUFFIX = "-universal"
@@ -343,6 +346,13 @@ class DeepSpeedEngine:
     @staticmethod
     def owns_tag(tag_dir: Path) -> bool:
         return any(tag_dir.glob(MODEL_STATES_GLOB))
+
+    @staticmethod
+    def writer_rank(rel: str) -> int | None:
+        if rel == MODEL_STATES:
+            return 0  # ZeRO-1/2: data-parallel rank 0 writes the module's weights and the client state
+        m = RANK_SHARD.search(rel)
+        return int(m[1]) if m else None
 
     @staticmethod
     def converted_tag(tag: str) -> str:

@@ -15,6 +15,7 @@ here too (read_full_state_dict).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,6 +59,8 @@ if TYPE_CHECKING:
 # rank 0's small file of scheduler and client state.
 DCP_DIR = "dcp"
 STATE_FILE = "fsdp_client_state.pt"
+# One rank's own shard file, as DCP's FileSystemWriter names it: dcp/__<R>_<N>.distcp.
+RANK_SHARD = re.compile(rf"^{DCP_DIR}/__(\d+)_\d+\.distcp$")
 # Bytes per parameter in a tag: the fp32 parameters (the masters) and Adam's two moments, no 16-bit copy.
 CHECKPOINT_BYTES_PER_PARAM = 12
 
@@ -344,6 +347,13 @@ class FsdpEngine:
     @staticmethod
     def owns_tag(tag_dir: Path) -> bool:
         return (tag_dir / STATE_FILE).is_file()
+
+    @staticmethod
+    def writer_rank(rel: str) -> int | None:
+        if rel in (STATE_FILE, f"{DCP_DIR}/.metadata"):
+            return 0  # save() writes the state file on rank 0, DCP's coordinator (rank 0) the metadata
+        m = RANK_SHARD.match(rel)
+        return int(m[1]) if m else None
 
     @staticmethod
     def converted_tag(tag: str) -> None:

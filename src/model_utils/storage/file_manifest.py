@@ -1,14 +1,21 @@
 """Checkpoint manifests: every file's size and checksum, written last, so a tag is complete only if it verifies.
 
+Checksums are computed by the rank that wrote a file, right after writing it (`digest_written`: still in its page
+cache), and handed to `build`, which hashes only what no rank did: no second pass over the checkpoint by one process.
+At resume the ranks verify a tag's files in parallel (checkpoint/protocol.py) and tell the main rank which files
+matched (`remember_verified`); its `verify` then re-reads none of those whose size and mtime are unchanged.
+
 Also the one atomic-write helper (temp file, fsync, rename, fsync of the directory) used for `latest` and for
 the manifest itself: a crash leaves either the old file or the new one, never a torn one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +33,18 @@ def file_digest(path: Path) -> str:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
     return h.hexdigest()
+
+
+def digest_written(path: Path) -> dict[str, Any]:
+    """Size and checksum of a file this process has just written, fsynced first (so the manifest never outruns
+    the data); the read is served from the page cache the write filled."""
+    h = xxhash.xxh3_64()
+    with path.open("rb") as f:
+        os.fsync(f.fileno())
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+        size = os.fstat(f.fileno()).st_size
+    return {"size": size, "xxh3": h.hexdigest()}
 
 
 def fsync_dir(directory: Path) -> None:
@@ -47,13 +66,19 @@ def atomic_write_text(path: Path, text: str) -> None:
     fsync_dir(path.parent)
 
 
-def build(tag_dir: Path, extra: dict[str, Any]) -> dict[str, Any]:
-    """Size and checksum of every file under tag_dir (fsynced first, so the manifest never outruns the data)."""
+def build(
+    tag_dir: Path, extra: dict[str, Any], digests: dict[str, dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """Size and checksum of every file under tag_dir. `digests`: those the writing ranks computed (digest_written),
+    by path relative to tag_dir; used where the size still matches. Every other file is fsynced and hashed here."""
+    digests = digests or {}
     files: dict[str, dict[str, Any]] = {}
     for path in sorted(p for p in tag_dir.rglob("*") if p.is_file() and p.name != MANIFEST):
-        with path.open("rb") as f:
-            os.fsync(f.fileno())
-        files[str(path.relative_to(tag_dir))] = {"size": path.stat().st_size, "xxh3": file_digest(path)}
+        rel = str(path.relative_to(tag_dir))
+        known = digests.get(rel)
+        files[rel] = (
+            known if known is not None and known["size"] == path.stat().st_size else digest_written(path)
+        )
     return {"version": MANIFEST_VERSION, **extra, "files": files}
 
 
@@ -69,8 +94,59 @@ def read(tag_dir: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and isinstance(data.get("files"), dict) else None
 
 
+# While set, verify() checks presence and sizes only (checksums_left_to_the_ranks).
+_checksums_left_to_the_ranks = False
+
+
+@contextlib.contextmanager
+def checksums_left_to_the_ranks() -> Iterator[None]:
+    """verify() checks that every file is there with its size, not its checksum, while this is active: for the
+    one-process check before the ranks start (the launchers' preflight), whose ranks then verify the checksums in
+    parallel and pass over a tag that fails them. One process reading a whole checkpoint is what this avoids."""
+    global _checksums_left_to_the_ranks
+    before, _checksums_left_to_the_ranks = _checksums_left_to_the_ranks, True
+    try:
+        yield
+    finally:
+        _checksums_left_to_the_ranks = before
+
+
+# Files some rank of this job verified against a manifest: (path, size, mtime in ns, checksum) (see the module doc).
+_verified: set[tuple[str, int, int, str]] = set()
+
+
+def _verified_key(path: Path, st: os.stat_result, xxh3: str) -> tuple[str, int, int, str]:
+    return (os.path.abspath(path), st.st_size, st.st_mtime_ns, xxh3)
+
+
+def remember_verified(keys: list[tuple[str, int, int, str]]) -> None:
+    """Record files verified by another rank (check_files' keys): verify skips their checksums while they are
+    unchanged."""
+    _verified.update(keys)
+
+
+def check_files(tag_dir: Path, manifest: dict[str, Any], rels: list[str]) -> tuple[str | None, list]:
+    """Verify the files `rels` of the manifest (size and checksum): the first problem (None: all match) and the
+    keys of those that matched, for remember_verified."""
+    keys = []
+    for rel in rels:
+        meta = manifest["files"][rel]
+        path = tag_dir / rel
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return f"{rel} is missing", keys
+        if st.st_size != meta["size"]:
+            return f"{rel} has {st.st_size} bytes, the manifest says {meta['size']}", keys
+        if file_digest(path) != meta["xxh3"]:
+            return f"{rel} does not match its checksum", keys
+        keys.append(_verified_key(path, st, meta["xxh3"]))
+    return None, keys
+
+
 def verify(tag_dir: Path, checksums: bool = True) -> str | None:
-    """None when every file of the manifest is present with its size (and checksum); else what is wrong."""
+    """None when every file of the manifest is present with its size (and checksum); else what is wrong. A file
+    that a rank verified in parallel (remember_verified) and that is unchanged is not read again."""
     manifest = read(tag_dir)
     if manifest is None:
         return f"no readable {MANIFEST} (an unfinished save?)"
@@ -78,9 +154,15 @@ def verify(tag_dir: Path, checksums: bool = True) -> str | None:
         path = tag_dir / rel
         if not path.is_file():
             return f"{rel} is missing"
-        size = path.stat().st_size
-        if size != meta["size"]:
-            return f"{rel} has {size} bytes, the manifest says {meta['size']}"
-        if checksums and file_digest(path) != meta["xxh3"]:
+        st = path.stat()
+        if st.st_size != meta["size"]:
+            return f"{rel} has {st.st_size} bytes, the manifest says {meta['size']}"
+        if (
+            not checksums
+            or _checksums_left_to_the_ranks
+            or _verified_key(path, st, meta["xxh3"]) in _verified
+        ):
+            continue
+        if file_digest(path) != meta["xxh3"]:
             return f"{rel} does not match its checksum"
     return None

@@ -87,3 +87,84 @@ def test_rotation_keeps_every_nth_step_permanently(tmp_path: Path) -> None:
     assert protocol.rotate(tmp_path, keep=1, protect=set(), keep_every=None) == [
         "tiny_qwen3-60steps", "tiny_qwen3-40steps", "tiny_qwen3-20steps"
     ]  # fmt: skip
+
+
+# --- checksums by the writing ranks, verification by every rank ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("rel", "rank"),
+    [
+        ("rng_state_rank3.pt", 3),
+        ("launch.json", 0),
+        ("hf_config/config.json", 0),
+        (MODEL_STATES, 0),
+        ("bf16_zero_pp_rank_5_mp_rank_00_optim_states.pt", 5),
+        ("zero_pp_rank_2_mp_rank_00_model_states.pt", 2),
+        ("zero_to_fp32.py", None),  # an engine's file it does not name: rank 0 hashes it after the barrier
+    ],
+)
+def test_each_file_of_a_deepspeed_tag_has_its_writer(rel: str, rank: int | None) -> None:
+    assert protocol.writer_rank(DeepSpeedEngine, rel) == rank
+
+
+@pytest.mark.parametrize(
+    ("rel", "rank"),
+    [("dcp/__7_0.distcp", 7), ("dcp/.metadata", 0), ("fsdp_client_state.pt", 0), ("rng_state_rank1.pt", 1)],
+)
+def test_each_file_of_an_fsdp_tag_has_its_writer(rel: str, rank: int | None) -> None:
+    from model_utils.engines.fsdp_engine import FsdpEngine
+
+    assert protocol.writer_rank(FsdpEngine, rel) == rank
+
+
+@pytest.mark.parametrize("layout", ["deepspeed", "fsdp"])
+def test_a_save_hashes_each_file_once_where_it_was_written(
+    layout: str, gloo_rank, tmp_path: Path, monkeypatch
+) -> None:
+    """No second pass: every file is hashed once, by its writer right after the write (digest_written), except a
+    file no writer claims, which rank 0 hashes after the barrier; the manifest then verifies."""
+    from model_utils.storage import file_manifest
+    from support.fake_engine_save import FakeEngine, SavedAsJson
+
+    class WithAStrayFile(FakeEngine):
+        def save(self, tag_dir: Path, client_state: dict) -> None:
+            super().save(tag_dir, client_state)
+            (tag_dir / "stray.txt").write_text("a file the engine does not name")
+
+    hashed: list[str] = []
+    real = file_manifest.digest_written
+
+    def counted(path: Path) -> dict:
+        hashed.append(str(path.relative_to(tmp_path / ".staging-tiny_qwen3-2steps")))
+        return real(path)
+
+    monkeypatch.setattr(file_manifest, "digest_written", counted)
+    monkeypatch.setattr(file_manifest, "file_digest", lambda p: pytest.fail(f"{p} read a second time"))
+    request = protocol.SaveRequest(str(tmp_path), "tiny_qwen3-2steps", 2, {"step": 2}, {}, {"world_size": 1})
+    final = protocol.save(WithAStrayFile(0, layout), request, 0, SavedAsJson("config"), SavedAsJson("tok"))
+    assert final is not None
+    files = sorted(file_manifest.read(final)["files"])
+    assert sorted(hashed) == files  # each once
+    assert hashed[-1] == "stray.txt"  # the unclaimed one last: by rank 0, after every rank's own files
+    monkeypatch.undo()
+    assert file_manifest.verify(final) is None
+
+
+def test_resume_candidates_verified_in_parallel_are_not_read_again(
+    gloo_rank, tmp_path: Path, monkeypatch, capsys
+):
+    from model_utils.storage import file_manifest
+
+    older = fake_tag(tmp_path, 10)
+    newest = fake_tag(tmp_path, 20)
+    protocol.verify_in_parallel(str(tmp_path))
+    monkeypatch.setattr(file_manifest, "file_digest", lambda p: pytest.fail(f"{p} read again by rank 0"))
+    assert protocol.select_resume(str(tmp_path), None).path == newest
+    monkeypatch.undo()
+    # A bad newest tag: the ranks go on to the older one; rank 0's own check names the bad file, and skips it.
+    shard = newest / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    shard.write_bytes(b"y" * 1000)
+    protocol.verify_in_parallel(str(tmp_path))
+    assert protocol.select_resume(str(tmp_path), None).path == older
+    assert f"{shard.name} does not match its checksum" in capsys.readouterr().out

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
+
+import pytest
 
 from dskit import cli
 
@@ -220,3 +224,45 @@ def test_config_prints_no_credentials(capsys) -> None:
     printed = capsys.readouterr().out
     assert f"tracking_uri: http://127.0.0.1:{port}/" in printed and "pw" not in printed
     server.close()
+
+
+def test_preflight_refuses_a_checkpoint_dir_a_live_run_holds_before_any_check(tmp_path: Path, capsys) -> None:
+    from model_utils.checkpoint import lease
+
+    held = lease.acquire(tmp_path)  # a live run's lease (this process's)
+    try:
+        assert cli.main(["preflight", "--checkpoint_dir", str(tmp_path)]) == 2
+    finally:
+        held.release()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"checkpoint dir {tmp_path} is in use by another run (host " in err[0], err
+    assert f"pid {os.getpid()}" in err[0]
+
+
+def test_preflight_picks_the_resume_candidate_without_reading_its_files(tmp_path: Path, monkeypatch) -> None:
+    """One process reading a whole checkpoint before the ranks start is what the ranks' parallel check replaces:
+    the preflight's prepare checks the candidate's files for presence and size only."""
+    from dskit import doctor
+    from model_utils.checkpoint import protocol
+    from model_utils.errors import ConfigError
+    from model_utils.resolve import resolver
+    from model_utils.storage import file_manifest
+    from support.checkpoint_tags import fake_tag
+
+    tag = fake_tag(tmp_path, 10)
+    picked = []
+
+    def prepare(cfg, **kwargs):
+        picked.append(protocol.select_resume(cfg.checkpoint.checkpoint_dir, None))
+        raise ConfigError("stop here")  # the rest of prepare is not what this test is about
+
+    monkeypatch.setattr(doctor, "diagnose", lambda cfg, ctx: ([], None))
+    monkeypatch.setattr(doctor, "report", lambda results, ctx: 0)
+    monkeypatch.setattr(resolver, "prepare", prepare)
+    monkeypatch.setattr(
+        file_manifest, "file_digest", lambda path: pytest.fail(f"{path} read by the preflight")
+    )
+    assert cli.main(["preflight", "--checkpoint_dir", str(tmp_path)]) == 2
+    assert picked[0].path == tag
+    with pytest.raises(pytest.fail.Exception):  # after the preflight, verify reads checksums again
+        file_manifest.verify(tag)
