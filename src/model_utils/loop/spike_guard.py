@@ -37,9 +37,10 @@ class Window:
 
     def threshold(self, sigma: float, ratio: float) -> float | None:
         """None until the window is full: a guard judging from three steps would reject the early descent.
-        A clean run's grad norms are heavy-tailed (a 500-step tiny run swings to 3.6x its median while the
-        window's mean + 6 sigma is 2.7x), so sigma alone rolls back healthy runs; the median floor does not
-        move with the tail."""
+        A clean run's grad norm is heavy-tailed: the tiny runs swing to 5.7x their window's median, 17 sigma
+        above its mean, so sigma alone rolled healthy runs back; the median floor does not move with the tail
+        (docs/spike-guard.md#calibration). A robust sigma (median absolute deviation) is smaller still on
+        such a tail: it judged more clean steps, not fewer."""
         if len(self.values) < (self.values.maxlen or 0):
             return None
         mean = math.fsum(self.values) / len(self.values)

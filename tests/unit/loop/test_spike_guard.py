@@ -104,8 +104,8 @@ def test_a_value_above_mean_plus_sigma_is_no_spike_below_the_ratio_to_the_window
     ("flags", "error"),
     [
         ({"spike_warmup_steps": -1}, "--spike_warmup_steps -1 must be zero or positive, e.g. 200"),
-        ({"spike_loss_ratio": 0.5}, "--spike_loss_ratio 0.5 must be at least 1, e.g. 1.5"),
-        ({"spike_grad_norm_ratio": float("nan")}, "--spike_grad_norm_ratio nan must be at least 1, e.g. 5"),
+        ({"spike_loss_ratio": 0.5}, "--spike_loss_ratio 0.5 must be at least 1, e.g. 1.25"),
+        ({"spike_grad_norm_ratio": float("nan")}, "--spike_grad_norm_ratio nan must be at least 1, e.g. 10"),
     ],
 )
 def test_a_warm_up_or_ratio_out_of_range_is_one_line(flags: dict, error: str) -> None:
