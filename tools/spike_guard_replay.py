@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from model_utils.config.arguments import GuardArgs
+from model_utils.errors import ConfigError
 from model_utils.loop import spike_guard
 
 OLD = {"spike_warmup_steps": 0, "spike_loss_ratio": 1.0, "spike_grad_norm_ratio": 1.0}
@@ -27,23 +28,27 @@ OLD = {"spike_warmup_steps": 0, "spike_loss_ratio": 1.0, "spike_grad_norm_ratio"
 
 def read_trace(path: Path) -> tuple[list[float], list[float]]:
     """(losses, grad norms), one per optimizer step, from a metrics file or a saved trace."""
+    if not path.is_file():
+        sys.exit(f"error: {path} is not a file ... fix: give a metrics file or a trace --save_trace wrote")
     text = path.read_text()
     if path.suffix == ".jsonl":
         steps: dict[int, tuple[float, float]] = {}
         for record in map(json.loads, text.splitlines()):
-            if "event" not in record and "grad_norm" in record:
-                steps[record["step"]] = (
-                    record["loss"],
-                    record["grad_norm"],
-                )  # a step trained again: the last
-        if sorted(steps) != list(range(1, len(steps) + 1)):
+            if "event" not in record and "grad_norm" in record:  # a step trained again: its last record
+                steps[record["step"]] = (record["loss"], record["grad_norm"])
+        if not steps or sorted(steps) != list(range(1, len(steps) + 1)):
             sys.exit(
                 f"error: {path} does not have every step from 1 ... fix: record it with --logging_freq 1"
             )
         pairs = [steps[s] for s in sorted(steps)]
     else:
         lines = [line.split() for line in text.splitlines() if line.strip() and not line.startswith("#")]
-        pairs = [(float(loss), float(norm)) for loss, norm in lines]
+        try:
+            pairs = [(float(loss), float(norm)) for loss, norm in lines]
+        except ValueError:
+            sys.exit(
+                f"error: {path} is not a trace of `loss grad_norm` lines ... fix: name a .jsonl metrics file so"
+            )
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
@@ -54,13 +59,21 @@ def save_trace(path: Path, losses: list[float], grad_norms: list[float], source:
 
 
 def guard_args(overrides: dict[str, str]) -> GuardArgs:
-    types = {f.name: f.type for f in dataclasses.fields(GuardArgs)}
+    types = {f.name: f.type for f in dataclasses.fields(GuardArgs) if f.name != "spike_guard"}
     values = {}
     for name, value in overrides.items():
         if name not in types:
             sys.exit(f"error: --set {name}: not a guard setting ... fix: one of {', '.join(sorted(types))}")
-        values[name] = float(value) if types[name] in (float, "float") else int(value)
-    return GuardArgs(spike_guard="rollback", **values)
+        try:
+            values[name] = float(value) if types[name] in (float, "float") else int(value)
+        except ValueError:
+            sys.exit(
+                f"error: --set {name}={value}: not a number ... fix: e.g. --set {name}={getattr(GuardArgs(), name)}"
+            )
+    try:
+        return GuardArgs(spike_guard="rollback", **values)
+    except ConfigError as e:
+        sys.exit(f"error: --set: {e} ... fix: set it in that range")
 
 
 def row(label: str, steps: int, replays: list[spike_guard.Replay]) -> str:
@@ -82,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--save_trace", type=Path, help="write the first file's trace here, compact")
     args = parser.parse_args(argv)
+    if any("=" not in item for item in args.set):
+        parser.error("--set takes NAME=VALUE, e.g. --set spike_grad_norm_ratio=10")
     overrides = dict(item.split("=", 1) for item in args.set)
     settings = {"old": guard_args(OLD), "new": guard_args(overrides)}
     print(f"new: {', '.join(f'{k}={v}' for k, v in dataclasses.asdict(settings['new']).items())}")

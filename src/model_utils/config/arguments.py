@@ -418,7 +418,7 @@ class GuardArgs:
         metadata=_flag("a loss spike is also above this many times the window's median loss"),
     )
     spike_grad_norm_ratio: float = field(
-        default=10.0,
+        default=20.0,
         metadata=_flag("a grad-norm spike is also above this many times the window's median grad norm"),
     )
     max_consecutive_skips: int = field(
@@ -449,7 +449,7 @@ class GuardArgs:
             raise ConfigError(
                 f"--spike_warmup_steps {self.spike_warmup_steps} must be zero or positive, e.g. 200"
             )
-        for name, example in (("spike_loss_ratio", "1.25"), ("spike_grad_norm_ratio", "10")):
+        for name, example in (("spike_loss_ratio", "1.25"), ("spike_grad_norm_ratio", "20")):
             if not getattr(self, name) >= 1:  # below 1 the floor is no floor; NaN is refused too
                 raise ConfigError(f"--{name} {getattr(self, name)} must be at least 1, e.g. {example}")
         for name in ("max_consecutive_skips", "max_rollbacks"):
