@@ -51,8 +51,11 @@ CONFIGS = {
 def run_steps(tmp_path: Path, dist, monkeypatch, fault: str, *flags: str) -> list[tuple[bool, float]]:
     """(step stands, loss) for each turn of the loop until step 6, in this process."""
     monkeypatch.setenv(launch_env.SPIKE_FAULT, fault)
-    # A short window for a short run; a wide margin, so the early descent's ups and downs are no spikes.
-    window = [] if "off" in flags else ["--spike_window", "3", "--spike_sigma", "50"]
+    # A short window judging from its filling, for a short run; a wide margin, so the early descent's ups and
+    # downs are no spikes.
+    window = (
+        [] if "off" in flags else ["--spike_window", "3", "--spike_warmup_steps", "0", "--spike_sigma", "50"]
+    )
     trainer = make_trainer(tmp_path, dist, "--max_steps", "6", *window, *flags)
     try:
         trainer.engine.train()
@@ -115,6 +118,8 @@ def test_a_skip_and_a_rollback_on_two_ranks_equal_a_run_that_never_saw_their_dat
             "rollback",
             "--spike_window",
             "4",
+            "--spike_warmup_steps",
+            "0",
             "--rollback_skip_steps",
             "0",
             "--report_to",
@@ -166,6 +171,8 @@ def test_damage_that_comes_back_after_every_rollback_stops_the_run_with_one_line
             "rollback",
             "--spike_window",
             "4",
+            "--spike_warmup_steps",
+            "0",
             "--max_rollbacks",
             "1",
         ],

@@ -494,6 +494,8 @@ def _training_flags(ns: argparse.Namespace, model: str, config: str, checkpoint_
         flags += ["--seq_length", str(ns.seq_length)]
     if ns.peak_tflops is not None:
         flags += ["--peak_tflops", str(ns.peak_tflops)]
+    if ns.guard_overhead:  # judging from the window's filling, not after the guard's longer warm-up
+        flags += ["--spike_warmup_steps", "0"]
     return flags
 
 

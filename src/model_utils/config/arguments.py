@@ -403,14 +403,31 @@ class GuardArgs:
     spike_window: int = field(
         default=100,
         metadata=_flag(
-            "steps of loss and grad-norm history the guard judges against; it acts once it is full"
+            "steps of loss and grad-norm history the guard judges against; it acts once it is full and the "
+            "warm-up is over"
         ),
     )
     spike_sigma: float = field(
         default=6.0,
         metadata=_flag(
-            "a loss or grad norm above the window's mean + this many standard deviations is a spike"
+            "a loss or grad norm above the window's mean + this many standard deviations (and above its ratio "
+            "to the window's median) is a spike"
         ),
+    )
+    spike_warmup_steps: int = field(
+        default=200,
+        metadata=_flag(
+            "no verdicts on the first this many optimizer steps (the steep early descent), besides a loss or "
+            "grad norm that is not finite; the window fills meanwhile"
+        ),
+    )
+    spike_loss_ratio: float = field(
+        default=1.25,
+        metadata=_flag("a loss spike is also above this many times the window's median loss"),
+    )
+    spike_grad_norm_ratio: float = field(
+        default=20.0,
+        metadata=_flag("a grad-norm spike is also above this many times the window's median grad norm"),
     )
     max_consecutive_skips: int = field(
         default=3,
@@ -436,6 +453,13 @@ class GuardArgs:
             raise ConfigError(f"--spike_window {self.spike_window} must be at least 2 steps, e.g. 100")
         if not self.spike_sigma > 0:
             raise ConfigError(f"--spike_sigma {self.spike_sigma} must be positive, e.g. 6")
+        if self.spike_warmup_steps < 0:
+            raise ConfigError(
+                f"--spike_warmup_steps {self.spike_warmup_steps} must be zero or positive, e.g. 200"
+            )
+        for name, example in (("spike_loss_ratio", "1.25"), ("spike_grad_norm_ratio", "20")):
+            if not getattr(self, name) >= 1:  # below 1 the floor is no floor; NaN is refused too
+                raise ConfigError(f"--{name} {getattr(self, name)} must be at least 1, e.g. {example}")
         for name in ("max_consecutive_skips", "max_rollbacks"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name} {getattr(self, name)} must be at least 1, e.g. 3")

@@ -13,6 +13,7 @@ never enter the windows, and the guard's state travels in every checkpoint.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -28,18 +29,24 @@ SPIKE_SKIP, SPIKE_GRAD_NORM = "spike_skip", "spike_grad_norm"
 
 
 class Window:
-    """The last `size` accepted values of one signal, judged by mean + sigma x standard deviation."""
+    """The last `size` accepted values of one signal, judged by mean + sigma x standard deviation and, as a
+    floor, a ratio to their median."""
 
     def __init__(self, size: int, values: list[float] | None = None) -> None:
         self.values: deque[float] = deque(values or [], maxlen=size)
 
-    def threshold(self, sigma: float) -> float | None:
-        """None until the window is full: a guard judging from three steps would reject the early descent."""
+    def threshold(self, sigma: float, ratio: float) -> float | None:
+        """None until the window is full: a guard judging from three steps would reject the early descent.
+        A clean run's grad norm is heavy-tailed: on Python source one step in 400 of the tiny model's is above
+        4x its window's median (many sigma above its mean) and one of 20,500 reached 17x, so sigma alone rolled
+        healthy runs back; the median floor does not move with the tail, and gradient clipping bounds such a
+        step's update (docs/spike-guard.md#calibration). A robust sigma (median absolute deviation) is smaller
+        still on such a tail: it judged more clean steps, not fewer."""
         if len(self.values) < (self.values.maxlen or 0):
             return None
         mean = math.fsum(self.values) / len(self.values)
         var = math.fsum((v - mean) ** 2 for v in self.values) / len(self.values)
-        return mean + sigma * math.sqrt(var)
+        return max(mean + sigma * math.sqrt(var), ratio * statistics.median(self.values))
 
 
 @dataclass(frozen=True)
@@ -57,10 +64,13 @@ class Spike:
         return {"signal": self.signal, "value": self.value, "threshold": self.threshold}
 
 
-def _judge(signal: str, value: float, window: Window, sigma: float) -> Spike | None:
+def _judge(
+    signal: str, value: float, window: Window, sigma: float, ratio: float, judging: bool
+) -> Spike | None:
+    """A non-finite value is a spike always; a finite one only once `judging` (the warm-up is over)."""
     if not math.isfinite(value):
         return Spike(signal, value, None)
-    threshold = window.threshold(sigma)
+    threshold = window.threshold(sigma, ratio) if judging else None
     return Spike(signal, value, threshold) if threshold is not None and value > threshold else None
 
 
@@ -93,13 +103,15 @@ class SpikeGuard:
         if not self.active:
             return "Spike guard off"
         watch = (
-            f"Spike guard {self.mode}: a step whose loss is above the last {a.spike_window} steps' mean + "
-            f"{a.spike_sigma:g} sigma (or not finite) makes no update"
+            f"Spike guard {self.mode}: from step {max(a.spike_warmup_steps, a.spike_window) + 1}, a step whose loss "
+            f"is above the last {a.spike_window} steps' mean + {a.spike_sigma:g} sigma and "
+            f"{a.spike_loss_ratio:g}x their median (or not finite, at any step) makes no update"
         )
+        grad = f"a grad norm above its own window's mean + {a.spike_sigma:g} sigma and {a.spike_grad_norm_ratio:g}x its median"
         if self.mode == "skip":
-            return f"{watch}; grad-norm spikes are reported; {a.max_consecutive_skips} skips in a row stop the run"
+            return f"{watch}; {grad} is reported; {a.max_consecutive_skips} skips in a row stop the run"
         return (
-            f"{watch}; a grad-norm spike or {a.max_consecutive_skips} skips in a row roll back to the last verified "
+            f"{watch}; {grad} or {a.max_consecutive_skips} skips in a row roll back to the last verified "
             f"checkpoint (at most {a.max_rollbacks} times), skipping the data of up to {a.rollback_skip_steps} "
             "steps before the spike"
         )
@@ -109,9 +121,15 @@ class SpikeGuard:
     def step_starting(self, position: DataPosition) -> None:
         self.recent.append(position)
 
-    def judge_loss(self, loss: float) -> Spike | None:
-        """Before the update: a spike means the step must be discarded."""
-        return _judge("loss", loss, self.loss_window, self.args.spike_sigma)
+    def judging(self, step: int) -> bool:
+        """Whether finite values are judged at optimizer step `step` (1-based): not during the warm-up, whose
+        steep descent and growing grad norms are no spikes."""
+        return step > self.args.spike_warmup_steps
+
+    def judge_loss(self, step: int, loss: float) -> Spike | None:
+        """Before the update of optimizer step `step`: a spike means the step must be discarded."""
+        a = self.args
+        return _judge("loss", loss, self.loss_window, a.spike_sigma, a.spike_loss_ratio, self.judging(step))
 
     def step_skipped(self) -> str:
         self.skipped_steps += 1
@@ -120,14 +138,22 @@ class SpikeGuard:
             return CONTINUE
         return ROLLBACK if self.mode == "rollback" else STOP
 
-    def step_applied(self, loss: float, grad_norm: float | None) -> tuple[Spike | None, str]:
-        """After an update: the loss enters its window; a grad-norm spike stays out of it and, in rollback mode,
-        asks for a rollback."""
+    def step_applied(self, step: int, loss: float, grad_norm: float | None) -> tuple[Spike | None, str]:
+        """After the update of optimizer step `step`: the loss enters its window; a grad-norm spike stays out of
+        it and, in rollback mode, asks for a rollback."""
         self.consecutive_skips = 0
         self.loss_window.values.append(loss)
         if grad_norm is None:
             return None, CONTINUE
-        spike = _judge("grad norm", grad_norm, self.grad_window, self.args.spike_sigma)
+        a = self.args
+        spike = _judge(
+            "grad norm",
+            grad_norm,
+            self.grad_window,
+            a.spike_sigma,
+            a.spike_grad_norm_ratio,
+            self.judging(step),
+        )
         if spike is None:
             self.grad_window.values.append(grad_norm)
             return None, CONTINUE
@@ -185,3 +211,40 @@ class SpikeGuard:
     def counters(self) -> dict[str, float]:
         """The tracker's view: a point at each skip and rollback."""
         return {"spike_guard/skipped_steps": self.skipped_steps, "spike_guard/rollbacks": self.rollbacks}
+
+
+@dataclass(frozen=True)
+class Replay:
+    """What the guard decided on a recorded run: the optimizer steps (1-based) of each kind of verdict."""
+
+    steps: int
+    skips: list[int]  # a loss spike: the step makes no update
+    grad_norm_spikes: list[int]  # reported in skip mode
+    rollbacks: list[int]  # rollback mode: a grad-norm spike, or max_consecutive_skips skips in a row
+
+    def per_10k(self, verdicts: list[int]) -> float:
+        return 10_000 * len(verdicts) / self.steps if self.steps else 0.0
+
+
+def replay(args: GuardArgs, losses: list[float], grad_norms: list[float]) -> Replay:
+    """A recorded run's losses and grad norms (one per optimizer step) through a rollback-mode guard, fed as
+    the trainer feeds it, to measure its false positives offline (tools/spike_guard_replay.py, the calibration
+    test). A recording has no other path: after a skip the next recorded step is judged, and after a rollback
+    the guard goes on with its windows as they are (a real run would train the same steps again)."""
+    guard = SpikeGuard(args, "rollback")
+    skips: list[int] = []
+    grad_norm_spikes: list[int] = []
+    rollbacks: list[int] = []
+    for step, (loss, grad_norm) in enumerate(zip(losses, grad_norms, strict=True), start=1):
+        if guard.judge_loss(step, loss) is not None:
+            skips.append(step)
+            if guard.step_skipped() == ROLLBACK:
+                rollbacks.append(step)
+                guard.consecutive_skips = 0
+            continue
+        spike, action = guard.step_applied(step, loss, grad_norm)
+        if spike is not None:
+            grad_norm_spikes.append(step)
+        if action == ROLLBACK:
+            rollbacks.append(step)
+    return Replay(len(losses), skips, grad_norm_spikes, rollbacks)

@@ -309,7 +309,7 @@ class Trainer:
         """The engine asks, before the update, whether this step happens: the guard judges the loss of the
         whole step over all ranks (the one collective it adds), the same on every rank."""
         self.global_loss = global_mean(mean_loss)
-        self.spike = self.guard.judge_loss(self.global_loss)
+        self.spike = self.guard.judge_loss(self.state.step + 1, self.global_loss)
         return self.spike is None
 
     # --- the spike guard ---
@@ -335,7 +335,7 @@ class Trainer:
             if action == spike_guard.ROLLBACK:
                 return self._roll_back(f"{guard.consecutive_skips} loss spikes in a row", must=True)
             return True
-        spike, action = guard.step_applied(self.global_loss, self.engine.grad_norm())
+        spike, action = guard.step_applied(step, self.global_loss, self.engine.grad_norm())
         if spike is None:
             return True
         self._guard_event(spike_guard.SPIKE_GRAD_NORM, step, spike)

@@ -175,6 +175,7 @@ OTHER_TOOLS_OPTIONS = {"frozen", "check", "offline", "logdir", "backend"} | {
     "main_process_port", "rdzv_backend", "deepspeed_multinode_launcher", "mixed_precision", "dynamo_backend",
     "cpu", "auto", "gpus",
     "revision",  # `hf download --revision` (docs/launchers.md: pre-filling the HF cache)
+    "corpus", "set",  # tools/spike_guard_replay.py's (docs/spike-guard.md)
 }  # fmt: skip
 
 

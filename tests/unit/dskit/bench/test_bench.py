@@ -71,3 +71,27 @@ def test_a_row_that_ran_out_of_memory_stays_in_the_table() -> None:
     table = format_table(rows).splitlines()
     assert "out of memory" in table[1] and table[1].rstrip().endswith("-")
     assert "73,500" in table[2] and "30.0%" in table[2] and "61.00" in table[2]
+
+
+def test_the_guard_overhead_run_judges_from_the_windows_filling_not_after_the_guards_warm_up(
+    tmp_path: Path,
+) -> None:
+    """`--guard_overhead` trains the window's steps, then alternates the guard off and on: every step it times
+    must be judged, so the run turns the guard's warm-up (longer than the window by default) off."""
+    from model_utils.config.arguments import parse_args
+
+    ns = bench.build_parser().parse_args(["--guard_overhead", "--steps", "3", "--warmup_steps", "1"])
+    cfg = parse_args(bench._training_flags(ns, bench.CPU_MODEL, bench.DEFAULT_CONFIG, str(tmp_path)))
+    assert (
+        cfg.guard.spike_warmup_steps == 0
+        and cfg.loop.max_steps == bench.GUARD_WINDOW + ns.warmup_steps + 2 * ns.steps
+    )
+    plain = parse_args(
+        bench._training_flags(
+            bench.build_parser().parse_args(["--steps", "3", "--warmup_steps", "1"]),
+            bench.CPU_MODEL,
+            "x",
+            "y",
+        )
+    )
+    assert "spike_warmup_steps" not in plain.explicit
