@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from model_utils import engines
+from model_utils.config import deepspeed_file
 from model_utils.errors import ConfigError
 from model_utils.observe import redact
 from model_utils.optim.schedules import CLIENT_SCHEDULES, NONE, RanSchedule
@@ -114,12 +115,13 @@ def check_resume(
     data_fingerprint: str | None = None,
     new_data: bool = False,
     dataset: str | None = None,
+    precision: str | None = None,
 ) -> ResumePlan:
     """Raise on an incompatible resume; else the plan (what is loaded, what starts over). world_size,
     optimizer_groups and data_fingerprint None: not known yet (the preflight before the data, `dskit prepare`);
     dataset: --dataset, for the messages.
     backend: --backend, checked against the engine that wrote the tag; zero_stage: the run's ZeRO stage (the
-    backend's, where it shards by stage). The lr schedule is compared by the resolver (ScheduleSpec.resume_line)."""
+    backend's, where it shards by stage); precision: the run's (bf16, fp16, fp32). The lr schedule is compared by the resolver (ScheduleSpec.resume_line)."""
     # The other engines are asked (imported) only when the run's own does not recognise the tag.
     if backend is not None and not engines.engine_class(backend).owns_tag(tag_dir):
         saved_backend = engines.engine_of_tag(tag_dir)
@@ -149,6 +151,7 @@ def check_resume(
             f"checkpoint {tag_dir} was trained with --seq_length {saved_seq}, not {seq_length}: "
             f"resume with --seq_length {saved_seq}, or use a new --checkpoint_dir"
         )
+    _check_precision(tag_dir, launch, precision)
     data_reset = _data_change(tag_dir, launch, data_fingerprint, new_data, dataset)
     why = _weights_only(launch, world_size, optimizer_groups, backend, zero_stage)
     return ResumePlan(weights_only=why, data_reset=data_reset)
@@ -176,6 +179,22 @@ def _weights_only(
         before = "one group (a kit before weight-decay groups)" if saved_groups is None else str(saved_groups)
         return f"the optimizer's parameter groups changed from {before} to {optimizer_groups}"
     return None
+
+
+def _check_precision(tag_dir: Path, launch: dict[str, Any], precision: str | None) -> None:
+    """Another precision is refused: the optimizer state carries its precision's loss scaling (DeepSpeed loads a
+    checkpoint's loss scaler even into a weights-only resume: fp16 would train on at bf16's fixed scale of 1)."""
+    saved = launch.get("resolved", {}).get("precision")
+    if saved is None and isinstance(
+        launch.get("deepspeed_config"), dict
+    ):  # kits before the resolved precision
+        saved = deepspeed_file.precision_of(launch["deepspeed_config"])
+    if precision is not None and saved is not None and saved != precision:
+        raise ConfigError(
+            f"checkpoint {tag_dir} was trained in {saved}, not {precision}: resume with its precision (the "
+            f"DeepSpeed config's {saved} section), or start a new --checkpoint_dir from its weights (dskit export, "
+            "then --model)"
+        )
 
 
 def _saved_zero_stage(launch: dict[str, Any]) -> int | None:

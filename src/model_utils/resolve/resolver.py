@@ -498,6 +498,7 @@ def check_resume(
         data_fingerprint=data_fingerprint,
         new_data=cfg.checkpoint.new_data,
         dataset=cfg.data.dataset,
+        precision=settings.train.precision,
     )
 
 

@@ -163,6 +163,7 @@ def _saved_run(tmp_path: Path, lora_args: LoraArgs | None = None) -> tuple[Path,
         "lr_schedule_kind": "cosine",
         "zero_stage": 2,
         "backend": "deepspeed",
+        "precision": "bf16",
         "data_fingerprint": FINGERPRINT,
     }
     (tag / "launch.json").write_text(json.dumps(launch))
@@ -187,6 +188,7 @@ def _resume(tag: Path, config: object, **changed: object) -> str:
             data_fingerprint=changed.pop("data", FINGERPRINT),  # type: ignore[arg-type]
             new_data=bool(changed.pop("new_data", False)),
             dataset="/data/other",
+            precision=changed.pop("precision", "bf16"),  # type: ignore[arg-type]
         )
     except ConfigError as e:
         return f"refused: {e}"
@@ -220,7 +222,8 @@ MATRIX = {
         "--new_data: the data changed from embedded (content 6284e9ae0dcd0e0d) to /data/other (content "
         "0123456789abcdef): its position starts over at epoch 0, block 0",
     ),
-    "same data, --new_data": ({"new_data": True}, "same"),  # nothing to reset: a requeue with the flag continues
+    "same data, --new_data": ({"new_data": True}, "same"),
+    "precision": ({"precision": "fp16"}, "refused: checkpoint {tag} was trained in bf16, not fp16: resume with its"),  # nothing to reset: a requeue with the flag continues
 }  # fmt: skip
 
 
@@ -256,6 +259,20 @@ def test_the_zero_stage_is_compared_only_where_the_backend_shards_by_stage(tmp_p
     # The stage is said before another world size: the stage is why the optimizer state cannot come along.
     plan = launch_record.check_resume(tag, config, 64, world_size=1, backend="deepspeed", zero_stage=2)
     assert plan.weights_only == "ZeRO stage changed from 3 to 2"
+
+
+def test_the_precision_of_a_record_before_it_was_resolved_comes_from_the_deepspeed_dict(
+    tmp_path: Path,
+) -> None:
+    tag, config = _saved_run(tmp_path)
+    launch = json.loads((tag / "launch.json").read_text())
+    del launch["resolved"]["precision"]
+    launch["deepspeed_config"] = {"fp16": {"enabled": True}}
+    (tag / "launch.json").write_text(json.dumps(launch))
+    assert _resume(tag, config, precision="fp16") == "same"
+    assert _resume(tag, config, precision="fp32").startswith(
+        f"refused: checkpoint {tag} was trained in fp16, not"
+    )
 
 
 def test_data_of_a_kit_before_the_fingerprint_or_not_known_yet_is_not_compared(tmp_path: Path) -> None:
