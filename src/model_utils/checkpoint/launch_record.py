@@ -182,8 +182,8 @@ def _weights_only(
 
 
 def _check_precision(tag_dir: Path, launch: dict[str, Any], precision: str | None) -> None:
-    """Another precision is refused: the optimizer state carries its precision's loss scaling (DeepSpeed loads a
-    checkpoint's loss scaler even into a weights-only resume: fp16 would train on at bf16's fixed scale of 1)."""
+    """Another precision is refused: the optimizer state carries its precision's loss scaling (DeepSpeed's ZeRO
+    state holds the loss scaler and a resume loads it: fp16 would train on at bf16's fixed scale of 1)."""
     saved = launch.get("resolved", {}).get("precision")
     if saved is None and isinstance(
         launch.get("deepspeed_config"), dict
