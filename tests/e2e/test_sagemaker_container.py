@@ -135,13 +135,49 @@ def test_stop_while_the_ranks_start_saves_nothing_broken_and_exits_143(job: JobF
     """The stop comes before any rank handles USR1: it is sent to each rank once it does (it would kill it)."""
     containers = job.start({**HPS, "max_steps": "40", "checkpoint_freq": "1000"})
     deadline = time.monotonic() + 120
-    # The moment a rank exists but has not installed its handler yet (USR1 now would kill it: exitcode -10).
-    while containers[0].starting_rank() is None:
-        assert containers[0].proc.poll() is None, containers[0].log.read_text()[-4000:]
-        assert time.monotonic() < deadline, "no starting rank seen"
+    # The moment every host has its ranks and one has not installed its handler yet (USR1 now would kill it:
+    # exitcode -10). A host stopped before its ranks exist is the next test's case.
+    while not (all(c.ranks() for c in containers) and any(c.starting_rank() for c in containers)):
+        for container in containers:
+            assert container.proc.poll() is None, container.log.read_text()[-4000:]
+        assert time.monotonic() < deadline, "no moment with every host's ranks started and one starting"
         time.sleep(0.002)
     stop_all(containers)
     assert_stopped(containers, r"stopped early .* after SIGTERM")
+
+
+def test_ranks_left_waiting_for_a_host_that_stopped_are_ended_after_the_grace(
+    job: JobFactory, tmp_path: Path
+) -> None:
+    """The second host stops before its torchrun joins; the first host's torchrun waits for it (its rendezvous
+    spawns no rank until every host's has joined, and a rank started would wait in its process group's start,
+    where no signal handler runs): the entry ends it DSKIT_SM_STOP_GRACE_S after its own SIGTERM (100 s by
+    default, before SageMaker's SIGKILL at 120 s), one line, exit 143."""
+    bases = job.bases({**HPS, "max_steps": "40"})
+    port = free_port()
+    logs = [tmp_path / f"instance{i}.log" for i in range(len(HOSTS))]
+    job.containers = [
+        Container(base, entry_env(base, port, DSKIT_SM_STOP_GRACE_S="3"), log)
+        for base, log in zip(bases, logs, strict=True)
+    ]
+    first, second = job.containers
+    while not second.handles_stop():
+        assert second.proc.poll() is None, second.log.read_text()
+        time.sleep(0.005)
+    second.stop()
+    assert second.wait() == 143, second.log.read_text()
+    first.wait_for(r"\[dskit-sagemaker\] host \S+ \(1 of 2\)")  # torchrun starts: waiting for the second host
+    time.sleep(1.0)
+    first.stop()
+    assert first.wait() == 143, first.log.read_text()[-4000:]
+    log = first.log.read_text()
+    assert "the ranks did not stop within 3 s of SIGTERM" in log, log[-4000:]
+    assert not (bases[0] / "output" / "failure").exists()
+    assert first.stop_to_exit_s() < 30
+    print(
+        f"\nstop-to-exit, ranks left waiting for a stopped host: {first.stop_to_exit_s():.1f} s",
+        file=sys.stderr,
+    )
 
 
 def test_stop_during_the_export_exits_143_with_the_final_checkpoint_kept(job: JobFactory) -> None:

@@ -181,14 +181,14 @@ class Container:
         entry = self.entry_pid()
         return entry is not None and preemption.catches(entry, signal.SIGTERM)
 
-    def starting_rank(self) -> int | None:
-        """A rank (a child of the entry's torchrun) that does not handle USR1 yet, if there is one now."""
+    def ranks(self) -> list[int]:
+        """The ranks (children of the entry's torchrun) running now."""
         entry = self.entry_pid()
-        for torchrun in _children(entry) if entry is not None else []:
-            for rank in _children(torchrun):
-                if not preemption.catches(rank, signal.SIGUSR1):
-                    return rank
-        return None
+        return [rank for torchrun in _children(entry) for rank in _children(torchrun)] if entry else []
+
+    def starting_rank(self) -> int | None:
+        """A rank that does not handle USR1 yet, if there is one now."""
+        return next((r for r in self.ranks() if not preemption.catches(r, signal.SIGUSR1)), None)
 
     def wait_for(self, pattern: str, timeout: float = 150, offset: int = 0) -> float:
         """Until the log (from offset) matches; the time it did."""

@@ -127,6 +127,10 @@ GATHER_CHUNK = 64 << 20  # bytes per message when the other hosts send their sha
 READABLE_INPUT_MODES = ("File", "FastFile")
 FAILURE_LIMIT = 1024  # bytes of output/failure SageMaker keeps as the job's FailureReason
 LOG_TAIL_LINES = 40  # lines of the ranks' output kept for a crash's failure reason
+# After a stop, ranks that have not ended by then are ended (the checkpoint protocol survives a kill at any
+# point): a host that stopped before its ranks joined leaves the other hosts' ranks waiting for them, and
+# SageMaker's SIGKILL 120 s after the SIGTERM would end the job with no line and no exit status of ours.
+STOP_GRACE_S = 100.0
 
 
 def log(message: str) -> None:
@@ -460,6 +464,15 @@ class StopForwarder:
         self.signalled.clear()  # a second SIGTERM signals every rank again
         self.forward()
 
+    def overdue(self, grace_s: float) -> bool:
+        """Whether the ranks have had grace_s since the stop and still run."""
+        return (
+            self.received_at is not None
+            and self.torchrun is not None
+            and self.torchrun.poll() is None
+            and time.monotonic() - self.received_at > grace_s
+        )
+
     def forward(self) -> None:
         """Signal the ranks not signalled yet (called again while torchrun is still starting them)."""
         if self.received_at is None or self.torchrun is None or self.torchrun.poll() is not None:
@@ -593,11 +606,20 @@ def run(contract: Contract) -> int:
         output = OutputTail(stop.torchrun)
         keep = _keep_checkpoints(contract.hyperparameters)
         last_prune = time.monotonic()
+        grace_s = float(os.environ.get(launch_env.SAGEMAKER_STOP_GRACE, STOP_GRACE_S))
         while stop.torchrun.poll() is None:
             try:
                 stop.torchrun.wait(timeout=1.0)
             except subprocess.TimeoutExpired:
                 stop.forward()
+            if stop.overdue(grace_s):
+                os.killpg(stop.torchrun.pid, signal.SIGKILL)
+                stop.torchrun.wait()
+                log(
+                    f"the ranks did not stop within {grace_s:.0f} s of SIGTERM (waiting for a host that had "
+                    f"stopped already?): ended them; {contract.checkpoint_dir} keeps its newest verified checkpoint"
+                )
+                return STOPPED_STATUS
             if index > 0 and time.monotonic() - last_prune > PRUNE_EVERY_S:
                 prune_staging(contract.checkpoint_dir, keep)
                 last_prune = time.monotonic()

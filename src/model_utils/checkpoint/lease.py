@@ -194,8 +194,9 @@ def _move_away(path: Path, held: Holder, me: Holder) -> bool:
 class Lease:
     """A lease held by this process: renewed by a heartbeat thread until released."""
 
-    def __init__(self, path: Path, holder: Holder, heartbeat_s: float) -> None:
+    def __init__(self, path: Path, holder: Holder, heartbeat_s: float, made_dir: bool = False) -> None:
         self.path, self.holder, self.heartbeat_s = path, holder, heartbeat_s
+        self.made_dir = made_dir  # the checkpoint dir did not exist before this lease
         self.lost: str | None = None  # why renewals stopped: another run took the lease
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="dskit-lease-heartbeat", daemon=True)
@@ -233,6 +234,10 @@ class Lease:
         held = _read(self.path)
         if held is not None and held.token == self.holder.token:
             self.path.unlink(missing_ok=True)
+            # A run refused or stopped before its first save leaves no dir it made behind.
+            if self.made_dir:
+                with contextlib.suppress(OSError):
+                    self.path.parent.rmdir()  # only if empty
 
 
 def acquire(
@@ -241,6 +246,7 @@ def acquire(
     """Take the lease on checkpoint_dir (made if missing) for this process, or raise a ConfigError naming the run
     that holds it."""
     path = checkpoint_dir / LEASE_FILE
+    made_dir = not checkpoint_dir.exists()
     try:
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -252,7 +258,7 @@ def acquire(
     for _ in range(8):  # each retry follows a race lost to another taker
         try:
             if _link_new(path, me):
-                return Lease(path, me, heartbeat_s)
+                return Lease(path, me, heartbeat_s, made_dir)
         except OSError as e:
             raise ConfigError(
                 f"checkpoint dir {checkpoint_dir} is not writable ({e.strerror or e}): pass --checkpoint_dir "

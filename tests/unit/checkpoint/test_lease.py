@@ -208,3 +208,19 @@ def test_a_killed_holder_not_yet_reaped_counts_as_gone(tmp_path: Path) -> None:
         lease.acquire(tmp_path).release()  # its parent (this test) has not waited for it yet
     finally:
         holder.wait(timeout=30)
+
+
+def test_a_run_that_made_the_dir_and_saved_nothing_leaves_no_dir_behind(tmp_path: Path) -> None:
+    """A launch refused after taking the lease (a config the ranks reject) must not leave a new empty dir."""
+    made = tmp_path / "new" / "ck"
+    lease.acquire(made).release()
+    assert not made.exists()
+    kept = tmp_path / "kept"
+    held = lease.acquire(kept)
+    (kept / "model-3steps").mkdir()  # a save happened: the dir and its checkpoints stay
+    held.release()
+    assert sorted(p.name for p in kept.iterdir()) == ["model-3steps"]
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    lease.acquire(existing).release()  # not made by the lease: left as it was
+    assert existing.is_dir()
