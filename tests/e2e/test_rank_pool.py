@@ -27,7 +27,8 @@ report = {
     "threads": torch.get_num_threads(), "cwd": os.getcwd(), "argv": sys.argv, "path0": sys.path[0],
     "unbuffered": sys.stdout.write_through, "session_leader": os.getsid(0) == os.getpid(),
 }
-print("REPORT " + json.dumps(report, sort_keys=True))
+# One write (atomic on a pipe below 4 KiB): print's separate newline let two ranks' lines interleave.
+os.write(1, ("REPORT " + json.dumps(report, sort_keys=True) + "\n").encode())
 """
 
 
