@@ -357,8 +357,8 @@ def test_a_resume_with_another_max_steps_keeps_the_warmup_and_says_the_lr_it_cha
 
 @pytest.mark.e2e
 def test_a_second_launch_into_a_live_runs_checkpoint_dir_is_refused_in_one_line(tmp_path: Path) -> None:
-    """Two real launches (torchrun, 2 CPU ranks of the tiny default model) into one --checkpoint_dir: the second is
-    refused before its ranks train, naming the first's host and pid, and touches nothing; the first trains on, and
+    """Two launches (2 CPU ranks of the tiny default model: the first through torchrun, which Ctrl-C stops, the
+    second from the rank pool) into one --checkpoint_dir: the second is refused before its ranks train, naming the first's host and pid, and touches nothing; the first trains on, and
     releases the lease when it stops (Ctrl-C)."""
     import json
     import re
@@ -366,7 +366,7 @@ def test_a_second_launch_into_a_live_runs_checkpoint_dir_is_refused_in_one_line(
 
     from model_utils.checkpoint import lease
     from support.torchrun import ENV as TORCHRUN_ENV
-    from support.torchrun import run_torchrun, torchrun_cmd
+    from support.torchrun import torchrun_cmd
 
     ckpt = tmp_path / "ckpt"
     flags = [
@@ -388,7 +388,8 @@ def test_a_second_launch_into_a_live_runs_checkpoint_dir_is_refused_in_one_line(
                 break
         held = json.loads((ckpt / lease.LEASE_FILE).read_text())
         before = sorted(p.name for p in ckpt.iterdir())
-        second = run_torchrun(["--metrics_file", str(tmp_path / "second.jsonl"), *flags])
+        # The second launch's ranks from the rank pool (no start-up of their own to pay): it is refused at start.
+        second = run_ranks(["--metrics_file", str(tmp_path / "second.jsonl"), *flags])
         after = sorted(p.name for p in ckpt.iterdir())
         still_training = first.poll() is None
         still_held = json.loads((ckpt / lease.LEASE_FILE).read_text())["token"] == held["token"]
