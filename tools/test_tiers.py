@@ -27,7 +27,10 @@ NO_TESTS_COLLECTED = 5  # pytest's status for a tier with nothing selected (e.g.
 
 def _pytest(marker: str, args: list[str]) -> list[str]:
     named = any(not a.startswith("-") and (REPO / a.split("::")[0]).exists() for a in args)
-    return [sys.executable, "-m", "pytest", *([] if named else ["tests"]), "-q", "-m", marker, *args]
+    # The slowest tests of each tier at the end: where the suite's time goes, from every run.
+    return [
+        sys.executable, "-m", "pytest", *([] if named else ["tests"]), "-q", "--durations=15", "-m", marker, *args,
+    ]  # fmt: skip
 
 
 def main(args: list[str]) -> int:

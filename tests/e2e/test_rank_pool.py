@@ -28,7 +28,7 @@ report = {
     "unbuffered": sys.stdout.write_through, "session_leader": os.getsid(0) == os.getpid(),
 }
 # One write (atomic on a pipe below 4 KiB): print's separate newline let two ranks' lines interleave.
-os.write(1, ("REPORT " + json.dumps(report, sort_keys=True) + "\n").encode())
+os.write(1, ("REPORT " + json.dumps(report, sort_keys=True) + "\\n").encode())
 """
 
 
