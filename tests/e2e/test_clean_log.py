@@ -21,6 +21,7 @@ import pytest
 from support.pretrained import save_tiny_qwen3
 from support.rank_pool import train
 from support.reference_runs import Reference
+from support.singlenode import launcher_env
 from support.torchrun import ENV, REPO
 
 pytestmark = [pytest.mark.e2e, pytest.mark.launcher]
@@ -70,9 +71,9 @@ def unexplained(lines: list[str]) -> list[str]:
 
 def test_every_line_of_a_default_launch_is_the_kits_own_or_actionable(tmp_path: Path) -> None:
     job = f"clean-log-test-{os.getpid()}"
-    env = {k: v for k, v in ENV.items() if not k.startswith(("DSKIT_", "OMP_NUM_THREADS"))}
-    # CPU ranks on any machine; the launcher sets OMP_NUM_THREADS itself (torchrun would print a banner).
-    env.update(JOB_NAME=job, GPUS_PER_NODE="0", CPU_RANKS="2")
+    env = launcher_env(
+        job
+    )  # CPU ranks on any machine (with OMP_NUM_THREADS set, torchrun would print a banner)
     cmd = [
         str(REPO / "train-singlenode.sh"),
         "--max_steps", "3", "--logging_freq", "1",

@@ -9,14 +9,12 @@ import os
 import re
 import signal
 import socket
-import subprocess
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from support.torchrun import ENV, REPO
+from support.singlenode import launch_and_interrupt
 
 pytestmark = [pytest.mark.e2e, pytest.mark.launcher]
 
@@ -43,50 +41,29 @@ def rank_pids(job: str) -> dict[int, int]:
 
 def test_a_killed_rank_ends_the_job_with_one_line_naming_it(tmp_path: Path) -> None:
     job = f"rank-kill-test-{os.getpid()}"
-    env = {k: v for k, v in ENV.items() if not k.startswith(("DSKIT_", "OMP_NUM_THREADS"))}
-    env.update(JOB_NAME=job, GPUS_PER_NODE="0", CPU_RANKS="2")
-    cmd = [
-        str(REPO / "train-singlenode.sh"),
-        "--max_steps", "200", "--logging_freq", "1", "--checkpoint_freq", "1000", "--validation_freq", "1000",
-        "--checkpoint_dir", str(tmp_path / "ckpt"), "--data_cache_dir", str(tmp_path / "data"),
-        "--metrics_file", str(tmp_path / "metrics.jsonl"),
-    ]  # fmt: skip
-    proc = subprocess.Popen(
-        cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    watchdog = threading.Timer(600, lambda: os.killpg(proc.pid, signal.SIGKILL))
-    watchdog.start()
-    lines: list[str] = []
-    killed_at, victim = None, None
+    victims: list[int] = []
+
+    def kill_rank_1(_group: int) -> None:
+        deadline = time.monotonic() + 60
+        while (victim := rank_pids(job).get(1)) is None:
+            assert time.monotonic() < deadline, "rank 1 did not start"
+            time.sleep(0.05)
+        os.kill(victim, signal.SIGKILL)
+        victims.append(victim)
+
     try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            if killed_at is None and READY.search(line):
-                deadline = time.monotonic() + 60
-                while (victim := rank_pids(job).get(1)) is None:
-                    assert time.monotonic() < deadline, "".join(lines)[-4000:]
-                    time.sleep(0.05)
-                os.kill(victim, signal.SIGKILL)
-                killed_at, killed_line = time.monotonic(), len(lines)
-        status = proc.wait()
+        status, output, seconds = launch_and_interrupt(tmp_path, job, kill_rank_1, when=READY)
     finally:
-        watchdog.cancel()
         for pid in rank_pids(job).values():  # a failed test's ranks (torchrun runs in a session of its own)
             os.kill(pid, signal.SIGKILL)
-        for path in (REPO / "logs").glob(f"{job}_*"):
-            path.unlink()
-    seconds = time.monotonic() - killed_at if killed_at else None
-    output = "".join(lines)
-    assert killed_at is not None, output[-4000:]
     assert status == 1, output[-4000:]
-    tail = [line.rstrip("\n") for line in lines[killed_line:]]
+    lines = output.splitlines()
+    tail = lines[next(i for i, line in enumerate(lines) if READY.search(line)) + 1 :]
     print(f"killed rank 1: exit after {seconds:.1f} s, {len(tail)} lines after the kill")
     assert re.fullmatch(r"END \S+ exit status 1", tail[-1]), output[-4000:]
     assert tail[-2] == (
-        f"error: rank 1 (local rank 1, pid {victim}) on {socket.gethostname()} was killed by SIGKILL (signal 9); "
+        f"error: rank 1 (local rank 1, pid {victims[0]}) on {socket.gethostname()} was killed by SIGKILL (signal 9); "
         "torchrun stopped the other ranks"
     ), output[-4000:]
     assert "ChildFailedError" not in output and "Root Cause" not in output, output[-4000:]
-    assert seconds is not None and seconds < 30, f"{seconds:.0f} s from the kill to the exit"
+    assert seconds < 30, f"{seconds:.0f} s from the kill to the exit"

@@ -156,10 +156,7 @@ def test_ranks_left_waiting_for_a_host_that_stopped_are_ended_after_the_grace(
     bases = job.bases({**HPS, "max_steps": "40"})
     port = free_port()
     logs = [tmp_path / f"instance{i}.log" for i in range(len(HOSTS))]
-    job.containers = [
-        Container(base, entry_env(base, port, DSKIT_SM_STOP_GRACE_S="3"), log)
-        for base, log in zip(bases, logs, strict=True)
-    ]
+    job.containers = start_instances(bases, port, logs, DSKIT_SM_STOP_GRACE_S="3")
     first, second = job.containers
     while not second.handles_stop():
         assert second.proc.poll() is None, second.log.read_text()

@@ -351,6 +351,18 @@ def test_bootstrap_is_shellcheck_clean_and_unpacks_the_source(tmp_path: Path) ->
     assert proc.stdout.strip() == f"entry in {tmp_path / 'ml/input/dskit/src'} []"
 
 
+def _stop_bootstrap_at(marker: Path, env: dict[str, str]) -> tuple[int, str]:
+    """Run the bootstrap, SIGTERM it once `marker` exists; its exit status and output."""
+    proc = subprocess.Popen(["bash", "-c", sagemaker.BOOTSTRAP], env=env, stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 10
+    while not marker.exists():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=10)
+    return proc.returncode, out
+
+
 def test_a_stop_while_the_bootstrap_unpacks_is_kept_and_ends_it_with_143(tmp_path: Path) -> None:
     """The bootstrap shell is the container's PID 1 until its exec: without a trap the kernel drops SIGTERM."""
     fake_bin = tmp_path / "bin"
@@ -365,15 +377,10 @@ def test_a_stop_while_the_bootstrap_unpacks_is_kept_and_ends_it_with_143(tmp_pat
         "DSKIT_SM_BASE": str(tmp_path / "ml"),
         "TMPDIR": str(tmp_path),
     }
-    proc = subprocess.Popen(["bash", "-c", sagemaker.BOOTSTRAP], env=env, stdout=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 10
-    while not unpacking.exists():
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=10)
-    assert proc.returncode == 143
-    assert out == "[dskit-sagemaker] SIGTERM before the entry started: stopped\n"  # and the entry never ran
+    assert _stop_bootstrap_at(unpacking, env) == (
+        143,
+        "[dskit-sagemaker] SIGTERM before the entry started: stopped\n",
+    )  # and the entry never ran
 
 
 def _bootstrap_with_entry(tmp_path: Path, entry_source: str) -> dict[str, str]:
@@ -415,14 +422,7 @@ time.sleep(30)
 print("entry: finished")
 """,
     )
-    proc = subprocess.Popen(["bash", "-c", sagemaker.BOOTSTRAP], env=env, stdout=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 10
-    while not started.exists():
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=10)
-    assert (proc.returncode, out) == (143, "entry: stopped\n")
+    assert _stop_bootstrap_at(started, env) == (143, "entry: stopped\n")
 
 
 def test_values_defaults_are_a_p5_on_demand_job() -> None:

@@ -1,0 +1,63 @@
+"""`./train-singlenode.sh` run as a user runs it (its own process group, 2 CPU ranks, a job name of its own), and
+interrupted at a line of its output: the Ctrl-C, USR1 and killed-rank tests (tests/e2e/test_interrupt.py,
+test_rank_failure.py)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from support.torchrun import ENV, REPO
+
+STEP = re.compile(r"\| Step (\d+)/\d+ \| Loss ")
+
+
+def launcher_env(job: str) -> dict[str, str]:
+    """The environment of a launch named `job` on CPU ranks (the launcher sets OMP_NUM_THREADS itself)."""
+    env = {k: v for k, v in ENV.items() if not k.startswith(("DSKIT_", "OMP_NUM_THREADS"))}
+    env.update(JOB_NAME=job, GPUS_PER_NODE="0", CPU_RANKS="2")
+    return env
+
+
+def launch_and_interrupt(
+    tmp_path: Path, job: str, interrupt: Callable[[int], None], *flags: str, when: re.Pattern[str] = STEP
+) -> tuple[int, str, float]:
+    """Run the launcher for up to 200 steps (no planned save before the end); at the first line matching `when`
+    (default: the first logged step) call `interrupt(process group)`. Returns (exit status, everything it
+    printed, seconds from the interrupt to the exit)."""
+    env = launcher_env(job)
+    cmd = [
+        str(REPO / "train-singlenode.sh"),
+        "--max_steps", "200", "--logging_freq", "1", "--checkpoint_freq", "1000", "--validation_freq", "1000",
+        "--checkpoint_dir", str(tmp_path / "ckpt"), "--data_cache_dir", str(tmp_path / "data"),
+        "--metrics_file", str(tmp_path / "metrics.jsonl"), *flags,
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )  # fmt: skip
+    watchdog = threading.Timer(600, lambda: os.killpg(proc.pid, signal.SIGKILL))
+    watchdog.start()
+    lines: list[str] = []
+    interrupted_at = None
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if interrupted_at is None and when.search(line):
+                interrupted_at = time.monotonic()
+                interrupt(proc.pid)
+        status = proc.wait()
+    finally:
+        watchdog.cancel()
+        for path in (REPO / "logs").glob(f"{job}_*"):  # only this test's files: other runs write theirs
+            path.unlink()
+    output = "".join(lines)
+    assert interrupted_at is not None, output[-4000:]
+    return status, output, time.monotonic() - interrupted_at
