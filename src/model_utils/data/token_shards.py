@@ -27,7 +27,7 @@ import shlex
 import shutil
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +41,7 @@ from model_utils.data import documents
 from model_utils.data.documents import SPLIT, TRAIN, VALIDATION, Plan, Unit
 from model_utils.errors import ConfigError
 from model_utils.observe.log import print0
-from model_utils.storage.file_manifest import fsync_dir
+from model_utils.storage import file_manifest
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -167,8 +167,9 @@ def begin(out: Path, record: dict[str, Any]) -> None:
         # (what another task wrote right after winning the plan counts as a plan: look again)
         if content and not plan_path.is_file():
             raise ConfigError(f"{out} is not empty and holds no preparation: pass an empty or new output dir")
-        tmp = _temporary(out / PLAN)
-        _write_durably(tmp, json.dumps(record, indent=1), "the plan")
+        tmp = file_manifest.temporary_path(plan_path)
+        with _disk_full_in_one_line(out, "the plan"):
+            file_manifest.write_durably(tmp, json.dumps(record, indent=1))
         try:
             os.link(tmp, plan_path)
         except FileExistsError:
@@ -277,35 +278,20 @@ def _disk_full(out: Path, what: str) -> ConfigError:
     )
 
 
-def _temporary(path: Path) -> Path:
-    # Host and pid: the tasks of a SLURM array write into one directory, from several nodes.
-    return path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
-
-
-def _write_durably(tmp: Path, text: str, what: str) -> None:
-    """Write and fsync `tmp`; on failure remove it, and a full disk is one line naming the dir and its space."""
+@contextlib.contextmanager
+def _disk_full_in_one_line(out: Path, what: str) -> Iterator[None]:
+    """A full disk while writing `what` in `out`: one line naming the dir and its space."""
     try:
-        with tmp.open("w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        yield
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise _disk_full(tmp.parent, what) from None
+            raise _disk_full(out, what) from None
         raise
 
 
 def _write_atomically(path: Path, text: str, what: str) -> None:
-    """The old file or the new one, never a torn one, and no temporary file left when the write fails."""
-    tmp = _temporary(path)
-    _write_durably(tmp, text, what)
-    try:
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+    with _disk_full_in_one_line(path.parent, what):
+        file_manifest.atomic_write_text(path, text)
 
 
 def _quiet(nbytes: int, tokens: int) -> None:

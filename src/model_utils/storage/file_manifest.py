@@ -55,14 +55,33 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def temporary_path(path: Path) -> Path:
+    """Where `path` is written before it takes its name. Host and pid: processes on several nodes may write the
+    same file on a shared filesystem."""
+    return path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
+
+
+def write_durably(tmp: Path, text: str) -> None:
+    """Write and fsync `tmp`; removed again when the write fails (a full disk keeps no half-written file)."""
+    try:
+        with tmp.open("w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def atomic_write_text(path: Path, text: str) -> None:
-    # Host and pid: processes on several nodes may write the same file on a shared filesystem.
-    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
-    with tmp.open("w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """The old file or the new one, never a torn one, and no temporary file left when the write fails."""
+    tmp = temporary_path(path)
+    write_durably(tmp, text)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_dir(path.parent)
 
 
