@@ -31,6 +31,7 @@ from typing import Any
 
 from model_utils.errors import ConfigError
 from model_utils.observe.log import print0, warn0
+from model_utils.storage import file_manifest
 
 LEASE_FILE = ".dskit-lease.json"
 HEARTBEAT_S = 30.0
@@ -149,10 +150,7 @@ def _read(path: Path) -> Holder | None:
 
 def _write_temp(path: Path, holder: Holder) -> Path:
     tmp = path.with_name(f"{path.name}.{holder.host}.{holder.pid}.{uuid.uuid4().hex[:8]}.tmp")
-    with tmp.open("w") as f:
-        f.write(holder.to_json())
-        f.flush()
-        os.fsync(f.fileno())
+    file_manifest.write_durably(tmp, holder.to_json())
     return tmp
 
 
