@@ -248,13 +248,8 @@ def redacted(request: dict[str, Any]) -> dict[str, Any]:
     """The request for printing (observe/redact.py): the role's account masked, the values of secret-named
     environment variables and hyperparameters hidden, credentials in every URI removed. Tags are kept as they
     are ("Key" names a tag, not a secret); the rest only has its URIs redacted."""
-    out = {
-        k: v if k in ("Environment", "HyperParameters", "Tags") else redact.tree(v)
-        for k, v in request.items()
-    }
+    out = {k: v if k == "Tags" else redact.tree(v) for k, v in request.items()}
     out["RoleArn"] = redact.arn(request["RoleArn"])
-    out["Environment"] = redact.tree(request["Environment"])
-    out["HyperParameters"] = redact.tree(request["HyperParameters"])
     return out
 
 
