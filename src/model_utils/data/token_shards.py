@@ -39,6 +39,7 @@ import xxhash
 from model_utils.config.presets import PRESETS
 from model_utils.data import documents
 from model_utils.data.documents import SPLIT, TRAIN, VALIDATION, Plan, Unit
+from model_utils.data.rows import Rows
 from model_utils.errors import ConfigError
 from model_utils.observe.log import print0
 from model_utils.storage import file_manifest
@@ -459,6 +460,10 @@ class TokenBlocks:
         for row, block in enumerate(flat.tolist()):
             rows[row] = self._span(block * self.seq_length)
         return rows.reshape(*indices.shape, self.seq_length)
+
+    def rows(self, indices: np.ndarray) -> Rows:
+        """The plain-text stream: every token but a row's first is trained on, attention across the row."""
+        return Rows(np.asarray(self[np.asarray(indices).reshape(-1)], dtype=np.int64))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,43 @@
+"""What a training or validation step reads from its blocks: the rows, which of their tokens are trained on, and
+where documents start inside them.
+
+Every block source (the stream of prepared text, packed conversations, a mixture of sources) answers
+`rows(indices)` with a `Rows`; the step batches, the loss over the step's tokens and the document-aware attention
+read nothing else, so a new source needs no change downstream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Host-side rows of one gather.
+
+    tokens:    [n, seq] int64.
+    targets:   [n, seq] bool, True where token t is trained on (predicted from token t-1). A row's first token and
+               the first token of every document are never targets (nothing before them in the same document
+               predicts them); prompt tokens under a completion-only or assistant-only loss are not targets
+               either. None: every token but each row's first is a target (the plain-text stream).
+    positions: [n, seq] int64 position ids restarting at 0 where each document starts; attention never crosses
+               such a start. None: one sequence per row (0..seq-1, attention across the whole row, as stream
+               packing has always done).
+    """
+
+    tokens: np.ndarray
+    targets: np.ndarray | None = None
+    positions: np.ndarray | None = None
+
+
+class BlockSource(Protocol):
+    """A split's blocks: how many, and any of them by index."""
+
+    seq_length: int
+
+    def __len__(self) -> int: ...
+
+    def rows(self, indices: np.ndarray) -> Rows: ...
