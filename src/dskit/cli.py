@@ -150,6 +150,7 @@ COMMANDS = {
         _module_main("plot"),
         "plot loss, lr, tokens/s and memory of a run, every launch of it (RUN: its id, a log or metrics file)",
     ),
+    "cost": (_module_main("cost"), "a run's goodput and cost from its ledger: where the paid time went"),
     "bench": (_module_main("bench"), "benchmark the kit's training path against a plain PyTorch loop"),
     "wheelhouse": (
         _module_main("env.wheelhouse"),

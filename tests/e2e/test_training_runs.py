@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dskit import cost
 from support.metrics_file import step_records
 from support.rank_pool import train
 from support.reference_runs import Reference
@@ -120,8 +121,18 @@ def test_train_singlenode_trains_the_embedded_default_and_resumes(tmp_path: Path
         str(tmp_path / "m.jsonl"),
     ]
     try:
+        launched = time.time()
         first = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=900)
+        measured_s = time.time() - launched
         assert first.returncode == 0, (first.stdout + first.stderr)[-4000:]
+        # The goodput ledger: one attempt, whose paid time is the launcher's wall time within 1%, split by
+        # cause without a second left over or counted twice (dskit cost's sum).
+        (attempt,) = cost.account(cost.read(ckpt / cost.LEDGER)).attempts
+        print(f"ledger wall {attempt.wall_s:.2f} s, measured {measured_s:.2f} s, {attempt.seconds}")
+        assert attempt.wall_s == pytest.approx(measured_s, rel=0.01), (attempt.wall_s, measured_s)
+        assert sum(attempt.seconds.values()) == pytest.approx(attempt.wall_s)
+        assert attempt.seconds["productive"] > 0 and attempt.seconds["startup"] > 0
+        assert attempt.ended == "done" and attempt.start_step == 0
         steps = step_records(tmp_path / "m.jsonl")
         assert max(steps) == 100
         assert steps[100]["loss"] < steps[10]["loss"] - 1.0, steps  # the loss visibly falls

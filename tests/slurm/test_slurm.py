@@ -254,6 +254,26 @@ def test_node_failure_ends_job_and_requeued_run_resumes(cluster, tmp_path: Path,
     assert state == "COMPLETED", log
     assert "SLURM_RESTART_COUNT=1" in log
     assert "Done: step 80/80" in log, log
+    # The run's cost: two attempts on two nodes each, with SLURM's real submit time.
+    costed = subprocess.run(
+        [str(REPO / ".venv/bin/dskit"), "cost", str(job.checkpoints), "--instance_type", "p5.48xlarge", "--json"],
+        env=JOB_ENV, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert costed.returncode == 0, costed.stderr
+    account = json.loads(costed.stdout)
+    first, second = account["attempts"]
+    assert (first["nodes"], second["nodes"], second["start_step"]) == (2, 2, last_saved)
+    assert first["ended"] == "crashed" and second["ended"] == "done" and account["trained_steps"] == 80
+    assert first["queue_s"] is not None and second["queue_s"] is not None  # scontrol's SubmitTime
+    # Steps past the resumed checkpoint are lost only as far as the ledger heard of them before the crash.
+    assert first["seconds"]["restarts"] >= 0 and second["seconds"]["restarts"] == 0
+    assert first["seconds"]["productive"] > 0 and second["seconds"]["productive"] > 0
+    assert sum(account["by_cause_node_seconds"].values()) == pytest.approx(account["paid_node_seconds"])
+    report = subprocess.run(
+        [str(REPO / ".venv/bin/dskit"), "cost", str(job.checkpoints), "--instance_type", "p5.48xlarge"],
+        env=JOB_ENV, capture_output=True, text=True, timeout=120, check=True,
+    ).stdout  # fmt: skip
+    print(report)  # the closing note's example (pytest -s)
 
 
 def job_records(job_id: str) -> list[dict[str, str]]:

@@ -186,6 +186,10 @@ COMMANDS: dict[str, Run | DryRun | CoveredBy | Uncovered] = {
         "tests/e2e/test_training_runs.py::test_train_singlenode_trains_the_embedded_default_and_resumes",
         "plot",
     ),
+    # docs/cost.md
+    ".venv/bin/dskit cost checkpoints --instance_type p5.48xlarge": CoveredBy(
+        "tests/slurm/test_slurm.py::test_node_failure_ends_job_and_requeued_run_resumes", "--instance_type"
+    ),
     "make test": DryRun("the whole suite: what runs this test", "make -n test"),
     # README.md: a real dataset
     ".venv/bin/dskit prepare-data /fsx/data/c4-qwen3 --dataset allenai/c4 --dataset_config_name en "

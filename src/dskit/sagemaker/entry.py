@@ -669,6 +669,8 @@ def main(argv: list[str] | None = None) -> int:
     contract = None
     try:
         STOP.install()
+        # The attempt's paid time in the run's ledger starts here (kept across the re-execution after uv sync).
+        os.environ.setdefault(launch_env.LAUNCHED_AT, f"{time.time():.3f}")
         contract = Contract.read(dict(os.environ))
         STOP.moment = "during set-up"
         _ensure_environment(contract, argv)

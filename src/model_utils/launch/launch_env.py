@@ -9,6 +9,15 @@ STOP_REASON_FILE = "DSKIT_STOP_REASON_FILE"  # train.sbatch: why the ranks stopp
 # makes it the job's FailureReason).
 ERROR_FILE = "DSKIT_ERROR_FILE"
 TTY = "DSKIT_TTY"  # the launcher's terminal: rank 0 draws its progress bar there, never into the log
+# When the launcher started (Unix seconds; the rendered launchers' first line, the SageMaker entry's start): where
+# an attempt's paid time begins in the run's goodput ledger (loop/observers/ledger.py).
+LAUNCHED_AT = "DSKIT_LAUNCHED_AT"
+# A file in which rank 0 names the run's ledger, for launch/supervise.py to append the attempt's exit to it once
+# torchrun is done (the ranks' teardown is paid time too).
+LEDGER_POINTER = "DSKIT_LEDGER_POINTER"
+INSTANCE_TYPE = (
+    "DSKIT_INSTANCE_TYPE"  # what the hosts are, for `dskit cost`, where they cannot tell themselves
+)
 SINGLENODE_LOGGED = "DSKIT_SINGLENODE_LOGGED"  # train-singlenode.sh re-executed itself under its log tee
 FAULT_INJECT = "DSKIT_FAULT_INJECT"  # tests only: a rank SIGKILLs itself at a named point of a save
 SPIKE_FAULT = "DSKIT_SPIKE_FAULT"  # tests only: a loss or gradient fault on a step's data (faults.py)

@@ -96,7 +96,7 @@ def test_config_help_names_the_command_and_says_each_default_once(capsys) -> Non
 def _help_forms() -> list[tuple[list[str], str, list[str]]]:
     import argparse
 
-    from dskit import bench, estimate, export, plot, prepare_data, render, sagemaker
+    from dskit import bench, cost, estimate, export, plot, prepare_data, render, sagemaker
     from dskit.bench import data_bench, gpu_check
     from dskit.env import wheelhouse
     from model_utils.config import arguments
@@ -122,6 +122,7 @@ def _help_forms() -> list[tuple[list[str], str, list[str]]]:
         (["estimate"], "dskit estimate", options(estimate.build_parser())),
         (["doctor"], "dskit doctor", see_config),
         (["plot"], "dskit plot", options(plot.build_parser())),
+        (["cost"], "dskit cost", options(cost.build_parser())),
         (["bench"], "dskit bench", options(bench.build_parser()) + list(bench.DATA_BENCH_FLAGS)),
         (["bench", "--data", "corpus.jsonl"], "dskit bench --data", options(data_bench.build_parser())),
         (["wheelhouse"], "dskit wheelhouse", list(wheel)),

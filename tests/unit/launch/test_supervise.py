@@ -5,10 +5,12 @@ tests/e2e/test_rank_failure.py."""
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
@@ -50,7 +52,10 @@ def test_the_line_names_the_first_failed_rank_its_host_and_how_it_ended() -> Non
 
 RANK_SCRIPT = """
 import os, sys
+from pathlib import Path
 from model_utils.observe.log import error_line
+if os.environ["RANK"] == "0":  # what the ledger observer does at the loop's start: name the run's ledger
+    Path(os.environ["DSKIT_LEDGER_POINTER"]).write_text(str(Path("ledger.jsonl").resolve()))
 if os.environ["RANK"] == "1":
     error_line("dataset path /nope does not exist: fix --dataset")
     sys.exit(2)
@@ -73,4 +78,9 @@ def test_a_real_torchrun_ends_with_the_failed_ranks_line(tmp_path: Path) -> None
         f") on {socket.gethostname()} exited with status 2: dataset path /nope does not exist: fix --dataset"
     )
     assert "ChildFailedError" not in proc.stderr and "Root Cause" not in proc.stderr
-    assert list(tmp_path.iterdir()) == [script]  # nothing left behind
+    # The attempt's end in the run's ledger, after torchrun: its status and a time after every rank ended.
+    (record,) = [json.loads(line) for line in (tmp_path / "ledger.jsonl").read_text().splitlines()]
+    assert record["event"] == "exit" and record["status"] == 1 and record["t"] <= time.time()
+    assert sorted(tmp_path.iterdir()) == sorted(
+        [script, tmp_path / "ledger.jsonl"]
+    )  # nothing else left behind

@@ -8,6 +8,7 @@ from __future__ import annotations
 from model_utils.loop.hooks import Observer
 from model_utils.loop.observers.context import LoopContext
 from model_utils.loop.observers.guard_records import GuardRecords
+from model_utils.loop.observers.ledger import Ledger
 from model_utils.loop.observers.profiler import Profiler
 from model_utils.loop.observers.reporting import Reporting
 from model_utils.loop.observers.s3_uploads import S3Uploads
@@ -19,6 +20,7 @@ def build(ctx: LoopContext) -> list[Observer]:
         S3Uploads.from_loop(ctx),
         Profiler.from_loop(ctx),
         GuardRecords(ctx.reporter),
+        Ledger.from_loop(ctx),
         Reporting.from_loop(ctx),
     ]
     return [observer for observer in found if observer is not None]

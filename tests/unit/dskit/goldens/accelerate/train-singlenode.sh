@@ -19,6 +19,8 @@
 # OMP_NUM_THREADS (threads per rank; default: cores / ranks), ACCELERATE_CONFIG (accelerate's --config_file; empty:
 # plain --multi_gpu).
 set -euo pipefail
+# When the launch began, for the run's goodput ledger (`dskit cost`); the re-execution under the log's tee keeps it.
+[[ -n "${DSKIT_SINGLENODE_LOGGED:-}" ]] || export DSKIT_LAUNCHED_AT="$EPOCHREALTIME"
 
 script=$(readlink -f "${BASH_SOURCE[0]}")
 cd "$(dirname "$script")"

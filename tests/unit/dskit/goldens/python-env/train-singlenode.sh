@@ -18,6 +18,8 @@
 # (training defaults; flags given here win), DSKIT_PYTHON, WHEELHOUSE, CUDA_VERSION, GPUS_PER_NODE, CPU_RANKS,
 # OMP_NUM_THREADS (threads per rank; default: cores / ranks).
 set -euo pipefail
+# When the launch began, for the run's goodput ledger (`dskit cost`); the re-execution under the log's tee keeps it.
+[[ -n "${DSKIT_SINGLENODE_LOGGED:-}" ]] || export DSKIT_LAUNCHED_AT="$EPOCHREALTIME"
 
 script=$(readlink -f "${BASH_SOURCE[0]}")
 cd "$(dirname "$script")"
