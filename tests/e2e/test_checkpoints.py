@@ -24,6 +24,7 @@ from model_utils.checkpoint import protocol
 from model_utils.config.arguments import parse_args
 from model_utils.engines.deepspeed_engine import MODEL_STATES
 from model_utils.loop import trainer as training
+from model_utils.observe.ledger_file import LEDGER
 from model_utils.resolve import resolver
 from model_utils.storage import file_manifest
 from support.metrics_file import step_records
@@ -264,8 +265,9 @@ def test_disk_full_during_save_is_a_clear_error_and_keeps_older_checkpoints(
         assert protocol.select_resume(str(ckpt), None) == protocol.ResumeTarget(ckpt, "tiny_qwen3-4steps")
         assert (ckpt / "latest").read_text() == "tiny_qwen3-4steps"
         # The failed save leaves nothing behind: no .staging-tiny_qwen3-6steps, no tag of step 6.
-        entries = sorted(p.name for p in ckpt.iterdir())
-        assert entries == sorted(p.name for p in base.iterdir()), entries
+        # (and the run's ledger, which the failed attempt's start and exit were appended to)
+        entries = sorted(p.name for p in ckpt.iterdir() if p.name != LEDGER)
+        assert entries == sorted(p.name for p in base.iterdir() if p.name != LEDGER), entries
     finally:
         subprocess.run(["umount", str(mount)], check=False)
 

@@ -29,6 +29,7 @@ from model_utils.launch.walltime import Decision, WalltimePlanner
 from model_utils.loop import trainer as training
 from model_utils.observe import log as rank_log
 from model_utils.resolve import resolver
+from support.wandb_offline import offline_runs
 
 pytestmark = pytest.mark.e2e
 
@@ -91,9 +92,13 @@ def requeued(tmp_path_factory: pytest.TempPathFactory, single_rank) -> Requeued:
         mp.setenv(launch_env.LOG_FILE, str(log))
         mp.setenv(launch_env.STOP_REASON_FILE, str(tmp / "stop_reason"))
         mp.setenv(launch_env.TTY, os.ttyname(replica))
+        # W&B beside TensorBoard, offline as on a cluster without internet (its settings kept under tmp).
+        mp.setenv("WANDB_MODE", "offline")
+        mp.setenv("WANDB_CONFIG_DIR", str(tmp / "wandb-config"))
+        mp.setenv("WANDB_CACHE_DIR", str(tmp / "wandb-cache"))
         first_out = io.StringIO()
         with contextlib.redirect_stdout(first_out):
-            trainer = make_trainer(tmp, single_rank, 8)
+            trainer = make_trainer(tmp, single_rank, 8, "--report_to", "tensorboard,wandb")
             trainer.walltime = ScriptedPlanner(8, {3: Decision(save_now=True), 5: Decision(stop_now=True)})
             try:
                 first_state = trainer.fit()
@@ -105,7 +110,7 @@ def requeued(tmp_path_factory: pytest.TempPathFactory, single_rank) -> Requeued:
         # The requeued job: same checkpoint dir, same log; it resumes at step 5 and continues run and file.
         second_out = io.StringIO()
         with contextlib.redirect_stdout(second_out):
-            again = make_trainer(tmp, single_rank, 8)
+            again = make_trainer(tmp, single_rank, 8, "--report_to", "tensorboard,wandb")
             resumed_state = training.TrainState.from_dict(again.state.to_dict())
             try:
                 again.fit()
@@ -185,6 +190,20 @@ def test_requeue_resumes_and_continues_the_run_and_its_metrics_file(requeued: Re
     assert start["run_id"] == requeued.first_state.run_id
     assert [r["step"] for r in requeued.second if "loss" in r] == [6, 8]
     assert requeued.second[-1] == {**requeued.second[-1], "event": "end", "reason": "done", "step": 8}
+
+
+def test_the_requeue_continues_the_same_wandb_run_with_the_same_metrics(requeued: Requeued) -> None:
+    """`WANDB_MODE=offline` and `--report_to tensorboard,wandb` (the fixture's jobs), read back from W&B's files."""
+    first, second = offline_runs(requeued.tmp / "logs")  # one offline dir per job, one W&B run: `wandb sync`
+    assert first.run_id == second.run_id and first.name == requeued.first_state.run_id
+    assert sorted(first.history) == [2, 4] and sorted(second.history) == [6, 8]
+    for record, logged in [(r, first.history) for r in requeued.first if "loss" in r] + [
+        (r, second.history) for r in requeued.second if "loss" in r
+    ]:
+        assert logged[record["step"]]["train/loss"] == pytest.approx(record["loss"])
+    assert first.history[4]["val/loss"] == next(r["val_loss"] for r in requeued.first if "val_loss" in r)
+    assert first.config["loop"]["max_steps"] == 8
+    assert f"W&B: run {first.run_id} in project dskit, continued, offline" in requeued.log.read_text()
 
 
 def test_plot_of_the_real_run_marks_the_resume(requeued: Requeued) -> None:

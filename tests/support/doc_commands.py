@@ -186,6 +186,14 @@ COMMANDS: dict[str, Run | DryRun | CoveredBy | Uncovered] = {
         "tests/e2e/test_training_runs.py::test_train_singlenode_trains_the_embedded_default_and_resumes",
         "plot",
     ),
+    # docs/metrics-and-trackers.md: W&B offline
+    "WANDB_MODE=offline ./train-singlenode.sh --report_to tensorboard,wandb": CoveredBy(
+        "tests/e2e/test_trainer.py::test_the_requeue_continues_the_same_wandb_run_with_the_same_metrics",
+        "tensorboard,wandb",
+    ),
+    ".venv/bin/wandb sync logs/wandb/offline-run-*": DryRun(
+        "W&B's servers (the network)", "bash -n -c '.venv/bin/wandb sync logs/wandb/offline-run-*'"
+    ),
     # docs/cost.md
     ".venv/bin/dskit cost checkpoints --instance_type p5.48xlarge": CoveredBy(
         "tests/slurm/test_slurm.py::test_node_failure_ends_job_and_requeued_run_resumes", "--instance_type"

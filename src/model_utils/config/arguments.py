@@ -524,7 +524,7 @@ class LoraArgs:
             raise ConfigError("--lora_modules_to_save is empty: name modules (e.g. lm_head) or drop the flag")
 
 
-REPORT_TO = ("none", "tensorboard", "mlflow")
+REPORT_TO = ("none", "tensorboard", "mlflow", "wandb")
 
 
 @dataclass(frozen=True)
@@ -549,7 +549,15 @@ class ReportArgs:
         ),
     )
     report_to: str = field(
-        default="none", metadata=_flag("also send metrics to: " + ", ".join(REPORT_TO) + " (rank 0)")
+        default="none",
+        metadata=_flag(
+            "also send metrics to one or more of " + ", ".join(REPORT_TO[1:]) + ", comma-separated (e.g. "
+            "tensorboard,wandb; rank 0), or none"
+        ),
+    )
+    wandb_project: str | None = field(
+        default=None,
+        metadata=_flag("W&B project (--report_to wandb); default: $WANDB_PROJECT, else dskit"),
     )
     tracking_uri: str | None = field(
         default=None,
@@ -574,6 +582,22 @@ class ReportArgs:
         ),
     )
 
+    @property
+    def trackers(self) -> tuple[str, ...]:
+        """--report_to as the trackers it names, in its order; () for none."""
+        names = tuple(name.strip() for name in self.report_to.split(","))
+        for name in names:
+            if name not in REPORT_TO:
+                raise ConfigError(
+                    f"--report_to {self.report_to!r}: {name!r} is not a tracker: use one or more of "
+                    f"{', '.join(REPORT_TO[1:])}, comma-separated, or none"
+                )
+        if len(set(names)) != len(names) or ("none" in names and len(names) > 1):
+            raise ConfigError(
+                f"--report_to {self.report_to!r}: name each tracker once, and none alone (e.g. tensorboard,wandb)"
+            )
+        return () if names == ("none",) else names
+
     def profile_window(self) -> tuple[int, int] | None:
         """--profile_steps as (first, last) optimizer step, both included; None when not profiling."""
         if self.profile_steps is None:
@@ -596,15 +620,19 @@ class ReportArgs:
                 f"--run_name {self.run_name!r} names files: use 1 to 100 letters, digits, '.', '_' or '-', "
                 "starting with a letter or digit, e.g. --run_name lr3e-4_warmup100"
             )
-        _check_choice("report_to", self.report_to, REPORT_TO, "a tracker")
-        if self.tracking_uri is not None and self.report_to != "mlflow":
+        _ = self.trackers  # a ConfigError if malformed
+        if self.wandb_project is not None and "wandb" not in self.trackers:
+            raise ConfigError("--wandb_project is for W&B: add wandb to --report_to or drop --wandb_project")
+        if self.wandb_project is not None and not self.wandb_project.strip():
+            raise ConfigError("--wandb_project is empty: name a W&B project or drop the flag")
+        if self.tracking_uri is not None and "mlflow" not in self.trackers:
             raise ConfigError("--tracking_uri is for MLflow: add --report_to mlflow or drop --tracking_uri")
         if self.peak_tflops is not None and not self.peak_tflops > 0:
             raise ConfigError(f"--peak_tflops {self.peak_tflops} must be positive, e.g. 989 for an H100 SXM")
         if not self.metrics_file.strip():
             raise ConfigError("--metrics_file is empty: give a path, 'auto' or 'none'")
         self.profile_window()  # a ConfigError if malformed
-        if self.mlflow_parent_run_id is not None and self.report_to != "mlflow":
+        if self.mlflow_parent_run_id is not None and "mlflow" not in self.trackers:
             raise ConfigError(
                 "--mlflow_parent_run_id is for MLflow: add --report_to mlflow or drop --mlflow_parent_run_id"
             )

@@ -67,6 +67,7 @@ class Reporter:
             resume_state=tracker_state or None,
             resume_step=resume_step,
             parent_run_id=report.mlflow_parent_run_id,
+            wandb_project=report.wandb_project,
         )
         self.metrics = metrics.MetricsFile(path)
         # A profiler trace goes next to the metrics file, or where the file would be when it is off.

@@ -246,7 +246,7 @@ class RunFiles:
 
 def run_line(run_id: str, metrics_file: Path | None, report_to: str, report_dir: str) -> str:
     where = _NOWHERE if metrics_file is None else str(metrics_file)
-    tracker = "" if report_to == "none" else f", {report_to} under {report_dir}"
+    tracker = "" if report_to == "none" else f", {report_to.replace(',', ', ')} under {report_dir}"
     return f"Run {run_id}: metrics to {where}{tracker}"
 
 

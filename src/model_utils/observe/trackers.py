@@ -1,8 +1,15 @@
-"""Experiment trackers (`--report_to`): TensorBoard event files or an MLflow run, continued across requeues.
+"""Experiment trackers (`--report_to`): TensorBoard event files, an MLflow run, a Weights & Biases run, or several
+of them at once, each continued across requeues.
 
-Rank 0 opens one tracker. `open_tracker` also returns a small JSON-able resume state that the trainer keeps in
-every checkpoint and hands back after a resume or requeue, so the job continues the same TensorBoard run dir and
-the same MLflow run instead of starting a new one. mlflow is imported only when it is selected (~5 s).
+Rank 0 opens the trackers. `open_tracker` also returns a small JSON-able resume state that the trainer keeps in
+every checkpoint and hands back after a resume or requeue, so the job continues the same TensorBoard run dir, the
+same MLflow run and the same W&B run instead of starting new ones. mlflow and wandb are imported only when they are
+selected (seconds each).
+
+W&B runs online with an API key (WANDB_API_KEY or `wandb login`), or offline (WANDB_MODE=offline: a cluster
+without internet) into <report_dir>/wandb/, which `wandb sync` uploads later; each attempt of a run is then one
+offline dir of the same W&B run id, so the sync continues one run. W&B keeps a run's steps increasing: steps an
+interrupted attempt logged after the checkpoint its requeue resumed from keep that attempt's values.
 
 With `--mlflow_parent_run_id` the MLflow run is a child of that run (tag mlflow.parentRunId, in the parent's
 experiment), created once and continued like any other. The kit talks to MLflow through `MlflowClient` with
@@ -17,6 +24,7 @@ import logging
 import math
 import os
 import re
+import secrets
 import socket
 import time
 import warnings
@@ -24,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlparse
 
-from model_utils.config.arguments import REPORT_TO
+from model_utils.config.arguments import ReportArgs
 from model_utils.errors import ConfigError, first_line
 from model_utils.observe import redact, step_line
 from model_utils.observe.log import print0, warn0
@@ -181,10 +189,45 @@ class MlflowTracker:
             warn0(f"MLflow: could not mark run {self.mlflow_run_id} finished: {first_line(err)}")
 
 
-def check_report_to(report_to: str) -> None:
-    """Cheap check for argument parsing and `dskit prepare`: imports no tracker library."""
-    if report_to not in REPORT_TO:
-        raise ConfigError(f"--report_to {report_to!r} is not a tracker: use one of {', '.join(REPORT_TO)}")
+class WandbTracker:
+    def __init__(self, run: Any) -> None:
+        self.run = run
+
+    def log_metrics(self, step: int, metrics: dict[str, float | int | None]) -> None:
+        items = dict(scalar_items(metrics))
+        if items:
+            self.run.log(items, step=step)
+
+    def log_artifact(self, path: Path, folder: str) -> None:
+        try:
+            self.run.save(str(path), base_path=str(path.parent), policy="now")
+        except Exception as err:
+            warn0(f"W&B: could not keep {path} with the run ({first_line(err)}); it stays on disk")
+
+    def close(self) -> None:
+        try:
+            self.run.finish()
+        except Exception as err:
+            warn0(f"W&B: could not finish run {self.run.id}: {first_line(err)}")
+
+
+class Trackers:
+    """Several trackers at once: each gets every call, in --report_to's order."""
+
+    def __init__(self, trackers: list[Tracker]) -> None:
+        self.trackers = trackers
+
+    def log_metrics(self, step: int, metrics: dict[str, float | int | None]) -> None:
+        for tracker in self.trackers:
+            tracker.log_metrics(step, metrics)
+
+    def log_artifact(self, path: Path, folder: str) -> None:
+        for tracker in self.trackers:
+            tracker.log_artifact(path, folder)
+
+    def close(self) -> None:
+        for tracker in self.trackers:
+            tracker.close()
 
 
 def open_tracker(
@@ -198,27 +241,38 @@ def open_tracker(
     resume_step: int | None = None,
     experiment: str = DEFAULT_EXPERIMENT,
     parent_run_id: str | None = None,
+    wandb_project: str | None = None,
 ) -> tuple[Tracker, dict[str, Any]]:
-    """Open the tracker for `report_to`, continuing the run in `resume_state` when there is one.
+    """Open the trackers `report_to` names, continuing the runs in `resume_state` when there are.
 
-    Returns the tracker and the resume state to keep in checkpoints: `resume_state` with this tracker's entry
-    added, so switching trackers between requeues keeps the other one's run too. `resume_step` is the step the
+    Returns the tracker (several in one) and the resume state to keep in checkpoints: `resume_state` with each
+    tracker's entry added, so switching trackers between requeues keeps the others' runs too. `resume_step` is the step the
     job resumed at; TensorBoard then hides what the interrupted job logged after it. `parent_run_id` (MLflow):
     the run is a child of that one, in its experiment.
     """
-    check_report_to(report_to)
+    names = ReportArgs(report_to=report_to).trackers  # the config's own parsing: one owner
     config = redact.tree(config)  # the params and config text a tracker keeps: no credentials
     state = dict(resume_state or {})
-    previous = state.get(report_to)
-    if report_to == "none":
+    opened: list[Tracker] = []
+    try:
+        for name in names:
+            previous = state.get(name)
+            if name == "tensorboard":
+                tracker, state[name] = _open_tensorboard(run_id, log_dir, config, previous, resume_step)
+            elif name == "mlflow":
+                tracker, state[name] = _open_mlflow(
+                    run_id, log_dir, config, tracking_uri, previous, experiment, parent_run_id
+                )
+            else:
+                tracker, state[name] = _open_wandb(run_id, log_dir, config, previous, wandb_project)
+            opened.append(tracker)
+    except BaseException:
+        for tracker in opened:  # one that failed to open ends the run: close the others first
+            tracker.close()
+        raise
+    if not opened:
         return NoTracker(), state
-    if report_to == "tensorboard":
-        tracker, state["tensorboard"] = _open_tensorboard(run_id, log_dir, config, previous, resume_step)
-        return tracker, state
-    tracker, state["mlflow"] = _open_mlflow(
-        run_id, log_dir, config, tracking_uri, previous, experiment, parent_run_id
-    )
-    return tracker, state
+    return (opened[0] if len(opened) == 1 else Trackers(opened)), state
 
 
 def _open_tensorboard(
@@ -469,3 +523,77 @@ def _open_mlflow(
         step_line.mlflow_line(mlflow_run_id, experiment, redact.uri(uri), parent_run_id)
     )  # dskit.api reads it
     return MlflowTracker(client, mlflow_run_id), state
+
+
+WANDB_DEFAULT_PROJECT = "dskit"
+_WANDB_QUIET = {"silent": True, "console": "off", "x_disable_stats": True}  # the log is the kit's; no sampler
+
+
+def _wandb_mode() -> str:
+    mode = os.environ.get("WANDB_MODE", "online").strip() or "online"
+    if mode == "dryrun":  # W&B's old name for offline
+        return "offline"
+    if mode not in ("online", "offline", "disabled"):
+        raise ConfigError(f"WANDB_MODE={mode!r}: use online, offline or disabled")
+    return mode
+
+
+def _wandb_api_key_known() -> bool:
+    """Whether W&B has a key without asking (it would prompt on a terminal, or fail after retries)."""
+    if os.environ.get("WANDB_API_KEY", "").strip():
+        return True
+    import netrc
+
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
+    try:
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def _open_wandb(
+    run_id: str,
+    log_dir: Path,
+    config: dict[str, Any],
+    previous: dict[str, Any] | None,
+    project: str | None,
+) -> tuple[WandbTracker, dict[str, Any]]:
+    mode = _wandb_mode()
+    if mode == "online" and not _wandb_api_key_known():
+        raise ConfigError(
+            "--report_to wandb: no W&B API key: run `wandb login` (or set WANDB_API_KEY), or set WANDB_MODE=offline "
+            "to log into the log dir and `wandb sync` it later"
+        )
+    project = (
+        (previous or {}).get("project") or project or os.environ.get("WANDB_PROJECT") or WANDB_DEFAULT_PROJECT
+    )
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"cannot create the log dir {log_dir} for W&B: {first_line(err)}") from err
+    import wandb
+
+    wandb_id = (previous or {}).get("run_id") or secrets.token_hex(4)  # W&B's ids: 8 of [a-z0-9]
+    try:
+        run = wandb.init(
+            project=project,
+            name=run_id,
+            id=wandb_id,
+            resume="allow",  # a requeue continues the run this id names
+            dir=str(log_dir),
+            config=None if previous else config,
+            mode=mode,
+            settings=wandb.Settings(**_WANDB_QUIET),
+        )
+    except Exception as err:
+        raise ConfigError(
+            f"W&B: cannot start run {wandb_id} in project {project} ({mode}): {first_line(err)}: check the key and "
+            "network, or set WANDB_MODE=offline"
+        ) from err
+    where = (
+        f"offline in {log_dir / 'wandb'} (upload: wandb sync {log_dir / 'wandb'})"
+        if mode == "offline"
+        else mode
+    )
+    print0(f"W&B: run {wandb_id} in project {project}, {'continued' if previous else 'new'}, {where}")
+    return WandbTracker(run), {"run_id": wandb_id, "project": project}

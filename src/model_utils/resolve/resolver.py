@@ -548,7 +548,7 @@ def _check_profile_steps(cfg: TrainConfig, max_steps: int | None) -> None:
 def _check_mlflow_parent(cfg: TrainConfig, decide_once: Callable[[Callable[[], Any]], Any]) -> None:
     """MLFLOW_RUN_ID agrees with --mlflow_parent_run_id (every rank drops it), and the store has the parent."""
     report = cfg.report
-    if report.report_to != "mlflow":
+    if "mlflow" not in report.trackers:
         return
     from model_utils.observe import trackers
 

@@ -181,10 +181,10 @@ OTHER_TOOLS_OPTIONS = {"frozen", "check", "offline", "logdir", "backend"} | {
 
 def _other_commands_options() -> set[str]:
     """The options of the other `dskit` commands, read from their own parsers."""
-    from dskit import bench, estimate, export, plot, prepare_data, render
+    from dskit import bench, cost, estimate, export, plot, prepare_data, render
     from dskit.bench import data_bench, gpu_check
 
-    commands = (bench, data_bench, estimate, export, gpu_check, plot, prepare_data, render)
+    commands = (bench, cost, data_bench, estimate, export, gpu_check, plot, prepare_data, render)
     parsers = [module.build_parser() for module in commands]
     return {
         option[2:].split("=")[0]
@@ -193,3 +193,15 @@ def _other_commands_options() -> set[str]:
         for option in action.option_strings
         if option.startswith("--")
     }
+
+
+def test_report_to_takes_several_trackers_and_wandb_project_only_with_wandb() -> None:
+    assert parse_args(["--report_to", "tensorboard, wandb"]).report.trackers == ("tensorboard", "wandb")
+    assert parse_args([]).report.trackers == ()
+    assert parse_args(["--report_to", "wandb", "--wandb_project", "p"]).report.wandb_project == "p"
+    with pytest.raises(ConfigError, match="--wandb_project is for W&B: add wandb to --report_to"):
+        parse_args(["--report_to", "tensorboard", "--wandb_project", "p"])
+    with pytest.raises(ConfigError, match="--tracking_uri is for MLflow"):
+        parse_args(["--report_to", "tensorboard,wandb", "--tracking_uri", "http://h:5000"])
+    with pytest.raises(ConfigError, match="'tensorbord' is not a tracker"):
+        parse_args(["--report_to", "tensorbord"])

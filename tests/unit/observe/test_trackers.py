@@ -28,6 +28,7 @@ from model_utils.observe.trackers import (
     take_env_run_id,
 )
 from support.metrics_file import tensorboard_scalars
+from support.wandb_offline import offline_runs
 
 RUN_ID = "tiny_qwen3-20261122-160000"
 CONFIG = {
@@ -80,11 +81,85 @@ def test_none_is_a_no_op_that_keeps_other_trackers_state(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_unknown_report_to_is_a_config_error(tmp_path):
-    with pytest.raises(ConfigError, match="none, tensorboard, mlflow"):
+@pytest.mark.parametrize(
+    ("report_to", "message"),
+    [
+        ("comet", "'comet' is not a tracker: use one or more of tensorboard, mlflow, wandb"),
+        ("wandb,wandb", "name each tracker once, and none alone"),
+        ("none,tensorboard", "name each tracker once, and none alone"),
+    ],
+)
+def test_unknown_or_repeated_report_to_is_a_config_error(tmp_path, report_to, message):
+    with pytest.raises(ConfigError, match=message):
+        open_tracker(
+            report_to, run_id=RUN_ID, log_dir=tmp_path, config={}, tracking_uri=None, resume_state=None
+        )
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture
+def wandb_offline(monkeypatch, tmp_path):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    for name in ("WANDB_API_KEY", "WANDB_PROJECT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))  # W&B's own settings, not ~'s
+    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
+
+
+def test_wandb_offline_with_tensorboard_requeue_continues_one_run_each(tmp_path, wandb_offline, capsys):
+    logs = tmp_path / "logs"
+    tracker, state = open_tracker(
+        "tensorboard,wandb", run_id=RUN_ID, log_dir=logs, config=CONFIG, tracking_uri=None, resume_state=None
+    )
+    for step in (1, 2, 3):
+        tracker.log_metrics(step, record(step))
+    trace = tmp_path / "trace.json"
+    trace.write_text("{}")
+    tracker.log_artifact(trace, "profiler")
+    tracker.close()
+    out = capsys.readouterr().out
+    wandb_id = state["wandb"]["run_id"]
+    assert f"W&B: run {wandb_id} in project dskit, new, offline in {logs / 'wandb'}" in out
+    assert f"wandb sync {logs / 'wandb'}" in out
+
+    tracker, state2 = open_tracker(
+        "tensorboard,wandb", run_id="tiny_qwen3-20261122-170000", log_dir=logs, config=CONFIG,
+        tracking_uri=None, resume_state=state, resume_step=3,
+    )  # fmt: skip
+    for step in (4, 5):
+        tracker.log_metrics(step, record(step))
+    tracker.close()
+    assert (
+        state2 == state == {"tensorboard": {"run": RUN_ID}, "wandb": {"run_id": wandb_id, "project": "dskit"}}
+    )
+    assert "continued" in capsys.readouterr().out
+
+    first, second = offline_runs(logs)  # one offline dir per attempt, one W&B run id: `wandb sync` joins them
+    assert first.run_id == second.run_id == wandb_id and first.name == RUN_ID and first.project == "dskit"
+    assert sorted(first.history) == [1, 2, 3] and sorted(second.history) == [4, 5]
+    assert first.history[2]["train/loss"] == pytest.approx(7.8) and second.history[5]["train/lr"] == 5e-3
+    assert "train/grad_norm" not in first.history[1]  # NaN and None are not logged, as for the others
+    assert first.config["optim"]["lr"] == 0.003 and "optim" not in second.config  # given once, at the start
+    assert first.config["report"] == {"tracking_uri": "https://mlflow.example/", "hf_token": "***"}
+    assert "trace.json" in first.files
+    # TensorBoard got the same steps in its one run dir.
+    assert [s for s, _ in tensorboard_scalars(logs / "tensorboard" / RUN_ID)["train/loss"]] == [1, 2, 3, 4, 5]
+
+
+def test_wandb_online_without_a_key_or_a_bad_mode_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.setenv("WANDB_MODE", "online")
+    with pytest.raises(ConfigError, match=r"no W&B API key: run `wandb login` .* set WANDB_MODE=offline"):
         open_tracker(
             "wandb", run_id=RUN_ID, log_dir=tmp_path, config={}, tracking_uri=None, resume_state=None
         )
+    monkeypatch.setenv("WANDB_MODE", "sometimes")
+    with pytest.raises(ConfigError, match="WANDB_MODE='sometimes': use online, offline or disabled"):
+        open_tracker(
+            "wandb", run_id=RUN_ID, log_dir=tmp_path, config={}, tracking_uri=None, resume_state=None
+        )
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_tensorboard_requeue_continues_the_same_run_dir(tmp_path):
