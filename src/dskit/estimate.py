@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import shlex
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from model_utils import engines
@@ -366,13 +368,126 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="host RAM per node to judge against (default: this machine's)",
     )
+    forecast = parser.add_argument_group("forecast: time and cost of a planned run (with --tokens)")
+    forecast.add_argument("--tokens", type=float, help="tokens the run will train on, e.g. 2e10")
+    forecast.add_argument(
+        "--mfu",
+        help="the model FLOPs utilisation to expect: a fraction (0.4), or a `dskit bench --json` / gpu-check "
+        "JSON file, whose best dskit row's measured MFU (and device peak) is used",
+    )
+    forecast.add_argument(
+        "--peak_tflops", type=float, help="the GPU's dense bf16 peak TFLOP/s (default: the bench file's)"
+    )
+    forecast.add_argument(
+        "--instance_type", help="the nodes' instance type, for the price (e.g. p5.48xlarge)"
+    )
+    forecast.add_argument(
+        "--price_per_hour", type=float, help="one node's price per hour (default: the table's)"
+    )
+    forecast.add_argument("--market", choices=("on-demand", "spot"), default="on-demand")
     return parser
+
+
+@dataclass(frozen=True)
+class Forecast:
+    hours: float  # training time alone: no start-up, checkpoints or validation (dskit cost shows their share)
+    node_hours: float
+    tokens_per_s: float
+    mfu: float
+    peak_tflops: float
+    cost: float | None
+    price_what: str | None
+
+
+def _measured_mfu(path: Path) -> tuple[float, float | None]:
+    """The best measured MFU of a bench (or gpu-check) JSON's dskit rows, and the peak it was measured against."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(
+            f"--mfu {path}: cannot read it as a bench JSON ({e}): give a fraction or a bench file"
+        ) from None
+    bench = data.get("bench", data)  # gpu-check keeps the bench's JSON under "bench"
+    measured = [r["mfu"] for r in bench.get("rows", []) if r.get("kind") == "dskit" and r.get("mfu")]
+    if not measured:
+        raise ConfigError(
+            f"--mfu {path}: no dskit row with a measured MFU (a CPU bench, or an unknown GPU peak): pass a fraction"
+        )
+    return max(measured), bench.get("peak_tflops")
+
+
+def forecast(
+    flops_per_token: float, tokens: float, gpus: int, nodes: int, mfu: float, peak_tflops: float, price: Any
+) -> Forecast:
+    """Training time from the FLOPs the tokens need at the expected MFU; money from node-hours x price."""
+    tokens_per_s = gpus * mfu * peak_tflops * 1e12 / flops_per_token
+    hours = tokens / tokens_per_s / 3600
+    cost = None if price is None else hours * nodes * price.per_hour
+    return Forecast(
+        hours, hours * nodes, tokens_per_s, mfu, peak_tflops, cost, None if price is None else price.what
+    )
+
+
+@dataclass(frozen=True)
+class ForecastInputs:
+    tokens: float
+    mfu: float
+    peak_tflops: float
+    price: Any  # dskit.cost.Price | None
+
+
+def forecast_inputs(ns: argparse.Namespace) -> ForecastInputs | None:
+    """The forecast's flags, checked before any model is loaded; None without --tokens and --mfu."""
+    from dskit import cost
+
+    if ns.tokens is None and ns.mfu is None:
+        return None
+    if ns.tokens is None or not ns.tokens > 0:
+        raise ConfigError("--tokens must be a positive number of training tokens, e.g. 2e10")
+    if ns.mfu is None:
+        raise ConfigError(
+            "a forecast needs --mfu: a fraction such as 0.4, or a `dskit bench --json` file of this model"
+        )
+    peak = ns.peak_tflops
+    try:
+        mfu = float(ns.mfu)
+    except ValueError:
+        mfu, measured_peak = _measured_mfu(Path(ns.mfu))
+        peak = peak or measured_peak
+    if not 0 < mfu <= 1:
+        raise ConfigError(f"--mfu {ns.mfu} must be a fraction in (0, 1], e.g. 0.4 for 40%")
+    if peak is None or not peak > 0:
+        raise ConfigError("a forecast needs the GPU's peak: --peak_tflops (e.g. 989 for an H100 SXM)")
+    if ns.price_per_hour is not None and ns.price_per_hour < 0:
+        raise ConfigError("--price_per_hour must be 0 or more")
+    price = cost.price_for(ns.instance_type, ns.market, cost.load_prices(cost.PRICES), ns.price_per_hour)
+    return ForecastInputs(ns.tokens, mfu, peak, price)
+
+
+def forecast_line(inputs: ForecastInputs, settings: Any, nodes: int, ranks: int) -> str:
+    from model_utils.observe import metrics
+
+    seq = settings.config.data.seq_length or 2048
+    per_token = metrics.flops_per_token(settings.model_config, seq, settings.config.lora)
+    f = forecast(per_token, inputs.tokens, nodes * ranks, nodes, inputs.mfu, inputs.peak_tflops, inputs.price)
+    money = (
+        f" = ${f.cost:,.0f} at ${inputs.price.per_hour:g}/h ({f.price_what})"
+        if inputs.price is not None
+        else " (no price: pass --instance_type or --price_per_hour)"
+    )
+    return (
+        f"forecast: {inputs.tokens:.3g} tokens at MFU {inputs.mfu:.1%} of {inputs.peak_tflops:g} TFLOP/s x "
+        f"{nodes * ranks} GPUs ({f.tokens_per_s:,.0f} tokens/s): {f.hours:.1f} h of training, "
+        f"{f.node_hours:.1f} node-hours{money}; start-up, checkpoints, validation and restarts come on top "
+        "(dskit cost of a past run shows their share)"
+    )
 
 
 def main(argv: list[str]) -> int:
     from model_utils.config.arguments import DataArgs, LoraArgs, ModelArgs, OptimArgs, TrainConfig
 
     ns = build_parser().parse_args(argv)
+    planned = forecast_inputs(ns)  # its bad input fails before the model loads
     from model_utils.resolve import resolver  # torch: after parsing, so --help stays instant
 
     for flag in ("gpu_memory_gib", "host_memory_gib"):
@@ -430,4 +545,6 @@ def main(argv: list[str]) -> int:
     else:
         print(f"recommend: {rec.estimate.layout.describe_recommended()} — {rec.reason}")
         print(f"train it with: {shlex.join(rec.flags)}")
+    if planned is not None:
+        print(forecast_line(planned, settings, ns.nodes, ranks))
     return 0

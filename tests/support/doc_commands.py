@@ -194,6 +194,9 @@ COMMANDS: dict[str, Run | DryRun | CoveredBy | Uncovered] = {
     ".venv/bin/wandb sync logs/wandb/offline-run-*": DryRun(
         "W&B's servers (the network)", "bash -n -c '.venv/bin/wandb sync logs/wandb/offline-run-*'"
     ),
+    # docs/estimate-and-doctor.md: the forecast
+    ".venv/bin/dskit estimate --model qwen3-0.6b --nodes 2 --gpus_per_node 8 --tokens 2e10 --mfu 0.4 "
+    "--peak_tflops 989 --instance_type p5.48xlarge": Run(),
     # docs/cost.md
     ".venv/bin/dskit cost checkpoints --instance_type p5.48xlarge": CoveredBy(
         "tests/slurm/test_slurm.py::test_node_failure_ends_job_and_requeued_run_resumes", "--instance_type"

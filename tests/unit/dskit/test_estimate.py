@@ -324,3 +324,62 @@ def test_the_printed_selection_is_a_command_line_dskit_config_resolves(capsys) -
     printed = json.loads(capsys.readouterr().out)
     assert printed["deepspeed"]["zero_optimization"]["stage"] == 3
     assert "offload_optimizer" not in printed["deepspeed"]["zero_optimization"]
+
+
+# --- the forecast: time and cost of a planned run -----------------------------------------------------------
+
+
+def test_the_forecast_is_the_tokens_flops_at_the_expected_mfu_priced_per_node_hour() -> None:
+    from dskit import cost
+
+    price = cost.Price(55.04, "table")
+    # 1e9 FLOPs per token on 16 GPUs at 50% of 1000 TFLOP/s: 8e6 tokens/s; 2.88e11 tokens take 10 h.
+    f = est.forecast(1e9, 2.88e11, gpus=16, nodes=2, mfu=0.5, peak_tflops=1000, price=price)
+    assert f.tokens_per_s == pytest.approx(8e6) and f.hours == pytest.approx(10.0)
+    assert f.node_hours == pytest.approx(20.0) and f.cost == pytest.approx(20 * 55.04)
+    assert est.forecast(1e9, 2.88e11, gpus=16, nodes=2, mfu=0.5, peak_tflops=1000, price=None).cost is None
+
+
+def test_the_command_forecasts_from_a_measured_bench(capsys, tmp_path: Path) -> None:
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"peak_tflops": 989.0, "rows": [
+        {"kind": "reference", "mfu": 0.5}, {"kind": "dskit", "mfu": 0.31}, {"kind": "dskit", "mfu": 0.38},
+        {"kind": "dskit", "mfu": None},
+    ]}))  # fmt: skip
+    rc, out, err = run_cli(
+        capsys, "--model", "qwen3-0.6b", "--nodes", "2", "--gpus_per_node", "8", "--gpu_memory_gib", "80",
+        "--host_memory_gib", "1000", "--tokens", "2e10", "--mfu", str(bench), "--instance_type", "p5.48xlarge",
+    )  # fmt: skip
+    assert rc == 0, err
+    line = out.strip().splitlines()[-1]
+    # The best dskit row's MFU (not the reference's), the bench's peak, p5's table price.
+    assert line.startswith("forecast: 2e+10 tokens at MFU 38.0% of 989 TFLOP/s x 16 GPUs ("), line
+    hours = float(re.search(r": ([\d.]+) h of training", line)[1])
+    node_hours = float(re.search(r", ([\d.]+) node-hours", line)[1])
+    assert node_hours == pytest.approx(2 * hours, abs=0.1)
+    money = float(
+        re.search(r"= \$([\d,]+) at \$55.04/h \(on-demand us-east-1 prices of", line)[1].replace(",", "")
+    )
+    assert money == pytest.approx(node_hours * 55.04, rel=0.02)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--tokens", "1e9"], "a forecast needs --mfu"),
+        (["--mfu", "0.4"], "--tokens must be a positive number"),
+        (["--tokens", "1e9", "--mfu", "40"], "--mfu 40 must be a fraction in"),
+        (["--tokens", "1e9", "--mfu", "0.4"], "a forecast needs the GPU's peak: --peak_tflops"),
+        (["--tokens", "1e9", "--mfu", "missing.json"], "--mfu missing.json: cannot read it as a bench JSON"),
+    ],
+)
+def test_bad_forecast_flags_are_one_line_before_any_model_loads(capsys, flags, message) -> None:
+    rc, _, err = run_cli(capsys, "--model", "/no/such/model", *flags)
+    assert rc == 2 and message in err, err  # the model path is never reached
+
+
+def test_a_cpu_bench_has_no_mfu_to_forecast_from(capsys, tmp_path: Path) -> None:
+    bench = tmp_path / "cpu.json"
+    bench.write_text(json.dumps({"peak_tflops": None, "rows": [{"kind": "dskit", "mfu": None}]}))
+    rc, _, err = run_cli(capsys, "--tokens", "1e9", "--mfu", str(bench))
+    assert rc == 2 and "no dskit row with a measured MFU" in err
