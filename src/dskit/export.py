@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from model_utils import engines
 from model_utils.checkpoint import launch_record
-from model_utils.config.arguments import LoraArgs
+from model_utils.config.arguments import HUB_REPO, LoraArgs
 from model_utils.errors import CommandParser, ConfigError, first_line
 from model_utils.model import lora
 from model_utils.storage import file_manifest
@@ -285,14 +285,32 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="a LoRA run: write the adapter (PeftModel.from_pretrained on the base model) instead of the merged model",
     )
+    hub = parser.add_argument_group("the hub (HF_TOKEN, HF_ENDPOINT as for huggingface_hub)")
+    hub.add_argument(
+        "--push_to_hub", metavar="REPO", help="then push the model dir to this hub repo (user/name)"
+    )
+    hub.add_argument("--private", action="store_true", help="create the repo private (a new repo only)")
+    hub.add_argument("--revision", help="the branch to push to, made if missing (default: main)")
     return parser
 
 
 def main(argv: list[str]) -> int:
     """`dskit export CHECKPOINT[/TAG] OUT_DIR [--dtype bf16|fp32] [--adapter_only]`."""
     ns = build_parser().parse_args(argv)
+    if (ns.private or ns.revision is not None) and ns.push_to_hub is None:
+        raise ConfigError(
+            "the hub flags (--revision, --private) need --push_to_hub REPO: add it or drop them"
+        )
+    if ns.push_to_hub is not None and not HUB_REPO.fullmatch(ns.push_to_hub):
+        raise ConfigError(f"--push_to_hub {ns.push_to_hub!r} is not a hub repo: give user/name (or org/name)")
     out = export(Path(ns.checkpoint), Path(ns.out_dir), ns.dtype, ns.adapter_only)
     load_dir, tag = resolve_tag(Path(ns.checkpoint))
     what = ", the LoRA adapter only" if ns.adapter_only else ""
     print(f"exported {load_dir / tag} to {out} ({ns.dtype}{what})")
+    if ns.push_to_hub is not None:
+        from dskit import hub_push
+
+        card = hub_push.card_for_checkpoint(load_dir / tag, ns.push_to_hub)
+        url = hub_push.push(out, ns.push_to_hub, card=card, private=ns.private, revision=ns.revision)
+        print(f"pushed {out} to {ns.push_to_hub}{f' ({ns.revision})' if ns.revision else ''}: {url}")
     return 0

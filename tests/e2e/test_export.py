@@ -22,6 +22,7 @@ from dskit import cli
 from dskit.export import export
 from model_utils.storage import file_manifest
 from support import reference_runs
+from support.hub_server import HubStandIn
 from support.rank_pool import train
 from support.reference_runs import Reference
 
@@ -182,6 +183,68 @@ def test_export_of_a_tag_dir_and_through_the_cli(
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp dir left behind
 
 
+@pytest.mark.e2e
+def test_export_pushes_the_model_and_its_card_to_the_hub(
+    deepspeed_reference: Reference, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """`dskit export CKPT OUT --push_to_hub REPO --private --revision v1` against a loopback stand-in hub: the repo
+    is made private, the branch made, and what the real client downloads from it loads as the exported model."""
+    from huggingface_hub import snapshot_download
+
+    ckpt = deepspeed_reference.twin  # resumed at step 4, trained to 8: its ledger has both attempts
+    with HubStandIn() as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        monkeypatch.setenv("HF_TOKEN", "hf_stand_in")
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
+        out = tmp_path / "model"
+        args = [
+            "export",
+            str(ckpt),
+            str(out),
+            "--push_to_hub",
+            "me/tiny-run",
+            "--private",
+            "--revision",
+            "v1",
+        ]
+        assert cli.main(args) == 0
+        said = capsys.readouterr().out
+        assert f"pushed {out} to me/tiny-run (v1): {hub.url}/me/tiny-run/commit/" in said
+        assert hub.private == {"me/tiny-run": True} and set(hub.repos["me/tiny-run"]) == {"main", "v1"}
+        got = Path(
+            snapshot_download("me/tiny-run", revision="v1", cache_dir=tmp_path / "hf-cache", endpoint=hub.url)
+        )
+    assert sorted(p.name for p in got.iterdir()) == sorted(
+        [*(p.name for p in out.iterdir()), "README.md", ".gitattributes"]
+    )
+    for name in (p.name for p in out.iterdir()):
+        assert (got / name).read_bytes() == (out / name).read_bytes(), name
+    load(got)  # loads, every key present
+    card = (got / "README.md").read_text()
+    assert card.startswith("---\nlibrary_name: transformers\n") and hub.cards[-1]["tags"] == ["dskit"]
+    assert "| optimizer steps | 8 |" in card and "| tokens trained | " in card
+    ledger = [json.loads(line) for line in (ckpt / "dskit-ledger.jsonl").read_text().splitlines()]
+    last_loss = [r["loss"] for r in ledger if r["event"] == "steps" and r.get("last") and r["last"] <= 8][-1]
+    assert f"| final training loss | {last_loss:.4f} |" in card
+
+
+@pytest.mark.e2e
+def test_a_refused_push_is_one_line_and_the_export_stays(
+    deepspeed_reference: Reference, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    with HubStandIn() as hub:
+        hub.fail_pushes_with = 403
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
+        out = tmp_path / "model"
+        assert cli.main(["export", str(deepspeed_reference.twin), str(out), "--push_to_hub", "me/x"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: pushing ") and "check HF_TOKEN" in err[0], err
+    assert (out / "config.json").is_file()  # the export itself is kept: push it again by hand
+
+
 # --- bad input: one line, exit 2, nothing written -------------------------------------------------------
 
 
@@ -316,3 +379,16 @@ def test_unknown_dtype(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
 @pytest.mark.parametrize("args", [[], ["only-one"], ["a", "b", "--dtyp", "bf16"], ["a", "b", "c"]])
 def test_bad_command_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str]) -> None:
     expect_error(capsys, args, tmp_path / "out", "dskit export --help")
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--private"], "the hub flags (--revision, --private) need --push_to_hub REPO"),
+        (["--revision", "v1"], "the hub flags (--revision, --private) need --push_to_hub REPO"),
+        (["--push_to_hub", "no-namespace"], "--push_to_hub 'no-namespace' is not a hub repo: give user/name"),
+    ],
+)
+def test_bad_hub_flags_fail_before_the_export(tmp_path: Path, capsys, flags: list[str], needle: str) -> None:
+    fake_tag(tmp_path / "ck")
+    expect_error(capsys, [str(tmp_path / "ck"), str(tmp_path / "out"), *flags], tmp_path / "out", needle)

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from dskit import cost
+from support.hub_server import HubStandIn
 from support.metrics_file import step_records
 from support.rank_pool import train
 from support.reference_runs import Reference
@@ -163,11 +164,21 @@ def test_train_singlenode_trains_the_embedded_default_and_resumes(tmp_path: Path
         ), said[-4000:]
         assert "torchrun with" not in said and "Step " not in said, said[-4000:]
 
-        longer = subprocess.run(
-            [*cmd, "--max_steps", "104"], env=ENV, capture_output=True, text=True, timeout=900
-        )
+        # Longer, and pushed to a (stand-in) hub when it finishes: --push_to_hub through the launcher.
+        with HubStandIn() as hub:
+            # Online for the push (the launcher makes the ranks offline, and gives the push the caller's setting).
+            hub_env = {k: v for k, v in ENV.items() if k != "HF_HUB_OFFLINE"}
+            hub_env.update(HF_ENDPOINT=hub.url, HF_TOKEN="hf_stand_in")
+            push = ["--push_to_hub", "me/tiny-run", "--report_dir", str(tmp_path / "logs")]
+            longer = subprocess.run(
+                [*cmd, "--max_steps", "104", *push], env=hub_env, capture_output=True, text=True, timeout=900
+            )
         assert longer.returncode == 0, (longer.stdout + longer.stderr)[-4000:]
         assert "tiny_qwen3-100steps at step 100" in longer.stdout and "Step 104/104 | Loss" in longer.stdout
+        assert "Pushing the step-104 model to the hub repo me/tiny-run in the background" in longer.stdout
+        assert f"to me/tiny-run: {hub.url}/me/tiny-run/commit/" in longer.stdout, longer.stdout[-3000:]
+        (commit,) = [c for c in hub.commits if "config.json" in hub.commits[c]]
+        assert "| optimizer steps | 104 |" in hub.commits[commit]["README.md"].decode()
     finally:  # remove only this test's logs: other tests may be writing theirs
         for path in set((REPO / "logs").glob("*.out")) - logs_before:
             if str(ckpt) in path.read_text(errors="replace"):

@@ -197,6 +197,11 @@ COMMANDS: dict[str, Run | DryRun | CoveredBy | Uncovered] = {
     # docs/estimate-and-doctor.md: the forecast
     ".venv/bin/dskit estimate --model qwen3-0.6b --nodes 2 --gpus_per_node 8 --tokens 2e10 --mfu 0.4 "
     "--peak_tflops 989 --instance_type p5.48xlarge": Run(),
+    # docs/checkpoints.md: the hub
+    ".venv/bin/dskit export checkpoints/ out/qwen3-run1 --push_to_hub me/qwen3-run1 --private --revision v1": CoveredBy(
+        "tests/e2e/test_export.py::test_export_pushes_the_model_and_its_card_to_the_hub", "--push_to_hub"
+    ),
+    "./train-singlenode.sh --push_to_hub me/qwen3-run1 --hub_private true": DryRun(_HUB, FLAGS),
     # docs/cost.md
     ".venv/bin/dskit cost checkpoints --instance_type p5.48xlarge": CoveredBy(
         "tests/slurm/test_slurm.py::test_node_failure_ends_job_and_requeued_run_resumes", "--instance_type"

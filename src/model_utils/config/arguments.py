@@ -322,6 +322,10 @@ class LoopArgs:
             raise ConfigError(f"--epochs {self.epochs} must be at least 1")
 
 
+# A hub repo id as --push_to_hub (and `dskit export --push_to_hub`) take it.
+HUB_REPO = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+
+
 @dataclass(frozen=True)
 class CheckpointArgs:
     checkpoint_dir: str = field(
@@ -368,8 +372,27 @@ class CheckpointArgs:
             "s3://bucket/prefix: upload each verified checkpoint there; resume from it when none is local"
         ),
     )
+    push_to_hub: str | None = field(
+        default=None,
+        metadata=_flag(
+            "user/name: when the run finishes, export its final checkpoint and push it to this hub repo with a "
+            "model card, beside the run's end (HF_TOKEN); a failed push is one warning line, never the run's failure"
+        ),
+    )
+    hub_private: bool = field(default=False, metadata=_flag("--push_to_hub: create the repo private"))
+    hub_revision: str | None = field(
+        default=None, metadata=_flag("--push_to_hub: the branch to push to, made if missing (default: main)")
+    )
 
     def __post_init__(self) -> None:
+        if self.push_to_hub is not None and not HUB_REPO.fullmatch(self.push_to_hub):
+            raise ConfigError(
+                f"--push_to_hub {self.push_to_hub!r} is not a hub repo: give user/name (or org/name)"
+            )
+        if (self.hub_private or self.hub_revision is not None) and self.push_to_hub is None:
+            raise ConfigError(
+                "the hub flags (--hub_revision, --hub_private) need --push_to_hub REPO: add it or drop them"
+            )
         for name in ("checkpoint_freq", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name} {getattr(self, name)} must be at least 1")

@@ -15,9 +15,11 @@ LAUNCHED_AT = "DSKIT_LAUNCHED_AT"
 # A file in which rank 0 names the run's ledger, for launch/supervise.py to append the attempt's exit to it once
 # torchrun is done (the ranks' teardown is paid time too).
 LEDGER_POINTER = "DSKIT_LEDGER_POINTER"
-INSTANCE_TYPE = (
-    "DSKIT_INSTANCE_TYPE"  # what the hosts are, for `dskit cost`, where they cannot tell themselves
-)
+# What the hosts are, for `dskit cost`, where they cannot tell themselves.
+INSTANCE_TYPE = "DSKIT_INSTANCE_TYPE"
+# The launchers make the ranks offline (HF_HUB_OFFLINE=1) after the preflight fetched the model; this keeps what
+# the caller had set (empty: unset), for what goes to the hub after training (loop/observers/hub_push.py).
+CALLER_HF_HUB_OFFLINE = "DSKIT_CALLER_HF_HUB_OFFLINE"
 SINGLENODE_LOGGED = "DSKIT_SINGLENODE_LOGGED"  # train-singlenode.sh re-executed itself under its log tee
 FAULT_INJECT = "DSKIT_FAULT_INJECT"  # tests only: a rank SIGKILLs itself at a named point of a save
 SPIKE_FAULT = "DSKIT_SPIKE_FAULT"  # tests only: a loss or gradient fault on a step's data (faults.py)

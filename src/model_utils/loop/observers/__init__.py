@@ -8,6 +8,7 @@ from __future__ import annotations
 from model_utils.loop.hooks import Observer
 from model_utils.loop.observers.context import LoopContext
 from model_utils.loop.observers.guard_records import GuardRecords
+from model_utils.loop.observers.hub_push import HubPush
 from model_utils.loop.observers.ledger import Ledger
 from model_utils.loop.observers.profiler import Profiler
 from model_utils.loop.observers.reporting import Reporting
@@ -18,6 +19,7 @@ def build(ctx: LoopContext) -> list[Observer]:
     """The observers this run has, in calling order; the reporter's output last (see loop/hooks.py)."""
     found = [
         S3Uploads.from_loop(ctx),
+        HubPush.from_loop(ctx),
         Profiler.from_loop(ctx),
         GuardRecords(ctx.reporter),
         Ledger.from_loop(ctx),

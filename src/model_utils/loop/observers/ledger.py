@@ -8,8 +8,9 @@ One attempt is one start of the ranks. Rank 0 appends, in order:
                 start), when the job was submitted (SLURM's SubmitTime, where scontrol answers), the nodes and
                 devices it holds, the instance type, and the step it starts at (a resume's)
     steps       every STEPS_EVERY_S and at the ends: the turns since the last record, split into trained and
-                not (spike-guard discards, test faults), with the first and last trained step and seconds
-    validation  each validation's seconds
+                not (spike-guard discards, test faults), with the first and last trained step, seconds, and
+                the last trained step's loss (rank 0's)
+    validation  each validation's seconds, tokens and loss
     checkpoint  each save's seconds (what the loop waited for)
     rollback    the spike guard went back from one step to an earlier one (those steps are trained again)
     end         the loop ended: its reason and step
@@ -94,11 +95,11 @@ class Ledger(Observer):
         kind = "trained" if report.trained else "untrained"
         self._steps[kind] += 1
         self._steps[f"{kind}_s"] += report.seconds
-        if (
-            report.trained
-        ):  # the trained steps of a record are consecutive: a discarded turn's step is retried
+        # The trained steps of a record are consecutive: a discarded turn's step is retried.
+        if report.trained:
             self._steps["first"] = self._steps["first"] or report.step
             self._steps["last"] = report.step
+            self._steps["loss"] = report.loss  # the last one's (rank 0's): what a model card reports
         self._last_turn_end = now
         if time.monotonic() - self._last_write >= STEPS_EVERY_S:
             self._flush_steps()
@@ -108,7 +109,11 @@ class Ledger(Observer):
         # Validation runs right after the step's observers (Trainer.after_step): from the turn's end to here.
         self._flush_steps()
         self._append(
-            "validation", step=step, seconds=time.time() - self._last_turn_end, tokens=validation.tokens
+            "validation",
+            step=step,
+            seconds=time.time() - self._last_turn_end,
+            tokens=validation.tokens,
+            loss=validation.loss,
         )
         return None
 

@@ -171,7 +171,9 @@ run_preflight() {
   fi
   [[ "$status" -eq 0 ]] || exit "$status"
   # The preflight fetched the hub model and tokenizer into the HF cache and pinned their commits: the ranks load
-  # from there and never touch the network (hundreds of ranks at once would hit the hub's rate limits).
+  # from there and never touch the network (hundreds of ranks at once would hit the hub's rate limits). The
+  # caller's own setting is kept for what reaches the hub after training (--push_to_hub).
+  export DSKIT_CALLER_HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-}"
   export HF_HUB_OFFLINE=1
 }
 
