@@ -96,3 +96,34 @@ def test_a_killed_mixture_run_resumed_on_another_world_size_reads_the_same_sampl
     resumed_records = step_records(tmp_path / "resumed.jsonl")
     for step in (6, 8):
         assert resumed_records[step]["share/lists"] == records[step]["share/lists"]
+
+
+def test_each_sources_validation_loss_is_its_own_datasets_and_the_overall_covers_all(tmp_path: Path) -> None:
+    """A full validation pass of the mixture on 2 ranks, nothing trained (the seed's weights at any world size):
+    each source's loss equals a one-rank pass over that source alone as the run's only dataset, and the overall
+    loss is their mean weighted by validation tokens."""
+    write_jsonl(
+        tmp_path / "stories.jsonl", [f"Story {i}: the fox ran " + "far " * (i % 9) for i in range(300)]
+    )
+    write_jsonl(
+        tmp_path / "lists.jsonl",
+        [f"List {i}: " + ", ".join(["eggs", "milk"] * (1 + i % 4)) for i in range(150)],
+    )
+    script = REPO / "tests" / "support" / "validation_loss.py"
+    mixed = [*flags(tmp_path, "ckpt", 2, "m.jsonl"), "--validation_batches", "all"]
+    train([str(tmp_path / "mixed.json"), *mixed], script=script)
+    whole = json.loads((tmp_path / "mixed.json").read_text())
+    losses = dict(whole["sources"])
+    assert set(losses) == {"stories", "lists"}
+    tokens = {}
+    for name, own in (("stories", []), ("lists", ["--validation_fraction", "0.1"])):
+        alone = [*flags(tmp_path, "ckpt", 1, "m.jsonl"), "--validation_batches", "all", *own]
+        at = alone.index("--sources")
+        alone[at : at + 2] = ["--dataset", str(tmp_path / f"{name}.jsonl")]
+        train([str(tmp_path / f"{name}.json"), *alone], script=script, nproc=1)
+        single = json.loads((tmp_path / f"{name}.json").read_text())
+        assert single["sources"] == [] and single["loss"] == pytest.approx(losses[name], rel=1e-5), name
+        tokens[name] = single["tokens"]
+    assert whole["tokens"] == sum(tokens.values()) and whole["blocks"] == whole["total_blocks"]
+    weighted = sum(losses[n] * tokens[n] for n in tokens) / sum(tokens.values())
+    assert whole["loss"] == pytest.approx(weighted, rel=1e-6)
