@@ -132,3 +132,35 @@ def test_the_yaml_dump_writes_the_list_and_feeds_back(
         parse_args(["--config", str(path)]).data.source_specs
         == parse_args(["--sources", flag]).data.source_specs
     )
+
+
+@pytest.mark.parametrize(
+    ("sources", "says"),
+    [
+        ("a={a}@1,b={a}@0", "--sources: source 'b' has share 0, not a positive number: fix: "),
+        (
+            '[{{"name": "a", "dataset": "{a}", "share": 1, "weight": 2}}]',
+            "--sources: source 'a' has an unknown key",
+        ),
+        ("a={a}@1,b={missing}@1", "source b: dataset {missing} does not exist: fix: "),
+        ("a={a}@1,tiny={tiny}@1", "source tiny has 3 train tokens, fewer than one block of 32: fix: "),
+    ],
+)
+def test_a_bad_mixture_stops_the_launch_with_one_error_line(
+    sources: str, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = tmp_path / "a.jsonl"
+    a.write_text("".join(json.dumps({"text": f"document {i} " * 20}) + "\n" for i in range(100)))
+    (tmp_path / "tiny.jsonl").write_text(json.dumps({"text": "hi"}) + "\n")
+    paths = {"a": a, "missing": tmp_path / "missing.jsonl", "tiny": tmp_path / "tiny.jsonl"}
+    ckpt = tmp_path / "ck"
+    ckpt.mkdir()
+    (ckpt / "keep.txt").write_text("a user's file")
+    flags = ["--sources", sources.format(**paths), "--seq_length", "32", "--validation_fraction", "0"]
+    capsys.readouterr()
+    code = cli.main(
+        ["prepare", *flags, "--data_cache_dir", str(tmp_path / "c"), "--checkpoint_dir", str(ckpt)]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: " + says.format(**paths)), err
+    assert (ckpt / "keep.txt").read_text() == "a user's file"  # nothing on disk lost
