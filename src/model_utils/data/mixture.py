@@ -179,7 +179,7 @@ def plan(
         if count == 0:
             raise ConfigError(
                 f"source {name}'s share gives it no block in an epoch of {total:,} blocks: fix: raise its share, "
-                "or the max_repeat of the source that caps the epoch (the smallest sources)"
+                f"or the max_repeat of {names[capped]}, which caps the epoch"
             )
     return MixturePlan(
         names=tuple(names),
@@ -297,24 +297,22 @@ def open_sources(
     specs = data.source_specs
     for spec in specs:
         _check_exists(spec.name, data.for_source(spec))
-    names, train, validation, identity = [], [], [], []
+    names, train, validation, contents = [], [], [], []
     for spec in specs:
-        own = data.for_source(spec)
-        given = explicit | {
-            key for key, _ in spec.options
-        }  # what a prepared dir would ignore is refused there
-        dataset = block_cache.prepared(own, given, tokenizer, tokenizer_name, run_first)
+        # The source's own keys join the explicit ones: a prepared dir refuses what it would ignore.
+        given = explicit | {key for key, _ in spec.options}
+        dataset = block_cache.prepared(data.for_source(spec), given, tokenizer, tokenizer_name, run_first)
         names.append(spec.name)
         train.append(_source_blocks(spec.name, dataset, "train", seq_length))
         if dataset.holds_validation:
             validation.append((spec.name, _source_blocks(spec.name, dataset, "validation", seq_length)))
-        identity.append(
-            [spec.name, token_shards.content_fingerprint(dataset.manifest), spec.share, spec.max_repeat]
-        )
+        contents.append(token_shards.content_fingerprint(dataset.manifest))
     mixture_plan = plan(
         names, [s.share for s in specs], [s.max_repeat for s in specs], [len(b) for b in train]
     )
     print0(mixture_plan.describe())
     val = SourceBlocks([n for n, _ in validation], [b for _, b in validation]) if validation else None
+    # Normalised shares: 7 and 3 are the mixture of 0.7 and 0.3, and a resume onto either continues it.
+    identity = list(zip(names, contents, mixture_plan.shares, mixture_plan.max_repeat, strict=True))
     fingerprint = hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:20]
     return OpenedMixture(Mixture(names, train, mixture_plan, seed), val, fingerprint)

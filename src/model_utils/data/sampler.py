@@ -1,9 +1,10 @@
 """The sharded, resumable order in which ranks read the token blocks.
 
-Each epoch is a permutation of the blocks, seeded by (seed, epoch), or the epoch order of blocks that have their own
-(a mixture of sources, data/mixture.py: its blocks per epoch and each epoch's order, seeded the same way). An optimizer step consumes one global batch
-(micro batch x accumulation x data-parallel ranks) of consecutive permuted blocks; rank r reads its own contiguous
-slice of it, so ranks never overlap. The position (epoch, blocks consumed) is all resume needs.
+Each epoch is a permutation of the blocks, seeded by (seed, epoch), or the order of blocks that order their own
+epochs (a mixture of sources, data/mixture.py: its blocks per epoch and each epoch's order, seeded the same way).
+An optimizer step consumes one global batch (micro batch x accumulation x data-parallel ranks) of consecutive
+blocks of that order; rank r reads its own contiguous slice of it, so ranks never overlap. The position (epoch,
+blocks consumed) is all resume needs.
 """
 
 from __future__ import annotations

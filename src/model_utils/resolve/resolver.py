@@ -420,7 +420,8 @@ def _prepare(
         steps_per_epoch = sampler.epoch_blocks(train_blocks) // global_batch
         if steps_per_epoch == 0:
             raise ConfigError(
-                f"train data has {sampler.epoch_blocks(train_blocks)} blocks per epoch, fewer than one global batch of {global_batch} "
+                f"train data has {sampler.epoch_blocks(train_blocks)} blocks per epoch, fewer than one global batch "
+                f"of {global_batch} "
                 f"(micro batch {micro_batch} x accumulation {settings.train.gradient_accumulation_steps} x "
                 f"{world_size} ranks): use more data, fewer ranks or a smaller batch"
             )

@@ -73,7 +73,8 @@ def test_the_counts_are_largest_remainders_and_never_past_a_limit() -> None:
 
 def test_a_share_too_small_for_one_block_is_one_line() -> None:
     with pytest.raises(
-        ConfigError, match="source tiny's share gives it no block in an epoch of 10 blocks: fix:"
+        ConfigError,
+        match=r"source tiny's share gives it no block in an epoch of 10 blocks: fix: .* max_repeat of big,",
     ):
         mixture.plan(["big", "tiny"], [1, 0.001], [1, 1], [10, 10])
 
@@ -207,7 +208,9 @@ def test_each_source_is_prepared_apart_with_its_own_options(tmp_path: Path, toke
     assert tokenizer.decode(mix.train.rows(np.array([len(mix.train) - 1])).tokens[0]).count("beta") >= 2
     again = opened(tmp_path, tokenizer, "--sources", json.dumps(listed))
     assert again.fingerprint == mix.fingerprint
-    listed[1]["share"] = 2
+    listed[0]["share"], listed[1]["share"] = 0.75, 0.25  # the same mixture, written otherwise
+    assert opened(tmp_path, tokenizer, "--sources", json.dumps(listed)).fingerprint == mix.fingerprint
+    listed[1]["share"] = 0.5
     assert opened(tmp_path, tokenizer, "--sources", json.dumps(listed)).fingerprint != mix.fingerprint
 
 
