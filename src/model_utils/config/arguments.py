@@ -207,7 +207,10 @@ class DataArgs:
     def __post_init__(self) -> None:
         if self.sources is not None:
             for spec in self.source_specs:
-                self.for_source(spec)  # each source's values checked as a single dataset's
+                try:
+                    self.for_source(spec)  # each source's values checked as a single dataset's
+                except ConfigError as e:
+                    raise ConfigError(f"--sources: source {spec.name!r}: {e}") from None
         if self.unprepared_limit_mb < 0:
             raise ConfigError(
                 f"--unprepared_limit_mb {self.unprepared_limit_mb} is negative: use a size in MB"

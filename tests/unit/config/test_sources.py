@@ -80,6 +80,10 @@ def test_a_source_sets_its_own_data_keys_and_inherits_the_rest() -> None:
         ),
         ('[{"name": "a", "dataset": "x", "share": "lots"}]', "source 'a' has share 'lots', not a number"),
         ("[]", "no sources given"),
+        (
+            '[{"name": "a", "dataset": "x", "share": 1, "validation_fraction": 1.5}]',
+            "source 'a': --validation_fraction 1.5 is outside [0, 1)",
+        ),
         ("[{", "not valid JSON"),
     ],
 )
