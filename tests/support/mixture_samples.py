@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 from model_utils.config.arguments import parse_args
@@ -36,7 +37,13 @@ class FirstMicroBatchOnly(list):
 def main() -> None:
     out, kill_at, flags = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
     dist = distributed.init_distributed()
-    trainer = training.Trainer(resolver.prepare(parse_args(flags), world_size=dist.world_size), dist)
+    run = resolver.prepare(  # as the rank's entry prepares: rank 0 tokenizes into the cache, then the others
+        parse_args(flags),
+        world_size=dist.world_size,
+        run_first=partial(distributed.main_first, info=dist),
+        decide_once=partial(distributed.decide_on_main, info=dist),
+    )
+    trainer = training.Trainer(run, dist)
     assert trainer.batches is not None
     steps: list[dict] = []
     fetch = trainer.batches.at
