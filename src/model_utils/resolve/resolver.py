@@ -509,6 +509,7 @@ def check_resume(
         new_data=cfg.checkpoint.new_data,
         dataset=cfg.data.dataset,
         precision=settings.train.precision,
+        sources=cfg.data.sources,
     )
 
 
