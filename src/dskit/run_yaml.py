@@ -34,6 +34,8 @@ def run_file(run: ResolvedRun) -> dict[str, Any]:
     optim["lr"] = ts.optim.lr
     optim["warmup_steps"] = ts.schedule.warmup_steps
     data["seq_length"] = run.seq_length
+    if cfg.data.sources is not None:  # the run file's own form: a list of sources
+        data["sources"] = [spec.to_dict() for spec in cfg.data.source_specs]
     if not ts.batch_given and ts.global_batch_tokens is None:  # not given: CUDA ranks' batch default stays
         optim["micro_batch_size"] = optim["gradient_accumulation_steps"] = None
     if cfg.loop.epochs is None and run.max_steps is not None:

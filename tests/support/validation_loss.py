@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 from model_utils.config.arguments import parse_args
@@ -22,7 +23,13 @@ from model_utils.resolve import resolver
 def main() -> None:
     out, flags = Path(sys.argv[1]), sys.argv[2:]
     dist = distributed.init_distributed()
-    trainer = training.Trainer(resolver.prepare(parse_args(flags), world_size=dist.world_size), dist)
+    run = resolver.prepare(  # as the rank's entry prepares: rank 0 tokenizes into the cache, then the others
+        parse_args(flags),
+        world_size=dist.world_size,
+        run_first=partial(distributed.main_first, info=dist),
+        decide_once=partial(distributed.decide_on_main, info=dist),
+    )
+    trainer = training.Trainer(run, dist)
     try:
         validation = trainer.validate()
     finally:

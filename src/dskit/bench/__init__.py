@@ -300,7 +300,7 @@ def run_reference(work: Workload, run: resolver.ResolvedRun, device: torch.devic
         )
         setup_s = time.perf_counter() - start
         blocks = work.run.train_blocks
-        sampler = BlockSampler(len(blocks), row.micro_batch_size, work.accumulation, 0, 1, cfg.loop.seed)
+        sampler = BlockSampler.of(blocks, row.micro_batch_size, work.accumulation, 0, 1, cfg.loop.seed)
         position = DataPosition()
 
         def step() -> float:

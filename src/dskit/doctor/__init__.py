@@ -9,6 +9,7 @@ weights are loaded (parameters are counted on the meta device).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from typing import Any
@@ -94,6 +95,9 @@ def diagnose(cfg: TrainConfig, ctx: LaunchContext) -> tuple[list[Result], Any]:
         except Exception as e:  # an architecture transformers cannot build: prepare reports it properly
             model_error = f"{type(e).__name__}: {first_line(e)}"
 
+    # A mixture's sources each as a dataset of its own (--sources); else --dataset.
+    datasets = [(f"dataset {s.name}", cfg.data.for_source(s)) for s in cfg.data.source_specs]
+    datasets = datasets or [("dataset", cfg.data)]
     results = [
         _guarded("uv environment", check_uv),
         _guarded("torch CUDA vs driver", lambda: check_driver(gpus, torch.version.cuda, torch.__version__)),
@@ -101,7 +105,10 @@ def diagnose(cfg: TrainConfig, ctx: LaunchContext) -> tuple[list[Result], Any]:
         _guarded("GPUs", lambda: check_gpus(ctx, gpus)),
         _guarded("network (EFA)", lambda: check_network(ctx, on_gpus)),
         _guarded("checkpoint disk", lambda: check_disk(cfg, n_params, half)),
-        _guarded("dataset", lambda: check_dataset(cfg.data)),
+        *(
+            dataclasses.replace(_guarded(name, lambda data=data: check_dataset(data)), check=name)
+            for name, data in datasets
+        ),
         _guarded("DeepSpeed ops", lambda: check_ops(ctx, run_jit_ops(cfg, settings, ctx, gpus))),
     ]
     if settings is None:

@@ -116,10 +116,11 @@ def check_resume(
     new_data: bool = False,
     dataset: str | None = None,
     precision: str | None = None,
+    sources: str | None = None,
 ) -> ResumePlan:
     """Raise on an incompatible resume; else the plan (what is loaded, what starts over). world_size,
     optimizer_groups and data_fingerprint None: not known yet (the preflight before the data, `dskit prepare`);
-    dataset: --dataset, for the messages.
+    dataset, sources: --dataset and --sources (a mixture's, which then names the data), for the messages.
     backend: --backend, checked against the engine that wrote the tag; zero_stage: the run's ZeRO stage (the
     backend's, where it shards by stage); precision: the run's (bf16, fp16, fp32). The lr schedule is compared by the resolver (ScheduleSpec.resume_line)."""
     # The other engines are asked (imported) only when the run's own does not recognise the tag.
@@ -152,7 +153,7 @@ def check_resume(
             f"resume with --seq_length {saved_seq}, or use a new --checkpoint_dir"
         )
     _check_precision(tag_dir, launch, precision)
-    data_reset = _data_change(tag_dir, launch, data_fingerprint, new_data, dataset)
+    data_reset = _data_change(tag_dir, launch, data_fingerprint, new_data, dataset, sources)
     why = _weights_only(launch, world_size, optimizer_groups, backend, zero_stage)
     return ResumePlan(weights_only=why, data_reset=data_reset)
 
@@ -206,22 +207,31 @@ def _saved_zero_stage(launch: dict[str, Any]) -> int | None:
 
 
 def _data_change(
-    tag_dir: Path, launch: dict[str, Any], data_fingerprint: str | None, new_data: bool, dataset: str | None
+    tag_dir: Path,
+    launch: dict[str, Any],
+    data_fingerprint: str | None,
+    new_data: bool,
+    dataset: str | None,
+    sources: str | None = None,
 ) -> str | None:
     """The line of a resume onto other data with --new_data true (its position starts over); a refusal without
     it. Same content elsewhere (a moved or copied dataset) has the same fingerprint: no change."""
     saved = launch.get("resolved", {}).get("data_fingerprint")
     if data_fingerprint is None or saved is None or saved == data_fingerprint:
         return None  # not known yet, or a checkpoint of a kit before the fingerprint: nothing to compare
-    saved_dataset = launch.get("config", {}).get("data", {}).get("dataset")
+    saved_data = launch.get("config", {}).get("data", {})
+    saved_dataset = saved_data.get("sources") or saved_data.get(
+        "dataset"
+    )  # a mixture's sources name its data
     if not new_data:
+        given = f"--sources {sources}" if sources is not None else f"--dataset {dataset}"
         raise ConfigError(
-            f"checkpoint {tag_dir} was trained on other data ({saved_dataset}, content {saved}) than --dataset "
-            f"{dataset} (content {data_fingerprint}): resume with its data, pass --new_data true to train on this "
+            f"checkpoint {tag_dir} was trained on other data ({saved_dataset}, content {saved}) than {given} "
+            f"(content {data_fingerprint}): resume with its data, pass --new_data true to train on this "
             "data from its start (weights, optimizer and lr schedule continue), or use a new --checkpoint_dir"
         )
     return (
-        f"--new_data: the data changed from {saved_dataset} (content {saved}) to {dataset} (content "
+        f"--new_data: the data changed from {saved_dataset} (content {saved}) to {sources or dataset} (content "
         f"{data_fingerprint}): its position starts over at epoch 0, block 0 (weights, optimizer and lr schedule "
         "continue)"
     )

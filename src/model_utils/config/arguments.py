@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from model_utils import engines
-from model_utils.config import run_file
+from model_utils.config import run_file, sources
 from model_utils.config.presets import PRESETS, PRETRAINED_LR
 from model_utils.errors import ConfigError
 
@@ -172,7 +172,45 @@ class DataArgs:
         ),
     )
 
+    sources: str | None = field(
+        default=None,
+        metadata=_flag(
+            "several datasets mixed by target token shares, instead of --dataset: NAME=DATASET@SHARE[xMAX_REPEAT],"
+            "... (e.g. web=data/web@0.7,code=data/code.jsonl@0.3x2) or a JSON list (the run file: a data.sources "
+            "list); default: --dataset alone (docs/data.md#weighted-mixtures)",
+            read=lambda value: sources.run_file_value(value, PER_SOURCE_KEYS),
+        ),
+    )
+
+    @property
+    def source_specs(self) -> tuple[sources.SourceSpec, ...]:
+        """The mixture's sources (config/sources.py), each option typed as its data key; () without --sources."""
+        if self.sources is None:
+            return ()
+        specs = sources.parse(self.sources, PER_SOURCE_KEYS)
+        hints = typing.get_type_hints(DataArgs)
+        return tuple(
+            dataclasses.replace(
+                spec,
+                options=tuple(
+                    (key, run_file.typed(hints[key], value, f"--sources: source {spec.name!r}: {key}"))
+                    for key, value in spec.options
+                ),
+            )
+            for spec in specs
+        )
+
+    def for_source(self, spec: sources.SourceSpec) -> DataArgs:
+        """The data settings of one source: this section's, with the source's dataset and its own keys."""
+        return dataclasses.replace(self, dataset=spec.dataset, sources=None, **dict(spec.options))
+
     def __post_init__(self) -> None:
+        if self.sources is not None:
+            for spec in self.source_specs:
+                try:
+                    self.for_source(spec)  # each source's values checked as a single dataset's
+                except ConfigError as e:
+                    raise ConfigError(f"--sources: source {spec.name!r}: {e}") from None
         if self.unprepared_limit_mb < 0:
             raise ConfigError(
                 f"--unprepared_limit_mb {self.unprepared_limit_mb} is negative: use a size in MB"
@@ -183,6 +221,11 @@ class DataArgs:
             )
         if self.seq_length is not None and self.seq_length < 2:
             raise ConfigError(f"--seq_length {self.seq_length} is too small: use at least 2 (e.g. 2048)")
+
+
+# The data keys that are the run's, not a source's: the others a mixture's source may set for itself.
+_RUN_WIDE_DATA_KEYS = ("dataset", "sources", "seq_length", "data_cache_dir", "unprepared_limit_mb")
+PER_SOURCE_KEYS = tuple(f.name for f in dataclasses.fields(DataArgs) if f.name not in _RUN_WIDE_DATA_KEYS)
 
 
 @dataclass(frozen=True)
@@ -683,6 +726,7 @@ ONE_OF = (
     ("validation_dataset", "validation_fraction"),
     ("validation_dataset", "validation_split"),
     ("global_batch_tokens", "gradient_accumulation_steps"),  # the tokens decide the accumulation
+    ("sources", "dataset"),  # a mixture names each source's dataset
 )
 
 

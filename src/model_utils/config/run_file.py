@@ -77,7 +77,7 @@ def _is_union(hint: Any) -> bool:
     return isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
 
 
-def _typed(hint: Any, value: Any, where: str) -> Any:
+def typed(hint: Any, value: Any, where: str) -> Any:
     """`value` as the field's type (int, float, bool, str, a count or a word, optional of these)."""
     args, words = value_kinds(hint)
     names = [a.__name__ for a in args] + [repr(w) for w in words]
@@ -306,8 +306,18 @@ def load(path: str, sections: dict[str, type]) -> RunFile:
                     f"did you mean {owner[close]}.{close}?" if close else f"see the {section} flags in --help"
                 )
                 raise ConfigError(f"run file {path}: unknown key {section}.{key}: {hint}")
-            if value is not None:
-                values[key] = _typed(hints[key], value, f"run file {path}: {section}.{key}")
+            if value is None:
+                continue
+            read = next(f.metadata.get("read") for f in _fields(cls) if f.name == key)
+            if read is None:
+                values[key] = typed(hints[key], value, f"run file {path}: {section}.{key}")
+                continue
+            try:  # a key of its own structure (data.sources: a list): its field reads it
+                values[key] = read(value)
+            except ConfigError as e:
+                raise ConfigError(
+                    str(e).replace(f"--{key}", f"run file {path}: {section}.{key}", 1)
+                ) from None
     return RunFile(path, values, deepspeed)
 
 

@@ -1,13 +1,16 @@
 """The sharded, resumable order in which ranks read the token blocks.
 
-Each epoch is a permutation of the blocks, seeded by (seed, epoch). An optimizer step consumes one global batch
-(micro batch x accumulation x data-parallel ranks) of consecutive permuted blocks; rank r reads its own contiguous
-slice of it, so ranks never overlap. The position (epoch, blocks consumed) is all resume needs.
+Each epoch is a permutation of the blocks, seeded by (seed, epoch), or the order of blocks that order their own
+epochs (a mixture of sources, data/mixture.py: its blocks per epoch and each epoch's order, seeded the same way).
+An optimizer step consumes one global batch (micro batch x accumulation x data-parallel ranks) of consecutive
+blocks of that order; rank r reads its own contiguous slice of it, so ranks never overlap. The position (epoch,
+blocks consumed) is all resume needs.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -27,11 +30,40 @@ class DataPosition:
         return cls(epoch=int(d["epoch"]), consumed=int(d["consumed"]))
 
 
+@runtime_checkable
+class EpochOrder(Protocol):
+    """Blocks that order their own epochs (a mixture): how many blocks an epoch reads, and in which order."""
+
+    blocks_per_epoch: int
+
+    def epoch_order(self, epoch: int) -> np.ndarray: ...
+
+
+def epoch_blocks(blocks: Any) -> int:
+    """Blocks one epoch reads: an EpochOrder's own count, else every block once."""
+    return blocks.blocks_per_epoch if isinstance(blocks, EpochOrder) else len(blocks)
+
+
 class BlockSampler:
     """Which blocks each data-parallel rank reads for each optimizer step."""
 
+    @classmethod
+    def of(
+        cls, blocks: Any, micro_batch: int, grad_accum: int, dp_rank: int, dp_world: int, seed: int
+    ) -> BlockSampler:
+        """The sampler of a split's blocks: their own epoch order where they have one."""
+        own = blocks if isinstance(blocks, EpochOrder) else None
+        return cls(epoch_blocks(blocks), micro_batch, grad_accum, dp_rank, dp_world, seed, own)
+
     def __init__(
-        self, num_blocks: int, micro_batch: int, grad_accum: int, dp_rank: int, dp_world: int, seed: int
+        self,
+        num_blocks: int,
+        micro_batch: int,
+        grad_accum: int,
+        dp_rank: int,
+        dp_world: int,
+        seed: int,
+        epoch_order: EpochOrder | None = None,
     ) -> None:
         assert 0 <= dp_rank < dp_world
         self.num_blocks = num_blocks
@@ -43,12 +75,16 @@ class BlockSampler:
         self.per_rank = micro_batch * grad_accum
         self.global_batch = self.per_rank * dp_world
         self._order: tuple[int, np.ndarray] | None = None
+        self.epoch_order = epoch_order
+        assert epoch_order is None or epoch_order.blocks_per_epoch == num_blocks
 
     @property
     def steps_per_epoch(self) -> int:
         return self.num_blocks // self.global_batch
 
     def order(self, epoch: int) -> np.ndarray:
+        if self.epoch_order is not None:
+            return self.epoch_order.epoch_order(epoch)
         if self._order is None or self._order[0] != epoch:
             self._order = (epoch, np.random.default_rng([self.seed, epoch]).permutation(self.num_blocks))
         return self._order[1]

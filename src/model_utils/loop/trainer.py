@@ -20,7 +20,7 @@ import torch
 from model_utils import engines
 from model_utils.checkpoint import launch_record, protocol
 from model_utils.config.arguments import ALL
-from model_utils.data import step_batches
+from model_utils.data import mixture, step_batches
 from model_utils.data.sampler import BlockSampler, DataPosition, ValidationPlan, validation_plan
 from model_utils.engines.base import Engine
 from model_utils.errors import ConfigError, RunDiverged
@@ -83,8 +83,8 @@ class Trainer:
         self.guard = spike_guard.SpikeGuard(self.cfg.guard, run.settings.spike_guard)
         self.global_loss = float("nan")  # the last step's loss over all ranks (when the guard watches)
         self.spike: spike_guard.Spike | None = None  # what the guard saw in the last step's loss
-        self.sampler = BlockSampler(
-            len(run.train_blocks),
+        self.sampler = BlockSampler.of(
+            run.train_blocks,
             run.micro_batch_size,
             run.gradient_accumulation_steps,
             dist.rank,
@@ -93,7 +93,7 @@ class Trainer:
         )
         assert self.sampler.steps_per_epoch == run.steps_per_epoch, "one owner of steps per epoch: preflight"
         try:
-            self.val_plan = self._validation_plan()
+            self.val_plans = self._validation_plans()
             self.engine, self.decay_groups = create_engine(run, dist)
             self.fault = faults.FaultInjector.from_env(self.engine.module)
             self.flops_per_token = metrics.flops_per_token(run.model_config, run.seq_length, self.cfg.lora)
@@ -125,22 +125,28 @@ class Trainer:
 
     # --- set-up steps ---
 
-    def _validation_plan(self) -> ValidationPlan | None:
+    def _validation_plans(self) -> list[tuple[str | None, int, ValidationPlan]] | None:
+        """A plan per validation source (a mixture's sources each; one dataset's blocks, unnamed): (name, its
+        first block, plan)."""
         blocks = self.run.val_blocks
         if blocks is None:
             return None
         mb = self.run.micro_batch_size
         assert isinstance(mb, int)
         batches = self.cfg.loop.validation_batches
-        plan = validation_plan(
-            len(blocks), None if batches == ALL else batches, mb, self.dist.rank, self.dist.world_size
-        )
-        if plan.blocks == 0:
-            raise ConfigError(
-                f"validation data has {len(blocks)} blocks, fewer than micro batch {mb} x {self.dist.world_size} ranks: "
-                "raise --validation_fraction or set it to 0"
+        plans = []
+        for name, first, count in mixture.parts(blocks):
+            plan = validation_plan(
+                count, None if batches == ALL else batches, mb, self.dist.rank, self.dist.world_size
             )
-        return plan
+            if plan.blocks == 0:
+                which = "validation data" if name is None else f"validation data of source {name}"
+                raise ConfigError(
+                    f"{which} has {count} blocks, fewer than micro batch {mb} x {self.dist.world_size} ranks: "
+                    "raise --validation_fraction or set it to 0"
+                )
+            plans.append((name, first, plan))
+        return plans
 
     def _resume_or_start(self) -> TrainState:
         target = self.run.resume
@@ -407,24 +413,35 @@ class Trainer:
     @torch.no_grad()
     def validate(self) -> metrics.Validation:
         """The loss of the planned validation blocks: a mean over their predicted tokens on all ranks, so a full
-        pass gives the loss of the whole set whatever the world size."""
-        plan = self.val_plan
-        assert plan is not None
+        pass gives the loss of the whole set whatever the world size; and of each source of a mixture apart
+        (the overall loss: over every source's blocks read)."""
+        plans = self.val_plans
+        assert plans is not None
         predicted = self.run.seq_length - 1  # the labels are the inputs shifted by one
         self.engine.eval()
         # float32 batch means x token counts, summed in float64: the order of batches and ranks does not round it
-        loss_sum = 0.0
-        for indices, weight in zip(plan.batches, plan.weights, strict=True):
-            loss = self.engine.eval_loss(self._val_batch(indices))  # every rank runs it: ZeRO-3/FSDP gather
-            loss_sum += loss * weight * predicted
+        sums: list[float] = []
+        for _, first, plan in plans:
+            loss_sum = 0.0
+            for indices, weight in zip(plan.batches, plan.weights, strict=True):
+                # every rank runs it: ZeRO-3/FSDP gather
+                loss = self.engine.eval_loss(self._val_batch(first + indices))
+                loss_sum += loss * weight * predicted
+            sums += [loss_sum, float(sum(plan.weights) * predicted)]
         self.engine.train()
-        local_tokens = sum(plan.weights) * predicted
-        total_loss, total_tokens = all_reduce_sum([loss_sum, float(local_tokens)], self.dist.device)
+        totals = all_reduce_sum(sums, self.dist.device)  # one collective for every source
+        losses, tokens = totals[0::2], totals[1::2]
+        covered = sum(plan.blocks for _, _, plan in plans)
         return metrics.Validation(
-            loss=total_loss / total_tokens,
-            blocks=plan.blocks,
-            total_blocks=plan.total_blocks,
-            tokens=plan.blocks * self.run.seq_length,
+            loss=sum(losses) / sum(tokens),
+            blocks=covered,
+            total_blocks=sum(plan.total_blocks for _, _, plan in plans),
+            tokens=covered * self.run.seq_length,
+            sources=tuple(
+                (name, loss / count)
+                for (name, _, _), loss, count in zip(plans, losses, tokens, strict=True)
+                if name is not None
+            ),
         )
 
     def _val_batch(self, indices: np.ndarray) -> torch.Tensor:
@@ -549,7 +566,7 @@ class Trainer:
         loop, ckpt, step = self.cfg.loop, self.cfg.checkpoint, self.state.step
         last = trained and step == self.max_steps
         due = trained and (step % ckpt.checkpoint_freq == 0 or last)
-        if trained and self.val_plan is not None and (step % loop.validation_freq == 0 or last):
+        if trained and self.val_plans is not None and (step % loop.validation_freq == 0 or last):
             self.hooks.after_validation(step, self.validate())
         minutes = (time.monotonic() - self.last_save_time) / 60
         time_due = (

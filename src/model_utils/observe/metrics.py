@@ -30,6 +30,7 @@ class Validation:
     blocks: int  # validation blocks read, over all ranks
     total_blocks: int  # validation blocks there are (--validation_batches all reads each once)
     tokens: int  # tokens in the blocks read
+    sources: tuple[tuple[str, float], ...] = ()  # a mixture's: each source's loss over its own blocks read
 
     @property
     def full(self) -> bool:

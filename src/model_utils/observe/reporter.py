@@ -100,9 +100,15 @@ class Reporter:
     # --- output ---
 
     def log_step(
-        self, state: Any, lr: float, grad_norm: float | None, time_left: float | None
+        self,
+        state: Any,
+        lr: float,
+        grad_norm: float | None,
+        time_left: float | None,
+        data_shares: dict[str, float] | None = None,
     ) -> dict[str, Any]:
-        """The log line, the metrics record and the tracker, for the steps since the previous log line."""
+        """The log line, the metrics record and the tracker, for the steps since the previous log line.
+        `data_shares`: a mixture's realised token share of each source over the data read so far."""
         started = time.perf_counter()
         clock = self.clock
         elapsed = clock.elapsed()
@@ -142,6 +148,7 @@ class Reporter:
             "eta_s": (self.max_steps - state.step) * step_time,
             "ppl": math.exp(min(loss, 50.0)),  # of the interval's mean loss, as val_ppl is of val_loss
         }
+        record.update({f"{step_line.SHARE}{name}": share for name, share in (data_shares or {}).items()})
         # DeepSpeed's wall-clock breakdown (rank 0's), per optimizer step: e.g. ds_fwd_ms, ds_step_ms.
         record.update({f"ds_{name}_ms": ms / clock.steps for name, ms in clock.phase_ms.items()})
         print0(step_line.step_line(record, self.max_steps, time_left))
@@ -167,6 +174,7 @@ class Reporter:
             "val_blocks": validation.blocks,
             "val_total_blocks": validation.total_blocks,
             "val_tokens": validation.tokens,
+            **{f"{step_line.SOURCE_VAL_LOSS}{name}": loss for name, loss in validation.sources},
         }
         print0(step_line.validation_line(record, self.max_steps))
         self.metrics.write(record)

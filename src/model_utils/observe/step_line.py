@@ -131,16 +131,33 @@ def _line(record: dict[str, Any], max_steps: int, fields: tuple[Field, ...], tai
 # --- the records: steps, validations, starts (`dskit plot`) -------------------------------------------------
 
 
+# A mixture's keys, one per source (data/mixture.py): the realised token share of the data read, in the step
+# record ("share/web"); each source's validation loss, in the validation record ("val_loss/web").
+SHARE, SOURCE_VAL_LOSS = "share/", "val_loss/"
+
+
+def _per_source(record: dict[str, Any], prefix: str, label: str, template: str) -> list[str]:
+    named = [(key[len(prefix) :], value) for key, value in record.items() if key.startswith(prefix)]
+    if not named:
+        return []
+    return [f"{label} " + " ".join(f"{name} {template.format(value)}" for name, value in named)]
+
+
 def step_line(record: dict[str, Any], max_steps: int, time_left: float | None = None) -> str:
-    """The log line of a metrics record; skipped steps and the ETA (and the job's time left) at the end."""
-    tail = [f"skipped {record['skipped_steps']}"] if record.get("skipped_steps") else []
+    """The log line of a metrics record; a mixture's shares read, skipped steps and the ETA (and the job's time
+    left) at the end."""
+    tail = _per_source(record, SHARE, "shares", "{:.1%}")
+    tail += [f"skipped {record['skipped_steps']}"] if record.get("skipped_steps") else []
     eta = f"ETA {format_duration(record['eta_s'])}"
     tail.append(eta + ("" if time_left is None else f" (job time left {format_duration(time_left)})"))
     return _line(record, max_steps, STEP_FIELDS, tail)
 
 
 def validation_line(record: dict[str, Any], max_steps: int) -> str:
-    return _line(record, max_steps, VALIDATION_FIELDS, [])
+    """The validation line; a mixture's loss of each source at the end."""
+    return _line(
+        record, max_steps, VALIDATION_FIELDS, _per_source(record, SOURCE_VAL_LOSS, "per source", "{:.4f}")
+    )
 
 
 def resumed_line(path: Any, step: int, epoch: int, consumed: int, lr: float) -> str:

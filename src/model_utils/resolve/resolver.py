@@ -24,7 +24,8 @@ from model_utils import engines
 from model_utils.checkpoint import launch_record, protocol
 from model_utils.config import deepspeed_file
 from model_utils.config.arguments import AUTO, CUDA_GLOBAL_BATCH_TOKENS, TrainConfig
-from model_utils.data import block_cache, token_shards
+from model_utils.data import block_cache, mixture, sampler, token_shards
+from model_utils.data.rows import BlockSource
 from model_utils.errors import ConfigError
 from model_utils.launch import accelerate_env, preemption, startup
 from model_utils.model import hub, lora, models
@@ -38,8 +39,8 @@ from model_utils.resolve.train_settings import TrainSettings
 class ResolvedRun:
     settings: RunSettings
     tokenizer: Any
-    train_blocks: token_shards.TokenBlocks
-    val_blocks: token_shards.TokenBlocks | None
+    train_blocks: BlockSource  # a prepared dataset's TokenBlocks, or a mixture of sources (data/mixture.py)
+    val_blocks: BlockSource | None
     resume: protocol.ResumeTarget | None
     world_size: int | None  # None outside the ranks (`dskit prepare`/`config`): per-rank values stay open
     micro_batch_size: int | str  # AUTO only outside the ranks: rank 0 probes its GPU
@@ -393,25 +394,34 @@ def _prepare(
     tokenizer = models.load_tokenizer(settings.source, cfg.model.tokenizer, settings.tokenizer)
     models.check_vocab(tokenizer, settings.model_config)
     tokenizer_name = cfg.model.tokenizer or settings.source.name
-    dataset = block_cache.prepared(cfg.data, cfg.explicit, tokenizer, tokenizer_name, run_first)
-    data_fingerprint = token_shards.content_fingerprint(dataset.manifest)
+    seq = settings.seq_length
+    train_blocks: BlockSource
+    val_blocks: BlockSource | None
+    if cfg.data.sources is not None:  # a weighted mixture: each source prepared as a single dataset is
+        opened = mixture.open_sources(
+            cfg.data, cfg.explicit, tokenizer, tokenizer_name, run_first, seq, cfg.loop.seed
+        )
+        train_blocks, val_blocks, data_fingerprint = opened.train, opened.validation, opened.fingerprint
+    else:
+        dataset = block_cache.prepared(cfg.data, cfg.explicit, tokenizer, tokenizer_name, run_first)
+        data_fingerprint = token_shards.content_fingerprint(dataset.manifest)
+        train_blocks = _blocks_or_error(dataset, "train", cfg, seq)
+        val_blocks = _blocks_or_error(dataset, "validation", cfg, seq) if dataset.holds_validation else None
     if (
         resume is not None
     ):  # other data refused before any rank trains (--new_data: the ranks reset its position)
         check_resume(settings, resume.path, data_fingerprint=data_fingerprint)
-    seq = settings.seq_length
-    train_blocks = _blocks_or_error(dataset, "train", cfg, seq)
-    val_blocks = _blocks_or_error(dataset, "validation", cfg, seq) if dataset.holds_validation else None
     settings = _cuda_batch_default(settings, world_size)
     micro_batch = _micro_batch(settings, train_blocks, val_blocks, world_size, decide_once)
     settings = _accumulation(settings, micro_batch, world_size)
     steps_per_epoch = max_steps = None
     if isinstance(micro_batch, int) and world_size is not None:
         global_batch = micro_batch * settings.train.gradient_accumulation_steps * world_size
-        steps_per_epoch = len(train_blocks) // global_batch
+        steps_per_epoch = sampler.epoch_blocks(train_blocks) // global_batch
         if steps_per_epoch == 0:
             raise ConfigError(
-                f"train data has {len(train_blocks)} blocks, fewer than one global batch of {global_batch} "
+                f"train data has {sampler.epoch_blocks(train_blocks)} blocks per epoch, fewer than one global batch "
+                f"of {global_batch} "
                 f"(micro batch {micro_batch} x accumulation {settings.train.gradient_accumulation_steps} x "
                 f"{world_size} ranks): use more data, fewer ranks or a smaller batch"
             )
@@ -499,6 +509,7 @@ def check_resume(
         new_data=cfg.checkpoint.new_data,
         dataset=cfg.data.dataset,
         precision=settings.train.precision,
+        sources=cfg.data.sources,
     )
 
 
@@ -591,8 +602,8 @@ def _accumulation(settings: RunSettings, micro_batch: int | str, world_size: int
 
 def _micro_batch(
     settings: RunSettings,
-    train_blocks: token_shards.TokenBlocks,
-    val_blocks: token_shards.TokenBlocks | None,
+    train_blocks: BlockSource,
+    val_blocks: BlockSource | None,
     world_size: int | None,
     decide_once: Callable[[Callable[[], Any]], Any],
 ) -> int | str:
@@ -607,4 +618,6 @@ def _micro_batch(
     from model_utils.resolve import micro_batch_probe
 
     n_val = None if val_blocks is None else len(val_blocks)
-    return decide_once(lambda: micro_batch_probe.resolve(settings, len(train_blocks), n_val, world_size))
+    return decide_once(
+        lambda: micro_batch_probe.resolve(settings, sampler.epoch_blocks(train_blocks), n_val, world_size)
+    )

@@ -236,6 +236,27 @@ def test_each_setting_a_checkpoint_fixes_is_refused_or_handled_in_one_line(tmp_p
     assert "\n" not in outcome  # one line each
 
 
+def test_a_resume_onto_or_from_a_mixture_names_its_sources(tmp_path: Path) -> None:
+    tag, config = _saved_run(tmp_path)
+    mixed = "web=data/web@0.7,code=data/code@0.3"
+    with pytest.raises(ConfigError) as caught:
+        launch_record.check_resume(tag, config, 64, None, data_fingerprint="0" * 16, sources=mixed)
+    assert (
+        f"was trained on other data (embedded, content {FINGERPRINT}) than --sources {mixed} (content"
+        in str(caught.value)
+    )
+    launch = json.loads((tag / "launch.json").read_text())
+    launch["config"]["data"]["sources"] = mixed
+    (tag / "launch.json").write_text(json.dumps(launch))
+    plan = launch_record.check_resume(
+        tag, config, 64, None, data_fingerprint="0" * 16, new_data=True, dataset="x"
+    )
+    assert plan.data_reset is not None
+    assert plan.data_reset.startswith(
+        f"--new_data: the data changed from {mixed} (content {FINGERPRINT}) to x ("
+    )
+
+
 def test_lora_changes_are_refused_whichever_way(tmp_path: Path) -> None:
     tag, config = _saved_run(tmp_path, LoraArgs(lora_r=4))
     assert _resume(tag, config, lora=LoraArgs(lora_r=4)) == "same"

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from model_utils.data.sampler import BlockSampler, DataPosition, ValidationPlan, validation_plan
+from model_utils.data.sampler import BlockSampler, DataPosition, ValidationPlan, epoch_blocks, validation_plan
 
 
 def consumed_by_rank(
@@ -82,3 +82,26 @@ def test_a_full_pass_reads_every_block_once_in_the_same_batches_at_any_world_siz
     alone = validation_plan(num_blocks, None, micro_batch, 0, 1)
     counted = {tuple(b.tolist()) for p in plans for b, w in zip(p.batches, p.weights, strict=True) if w}
     assert counted == {tuple(b.tolist()) for b in alone.batches}  # the same batches as on one rank
+
+
+class OwnOrder:
+    """Blocks that order their own epochs (as a mixture does): 6 of their 100 blocks per epoch."""
+
+    blocks_per_epoch = 6
+
+    def __len__(self) -> int:
+        return 100
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        return np.array([90, 10, 50, 20, 70, 30]) + epoch
+
+
+def test_blocks_with_their_own_epoch_order_are_read_in_it_and_plain_ones_as_before() -> None:
+    plain = np.zeros((50, 4))
+    assert epoch_blocks(plain) == 50 and epoch_blocks(OwnOrder()) == 6
+    of = BlockSampler.of(plain, 2, 1, 0, 1, seed=3)
+    assert of.epoch_order is None and np.array_equal(of.order(1), BlockSampler(50, 2, 1, 0, 1, 3).order(1))
+    rank1 = BlockSampler.of(OwnOrder(), 1, 2, 1, 2, seed=3)
+    assert rank1.steps_per_epoch == 1  # 6 blocks per epoch, 4 per step
+    assert rank1.step_indices(DataPosition(0, 0)).tolist() == [[50], [20]]
+    assert rank1.step_indices(DataPosition(0, 4)).tolist() == [[51], [21]]  # the tail: the next epoch

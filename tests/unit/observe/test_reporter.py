@@ -1,14 +1,19 @@
-"""The reporter's pieces that need no run: where the metrics file goes (none, beside the SLURM log, or as given).
+"""The reporter's pieces that need no run: where the metrics file goes (none, beside the SLURM log, or as given);
+a mixture's shares and per-source losses in its records and lines.
 The log line <-> record round trip: test_step_line.py; the reporter in a real run: tests/e2e/test_trainer.py."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from model_utils.config.arguments import parse_args
 from model_utils.launch import launch_env
-from model_utils.observe.reporter import metrics_path
+from model_utils.loop.state import TrainState
+from model_utils.observe import metrics
+from model_utils.observe.reporter import Reporter, metrics_path
 
 
 def test_metrics_file_location(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -18,3 +23,25 @@ def test_metrics_file_location(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(launch_env.LOG_FILE, "/x/logs/train_7.out")
     assert metrics_path("auto", "logs", "run") == Path("/x/logs/train_7.metrics.jsonl")
     assert metrics_path("m.jsonl", "logs", "run") == Path("m.jsonl")
+
+
+def test_a_mixtures_shares_and_source_losses_reach_the_record_and_the_line(
+    tmp_path: Path, gloo_rank, capsys
+) -> None:
+    cfg = parse_args(["--metrics_file", str(tmp_path / "m.jsonl")])
+    reporter = Reporter(cfg, gloo_rank, 10, 64, 1e6, None)
+    reporter.metrics = metrics.MetricsFile(tmp_path / "m.jsonl")
+    reporter.step_done(2.0)
+    record = reporter.log_step(TrainState(step=1), 1e-3, 0.5, None, {"web": 0.75, "code": 0.25})
+    assert (record["share/web"], record["share/code"]) == (0.75, 0.25)
+    reporter.log_validation(1, metrics.Validation(2.5, 4, 8, 256, sources=(("web", 2.0), ("code", 4.0))))
+    written = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert written[0]["share/code"] == 0.25 and (written[1]["val_loss/web"], written[1]["val_loss/code"]) == (
+        2.0,
+        4.0,
+    )
+    out = capsys.readouterr().out
+    assert "| shares web 75.0% code 25.0% |" in out and "| per source web 2.0000 code 4.0000" in out
+    reporter.step_done(2.0)
+    plain = reporter.log_step(TrainState(step=2), 1e-3, 0.5, None)
+    assert not any(key.startswith("share/") for key in plain)  # one dataset: no shares

@@ -184,3 +184,15 @@ def test_metric_regexes_capture_each_number_of_a_rendered_line() -> None:
     assert re.findall(step_line.metric_regex("Loss"), val) == []
     assert re.findall(step_line.metric_regex("Validation Loss"), val) == ["2.2500"]
     assert re.findall(step_line.metric_regex("Perplexity"), val) == ["9.49"]
+
+
+def test_a_mixtures_shares_and_per_source_losses_end_their_lines_and_the_rest_parses_back() -> None:
+    record = {**RECORD, "skipped_steps": 0, "share/web": 0.7012, "share/code": 0.2988}
+    line = step_line.step_line(record, 100)
+    assert line.endswith("| s/step 0.500 | shares web 70.1% code 29.9% | ETA 1:02:05")
+    parsed = step_line.parse(line)
+    assert parsed is not None and parsed["loss"] == pytest.approx(7.1235) and "share/web" not in parsed
+    validation = {"step": 4, "val_loss": 2.5, "val_ppl": 12.18, "val_loss/web": 2.25, "val_loss/code": 3.0}
+    line = step_line.validation_line(validation, 8)
+    assert line == "Step 4/8 | Validation Loss 2.5000 | Perplexity 12.18 | per source web 2.2500 code 3.0000"
+    assert step_line.parse(line) == {"step": 4, "val_loss": 2.5, "val_ppl": 12.18}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from model_utils.data.mixture import Mixture
 from model_utils.loop.hooks import Observer, SavedCheckpoint, StepReport, Stop, Validation
 from model_utils.loop.state import TrainState
 
@@ -16,22 +17,31 @@ if TYPE_CHECKING:
 
 class Reporting(Observer):
     def __init__(
-        self, reporter: Reporter, logging_freq: int, max_steps: int, world_size: int, resumed_from: str | None
+        self,
+        reporter: Reporter,
+        logging_freq: int,
+        max_steps: int,
+        world_size: int,
+        resumed_from: str | None,
+        mixture: Mixture | None = None,
     ) -> None:
         self.reporter = reporter
         self.logging_freq, self.max_steps, self.world_size = logging_freq, max_steps, world_size
         self.resumed_from = resumed_from  # the tag the run resumed from
+        self.mixture = mixture  # a mixture's shares go in the start record and every logged step
 
     @classmethod
     def from_loop(cls, ctx: LoopContext) -> Reporting:
         resume = ctx.run.resume
         assert ctx.run.max_steps is not None
+        blocks = ctx.run.train_blocks
         return cls(
             ctx.reporter,
             ctx.run.config.loop.logging_freq,
             ctx.run.max_steps,
             ctx.dist.world_size,
             resume.tag if resume is not None else None,
+            blocks if isinstance(blocks, Mixture) else None,
         )
 
     def on_start(self, state: TrainState) -> None:
@@ -43,6 +53,7 @@ class Reporting(Observer):
                 "resumed_from": self.resumed_from,
                 "world_size": self.world_size,
                 "max_steps": self.max_steps,
+                **({} if self.mixture is None else {"sources": self.mixture.plan.to_dict()}),
             }
         )
 
@@ -51,7 +62,8 @@ class Reporting(Observer):
             return None
         step = report.step
         if step % self.logging_freq == 0 or step == self.max_steps:
-            self.reporter.log_step(report.state, report.lr, report.grad_norm, report.time_left)
+            shares = None if self.mixture is None else self.mixture.shares_read(report.state.position)
+            self.reporter.log_step(report.state, report.lr, report.grad_norm, report.time_left, shares)
         else:
             self.reporter.progress(step, report.loss)
         return None

@@ -125,6 +125,17 @@ def test_cpu_node_is_ready(cpu_node: Path, capsys: pytest.CaptureFixture[str]) -
     assert not (cpu_node / "checkpoints").exists(), "the doctor created the checkpoint dir"
 
 
+def test_a_mixtures_sources_are_each_checked_as_a_dataset(
+    cpu_node: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (cpu_node / "web.jsonl").write_text('{"text": "one document"}\n')
+    (cpu_node / "code.jsonl").write_text('{"body": "def f(): pass"}\n')
+    sources = f"web={cpu_node / 'web.jsonl'}@0.7,code={cpu_node / 'code.jsonl'}@0.3"
+    code, rows = run_doctor(capsys, "--sources", sources)
+    assert "dataset" not in rows and rows["dataset web"][0] == "PASS", rows
+    assert rows["dataset code"][0] == "FAIL" and "columns: body" in rows["dataset code"][1] and code == 1
+
+
 def test_efa_on_without_efa_fails_with_the_fix(
     cpu_node: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -9,6 +9,10 @@ import types
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from model_utils.data import mixture
+from model_utils.data.sampler import DataPosition
 from model_utils.loop import hooks
 from model_utils.loop.hooks import SavedCheckpoint, StepReport
 from model_utils.loop.observers.reporting import Reporting
@@ -26,9 +30,14 @@ class Reporter:
         self.calls.append(("event", record))
 
     def log_step(
-        self, state: TrainState, lr: float, grad_norm: float | None, time_left: float | None
+        self,
+        state: TrainState,
+        lr: float,
+        grad_norm: float | None,
+        time_left: float | None,
+        data_shares: dict[str, float] | None = None,
     ) -> None:
-        self.calls.append(("log_step", state.step, lr, grad_norm, time_left))
+        self.calls.append(("log_step", state.step, lr, grad_norm, time_left, data_shares))
 
     def progress(self, step: int, loss: float) -> None:
         self.calls.append(("progress", step, loss))
@@ -55,8 +64,8 @@ def test_each_point_becomes_its_record_or_line() -> None:
     assert reporter.calls == [
         ("event", {**start, "world_size": 2, "max_steps": 5}),
         ("progress", 3, 2.5),
-        ("log_step", 4, 1e-3, 0.7, 600.0),
-        ("log_step", 5, 1e-3, 0.7, 600.0),
+        ("log_step", 4, 1e-3, 0.7, 600.0, None),
+        ("log_step", 5, 1e-3, 0.7, 600.0, None),
         ("log_validation", 5, VALIDATION),
         ("event", {"event": "checkpoint", "step": 5, "tag": "t-5steps", "save_s": 1.5}),
         ("event", {"event": "end", "step": 5, "reason": "done"}),
@@ -68,6 +77,7 @@ def test_from_the_loop_it_reads_the_run_and_the_tag_resumed_from() -> None:
         resume=types.SimpleNamespace(tag="t-4steps"),
         config=types.SimpleNamespace(loop=types.SimpleNamespace(logging_freq=10)),
         max_steps=100,
+        train_blocks=np.zeros((3, 4)),
     )
     ctx = types.SimpleNamespace(run=run, dist=types.SimpleNamespace(world_size=8), reporter=Reporter())
     reporting = Reporting.from_loop(ctx)  # type: ignore[arg-type]
@@ -75,3 +85,44 @@ def test_from_the_loop_it_reads_the_run_and_the_tag_resumed_from() -> None:
     assert reporting.resumed_from == "t-4steps" and reporting.reporter is ctx.reporter
     run.resume = None
     assert Reporting.from_loop(ctx).resumed_from is None  # type: ignore[arg-type]
+    assert reporting.mixture is None
+
+
+class Blocks:
+    seq_length = 4
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def test_a_mixture_puts_its_plan_in_the_start_record_and_its_shares_read_in_each_logged_step() -> None:
+    names, sizes = ["web", "code"], [30, 10]
+    mix = mixture.Mixture(
+        names, [Blocks(n) for n in sizes], mixture.plan(names, [3, 1], [1, 1], sizes), seed=1
+    )
+    run = types.SimpleNamespace(
+        resume=None,
+        config=types.SimpleNamespace(loop=types.SimpleNamespace(logging_freq=2)),
+        max_steps=10,
+        train_blocks=mix,
+    )
+    reporter = Reporter()
+    ctx = types.SimpleNamespace(run=run, dist=types.SimpleNamespace(world_size=1), reporter=reporter)
+    reporting = Reporting.from_loop(ctx)  # type: ignore[arg-type]
+    reporting.on_start(TrainState())
+    assert reporter.calls[0][1]["sources"]["web"] == {
+        "planned_share": 0.75,
+        "epoch_share": 0.75,
+        "max_repeat": 1.0,
+        "epoch_blocks": 30,
+    }
+    done = StepReport(2, hooks.TRAINED, 2.5, 1e-3, 0.7, 0.01, 0.2, None, TrainState(step=2))
+    done.state.position = DataPosition(0, 20)
+    reporting.after_step(done)
+    shares = reporter.calls[-1][-1]
+    order = mix.epoch_order(0)[:20]
+    assert shares == {"web": np.mean(order < 30), "code": np.mean(order >= 30)}
+    assert abs(shares["web"] - 0.75) <= 2 / 20  # interleaved: within two blocks of the share
