@@ -201,7 +201,7 @@ COMMANDS: dict[str, Run | DryRun | CoveredBy | Uncovered] = {
     ".venv/bin/dskit export checkpoints/ out/qwen3-run1 --push_to_hub me/qwen3-run1 --private --revision v1": CoveredBy(
         "tests/e2e/test_export.py::test_export_pushes_the_model_and_its_card_to_the_hub", "--push_to_hub"
     ),
-    "./train-singlenode.sh --push_to_hub me/qwen3-run1 --hub_private true": DryRun(_HUB, FLAGS),
+    "./train-singlenode.sh --push_to_hub me/qwen3-run1 --hub_visibility private": DryRun(_HUB, FLAGS),
     # docs/cost.md
     ".venv/bin/dskit cost checkpoints --instance_type p5.48xlarge": CoveredBy(
         "tests/slurm/test_slurm.py::test_node_failure_ends_job_and_requeued_run_resumes", "--instance_type"

@@ -422,7 +422,9 @@ class CheckpointArgs:
             "model card, beside the run's end (HF_TOKEN); a failed push is one warning line, never the run's failure"
         ),
     )
-    hub_private: bool = field(default=False, metadata=_flag("--push_to_hub: create the repo private"))
+    hub_visibility: str = field(
+        default="public", metadata=_flag("--push_to_hub: public or private, for a repo the push creates")
+    )
     hub_revision: str | None = field(
         default=None, metadata=_flag("--push_to_hub: the branch to push to, made if missing (default: main)")
     )
@@ -432,9 +434,10 @@ class CheckpointArgs:
             raise ConfigError(
                 f"--push_to_hub {self.push_to_hub!r} is not a hub repo: give user/name (or org/name)"
             )
-        if (self.hub_private or self.hub_revision is not None) and self.push_to_hub is None:
+        _check_choice("hub_visibility", self.hub_visibility, ("public", "private"), "a repo visibility")
+        if (self.hub_visibility != "public" or self.hub_revision is not None) and self.push_to_hub is None:
             raise ConfigError(
-                "the hub flags (--hub_revision, --hub_private) need --push_to_hub REPO: add it or drop them"
+                "the hub flags (--hub_revision, --hub_visibility) need --push_to_hub REPO: add it or drop them"
             )
         for name in ("checkpoint_freq", "keep_checkpoints"):
             if getattr(self, name) < 1:

@@ -205,3 +205,16 @@ def test_report_to_takes_several_trackers_and_wandb_project_only_with_wandb() ->
         parse_args(["--report_to", "tensorboard,wandb", "--tracking_uri", "http://h:5000"])
     with pytest.raises(ConfigError, match="'tensorbord' is not a tracker"):
         parse_args(["--report_to", "tensorbord"])
+
+
+def test_the_hub_flags_need_a_repo_and_a_known_visibility() -> None:
+    ckpt = parse_args(["--push_to_hub", "me/run", "--hub_visibility", "private"]).checkpoint
+    assert (ckpt.push_to_hub, ckpt.hub_visibility) == ("me/run", "private")
+    with pytest.raises(
+        ConfigError, match=r"the hub flags \(--hub_revision, --hub_visibility\) need --push_to_hub"
+    ):
+        parse_args(["--hub_revision", "v1"])
+    with pytest.raises(ConfigError, match="'me' is not a hub repo: give user/name"):
+        parse_args(["--push_to_hub", "me"])
+    with pytest.raises(ConfigError, match="hub_visibility"):
+        parse_args(["--push_to_hub", "me/run", "--hub_visibility", "secret"])

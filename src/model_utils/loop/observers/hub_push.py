@@ -42,7 +42,7 @@ class HubPush(Observer):
         ckpt = ctx.run.config.checkpoint
         if ckpt.push_to_hub is None or not ctx.dist.is_main:
             return None
-        options = ["--private"] if ckpt.hub_private else []
+        options = ["--private"] if ckpt.hub_visibility == "private" else []
         options += ["--revision", ckpt.hub_revision] if ckpt.hub_revision else []
         out = Path(ctx.run.config.report.report_dir) / f"{ckpt.push_to_hub.replace('/', '--')}.hub-export"
         return cls(Path(ckpt.checkpoint_dir), out, ckpt.push_to_hub, options)

@@ -25,10 +25,11 @@ class Reporter:
 def test_the_runs_observers_from_its_context(tmp_path: Path) -> None:
     flags = ["--max_steps", "4", "--seq_length", "32", "--validation_fraction", "0", "--profile_steps", "2:3"]
     flags += ["--data_cache_dir", str(tmp_path / "cache"), "--checkpoint_dir", str(tmp_path / "ck")]
-    run = resolver.prepare(parse_args(flags))
+    run = resolver.prepare(parse_args(flags), world_size=2)
     main = DistInfo(rank=0, local_rank=0, world_size=2, device=torch.device("cpu"))
     ctx = LoopContext(run, main, engine=None, reporter=Reporter(tmp_path / "run.metrics.jsonl"), start_step=0)  # type: ignore[arg-type]
-    assert [type(o).__name__ for o in observers.build(ctx)] == ["Profiler", "GuardRecords", "Reporting"]
+    names = ["Profiler", "GuardRecords", "Ledger", "Reporting"]
+    assert [type(o).__name__ for o in observers.build(ctx)] == names
     other = LoopContext(run, dataclasses.replace(main, rank=1), None, Reporter(None), 0)  # type: ignore[arg-type]
     assert [type(o).__name__ for o in observers.build(other)] == ["GuardRecords", "Reporting"]
     with pytest.raises(dataclasses.FrozenInstanceError):
