@@ -225,7 +225,8 @@ class Workload:
         from model_utils.observe import metrics
 
         tokens = row.micro_batch_size * self.accumulation * self.seq_length * self.steps
-        rate = metrics.throughput(tokens, m.timed_s, 1, self.flops_per_token, self.peak_tflops)
+        # every token is a target in the benchmark's own loop (labels = inputs)
+        rate = metrics.throughput(tokens, tokens, m.timed_s, 1, self.flops_per_token, self.peak_tflops)
         row.tokens_per_s, row.mfu, row.peak_mem_gib = rate.tokens_per_s, rate.mfu, peak_gib
         row.first_step_s, row.setup_s, row.losses = m.first_step_end - start, setup_s, m.losses
 
@@ -281,7 +282,6 @@ def run_reference(work: Workload, run: resolver.ResolvedRun, device: torch.devic
     )
 
     def train(row: Row) -> None:
-        import numpy as np
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -307,7 +307,7 @@ def run_reference(work: Workload, run: resolver.ResolvedRun, device: torch.devic
             nonlocal position
             total = torch.zeros((), device=device)
             for indices in sampler.step_indices(position):
-                batch = torch.as_tensor(np.asarray(blocks[indices], dtype=np.int64), device=device)
+                batch = torch.as_tensor(blocks.rows(indices).tokens, device=device)
                 with torch.autocast(device.type, dtype=torch.bfloat16):
                     loss = model(input_ids=batch, labels=batch).loss
                 (loss / work.accumulation).backward()
@@ -337,7 +337,7 @@ class Variant:
 
 
 # --vary keys that are the kit's training flags rather than DeepSpeed config keys.
-FLAG_KEYS = ("liger", "compile", "micro_batch_size", "spike_guard", "backend")
+FLAG_KEYS = ("liger", "compile", "micro_batch_size", "spike_guard", "backend", "packing")
 
 
 def _json_or_text(raw: str) -> Any:
