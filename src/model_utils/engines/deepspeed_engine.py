@@ -201,7 +201,8 @@ class DeepSpeedEngine:
         skipped_before = self._engine.skipped_steps
         # DeepSpeed's backward divides each micro-batch's loss by the accumulation steps and its reduction averages
         # the gradients over the ranks: the divisor gives both back (step_loss.py).
-        accumulation = len(micro_batches)
+        accumulation = int(self._engine.gradient_accumulation_steps())  # what its backward divides by
+        assert accumulation == len(micro_batches), (accumulation, len(micro_batches))
         divisor = step_loss.loss_divisor(micro_batches, accumulation * step_loss.data_parallel_ranks())
         for i, batch in enumerate(micro_batches):
             loss = step_loss.summed_loss(self._engine, batch, divisor)

@@ -183,7 +183,13 @@ def attend_within_documents(model: Any, device: Any) -> bool:
 
     if device.type != "cuda" or importlib.util.find_spec("flash_attn") is None:
         return False
-    model.set_attn_implementation(VARLEN_ATTENTION)
+    try:
+        model.set_attn_implementation(VARLEN_ATTENTION)
+    except (ImportError, ValueError) as e:  # transformers' own check of the installed package and the model
+        print0(
+            f"Attention: SDPA with a block-diagonal mask per document ({VARLEN_ATTENTION} unusable: {first_line(e)})"
+        )
+        return False
     print0(f"Attention: {VARLEN_ATTENTION} (variable-length: documents kept apart without a mask)")
     return True
 

@@ -159,3 +159,38 @@ def test_flash_attention_keeps_documents_apart_in_a_flattened_pack() -> None:
         a_alone = alone(model, packed_rows(DOC_B)[1, :6].tolist()).cpu()  # flash too: a one-row batch
     torch.testing.assert_close(packed[0, 9:14], a_alone, atol=2e-2, rtol=0)  # bf16
     torch.testing.assert_close(packed[1, 1:6], a_alone, atol=2e-2, rtol=0)
+
+
+class AttentionRecorder:
+    """A model's attention switch, as transformers' set_attn_implementation; refuses when told to."""
+
+    def __init__(self, refuse: bool) -> None:
+        self.config = type("Config", (), {"_attn_implementation": "sdpa"})()
+        self.refuse = refuse
+
+    def set_attn_implementation(self, name: str) -> None:
+        if self.refuse:
+            raise ImportError(
+                "FlashAttention2 has been toggled on, but it cannot be used: no GPU kernel for sm_70"
+            )
+        self.config._attn_implementation = name
+
+
+def test_cuda_with_flash_attn_switches_to_varlen_attention_or_keeps_sdpa_saying_why(
+    monkeypatch, capsys
+) -> None:
+    import importlib.util
+
+    cuda = torch.device("cuda", 0)  # a device name only: nothing runs on it
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name == "flash_attn" else None)
+    switched = AttentionRecorder(refuse=False)
+    assert models.attend_within_documents(switched, cuda) and models.flattens_documents(switched)
+    refused = AttentionRecorder(refuse=True)
+    assert not models.attend_within_documents(refused, cuda) and not models.flattens_documents(refused)
+    assert (
+        "SDPA with a block-diagonal mask per document (flash_attention_2 unusable: "
+        in capsys.readouterr().out
+    )
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # not installed: SDPA, silently
+    untouched = AttentionRecorder(refuse=False)
+    assert not models.attend_within_documents(untouched, cuda) and not models.flattens_documents(untouched)
