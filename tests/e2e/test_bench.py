@@ -171,3 +171,18 @@ def test_data_bench_prepares_reads_and_compares(tmp_path: Path, capsys: pytest.C
     assert (need["tokens_per_s_per_rank"], need["world_size"], need["intervals"]) == (1000.0, 2, 3)
     assert need["step_time_s"] == 0.5
     assert result["headroom"] == pytest.approx(read["tokens_per_s"] / 1000.0)
+
+
+def test_bench_measures_document_packing_against_the_stream_interleaved(
+    tmp_path: Path, single_rank, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["bench", "--packing_overhead", "--steps", "3", "--seq_length", "32"]) == 0
+    out = capsys.readouterr().out
+    assert "variant" not in out  # no table: this mode compares the two packings alone
+    found = re.search(
+        r"packing: ([\d.]+) ms/step documents, ([\d.]+) ms/step stream \(medians of 3 interleaved steps each\): "
+        r"[-+][\d.]+%",
+        out,
+    )
+    assert found and float(found[1]) > 0 and float(found[2]) > 0, out

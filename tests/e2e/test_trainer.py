@@ -155,6 +155,8 @@ def test_metrics_records_of_the_logged_steps(requeued: Requeued) -> None:
     assert [r["step"] for r in train] == [2, 4]
     for r in train:
         assert r["tokens_per_s"] == pytest.approx(r["tokens_per_s_per_device"])  # one rank
+        # The plain stream trains every token but each block's first: 63 of 64.
+        assert r["trained_tokens_per_s"] == pytest.approx(r["tokens_per_s"] * 63 / 64)
         assert r["tflops_per_device"] == pytest.approx(
             r["tokens_per_s_per_device"] * requeued.flops_per_token / 1e12
         )

@@ -53,7 +53,9 @@ def main() -> None:
         micro_batches = fetch(position)
         ids = trainer.sampler.step_indices(position).reshape(-1).tolist()
         digests = [
-            hashlib.sha1(row.cpu().numpy().tobytes()).hexdigest()[:12] for b in micro_batches for row in b
+            hashlib.sha1(row.cpu().numpy().tobytes()).hexdigest()[:12]
+            for b in micro_batches
+            for row in b.input_ids
         ]
         steps.append(
             {"step": trainer.state.step + 1, "position": position.to_dict(), "ids": ids, "rows": digests}

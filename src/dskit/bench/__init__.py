@@ -107,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="instead of the rows: the spike guard's cost per step in one kit run of the first config, the guard "
         "switched off and on step by step (so drift and noise hit both alike) once its window is full",
     )
+    p.add_argument(
+        "--packing_overhead",
+        action="store_true",
+        help="instead of the rows: the step time of --packing documents against stream in one kit run of the first "
+        "config, the two batch sources alternating step by step (so drift and noise hit both alike)",
+    )
     data = p.add_argument_group("data benchmark, instead of training (dskit bench --data SOURCE --help)")
     data.add_argument(
         "--data",
@@ -225,7 +231,8 @@ class Workload:
         from model_utils.observe import metrics
 
         tokens = row.micro_batch_size * self.accumulation * self.seq_length * self.steps
-        rate = metrics.throughput(tokens, m.timed_s, 1, self.flops_per_token, self.peak_tflops)
+        # every token is a target in the benchmark's own loop (labels = inputs)
+        rate = metrics.throughput(tokens, tokens, m.timed_s, 1, self.flops_per_token, self.peak_tflops)
         row.tokens_per_s, row.mfu, row.peak_mem_gib = rate.tokens_per_s, rate.mfu, peak_gib
         row.first_step_s, row.setup_s, row.losses = m.first_step_end - start, setup_s, m.losses
 
@@ -281,7 +288,6 @@ def run_reference(work: Workload, run: resolver.ResolvedRun, device: torch.devic
     )
 
     def train(row: Row) -> None:
-        import numpy as np
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -307,7 +313,7 @@ def run_reference(work: Workload, run: resolver.ResolvedRun, device: torch.devic
             nonlocal position
             total = torch.zeros((), device=device)
             for indices in sampler.step_indices(position):
-                batch = torch.as_tensor(np.asarray(blocks[indices], dtype=np.int64), device=device)
+                batch = torch.as_tensor(blocks.rows(indices).tokens, device=device)
                 with torch.autocast(device.type, dtype=torch.bfloat16):
                     loss = model(input_ids=batch, labels=batch).loss
                 (loss / work.accumulation).backward()
@@ -337,7 +343,7 @@ class Variant:
 
 
 # --vary keys that are the kit's training flags rather than DeepSpeed config keys.
-FLAG_KEYS = ("liger", "compile", "micro_batch_size", "spike_guard", "backend")
+FLAG_KEYS = ("liger", "compile", "micro_batch_size", "spike_guard", "backend", "packing")
 
 
 def _json_or_text(raw: str) -> Any:
@@ -476,10 +482,50 @@ def guard_overhead(work: Workload, run: resolver.ResolvedRun, dist: distributed.
     )
 
 
+def packing_overhead(
+    work: Workload, stream: resolver.ResolvedRun, documents: resolver.ResolvedRun, dist: distributed.DistInfo
+) -> str:
+    """Median step time of the documents run's blocks and of the same blocks as the plain stream, alternating step
+    by step in one run (the documents run's model: its attention is the one documents train with)."""
+    from model_utils.data.step_batches import StepBatches
+    from model_utils.loop.trainer import Trainer
+
+    trainer = Trainer(documents, dist)
+    assert trainer.batches is not None
+    sources = {
+        "documents": trainer.batches,
+        "stream": StepBatches(stream.train_blocks, trainer.sampler, dist.device, trainer.flatten),
+    }
+    times: dict[str, list[float]] = {"stream": [], "documents": []}
+    try:
+        trainer.engine.train()
+        for _ in range(work.warmup):
+            trainer.step()
+        for i in range(2 * work.steps):
+            mode = ("stream", "documents")[i % 2]
+            trainer.batches = sources[mode]
+            _sync(dist.device)
+            started = time.perf_counter()
+            trainer.step()
+            _sync(dist.device)
+            times[mode].append(time.perf_counter() - started)
+    finally:
+        trainer.batches = sources["documents"]
+        sources["stream"].close()
+        trainer.close()
+    plain, apart = statistics.median(times["stream"]), statistics.median(times["documents"])
+    return (
+        f"packing: {1e3 * apart:.3f} ms/step documents, {1e3 * plain:.3f} ms/step stream (medians of {work.steps} "
+        f"interleaved steps each): {100 * (apart / plain - 1):+.2f}%"
+    )
+
+
 def _training_flags(ns: argparse.Namespace, model: str, config: str, checkpoint_dir: str) -> list[str]:
     steps = ns.steps + ns.warmup_steps
     if ns.guard_overhead:  # the window fills, then off and on alternate
         steps = GUARD_WINDOW + ns.warmup_steps + 2 * ns.steps
+    if ns.packing_overhead:  # stream and documents alternate
+        steps = ns.warmup_steps + 2 * ns.steps
     flags = [
         "--model", model, "--deepspeed_config", config,
         "--micro_batch_size", ns.micro_batch_size,
@@ -588,6 +634,12 @@ def main(argv: list[str]) -> int:
             )
             if ns.guard_overhead:
                 print(guard_overhead(work, first, dist), flush=True)
+                return 0
+            if ns.packing_overhead:
+                flags = _training_flags(ns, model, variants[0].path, checkpoint_dir) + list(variants[0].flags)
+                apart = parse_args([*flags, "--packing", "documents"])
+                documents = resolver.prepare(apart, world_size=dist.world_size)
+                print(packing_overhead(work, first, documents, dist), flush=True)
                 return 0
             rows = [run_reference(work, first, dist.device, mode == "compiled") for mode in references]
             rows += [run_kit(work, run, dist, variant) for run, variant in zip(runs, variants, strict=True)]

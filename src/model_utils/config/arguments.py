@@ -40,6 +40,9 @@ BACKENDS = engines.NAMES  # --backend: the registered training engines
 CUDA_GLOBAL_BATCH_TOKENS = 262_144
 # --lr_schedule and --decay_type (optim/schedules.py runs them).
 SCHEDULES = ("cosine", "wsd", "linear", "constant")
+# --packing: how plain-text documents fill the blocks (token_shards.TokenBlocks).
+PACKING_STREAM, PACKING_DOCUMENTS = "stream", "documents"
+PACKINGS = (PACKING_STREAM, PACKING_DOCUMENTS)
 DECAY_TYPES = ("linear", "cosine", "sqrt")
 # --activation_checkpointing (model/activation_checkpointing.py applies it).
 CHECKPOINTING_NONE, CHECKPOINTING_FULL = "none", "full"
@@ -161,6 +164,14 @@ class DataArgs:
         default=None,
         metadata=_flag("tokens per training block; default: the model's maximum positions, at most 2048"),
     )
+    packing: str = field(
+        default=PACKING_STREAM,
+        metadata=_flag(
+            "how plain-text documents fill the blocks: 'stream' (one token stream cut into blocks, attention across "
+            "documents) or 'documents' (position ids restart after each EOS, attention never crosses a document, "
+            "and a document's first token is not predicted from the one before)"
+        ),
+    )
     data_cache_dir: str = field(
         default=".cache/data", metadata=_flag("where tokenized and packed data is cached between runs")
     )
@@ -221,6 +232,7 @@ class DataArgs:
             )
         if self.seq_length is not None and self.seq_length < 2:
             raise ConfigError(f"--seq_length {self.seq_length} is too small: use at least 2 (e.g. 2048)")
+        _check_choice("packing", self.packing, PACKINGS, "a packing")
 
 
 # The data keys that are the run's, not a source's: the others a mixture's source may set for itself.

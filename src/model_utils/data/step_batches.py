@@ -1,43 +1,112 @@
 """A step's micro-batches on the device, gathered one step ahead so the device never waits for data.
 
-The blocks are read from memory-mapped token shards (token_shards.TokenBlocks), so a batch is a gather of rows: no
-tokenization or collation is left to do at training time, and one background thread is enough of a
-"DataLoader worker" to keep the next step's rows read (from the page cache or a shared filesystem) while the
-device computes. On CUDA the rows land in pinned host memory and are copied without blocking, so the copy
-neither waits for the kernels queued before it nor stalls the Python thread queuing the next ones.
+A batch is a gather of rows from the split's block source (rows.BlockSource: the memory-mapped token shards, or
+any other source): no tokenization or collation is left to do at training time, and one background thread is
+enough of a "DataLoader worker" to keep the next step's rows read (from the page cache or a shared filesystem)
+while the device computes. The rows' targets become the labels (-100 where a token is not trained on) and their
+document positions the model's position ids. On CUDA the rows land in pinned host memory and are copied without
+blocking, so the copy neither waits for the kernels queued before it nor stalls the Python thread queuing the next
+ones.
 """
 
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
+from model_utils.data.rows import BlockSource
 from model_utils.data.sampler import BlockSampler, DataPosition
 
+# The label of a token that is not trained on: what Hugging Face's causal-LM losses skip.
+IGNORE_INDEX = -100
 
-def gather(blocks: np.ndarray, indices: np.ndarray, pin: bool) -> torch.Tensor:
-    """Rows `indices` of `blocks` as a [len(indices), seq] int64 tensor in host memory (pinned if `pin`)."""
-    rows = torch.from_numpy(np.asarray(blocks[indices], dtype=np.int64))
-    return rows.pin_memory() if pin else rows
+
+@dataclass(frozen=True)
+class Batch:
+    """One micro-batch as the model reads it.
+
+    labels: the tokens, IGNORE_INDEX where a token is not a target (always a row's first token: nothing in the
+    row predicts it, and a flattened batch must not predict it from the previous row's last).
+    position_ids: None for rows of one sequence each (attention across the whole row).
+    targets: how many labels are trained on, counted on the host when the rows were read.
+    """
+
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+    position_ids: torch.Tensor | None
+    targets: int
+
+    def model_inputs(self) -> dict[str, Any]:
+        """The keyword arguments of the model's forward (no KV cache in training or validation)."""
+        inputs: dict[str, Any] = {"input_ids": self.input_ids, "labels": self.labels, "use_cache": False}
+        if self.position_ids is not None:
+            inputs["position_ids"] = self.position_ids
+        return inputs
+
+    def device_targets(self) -> torch.Tensor:
+        """The target count as a device tensor computed on the device (no host-to-device copy to wait for)."""
+        return (self.labels != IGNORE_INDEX).sum()
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> Batch:
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device, non_blocking=non_blocking)
+
+        ids, labels = move(self.input_ids), move(self.labels)
+        assert ids is not None and labels is not None
+        return Batch(ids, labels, move(self.position_ids), self.targets)
+
+    def pin_memory(self) -> Batch:
+        positions = None if self.position_ids is None else self.position_ids.pin_memory()
+        return Batch(self.input_ids.pin_memory(), self.labels.pin_memory(), positions, self.targets)
+
+
+def gather(source: BlockSource, indices: np.ndarray, pin: bool, flatten: bool = False) -> Batch:
+    """Rows `indices` of `source` as a Batch in host memory (pinned if `pin`).
+
+    `flatten`: rows with document positions go into one row of all their tokens, the layout in which Hugging
+    Face's flash-attention path reads position ids as variable-length sequences (it detects packing only in a
+    batch of one row); attention still never crosses a row, since every row's positions start at 0.
+    """
+    rows = source.rows(np.asarray(indices))
+    tokens = torch.from_numpy(np.asarray(rows.tokens, dtype=np.int64))
+    trained = (
+        np.ones(tokens.shape, dtype=bool) if rows.targets is None else np.array(rows.targets, dtype=bool)
+    )
+    trained[:, 0] = False
+    labels = tokens.masked_fill(torch.from_numpy(~trained), IGNORE_INDEX)
+    positions = (
+        None if rows.positions is None else torch.from_numpy(np.asarray(rows.positions, dtype=np.int64))
+    )
+    if flatten and positions is not None:
+        tokens, labels, positions = (t.reshape(1, -1) for t in (tokens, labels, positions))
+    batch = Batch(tokens, labels, positions, int(trained.sum()))
+    return batch.pin_memory() if pin else batch
 
 
 class StepBatches:
     """The micro-batches of each optimizer step, in the sampler's order, prepared one step ahead."""
 
-    def __init__(self, blocks: np.ndarray, sampler: BlockSampler, device: torch.device) -> None:
-        self.blocks = blocks
+    def __init__(
+        self, source: BlockSource, sampler: BlockSampler, device: torch.device, flatten: bool = False
+    ) -> None:
+        self.source = source
         self.sampler = sampler
         self.device = device
         self.pin = device.type == "cuda"
+        self.flatten = flatten  # gather's: for varlen (flash) attention over document positions
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dskit-data")
-        self._ahead: tuple[DataPosition, Future[list[torch.Tensor]]] | None = None
+        self._ahead: tuple[DataPosition, Future[list[Batch]]] | None = None
 
-    def _gather_step(self, position: DataPosition) -> list[torch.Tensor]:
-        return [gather(self.blocks, idx, self.pin) for idx in self.sampler.step_indices(position)]
+    def _gather_step(self, position: DataPosition) -> list[Batch]:
+        return [
+            gather(self.source, idx, self.pin, self.flatten) for idx in self.sampler.step_indices(position)
+        ]
 
-    def at(self, position: DataPosition) -> list[torch.Tensor]:
+    def at(self, position: DataPosition) -> list[Batch]:
         """The step at `position`, on the device; starts gathering the step after it in the background.
 
         Any position works (a resume, a jump); only the one right after the previous call is ready early.
@@ -48,7 +117,7 @@ class StepBatches:
             host = self._gather_step(position)
         following = self.sampler.advance(position)
         self._ahead = (following, self._worker.submit(self._gather_step, following))
-        return [rows.to(self.device, non_blocking=self.pin) for rows in host]
+        return [batch.to(self.device, non_blocking=self.pin) for batch in host]
 
     def close(self) -> None:
         self._worker.shutdown(wait=True, cancel_futures=True)

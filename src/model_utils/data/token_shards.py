@@ -425,14 +425,19 @@ def state(path: Path) -> str | None:
 
 
 class TokenBlocks:
-    """Blocks of `seq_length` tokens over a split's shards, read by memory map: len() and rows by index."""
+    """Blocks of `seq_length` tokens over a split's shards, read by memory map: len() and rows by index.
 
-    def __init__(self, arrays: list[np.ndarray], seq_length: int) -> None:
+    `document_end`: the token that ends every document (the EOS the preparation appended), for packing that keeps
+    documents apart (--packing documents); None: the plain stream, one sequence per block (--packing stream).
+    """
+
+    def __init__(self, arrays: list[np.ndarray], seq_length: int, document_end: int | None = None) -> None:
         self.arrays = [a for a in arrays if len(a)]
         self.starts = np.cumsum([0] + [len(a) for a in self.arrays])
         self.seq_length = seq_length
         self.count = int(self.starts[-1]) // seq_length
         self.dtype = self.arrays[0].dtype if self.arrays else np.dtype(np.uint16)
+        self.document_end = document_end
 
     def __len__(self) -> int:
         return self.count
@@ -462,8 +467,19 @@ class TokenBlocks:
         return rows.reshape(*indices.shape, self.seq_length)
 
     def rows(self, indices: np.ndarray) -> Rows:
-        """The plain-text stream: every token but a row's first is trained on, attention across the row."""
-        return Rows(np.asarray(self[np.asarray(indices).reshape(-1)], dtype=np.int64))
+        """The plain-text stream: every token but a row's first is trained on, attention across the row. With a
+        `document_end`, a document starts at each row's start and after each end token: positions restart there
+        and its first token is not a target (nothing of its own document comes before it)."""
+        tokens = np.asarray(self[np.asarray(indices).reshape(-1)], dtype=np.int64)
+        if self.document_end is None:
+            return Rows(tokens)
+        starts = np.zeros(tokens.shape, dtype=bool)
+        starts[:, 0] = True
+        starts[:, 1:] = tokens[:, :-1] == self.document_end
+        columns = np.broadcast_to(np.arange(self.seq_length), tokens.shape)
+        # Each token's position: its column less the column of the latest document start at or before it.
+        latest_start = np.maximum.accumulate(np.where(starts, columns, 0), axis=1)
+        return Rows(tokens, targets=~starts, positions=columns - latest_start)
 
 
 @dataclass(frozen=True)
@@ -485,7 +501,13 @@ class PreparedDataset:
     def tokens(self, split: str) -> int:
         return int(self.manifest["tokens"][split])
 
-    def blocks(self, split: str, seq_length: int) -> TokenBlocks:
+    @property
+    def document_end(self) -> int:
+        """The token the preparation appended to every document (the tokenizer's EOS)."""
+        return int(self.manifest["tokenizer"]["eos_id"])
+
+    def blocks(self, split: str, seq_length: int, documents_apart: bool = False) -> TokenBlocks:
+        """The split's blocks; `documents_apart`: rows whose documents are kept apart (--packing documents)."""
         dtype = np.dtype(self.manifest["dtype"])
         arrays = []
         for shard in self.manifest["shards"][split]:
@@ -496,7 +518,7 @@ class PreparedDataset:
                     "says: prepare the data again"
                 )
             arrays.append(np.memmap(file, dtype=dtype, mode="r", shape=(shard["tokens"],)))
-        return TokenBlocks(arrays, seq_length)
+        return TokenBlocks(arrays, seq_length, self.document_end if documents_apart else None)
 
 
 # --- verifying the shards -------------------------------------------------------------------------------

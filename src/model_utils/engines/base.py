@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from model_utils.data.step_batches import Batch
 
 
 class Engine(Protocol):
@@ -73,18 +76,22 @@ class Engine(Protocol):
         ...
 
     def train_step(
-        self, micro_batches: list[torch.Tensor], keep: Callable[[torch.Tensor], bool] | None = None
+        self, micro_batches: list[Batch], keep: Callable[[torch.Tensor], bool] | None = None
     ) -> tuple[torch.Tensor, bool]:
-        """Forward and backward over every micro-batch, then one optimizer step (and lr step). Returns the
-        mean loss as a detached device tensor (read it once: each read waits for the device) and whether the
-        step was applied.
+        """Forward and backward over every micro-batch, then one optimizer step (and lr step). The gradients are
+        those of the step's loss over its tokens (step_loss.py): the summed token losses of all targets of all its
+        micro-batches on all ranks over the number of those targets. Returns this rank's share of that loss, as a
+        detached device tensor (read it once: each read waits for the device), whose mean over the ranks is the
+        step's loss; and whether the step was applied.
 
-        `keep`, given the step's mean loss once every micro-batch's forward has run and before the update,
-        decides whether the step happens: False discards it (no change to weights, optimizer state, lr
-        schedule or optimizer_steps(); the data is consumed) and the engine trains on as if it never saw it."""
+        `keep`, given this rank's share once every micro-batch's forward has run and before the update, decides
+        whether the step happens: False discards it (no change to weights, optimizer state, lr schedule or
+        optimizer_steps(); the data is consumed) and the engine trains on as if it never saw it."""
         ...
 
-    def eval_loss(self, batch: torch.Tensor) -> float: ...
+    def eval_loss(self, batch: Batch) -> float:
+        """The batch's token losses summed over its targets (batch.targets of them)."""
+        ...
 
     def train(self) -> None: ...
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from model_utils.config.deepspeed_file import get
-from model_utils.engines import deepspeed_config
+from model_utils.engines import deepspeed_config, step_loss
 from model_utils.errors import ConfigError
 from model_utils.launch import startup
 from model_utils.model import kernels
@@ -25,6 +25,7 @@ from model_utils.observe.log import print0
 from model_utils.optim import schedules
 
 if TYPE_CHECKING:
+    from model_utils.data.step_batches import Batch
     from model_utils.resolve.memory_estimate import MemoryEstimate, ModelShape, ZeroLayout
     from model_utils.resolve.resolver import ResolvedRun
 
@@ -193,20 +194,23 @@ class DeepSpeedEngine:
         return engine
 
     def train_step(
-        self, micro_batches: list[torch.Tensor], keep: Callable[[torch.Tensor], bool] | None = None
+        self, micro_batches: list[Batch], keep: Callable[[torch.Tensor], bool] | None = None
     ) -> tuple[torch.Tensor, bool]:
         losses = []
         applied = True
         skipped_before = self._engine.skipped_steps
+        # DeepSpeed's backward divides each micro-batch's loss by the accumulation steps and its reduction averages
+        # the gradients over the ranks: the divisor gives both back (step_loss.py).
+        accumulation = int(self._engine.gradient_accumulation_steps())  # what its backward divides by
+        assert accumulation == len(micro_batches), (accumulation, len(micro_batches))
+        divisor = step_loss.loss_divisor(micro_batches, accumulation * step_loss.data_parallel_ranks())
         for i, batch in enumerate(micro_batches):
-            loss = self._engine(
-                input_ids=batch, labels=batch, use_cache=False
-            ).loss  # no KV cache in training
+            loss = step_loss.summed_loss(self._engine, batch, divisor)
             losses.append(loss.detach())
             if (
                 keep is not None
                 and i == len(micro_batches) - 1
-                and not keep(torch.stack(losses).double().mean())
+                and not keep(torch.stack(losses).double().sum() / accumulation)
             ):
                 # The earlier micro-batches' gradients already sit in ZeRO's buffers (zero_grad() does not clear
                 # them) and step() without a backward fails. A non-finite gradient makes DeepSpeed's own
@@ -221,10 +225,10 @@ class DeepSpeedEngine:
         if not applied:
             assert self._engine.skipped_steps == skipped_before + 1, "DeepSpeed applied a discarded step"
             self._discarded += 1
-        return torch.stack(losses).double().mean(), applied
+        return torch.stack(losses).double().sum() / accumulation, applied
 
-    def eval_loss(self, batch: torch.Tensor) -> float:
-        return self._engine(input_ids=batch, labels=batch, use_cache=False).loss.item()
+    def eval_loss(self, batch: Batch) -> float:
+        return step_loss.eval_summed_loss(self._engine, batch)
 
     def train(self) -> None:
         self._engine.train()

@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
+from model_utils.engines import step_loss
 from model_utils.errors import ConfigError, first_line
 from model_utils.optim import schedules
 from model_utils.optim.schedules import ScheduleSpec
@@ -52,6 +53,7 @@ OPTIMIZER_PARAMS = {"lr", "betas", "eps", "weight_decay"}
 DEFAULT_BETAS, DEFAULT_EPS, DEFAULT_WEIGHT_DECAY = (0.9, 0.999), 1e-8, 0.01
 
 if TYPE_CHECKING:
+    from model_utils.data.step_batches import Batch
     from model_utils.resolve.memory_estimate import MemoryEstimate, ModelShape, ZeroLayout
     from model_utils.resolve.resolver import ResolvedRun
 
@@ -206,23 +208,24 @@ class FsdpEngine:
             )
 
     def train_step(
-        self, micro_batches: list[torch.Tensor], keep: Callable[[torch.Tensor], bool] | None = None
+        self, micro_batches: list[Batch], keep: Callable[[torch.Tensor], bool] | None = None
     ) -> tuple[torch.Tensor, bool]:
         losses = []
         applied = True
         last = len(micro_batches) - 1
+        # FSDP2's reduce-scatter averages the gradients over the ranks: the divisor gives that back (step_loss.py).
+        divisor = step_loss.loss_divisor(micro_batches, step_loss.data_parallel_ranks())
         for i, batch in enumerate(micro_batches):
             # No reduce-scatter until the last micro-batch: FSDP2 accumulates the unsharded gradients meanwhile.
             self.module.set_requires_gradient_sync(i == last)
-            loss = self.module(input_ids=batch, labels=batch, use_cache=False).loss  # no KV cache in training
+            loss = step_loss.summed_loss(self.module, batch, divisor)
             losses.append(loss.detach())
-            if keep is not None and i == last and not keep(torch.stack(losses).double().mean()):
+            if keep is not None and i == last and not keep(torch.stack(losses).double().sum()):
                 applied = False
-            # The mean over the step's micro-batches, as DeepSpeed scales each micro-batch's loss.
             # A discarded step still runs its backward: the last micro-batch's reduce-scatter releases the
             # unsharded gradients the earlier ones left in FSDP2's buffers (zero_grad alone would not reach them);
             # the gradients are then dropped below, with no optimizer or scheduler step.
-            (loss / len(micro_batches)).backward()
+            loss.backward()
         if applied:
             self._grad_norm = self._clip_gradients()
             self._optimizer.step()
@@ -230,7 +233,7 @@ class FsdpEngine:
                 self._scheduler.step()
             self._steps += 1
         self._optimizer.zero_grad(set_to_none=True)
-        return torch.stack(losses).double().mean(), applied
+        return torch.stack(losses).double().sum(), applied
 
     def _clip_gradients(self) -> float:
         """The global gradient norm before clipping (over every rank's shards), clipping to gradient_clipping."""
@@ -247,8 +250,8 @@ class FsdpEngine:
             torch.nn.utils.clip_grads_with_norm_(params, self._clip, norm)
         return float(norm)
 
-    def eval_loss(self, batch: torch.Tensor) -> float:
-        return self.module(input_ids=batch, labels=batch, use_cache=False).loss.item()
+    def eval_loss(self, batch: Batch) -> float:
+        return step_loss.eval_summed_loss(self.module, batch)
 
     def train(self) -> None:
         self.module.train()

@@ -29,7 +29,7 @@ from model_utils.launch.distributed import DistInfo, all_reduce_sum, any_rank, d
 from model_utils.launch.preemption import StopRequest, slurm_restart_count
 from model_utils.loop import faults, hooks, observers, spike_guard
 from model_utils.loop.state import TrainState
-from model_utils.model import activation_checkpointing, kernels, lora
+from model_utils.model import activation_checkpointing, kernels, lora, models
 from model_utils.model.models import build_model
 from model_utils.observe import metrics, run_name, step_line
 from model_utils.observe.log import print0, warn0
@@ -48,6 +48,8 @@ def create_engine(run: ResolvedRun, dist: DistInfo) -> tuple[Engine, param_group
     ts = run.settings.train
     # Weights are identical on every rank (one seed); data order and dropout differ per rank.
     model = build_model(run.source, run.model_config, cfg.loop.seed, ts.model_dtype())
+    if run.documents_apart:  # before compile traces the attention
+        models.attend_within_documents(model, dist.device)
     # Before Liger swaps modules and compile traces: the per-layer switch is set once on the plain model.
     activation_checkpointing.apply(model, cfg.model.activation_checkpointing)
     # Adapters after the checkpointing switch and before the kernels, which go on the inner Hugging Face model
@@ -101,7 +103,9 @@ class Trainer:
             self.reporter = Reporter(
                 self.cfg, dist, self.max_steps, run.tokens_per_step, self.flops_per_token, peak_tflops
             )
-            self.batches = step_batches.StepBatches(run.train_blocks, self.sampler, dist.device)
+            # Flash attention's variable-length path reads documents from the positions of one flattened row.
+            self.flatten = models.flattens_documents(lora.hf_model(self.engine.module))
+            self.batches = step_batches.StepBatches(run.train_blocks, self.sampler, dist.device, self.flatten)
             resolved = {**run.to_dict()["resolved"], "optimizer_groups": self.decay_groups.layout()}
             self.launch = launch_record.collect(
                 self.cfg.to_dict(), resolved, run.deepspeed_config(), dist.world_size
@@ -276,7 +280,8 @@ class Trainer:
         self.state.tokens_seen += self.run.tokens_per_step
         self.state.skipped_steps = self.engine.skipped_steps()
         loss = mean_loss.item()  # one wait for the device per step, not one per micro-batch
-        self.reporter.step_done(loss, self.engine.wall_clock_ms())
+        trained = sum(batch.targets for batch in micro_batches)  # counted on the host when the rows were read
+        self.reporter.step_done(loss, trained, self.engine.wall_clock_ms())
         return APPLIED, loss
 
     def turn(self) -> hooks.StepReport:
@@ -313,7 +318,8 @@ class Trainer:
 
     def _keep(self, mean_loss: torch.Tensor) -> bool:
         """The engine asks, before the update, whether this step happens: the guard judges the loss of the
-        whole step over all ranks (the one collective it adds), the same on every rank."""
+        whole step over all ranks (the one collective it adds: the mean of the ranks' shares is the step's loss
+        over its tokens), the same on every rank."""
         self.global_loss = global_mean(mean_loss)
         self.spike = self.guard.judge_loss(self.state.step + 1, self.global_loss)
         return self.spike is None
@@ -412,41 +418,44 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self) -> metrics.Validation:
-        """The loss of the planned validation blocks: a mean over their predicted tokens on all ranks, so a full
+        """The loss of the planned validation blocks: a mean over their target tokens on all ranks, so a full
         pass gives the loss of the whole set whatever the world size; and of each source of a mixture apart
         (the overall loss: over every source's blocks read)."""
         plans = self.val_plans
         assert plans is not None
-        predicted = self.run.seq_length - 1  # the labels are the inputs shifted by one
         self.engine.eval()
-        # float32 batch means x token counts, summed in float64: the order of batches and ranks does not round it
+        # Summed token losses in float64: the order of batches and ranks does not round it.
         sums: list[float] = []
         for _, first, plan in plans:
-            loss_sum = 0.0
+            loss_sum, targets = 0.0, 0
             for indices, weight in zip(plan.batches, plan.weights, strict=True):
-                # every rank runs it: ZeRO-3/FSDP gather
-                loss = self.engine.eval_loss(self._val_batch(first + indices))
-                loss_sum += loss * weight * predicted
-            sums += [loss_sum, float(sum(plan.weights) * predicted)]
+                batch = self._val_batch(first + indices)
+                loss = self.engine.eval_loss(batch)  # every rank runs it: ZeRO-3/FSDP gather
+                if weight:  # 0: a repeated batch that keeps the ranks' forwards in step, not counted
+                    loss_sum += loss
+                    targets += batch.targets
+            sums += [loss_sum, float(targets)]
         self.engine.train()
         totals = all_reduce_sum(sums, self.dist.device)  # one collective for every source
         losses, tokens = totals[0::2], totals[1::2]
         covered = sum(plan.blocks for _, _, plan in plans)
         return metrics.Validation(
-            loss=sum(losses) / sum(tokens),
+            loss=sum(losses) / max(sum(tokens), 1.0),
             blocks=covered,
             total_blocks=sum(plan.total_blocks for _, _, plan in plans),
             tokens=covered * self.run.seq_length,
             sources=tuple(
-                (name, loss / count)
+                (name, loss / max(count, 1.0))
                 for (name, _, _), loss, count in zip(plans, losses, tokens, strict=True)
                 if name is not None
             ),
         )
 
-    def _val_batch(self, indices: np.ndarray) -> torch.Tensor:
+    def _val_batch(self, indices: np.ndarray) -> step_batches.Batch:
         assert self.run.val_blocks is not None
-        return step_batches.gather(self.run.val_blocks, indices, pin=False).to(self.dist.device)
+        return step_batches.gather(self.run.val_blocks, indices, pin=False, flatten=self.flatten).to(
+            self.dist.device
+        )
 
     def save_checkpoint(self) -> None:
         started = time.perf_counter()

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from model_utils.config.presets import PRESETS, Preset
 from model_utils.errors import ConfigError, ModelUnavailable, first_line
+from model_utils.observe.log import print0
 
 if TYPE_CHECKING:
     from model_utils.model.hub import Snapshot
@@ -164,6 +165,38 @@ def build_model(source: ModelSource, model_config: Any, seed: int, dtype: Any) -
         return AutoModelForCausalLM.from_pretrained(source.load_path, dtype=dtype, attn_implementation="sdpa")
     except (OSError, ValueError) as e:
         raise _hub_error("model", source.name, e) from None
+
+
+# The attention that reads position ids restarting inside a row as separate sequences with no mask at all
+# (variable-length flash attention); transformers uses it for a one-row batch (step_batches.gather's `flatten`).
+VARLEN_ATTENTION = "flash_attention_2"
+
+
+def attend_within_documents(model: Any, device: Any) -> bool:
+    """Set the attention for rows of several documents (position ids restarting at each one); returns whether the
+    batches must be flattened into one row for it.
+
+    On CUDA with flash-attn installed: flash_attention_2, whose variable-length kernels take the documents from
+    the position ids (no mask is built, no work spent across documents). Elsewhere the SDPA the model was built
+    with, for which transformers builds a block-diagonal causal mask from the position ids."""
+    import importlib.util
+
+    if device.type != "cuda" or importlib.util.find_spec("flash_attn") is None:
+        return False
+    try:
+        model.set_attn_implementation(VARLEN_ATTENTION)
+    except (ImportError, ValueError) as e:  # transformers' own check of the installed package and the model
+        print0(
+            f"Attention: SDPA with a block-diagonal mask per document ({VARLEN_ATTENTION} unusable: {first_line(e)})"
+        )
+        return False
+    print0(f"Attention: {VARLEN_ATTENTION} (variable-length: documents kept apart without a mask)")
+    return True
+
+
+def flattens_documents(model: Any) -> bool:
+    """Whether `model` (attend_within_documents' choice) reads document positions from one flattened row."""
+    return str(getattr(model.config, "_attn_implementation", "")) == VARLEN_ATTENTION
 
 
 def decoder_layer_classes(model_config: Any) -> tuple[str, ...]:

@@ -108,6 +108,7 @@ class StepClock:
     data_wait_s: float = 0.0
     steps: int = 0
     loss_sum: float = 0.0
+    trained_tokens: int = 0  # this rank's targets (tokens trained on) over the steps
     excluded_s: float = 0.0  # validation and checkpoint saves: not training throughput
     phase_ms: dict[str, float] = field(default_factory=dict)  # the engine's wall-clock breakdown, summed
 
@@ -121,19 +122,26 @@ class StepClock:
 
 @dataclass(frozen=True)
 class Throughput:
-    tokens_per_s: float
+    tokens_per_s: float  # every token of the blocks processed
     tokens_per_s_per_device: float
-    tflops_per_device: float
+    trained_tokens_per_s: float  # the targets among them (the tokens the loss is over)
+    tflops_per_device: float  # of every token processed: masked tokens cost the same forward and backward
     mfu: float | None
 
 
 def throughput(
-    tokens: int, seconds: float, world_size: int, flops_per_tok: float, peak: float | None
+    tokens: int,
+    trained_tokens: float,
+    seconds: float,
+    world_size: int,
+    flops_per_tok: float,
+    peak: float | None,
 ) -> Throughput:
     global_rate = tokens / seconds
     per_device = global_rate / world_size
     tflops = per_device * flops_per_tok / 1e12
-    return Throughput(global_rate, per_device, tflops, None if peak is None else tflops / peak)
+    mfu = None if peak is None else tflops / peak
+    return Throughput(global_rate, per_device, trained_tokens / seconds, tflops, mfu)
 
 
 def memory_gib(device: torch.device) -> tuple[float | None, float | None, float]:

@@ -83,8 +83,10 @@ class Reporter:
     def data_waited(self, seconds: float) -> None:
         self.clock.data_wait_s += seconds
 
-    def step_done(self, loss: float, phase_ms: dict[str, float] | None = None) -> None:
+    def step_done(self, loss: float, trained_tokens: int, phase_ms: dict[str, float] | None = None) -> None:
+        """A step's loss (this rank's share: the mean over ranks is the step's loss) and this rank's targets."""
         self.clock.loss_sum += loss
+        self.clock.trained_tokens += trained_tokens
         self.clock.steps += 1
         for name, ms in (phase_ms or {}).items():
             self.clock.phase_ms[name] = self.clock.phase_ms.get(name, 0.0) + ms
@@ -114,14 +116,15 @@ class Reporter:
         elapsed = clock.elapsed()
         step_time = clock.step_time()
         alloc, peak, rss = metrics.memory_gib(self.dist.device)
-        (loss, data_wait), (alloc, peak, rss) = mean_and_max(
-            [clock.loss_sum / clock.steps, clock.data_wait_s / elapsed],
+        (loss, data_wait, trained_tokens), (alloc, peak, rss) = mean_and_max(
+            [clock.loss_sum / clock.steps, clock.data_wait_s / elapsed, float(clock.trained_tokens)],
             [alloc or 0.0, peak or 0.0, rss],
             self.dist.device,
         )
         on_gpu = self.dist.device.type == "cuda"
         rate = metrics.throughput(
             self.tokens_per_step * clock.steps,
+            trained_tokens * self.dist.world_size,  # the ranks' mean, times the ranks
             elapsed,
             self.dist.world_size,
             self.flops_per_token,
@@ -134,6 +137,7 @@ class Reporter:
             "grad_norm": float("nan") if grad_norm is None else grad_norm,
             "tokens_per_s": rate.tokens_per_s,
             "tokens_per_s_per_device": rate.tokens_per_s_per_device,
+            "trained_tokens_per_s": rate.trained_tokens_per_s,
             "tflops_per_device": rate.tflops_per_device,
             "mfu": rate.mfu,
             "device_mem_alloc_gib": alloc if on_gpu else None,

@@ -4,7 +4,7 @@ The step and validation lines come from the metrics record (one table of fields 
 without its metrics file with the same table. `dskit.api` reads a finished run from its log: the end line, the
 checkpoints saved, the metrics file and run name, the MLflow run, and the one-line error of a failed run.
 
-    Step 10/100 | Loss 7.1234 | lr 3.00e-03 | grad_norm 1.23 | tokens/s 2600 (1300/device) | ... | ETA 0:00:42
+    Step 10/100 | Loss 7.1234 | lr 3.00e-03 | grad_norm 1.23 | tokens/s 2600 (1300/device) | trained tokens/s 2500 | ... | ETA 0:00:42
     Step 40/40 | Validation Loss 5.2213 | Perplexity 185.17 | 16 of 1,777 blocks (32,768 tokens)
 
 A parser finds its line after rank 0's timestamp (`2026-11-23 12:00:00 | <line>`) or at the start of a line.
@@ -74,6 +74,8 @@ STEP_FIELDS: tuple[Field, ...] = (
     Field("lr", ("lr",), (".2e",)),
     Field("grad_norm", ("grad_norm",), (".2f",)),
     Field("tokens/s", ("tokens_per_s", "tokens_per_s_per_device"), (".0f", ".0f"), "{} ({}/device)"),
+    # Of those, the tokens trained on (targets): fewer under a masked loss or document packing.
+    Field("trained tokens/s", ("trained_tokens_per_s",), (".0f",)),
     Field("TFLOPs/device", ("tflops_per_device",), (".3g",)),
     Field("MFU", ("mfu",), (".1f",), "{}%", scale=100.0),
     Field("mem", ("device_mem_alloc_gib", "device_mem_peak_gib"), (".1f", ".1f"), "{}/{} GiB"),

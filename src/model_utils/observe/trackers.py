@@ -60,6 +60,7 @@ METRIC_NAMES: dict[str, str] = {
     "ppl": "train/ppl",
     "tokens_per_s": "perf/tokens_per_s",
     "tokens_per_s_per_device": "perf/tokens_per_s_per_device",
+    "trained_tokens_per_s": "perf/trained_tokens_per_s",
     "tflops_per_device": "perf/tflops_per_device",
     "mfu": "perf/mfu",
     "step_time_s": "perf/step_time_s",

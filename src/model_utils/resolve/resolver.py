@@ -23,7 +23,7 @@ from typing import Any
 from model_utils import engines
 from model_utils.checkpoint import launch_record, protocol
 from model_utils.config import deepspeed_file
-from model_utils.config.arguments import AUTO, CUDA_GLOBAL_BATCH_TOKENS, TrainConfig
+from model_utils.config.arguments import AUTO, CUDA_GLOBAL_BATCH_TOKENS, PACKING_DOCUMENTS, TrainConfig
 from model_utils.data import block_cache, mixture, sampler, token_shards
 from model_utils.data.rows import BlockSource
 from model_utils.errors import ConfigError
@@ -69,6 +69,11 @@ class ResolvedRun:
     @property
     def seq_length(self) -> int:
         return self.settings.seq_length
+
+    @property
+    def documents_apart(self) -> bool:
+        """Whether the blocks keep documents apart (their rows answer document positions): --packing documents."""
+        return self.config.data.packing == PACKING_DOCUMENTS
 
     @property
     def gradient_accumulation_steps(self) -> int:
@@ -153,6 +158,7 @@ class ResolvedRun:
                 if self.steps_per_epoch is not None
                 else per_rank_open,
                 "train_blocks": len(self.train_blocks),
+                "documents_apart": self.documents_apart,
                 "validation_blocks": None if self.val_blocks is None else len(self.val_blocks),
                 "resume_from": None if self.resume is None else str(self.resume.path),
                 "data_fingerprint": self.data_fingerprint,
@@ -305,8 +311,8 @@ def _spike_guard_mode(cfg: TrainConfig, ts: TrainSettings) -> str:
 
 def _blocks_or_error(
     dataset: token_shards.PreparedDataset, split: str, cfg: TrainConfig, seq_length: int
-) -> token_shards.TokenBlocks:
-    blocks = dataset.blocks(split, seq_length)
+) -> BlockSource:
+    blocks = dataset.blocks(split, seq_length, documents_apart=cfg.data.packing == PACKING_DOCUMENTS)
     if len(blocks) == 0:
         hint = (
             "raise --validation_fraction, or set it to 0 to skip validation"

@@ -1,4 +1,5 @@
-"""Step batches: the sampler's blocks, gathered one step ahead in a worker thread, pinned on CUDA."""
+"""Step batches: the sampler's blocks, gathered one step ahead in a worker thread, pinned on CUDA; the rows'
+targets as labels and their document positions as position ids."""
 
 from __future__ import annotations
 
@@ -9,30 +10,77 @@ import numpy as np
 import pytest
 import torch
 
+from model_utils.data.rows import Rows
 from model_utils.data.sampler import BlockSampler, DataPosition
-from model_utils.data.step_batches import StepBatches
+from model_utils.data.step_batches import IGNORE_INDEX, StepBatches, gather
 
 SEQ = 8
 CPU = torch.device("cpu")
 
 
 class RecordingBlocks:
-    """A blocks array that records which thread read which rows, and can fail on demand."""
+    """A block source that records which thread read which rows, and can fail on demand."""
+
+    seq_length = SEQ
 
     def __init__(self, n: int) -> None:
         self.array = np.arange(n * SEQ, dtype=np.int32).reshape(n, SEQ)
         self.reads: list[tuple[str, tuple[int, ...]]] = []
         self.fail_on: set[int] = set()
 
-    def __getitem__(self, indices: np.ndarray) -> np.ndarray:
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def rows(self, indices: np.ndarray) -> Rows:
         if self.fail_on & set(indices.tolist()):
             raise OSError("stale file handle")
         self.reads.append((threading.current_thread().name, tuple(indices.tolist())))
-        return self.array[indices]
+        return Rows(self.array[indices].astype(np.int64))
 
 
 def expected(blocks: RecordingBlocks, sampler: BlockSampler, pos: DataPosition) -> list[torch.Tensor]:
     return [torch.from_numpy(blocks.array[idx].astype(np.int64)) for idx in sampler.step_indices(pos)]
+
+
+class FixedRows:
+    """A source answering the same rows whatever the indices."""
+
+    seq_length = 6
+
+    def __init__(self, rows: Rows) -> None:
+        self.answer = rows
+
+    def __len__(self) -> int:
+        return 4
+
+    def rows(self, indices: np.ndarray) -> Rows:
+        return self.answer
+
+
+def test_labels_are_the_targets_and_positions_the_position_ids() -> None:
+    tokens = np.arange(12, dtype=np.int64).reshape(2, 6) + 10
+    targets = np.array([[True, True, False, True, True, True], [False, False, False, True, True, False]])
+    positions = np.array([[0, 1, 2, 0, 1, 2], [0, 1, 2, 3, 0, 1]])
+    batch = gather(FixedRows(Rows(tokens, targets, positions)), np.array([0, 1]), pin=False)
+    # A row's first token is never a target, whatever the source says (nothing in the row predicts it).
+    assert batch.labels.tolist() == [[-100, 11, -100, 13, 14, 15], [-100, -100, -100, 19, 20, -100]]
+    assert batch.targets == 6 and int(batch.device_targets()) == 6
+    assert batch.position_ids is not None and batch.position_ids.tolist() == positions.tolist()
+    assert batch.model_inputs()["position_ids"] is batch.position_ids
+    # Flattened for variable-length attention: one row, each former row's first token still no target.
+    flat = gather(FixedRows(Rows(tokens, targets, positions)), np.array([0, 1]), pin=False, flatten=True)
+    assert flat.input_ids.shape == (1, 12) and flat.labels.reshape(2, 6).tolist() == batch.labels.tolist()
+    assert flat.position_ids is not None and flat.position_ids.tolist() == [positions.reshape(-1).tolist()]
+
+
+def test_the_plain_stream_trains_every_token_but_each_rows_first() -> None:
+    tokens = np.arange(12, dtype=np.int64).reshape(2, 6)
+    batch = gather(FixedRows(Rows(tokens)), np.array([0, 1]), pin=False, flatten=True)
+    assert batch.labels[:, 0].tolist() == [IGNORE_INDEX] * 2 and torch.equal(
+        batch.labels[:, 1:], batch.input_ids[:, 1:]
+    )
+    assert batch.targets == 10 and batch.position_ids is None and "position_ids" not in batch.model_inputs()
+    assert batch.input_ids.shape == (2, 6)  # no positions: nothing to flatten
 
 
 def test_steps_match_the_sampler_across_an_epoch_and_a_jump() -> None:
@@ -44,12 +92,14 @@ def test_steps_match_the_sampler_across_an_epoch_and_a_jump() -> None:
         got = loader.at(pos)
         want = expected(blocks, sampler, pos)
         assert len(got) == 3 and all(
-            g.dtype == torch.int64 and torch.equal(g, w) for g, w in zip(got, want, strict=True)
+            g.input_ids.dtype == torch.int64 and torch.equal(g.input_ids, w)
+            for g, w in zip(got, want, strict=True)
         )
         pos = sampler.advance(pos)
     jump = DataPosition(epoch=9, consumed=0)  # e.g. a resume: not the step prepared ahead
     assert all(
-        torch.equal(g, w) for g, w in zip(loader.at(jump), expected(blocks, sampler, jump), strict=True)
+        torch.equal(g.input_ids, w)
+        for g, w in zip(loader.at(jump), expected(blocks, sampler, jump), strict=True)
     )
     loader.close()
 
@@ -98,12 +148,12 @@ def test_cuda_batches_are_pinned_and_copied_without_blocking() -> None:
     pos = DataPosition()
     loader.at(pos)
     host = loader._ahead[1].result()
-    assert all(t.is_pinned() for t in host)
+    assert all(b.input_ids.is_pinned() and b.labels.is_pinned() for b in host)
     got = loader.at(sampler.advance(pos))
     torch.cuda.synchronize()
-    assert all(g.is_cuda for g in got)
+    assert all(g.input_ids.is_cuda and g.labels.is_cuda for g in got)
     want = expected(blocks, sampler, sampler.advance(pos))
-    assert all(torch.equal(g.cpu(), w) for g, w in zip(got, want, strict=True))
+    assert all(torch.equal(g.input_ids.cpu(), w) for g, w in zip(got, want, strict=True))
     loader.close()
 
 
@@ -138,14 +188,16 @@ def test_batches_for_a_gpu_are_pinned_in_the_worker_and_copied_without_blocking(
 
     monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
     monkeypatch.setattr(torch.Tensor, "to", record_to)
-    blocks = np.arange(40 * 8, dtype=np.int32).reshape(40, 8)
+    source = RecordingBlocks(40)
+    blocks = source.array
     sampler = BlockSampler(40, micro_batch=2, grad_accum=2, dp_rank=0, dp_world=1, seed=0)
-    loader = StepBatches(blocks, sampler, device)
+    loader = StepBatches(source, sampler, device)
     first = DataPosition()
     loader.at(first)  # nothing prepared: read (and pinned) here, the next step in the worker
     loader._ahead[1].result()
     main = threading.current_thread().name
-    assert pins == ([main] * 2 + ["dskit-data_0"] * 2 if pinned else [])
+    # Two micro-batches of two tensors each (tokens, labels), per step.
+    assert pins == ([main] * 4 + ["dskit-data_0"] * 4 if pinned else [])
     pins.clear()
     got = loader.at(sampler.advance(first))  # the prepared step: nothing pinned on the training thread
     loader._ahead[1].result()
@@ -153,6 +205,6 @@ def test_batches_for_a_gpu_are_pinned_in_the_worker_and_copied_without_blocking(
     want = [
         torch.from_numpy(blocks[idx].astype(np.int64)) for idx in sampler.step_indices(sampler.advance(first))
     ]
-    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
-    assert copies[-2:] == [(device, pinned)] * 2  # the step's two micro-batches
-    assert pins == (["dskit-data_0"] * 2 if pinned else [])  # the step after, in the worker
+    assert all(torch.equal(g.input_ids, w) for g, w in zip(got, want, strict=True))
+    assert copies[-4:] == [(device, pinned)] * 4  # the step's two micro-batches, tokens and labels
+    assert pins == (["dskit-data_0"] * 4 if pinned else [])  # the step after, in the worker

@@ -63,11 +63,15 @@ def test_untied_input_embedding_is_not_a_matmul() -> None:
 
 
 def test_throughput_per_device_tflops_and_mfu() -> None:
-    rate = metrics.throughput(tokens=8192, seconds=2.0, world_size=4, flops_per_tok=1e9, peak=10.0)
+    rate = metrics.throughput(
+        tokens=8192, trained_tokens=2000, seconds=2.0, world_size=4, flops_per_tok=1e9, peak=10.0
+    )
     assert rate.tokens_per_s == 4096 and rate.tokens_per_s_per_device == 1024
+    assert rate.trained_tokens_per_s == 1000  # the targets among them
+    # FLOPs and MFU of every token processed: a masked token costs its forward and backward all the same.
     assert rate.tflops_per_device == pytest.approx(1024 * 1e9 / 1e12)
     assert rate.mfu == pytest.approx(rate.tflops_per_device / 10.0)
-    assert metrics.throughput(8192, 2.0, 4, 1e9, None).mfu is None
+    assert metrics.throughput(8192, 8192, 2.0, 4, 1e9, None).mfu is None
 
 
 def test_memory_on_cpu_is_host_rss_only() -> None:

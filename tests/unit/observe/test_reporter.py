@@ -31,7 +31,7 @@ def test_a_mixtures_shares_and_source_losses_reach_the_record_and_the_line(
     cfg = parse_args(["--metrics_file", str(tmp_path / "m.jsonl")])
     reporter = Reporter(cfg, gloo_rank, 10, 64, 1e6, None)
     reporter.metrics = metrics.MetricsFile(tmp_path / "m.jsonl")
-    reporter.step_done(2.0)
+    reporter.step_done(2.0, 63)
     record = reporter.log_step(TrainState(step=1), 1e-3, 0.5, None, {"web": 0.75, "code": 0.25})
     assert (record["share/web"], record["share/code"]) == (0.75, 0.25)
     reporter.log_validation(1, metrics.Validation(2.5, 4, 8, 256, sources=(("web", 2.0), ("code", 4.0))))
@@ -42,6 +42,6 @@ def test_a_mixtures_shares_and_source_losses_reach_the_record_and_the_line(
     )
     out = capsys.readouterr().out
     assert "| shares web 75.0% code 25.0% |" in out and "| per source web 2.0000 code 4.0000" in out
-    reporter.step_done(2.0)
+    reporter.step_done(2.0, 63)
     plain = reporter.log_step(TrainState(step=2), 1e-3, 0.5, None)
     assert not any(key.startswith("share/") for key in plain)  # one dataset: no shares

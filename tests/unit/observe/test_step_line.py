@@ -20,6 +20,7 @@ RECORD = {
     "grad_norm": 1.234,
     "tokens_per_s": 2600.4,
     "tokens_per_s_per_device": 1300.2,
+    "trained_tokens_per_s": 2210.7,
     "tflops_per_device": 0.0123,
     "mfu": 0.4215,
     "device_mem_alloc_gib": 1.04,
@@ -36,12 +37,12 @@ def test_step_line_renders_every_field_and_parses_back() -> None:
     line = step_line.step_line(RECORD, 100, time_left=60)
     assert line == (
         "Step 10/100 | Loss 7.1235 | lr 3.00e-03 | grad_norm 1.23 | tokens/s 2600 (1300/device) | "
-        "TFLOPs/device 0.0123 | MFU 42.1% | mem 1.0/2.0 GiB | RSS 3.3 GiB | data 1.2% | s/step 0.500 | "
+        "trained tokens/s 2211 | TFLOPs/device 0.0123 | MFU 42.1% | mem 1.0/2.0 GiB | RSS 3.3 GiB | data 1.2% | s/step 0.500 | "
         "skipped 2 | ETA 1:02:05 (job time left 0:01:00)"
     )
     parsed = step_line.parse(f"2026-11-23 12:00:00 | {line}")
     assert parsed is not None
-    for key in ("loss", "grad_norm", "tokens_per_s", "host_rss_gib", "device_mem_peak_gib", "step_time_s"):
+    for key in ("loss", "grad_norm", "tokens_per_s", "trained_tokens_per_s", "host_rss_gib", "step_time_s"):
         assert parsed[key] == pytest.approx(RECORD[key], rel=1e-2, abs=1e-4), key
     assert parsed["mfu"] == pytest.approx(0.421) and parsed["data_wait_frac"] == pytest.approx(0.012)
     assert parsed["step"] == 10

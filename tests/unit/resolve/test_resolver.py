@@ -71,6 +71,10 @@ CASES = {
         "d.jsonl holds list values, not text (3 of the first 3 rows): pass --text_field naming a field of plain",
     ),
     "empty dataset": (lambda t: ["--dataset", jsonl(t / "d.jsonl", [])], "is empty"),
+    "unknown packing": (
+        lambda t: ["--packing", "document"],
+        "--packing 'document' is not a packing: did you mean",
+    ),
     "fewer tokens than a block": (
         lambda t: ["--dataset", jsonl(t / "d.jsonl", [{"text": "hi"}] * 3), "--validation_fraction", "0"],
         "fewer than one block",
@@ -344,3 +348,32 @@ def test_config_of_a_resume_with_another_max_steps_keeps_the_warmup_and_says_wha
         "lr schedule: --max_steps 12 (was 8): warm-up kept at 4 steps (the flags now give 6); the decay now ends "
         "at step 12; lr at step 5 0.775 -> 0.887"
     )
+
+
+def test_packing_documents_gives_rows_whose_documents_end_at_the_tokenizers_eos(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """--packing documents (a run-file key too): the resolved run keeps documents apart, its blocks restart the
+    positions after each EOS the preparation appended; the default stream answers tokens only."""
+    import numpy as np
+
+    from model_utils.config.arguments import parse_args
+    from model_utils.resolve import resolver
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    run_file = tmp_path / "run.yaml"
+    run_file.write_text("data: {packing: documents, seq_length: 64}\n")
+    common = ["--data_cache_dir", str(tmp_path / "cache"), "--deepspeed_config", DS, "--max_steps", "2"]
+    documents = resolver.prepare(parse_args(["--config", str(run_file), *common]), world_size=1)
+    stream = resolver.prepare(parse_args([*common, "--seq_length", "64"]), world_size=1)
+    assert documents.documents_apart and not stream.documents_apart
+    assert documents.to_dict()["resolved"]["documents_apart"] is True
+    eos = documents.tokenizer.eos_token_id
+    rows = documents.train_blocks.rows(np.arange(4))
+    assert rows.positions is not None and rows.targets is not None
+    ends = np.argwhere(rows.tokens[:, :-1] == eos)
+    assert len(ends) > 0, "the embedded corpus's documents are shorter than 4 blocks"
+    for row, column in ends:
+        assert rows.positions[row, column + 1] == 0 and not rows.targets[row, column + 1]
+    assert np.array_equal(stream.train_blocks.rows(np.arange(4)).tokens, rows.tokens)
+    assert stream.train_blocks.rows(np.arange(4)).positions is None

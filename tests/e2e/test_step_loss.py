@@ -1,0 +1,66 @@
+"""The loss over the step's tokens, through both engines: one optimizer step over the same 8 rows, whose targets
+differ in number by an order of magnitude, laid out as micro batch 8 x accumulation 1, 1 x 8 and 2 ranks x 4,
+gives the loss and the gradients of the token mean over all 8 rows (fp32, within 1e-5). A mean of per-micro-batch
+means would not: the last check shows how far it lands. The ranks are the rank pool's (tests/support/rank_pool.py);
+what a rank runs: tests/support/step_gradients.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from model_utils.data.step_batches import gather
+from support.rank_pool import run_ranks
+from support.step_gradients import ROWS, FixedRows, tiny_model
+from support.torchrun import succeeded
+
+pytestmark = pytest.mark.e2e
+
+SCRIPT = Path(__file__).resolve().parents[1] / "support" / "step_gradients.py"
+LAYOUTS = {"8x1": (1, 8, 1), "1x8": (1, 1, 8), "2 ranks x 4": (2, 1, 4)}  # ranks, micro batch, accumulation
+
+
+def reference() -> tuple[float, dict[str, torch.Tensor]]:
+    """The token mean over every target of the 8 rows in one forward of the plain model, and its gradients."""
+    model = tiny_model()
+    batch = gather(FixedRows(), np.arange(ROWS), pin=False)
+    total = torch.tensor(float(batch.targets))
+    loss = model(**batch.model_inputs(), num_items_in_batch=total).loss
+    loss.backward()
+    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
+    return float(loss.detach()), grads
+
+
+def engine_step(engine: str, layout: str, tmp_path: Path) -> dict:
+    ranks, micro, accumulation = LAYOUTS[layout]
+    out = tmp_path / f"{engine}-{layout.replace(' ', '')}.pt"
+    succeeded(run_ranks([engine, micro, accumulation, out], script=SCRIPT, nproc=ranks))
+    return torch.load(out, weights_only=False)
+
+
+@pytest.mark.parametrize("engine", ["deepspeed", "fsdp"])
+def test_every_layout_trains_the_token_mean_of_the_step(engine: str, tmp_path: Path) -> None:
+    want_loss, want_grads = reference()
+    for layout in LAYOUTS:
+        got = engine_step(engine, layout, tmp_path)
+        assert got["loss"] == pytest.approx(want_loss, abs=1e-5), layout
+        assert set(got["grads"]) == set(want_grads), layout
+        for name, grad in want_grads.items():
+            torch.testing.assert_close(
+                got["grads"][name], grad, atol=1e-5, rtol=1e-5, msg=f"{layout}: {name}"
+            )
+
+
+def test_a_mean_of_micro_batch_means_would_differ_here() -> None:
+    """The check above can fail: on these rows the per-micro-batch mean of 1 x 8 is far from the token mean."""
+    model = tiny_model()
+    want, _ = reference()
+    with torch.no_grad():
+        means = [
+            float(model(**gather(FixedRows(), np.array([row]), pin=False).model_inputs()).loss)
+            for row in range(ROWS)
+        ]
+    assert abs(sum(means) / ROWS - want) > 1e-3

@@ -1,0 +1,131 @@
+"""One optimizer step of an engine on fixed rows with targets of very different lengths: its reported loss and the
+gradients its optimizer is given, for the loss-over-the-step's-tokens checks (tests/e2e/test_step_loss.py).
+
+    python tests/support/step_gradients.py ENGINE MICRO_BATCH ACCUMULATION OUT.pt   (under torchrun or run_ranks)
+
+The ROWS rows are dealt to the ranks in order (rank r: rows r*mb*acc ... ), each rank's cut into ACCUMULATION
+micro-batches of MICRO_BATCH rows; every layout of 8 rows covers the same step. fp32 throughout: DeepSpeed at ZeRO
+stage 0 (its gradients are then the module's own, averaged over the ranks), FSDP2 with fp32 parameters. Rank 0
+saves {"loss": the mean of the ranks' reported shares, "grads": {name: full gradient}} to OUT.pt.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from model_utils.config.presets import PRESETS
+from model_utils.data.rows import Rows
+from model_utils.data.step_batches import Batch, gather
+from model_utils.launch import distributed
+from model_utils.optim.settings import OptimSettings
+
+ROWS, SEQ = 8, 16
+
+
+def step_rows() -> Rows:
+    """8 rows of random tokens; each row's targets are its last k tokens, k from 15 (all but the first) to 1, so the
+    micro-batches' target counts differ by an order of magnitude; rows 2 and 5 hold two documents each."""
+    rng = np.random.default_rng(7)
+    tokens = rng.integers(0, 2048, (ROWS, SEQ), dtype=np.int64)
+    targets = np.zeros((ROWS, SEQ), dtype=bool)
+    for row, k in enumerate((15, 1, 3, 12, 2, 15, 1, 7)):
+        targets[row, SEQ - k :] = True
+    positions = np.tile(np.arange(SEQ), (ROWS, 1))
+    for row in (2, 5):
+        positions[row, 6:] = np.arange(SEQ - 6)
+        targets[row, 6] = False
+    return Rows(tokens, targets, positions)
+
+
+class FixedRows:
+    seq_length = SEQ
+
+    def __init__(self) -> None:
+        self.all = step_rows()
+
+    def __len__(self) -> int:
+        return ROWS
+
+    def rows(self, indices: np.ndarray) -> Rows:
+        assert self.all.targets is not None and self.all.positions is not None
+        return Rows(self.all.tokens[indices], self.all.targets[indices], self.all.positions[indices])
+
+
+def micro_batches(rank: int, micro: int, accumulation: int) -> list[Batch]:
+    per_rank = micro * accumulation
+    mine = np.arange(rank * per_rank, (rank + 1) * per_rank).reshape(accumulation, micro)
+    return [gather(FixedRows(), indices, pin=False) for indices in mine]
+
+
+def tiny_model() -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(PRESETS["tiny-qwen3"].build_config(), attn_implementation="sdpa")
+
+
+class NoSchedule:
+    def torch_scheduler(self, optimizer: Any, total_steps: int) -> None:
+        return None
+
+
+def capture(optimizer: Any, module: torch.nn.Module, into: dict[str, torch.Tensor]) -> None:
+    """Record the gradients the optimizer steps with (full tensors: FSDP's shards gathered, every rank)."""
+    step = optimizer.step
+
+    def recording_step(*args: Any, **kwargs: Any) -> Any:
+        for name, param in module.named_parameters():
+            grad = param.grad
+            if grad is not None:
+                full = grad.full_tensor() if hasattr(grad, "full_tensor") else grad
+                into[name.removeprefix("module.")] = full.detach().clone().float()
+        return step(*args, **kwargs)
+
+    optimizer.step = recording_step
+
+
+def main() -> None:
+    engine_name, micro, accumulation, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
+    dist = distributed.init_distributed()
+    assert micro * accumulation * dist.world_size == ROWS, "a layout of the step's 8 rows"
+    model = tiny_model()
+    grads: dict[str, torch.Tensor] = {}
+    if engine_name == "fsdp":
+        from model_utils.engines import fsdp_engine
+
+        model = fsdp_engine.shard(model, dist.device, bf16=False, cpu_offload=False)
+        optim = OptimSettings("AdamW", 1e-3, None, None, 0.0, 0.0)
+        engine: Any = fsdp_engine.FsdpEngine(
+            model, optim, NoSchedule(), 1, [{"params": list(model.parameters())}], dist.device
+        )  # type: ignore[arg-type]
+        capture(engine._optimizer, engine.module, grads)
+    else:
+        from model_utils.engines.deepspeed_engine import DeepSpeedEngine
+
+        ds = {
+            "train_micro_batch_size_per_gpu": micro,
+            "gradient_accumulation_steps": accumulation,
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+            "zero_optimization": {"stage": 0},
+            "gradient_clipping": 0.0,
+        }
+        engine = DeepSpeedEngine(model, ds)
+        capture(engine._engine.optimizer, engine.module, grads)
+    engine.train()
+    share, applied = engine.train_step(micro_batches(dist.rank, micro, accumulation))
+    assert applied
+    loss = torch.tensor([float(share)], dtype=torch.float64)
+    torch.distributed.all_reduce(loss)
+    if dist.is_main:
+        torch.save({"loss": float(loss) / dist.world_size, "grads": grads}, out)
+    torch.distributed.barrier()
+    engine.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""The loss over the step's tokens, the parts every engine shares: the step's global target count and each
+micro-batch's summed token losses over a divisor. Both engines end to end on 1 and 2 ranks, with gradients:
+tests/e2e/test_step_loss.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from model_utils.data.rows import Rows
+from model_utils.data.step_batches import Batch, gather
+from model_utils.engines import step_loss
+from support.pretrained import tiny_model
+
+
+class Source:
+    seq_length = 8
+
+    def __init__(self, rows: Rows) -> None:
+        self.answer = rows
+
+    def __len__(self) -> int:
+        return len(self.answer.tokens)
+
+    def rows(self, indices: np.ndarray) -> Rows:
+        targets = None if self.answer.targets is None else self.answer.targets[indices]
+        return Rows(self.answer.tokens[indices], targets)
+
+
+def batches() -> list[Batch]:
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 2048, (3, 8))
+    targets = np.zeros((3, 8), dtype=bool)
+    targets[0, 1:] = True  # 7
+    targets[1, 7] = True  # 1
+    targets[2, 4:] = True  # 4
+    source = Source(Rows(tokens, targets))
+    return [gather(source, np.array([0, 1]), pin=False), gather(source, np.array([2]), pin=False)]
+
+
+def test_the_step_counts_every_target_of_every_micro_batch_on_every_rank(gloo_rank) -> None:
+    step = batches()
+    assert [b.targets for b in step] == [8, 4]
+    assert step_loss.data_parallel_ranks() == 1
+    assert float(step_loss.step_targets(step)) == 12.0
+    # DeepSpeed divides again by accumulation x ranks: the divisor gives that back.
+    assert float(step_loss.loss_divisor(step, 2)) == 6.0
+    nothing = gather(
+        Source(Rows(np.zeros((1, 8), dtype=np.int64), np.zeros((1, 8), bool))), np.array([0]), False
+    )
+    assert float(step_loss.step_targets([nothing])) == 1.0  # no targets: loss 0, not 0/0
+
+
+def test_a_micro_batch_loss_is_its_summed_token_losses_over_the_divisor() -> None:
+    model = tiny_model()
+    batch = batches()[0]
+    with torch.no_grad():
+        logits = model(input_ids=batch.input_ids).logits
+        per_token = torch.nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.shape[-1]), batch.labels[:, 1:].reshape(-1), reduction="none"
+        )
+        summed = per_token.sum()  # the ignored labels add 0
+        got = step_loss.summed_loss(model, batch, torch.tensor(6.0))
+        assert torch.allclose(got, summed / 6.0, atol=1e-6)
+        assert abs(step_loss.eval_summed_loss(model, batch) - float(summed)) < 1e-4
