@@ -25,6 +25,7 @@ from model_utils.checkpoint import launch_record, protocol
 from model_utils.config import deepspeed_file
 from model_utils.config.arguments import AUTO, CUDA_GLOBAL_BATCH_TOKENS, TrainConfig
 from model_utils.data import block_cache, token_shards
+from model_utils.data.packing import PackedBlocks
 from model_utils.errors import ConfigError
 from model_utils.launch import accelerate_env, preemption, startup
 from model_utils.model import hub, lora, models
@@ -306,6 +307,8 @@ def _blocks_or_error(
     dataset: token_shards.PreparedDataset, split: str, cfg: TrainConfig, seq_length: int
 ) -> token_shards.TokenBlocks:
     blocks = dataset.blocks(split, seq_length)
+    if isinstance(blocks, PackedBlocks):  # documents packed whole: how full the blocks are, what was cut
+        print0(f"Data: {split}: {blocks.stats.line(seq_length)}")
     if len(blocks) == 0:
         hint = (
             "raise --validation_fraction, or set it to 0 to skip validation"
