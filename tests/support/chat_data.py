@@ -106,6 +106,10 @@ def conversations(family: str) -> list[list[dict]]:
     if family == "qwen3":
         chats += [
             [
+                {"role": "user", "content": "Is nine a square?"},
+                {"role": "assistant", "content": "Yes.", "reasoning_content": "Three times three is nine."},
+            ],
+            [
                 {"role": "user", "content": "Is seven odd?"},
                 {"role": "assistant", "content": "<think>\nSeven is not divisible by two.\n</think>\n\nYes."},
                 {"role": "user", "content": "Is eight?"},
