@@ -11,7 +11,21 @@ from model_utils.assets import CONVERSATIONS_PATH
 
 SEED = 0
 COUNT = 300
-_NUMBERS = "zero one two three four five six seven eight nine ten eleven twelve".split()
+_NUMBERS = [
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+]
 _COLORS = {
     "sky": "blue",
     "grass": "green",
