@@ -138,8 +138,14 @@ def assistant_spans(
             )
             return rendered[0], [tuple(span) for span in indices[0]]
         assistant = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
-        full = _render(template, [messages], False, **options)[0]
-        throughs = _render(template, [messages[: i + 1] for i in assistant], False, **options)
+        last = assistant[-1:] == [len(messages) - 1]  # then its "through" rendering is the full one
+        rendered = _render(
+            template,
+            [messages, *(messages[: i + 1] for i in (assistant[:-1] if last else assistant))],
+            False,
+            **options,
+        )
+        full, throughs = rendered[0], rendered[1:] + rendered[:1] * last
         prompts = _render(template, [messages[:i] for i in assistant if i > 0], True, **options)
     except Exception as e:  # jinja's errors and the template's own raise_exception
         raise RenderError(f"the chat template cannot render it ({first_line(e)})") from None
