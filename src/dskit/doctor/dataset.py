@@ -156,7 +156,7 @@ def _columns_read(data: DataArgs, columns: list[str]) -> list[str]:
 
     if data.data_format == "auto" and data.text_field in columns:
         return [data.text_field]
-    row = dict.fromkeys(columns, [])
+    row: dict[str, list] = {column: [] for column in columns}  # any column might hold conversations
     _, fields, _ = chat.decide_format(data, row)
     return list(fields) if isinstance(fields, tuple) else [fields]
 
