@@ -110,12 +110,14 @@ class PackedBlocks:
         self.doc_start = start_arr[keep]
         self.doc_length = np.minimum(lengths[keep], seq_length)
         self.blocks = best_fit_decreasing(self.doc_length, seq_length)
-        trained = sum(
-            int((np.asarray(flags[s][a : a + n]) & TRAINED).astype(bool).sum())
-            for s, a, n in zip(
-                self.doc_shard.tolist(), self.doc_start.tolist(), self.doc_length.tolist(), strict=True
-            )
-        )
+        trained = 0
+        for shard, flag in enumerate(flags):  # per shard: a running count of trained tokens, read at the ends
+            mine = self.doc_shard == shard
+            if not mine.any():
+                continue
+            running = np.concatenate([[0], np.cumsum((np.asarray(flag) & TRAINED) != 0)])
+            starts = self.doc_start[mine]
+            trained += int((running[starts + self.doc_length[mine]] - running[starts]).sum())
         self.stats = PackingStats(
             documents=int(keep.sum()),
             blocks=len(self.blocks),
