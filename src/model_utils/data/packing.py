@@ -89,40 +89,38 @@ class PackedBlocks:
         self.pad_id = pad_id
         self.tokens = tokens
         self.flags = flags
-        shard_of, start_of, length_of = [], [], []
+        shard_of, start_of, length_of, trained_of = [], [], [], []
         for shard, (ids, flag) in enumerate(zip(tokens, flags, strict=True)):
-            starts = np.flatnonzero(np.asarray(flag) & DOC_START)
+            flag = np.asarray(flag)
+            starts = np.flatnonzero(flag & DOC_START)
             if len(ids) and (not len(starts) or starts[0] != 0):
                 starts = np.concatenate([[0], starts])  # (a prefix cut by --max_tokens starts mid-way: never)
             ends = np.append(starts[1:], len(ids))
+            lengths = ends - starts
+            # Trained tokens per document (a long one's: in the part kept), summed by segment, not per document.
+            trained = np.add.reduceat(flag & TRAINED, starts, dtype=np.int64) if len(starts) else starts
+            for doc in np.flatnonzero(lengths > seq_length).tolist():
+                trained[doc] = int((flag[starts[doc] : starts[doc] + seq_length] & TRAINED).sum(dtype=np.int64))
             shard_of.append(np.full(len(starts), shard, np.int64))
             start_of.append(starts.astype(np.int64))
-            length_of.append((ends - starts).astype(np.int64))
-        shard_arr = np.concatenate(shard_of) if shard_of else np.zeros(0, np.int64)
-        start_arr = np.concatenate(start_of) if start_of else np.zeros(0, np.int64)
-        lengths = np.concatenate(length_of) if length_of else np.zeros(0, np.int64)
+            length_of.append(lengths.astype(np.int64))
+            trained_of.append(trained.astype(np.int64))
+        empty = np.zeros(0, np.int64)
+        shard_arr = np.concatenate(shard_of) if shard_of else empty
+        start_arr = np.concatenate(start_of) if start_of else empty
+        lengths = np.concatenate(length_of) if length_of else empty
+        trained = np.concatenate(trained_of) if trained_of else empty
         long = lengths > seq_length
-        keep = np.ones(len(lengths), bool)
-        for doc in np.flatnonzero(long).tolist():  # truncated, unless nothing in the kept part is trained on
-            flag = flags[shard_arr[doc]][start_arr[doc] : start_arr[doc] + seq_length]
-            keep[doc] = bool((np.asarray(flag) & TRAINED).any())
+        keep = ~long | (trained > 0)  # a long document is truncated, unless nothing in the kept part is trained on
         self.doc_shard = shard_arr[keep]
         self.doc_start = start_arr[keep]
         self.doc_length = np.minimum(lengths[keep], seq_length)
         self.blocks = best_fit_decreasing(self.doc_length, seq_length)
-        trained = 0
-        for shard, flag in enumerate(flags):  # per shard: a running count of trained tokens, read at the ends
-            mine = self.doc_shard == shard
-            if not mine.any():
-                continue
-            running = np.concatenate([[0], np.cumsum((np.asarray(flag) & TRAINED) != 0)])
-            starts = self.doc_start[mine]
-            trained += int((running[starts + self.doc_length[mine]] - running[starts]).sum())
         self.stats = PackingStats(
             documents=int(keep.sum()),
             blocks=len(self.blocks),
             tokens=int(self.doc_length.sum()),
-            trained=trained,
+            trained=int(trained[keep].sum()),
             capacity=len(self.blocks) * seq_length,
             truncated=int((long & keep).sum()),
             dropped=int((~keep).sum()),
