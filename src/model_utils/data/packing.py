@@ -100,7 +100,9 @@ class PackedBlocks:
             # Trained tokens per document (a long one's: in the part kept), summed by segment, not per document.
             trained = np.add.reduceat(flag & TRAINED, starts, dtype=np.int64) if len(starts) else starts
             for doc in np.flatnonzero(lengths > seq_length).tolist():
-                trained[doc] = int((flag[starts[doc] : starts[doc] + seq_length] & TRAINED).sum(dtype=np.int64))
+                trained[doc] = int(
+                    (flag[starts[doc] : starts[doc] + seq_length] & TRAINED).sum(dtype=np.int64)
+                )
             shard_of.append(np.full(len(starts), shard, np.int64))
             start_of.append(starts.astype(np.int64))
             length_of.append(lengths.astype(np.int64))
@@ -111,7 +113,9 @@ class PackedBlocks:
         lengths = np.concatenate(length_of) if length_of else empty
         trained = np.concatenate(trained_of) if trained_of else empty
         long = lengths > seq_length
-        keep = ~long | (trained > 0)  # a long document is truncated, unless nothing in the kept part is trained on
+        keep = ~long | (
+            trained > 0
+        )  # a long document is truncated, unless nothing in the kept part is trained on
         self.doc_shard = shard_arr[keep]
         self.doc_start = start_arr[keep]
         self.doc_length = np.minimum(lengths[keep], seq_length)
