@@ -475,6 +475,14 @@ def rows_record(data: Any, source: Plan, tokenizer: Any, say: Callable[[str], No
     if said:
         say(f"Data: {data.dataset}: {said}")
     if data_format == chat.TEXT:
+        given = [f"--{flag}" for flag in ("chat_template", "train_on_prompt") if getattr(data, flag)]
+        if given:  # they would change nothing: every token of a text is trained on, no template renders it
+            raise ConfigError(
+                f"{' and '.join(given)} {'apply' if len(given) > 1 else 'applies'} to prompt/completion and "
+                f"conversation rows, and {data.dataset} is "
+                f"read as text ({data.text_field!r}): drop {'them' if len(given) > 1 else 'it'}, or pass "
+                "--data_format prompt_completion or messages"
+            )
         return None
     return {
         "data_format": data_format,

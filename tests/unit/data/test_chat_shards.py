@@ -195,6 +195,13 @@ def test_prompt_completion_parquet_and_the_text_record_unchanged(tmp_path: Path,
     text = write_rows(tmp_path / "t.jsonl", [{"text": "plain words"}] * 5)
     plain = run_data(DataArgs(dataset=str(text), data_cache_dir=str(tmp_path / "c")), tokenizer)
     assert not {"data_format", "fields", "chat"} & set(plain.manifest)  # a text preparation as it always was
+    with pytest.raises(
+        ConfigError, match=r"^--chat_template applies to prompt/completion and conversation rows"
+    ):
+        run_data(
+            DataArgs(dataset=str(text), data_cache_dir=str(tmp_path / "c"), chat_template="t.jinja"),
+            tokenizer,
+        )
 
 
 def test_the_data_flags_are_run_file_keys(tmp_path: Path) -> None:
