@@ -239,3 +239,25 @@ def test_the_shipped_conversations_prepare_with_the_tiny_tokenizer(tmp_path: Pat
     trained = tokenizer.decode(rows.tokens[rows.targets])
     assert "plus" in trained and "What" not in trained and "User:" not in trained
     assert blocks.stats.fill > 0.9 and blocks.stats.dropped == 0
+
+
+def test_an_array_of_two_tasks_prepares_the_same_masks_as_one_process(tmp_path: Path, qwen3) -> None:
+    _, tokenizer_dir = qwen3
+    source = write_rows(tmp_path / "chats.jsonl", _chats(200))
+    args = [
+        "--dataset",
+        str(source),
+        "--tokenizer",
+        str(tokenizer_dir),
+        "--unit_mb",
+        "0.02",
+        "--num_proc",
+        "1",
+    ]
+    assert prep(tmp_path / "one", *args) == 0
+    array = tmp_path / "array"
+    assert prep(array, *args, "--task_index", "0", "--num_tasks", "2") == 0
+    assert token_shards.state(array) == "unfinished"  # task 1's units are not done yet
+    assert prep(array, *args, "--task_index", "1", "--num_tasks", "2") == 0
+    one, both = token_shards.open_prepared(tmp_path / "one"), token_shards.open_prepared(array)
+    assert one.manifest["units"] > 2 and both.manifest["shards"] == one.manifest["shards"]
