@@ -127,9 +127,7 @@ def assistant_spans(
     """The conversation rendered, and the character spans of its assistant turns (see the module's doc)."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    messages = [
-        {k: v for k, v in m.items() if v is not None} for m in messages
-    ]  # as apply_chat_template does
+    messages = _clean(messages)
     options = {**special_tokens, **kwargs}
     try:
         if has_generation_tags(template):
@@ -329,6 +327,7 @@ class ChatEncoder:
 
 
 def _clean(messages: list[dict]) -> list[dict]:
+    """Without the keys whose value is None, as apply_chat_template drops them (templates render "None")."""
     return [{k: v for k, v in m.items() if v is not None} for m in messages]
 
 
