@@ -38,6 +38,7 @@ from model_utils.model import models
 # The training flags that say what to prepare; the rest of a training config does not apply here.
 DATA_FLAGS = ("dataset", "dataset_config_name", "local_dataset", "text_field", "train_split")
 DATA_FLAGS += ("validation_split", "validation_dataset", "validation_fraction")
+DATA_FLAGS += ("data_format", "chat_template", "train_on_prompt")
 
 
 def default_num_proc() -> int:
@@ -345,7 +346,8 @@ def prepare(args: argparse.Namespace) -> int:
     start = time.monotonic()
     plan = documents.plan(data, max(1, int(args.unit_mb * 2**20)))
     unit_mb = None if args.unit_mb == documents.DEFAULT_UNIT_BYTES / 2**20 else args.unit_mb
-    record = token_shards.plan_record(data, plan, spec, args.max_tokens, unit_mb)
+    rows = token_shards.rows_record(data, plan, tokenizer, lambda line: print(line, flush=True))
+    record = token_shards.plan_record(data, plan, spec, args.max_tokens, unit_mb, rows)
     token_shards.begin(out, record)  # refuses a directory holding another preparation
     with exclusive(out, lock_path(out, args.task_index, args.num_tasks)):
         return _prepare_locked(args, out, data, plan, record, spec, start)

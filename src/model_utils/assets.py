@@ -11,3 +11,7 @@ from pathlib import Path
 ASSETS_DIR = Path(__file__).parent / "assets"
 CORPUS_PATH = ASSETS_DIR / "tiny_corpus.jsonl"
 TOKENIZER_DIR = ASSETS_DIR / "tiny-qwen3-tokenizer"
+# Example conversations for chat fine-tuning (`--data_format messages`), written by tools/example_conversations.py,
+# and a chat template for the tiny tokenizer (which has none): plain "User:"/"Assistant:" turns ended by EOS.
+CONVERSATIONS_PATH = ASSETS_DIR / "tiny_conversations.jsonl"
+CHAT_TEMPLATE_PATH = ASSETS_DIR / "tiny_chat_template.jinja"

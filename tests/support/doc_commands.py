@@ -236,6 +236,8 @@ COMMANDS: dict[str, Run | DryRun | CoveredBy | Uncovered] = {
     "./train-singlenode.sh --model Qwen/Qwen3-0.6B --dataset /fsx/data/c4-qwen3 --seq_length 2048": DryRun(
         _HUB, FLAGS
     ),
+    ".venv/bin/dskit prepare-data .cache/data/tiny-chats --dataset src/model_utils/assets/tiny_conversations.jsonl "
+    "--chat_template src/model_utils/assets/tiny_chat_template.jinja --model tiny-qwen3": Run(),
     # docs/fsdp.md
     "./train-singlenode.sh --backend fsdp": CoveredBy(
         # FSDP2 through the launcher until a Ctrl-C after its first step: trained, saved, stopped

@@ -134,14 +134,31 @@ def _check_local_dataset(path: Path, data: DataArgs) -> Result:
         found = f"{len(files)} {builder} file{'s' if len(files) > 1 else ''} ({_size(sum(sizes))}) in {path}"
         if columns is None:
             return Result(name, Status.PASS, f"{found} (columns known only after loading)")
-    if data.text_field not in columns:
+    needed = _columns_read(data, list(columns))
+    missing = [c for c in needed if c not in columns]
+    if missing:
         return Result(
             name,
             Status.FAIL,
-            f"{found}, no column {data.text_field!r} (columns: {', '.join(columns)})",
-            "pass --text_field with the column holding the text",
+            f"{found}, no column {missing[0]!r} (columns: {', '.join(columns)})",
+            "pass --text_field with the column holding the text"
+            if data.data_format in ("text", "auto")
+            else "pass --data_format naming what the rows hold",
         )
-    return Result(name, Status.PASS, f"{found}, column {data.text_field!r}")
+    shown = " and ".join(repr(c) for c in needed)
+    return Result(name, Status.PASS, f"{found}, column{'s' if len(needed) > 1 else ''} {shown}")
+
+
+def _columns_read(data: DataArgs, columns: list[str]) -> list[str]:
+    """The columns preparation reads for --data_format (auto: as chat.decide_format decides from a row holding
+    these columns; a column's values are unknown here, so a present --text_field reads as text)."""
+    from model_utils.data import chat
+
+    if data.data_format == "auto" and data.text_field in columns:
+        return [data.text_field]
+    row: dict[str, list] = {column: [] for column in columns}  # any column might hold conversations
+    _, fields, _ = chat.decide_format(data, row)
+    return list(fields) if isinstance(fields, tuple) else [fields]
 
 
 def _check_hub_dataset(data: DataArgs) -> Result:

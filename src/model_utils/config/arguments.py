@@ -123,6 +123,9 @@ class ModelArgs:
         every_n_layers(self.activation_checkpointing)  # a ConfigError if malformed
 
 
+DATA_FORMATS = ("auto", "text", "prompt_completion", "messages")
+
+
 @dataclass(frozen=True)
 class DataArgs:
     dataset: str = field(
@@ -143,6 +146,24 @@ class DataArgs:
         ),
     )
     text_field: str = field(default="text", metadata=_flag("column holding the document text"))
+    data_format: str = field(
+        default="auto",
+        metadata=_flag(
+            "text (documents), prompt_completion ('prompt' and 'completion' columns: loss on the completion), "
+            "messages (conversations in a 'messages' column, or --text_field: loss on the assistant turns), or "
+            "auto: decided by the columns present (docs/data.md)"
+        ),
+    )
+    chat_template: str | None = field(
+        default=None,
+        metadata=_flag(
+            "a Jinja chat template file for prompt_completion and messages data; default: the tokenizer's"
+        ),
+    )
+    train_on_prompt: bool = field(
+        default=False,
+        metadata=_flag("train on every token of a conversation or prompt, not only on the answers"),
+    )
     train_split: str = field(default="train", metadata=_flag("split to train on"))
     validation_split: str | None = field(
         default=None, metadata=_flag("split holding validation data; default: hold out --validation_fraction")
@@ -229,6 +250,11 @@ class DataArgs:
         if not 0.0 <= self.validation_fraction < 1.0:
             raise ConfigError(
                 f"--validation_fraction {self.validation_fraction} is outside [0, 1): use e.g. 0.02 for 2%"
+            )
+        if self.data_format not in DATA_FORMATS:
+            raise ConfigError(
+                f"--data_format {self.data_format!r} is not one of {', '.join(DATA_FORMATS)}: pick one (auto decides "
+                "by the columns present)"
             )
         if self.seq_length is not None and self.seq_length < 2:
             raise ConfigError(f"--seq_length {self.seq_length} is too small: use at least 2 (e.g. 2048)")

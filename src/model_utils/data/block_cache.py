@@ -102,6 +102,7 @@ def _cache_key(record: dict[str, Any]) -> str:
 # one of the latter with a prepared dir would be silently ignored. (--local_dataset true may point at one.)
 _PREPARATION_FLAGS = ("dataset_config_name", "local_dataset", "text_field", "train_split")
 _PREPARATION_FLAGS += ("validation_split", "validation_dataset", "validation_fraction")
+_PREPARATION_FLAGS += ("data_format", "chat_template", "train_on_prompt")
 _FIXED_AT_PREPARATION = (*(f for f in _PREPARATION_FLAGS if f != "local_dataset"), "unprepared_limit_mb")
 
 
@@ -143,7 +144,8 @@ def prepared(
             path = s3.fetch_dataset(data.dataset, Path(data.data_cache_dir))
             local = dataclasses.replace(data, dataset=str(path), local_dataset=True)
         plan = documents.plan(local)
-        record = token_shards.plan_record(local, plan, spec, None)
+        rows = token_shards.rows_record(local, plan, tokenizer, print0)
+        record = token_shards.plan_record(local, plan, spec, None, rows=rows)
         out = Path(data.data_cache_dir) / "prepared" / _cache_key(record)
         if token_shards.state(out) != "prepared":
             manifest = token_shards.prepare_in_process(out, record, spec)

@@ -279,9 +279,31 @@ def plan(data: Any, unit_bytes: int = DEFAULT_UNIT_BYTES) -> Plan:
 # --- reading --------------------------------------------------------------------------------------------
 
 
-def _missing(field: str, where: str, present: Any) -> ConfigError:
+Fields = str | tuple[str, ...]  # one column's values, or several columns' as a mapping per row
+
+
+def _missing(field: Fields, where: str, present: Any) -> ConfigError:
     columns = ", ".join(map(str, present)) if present else "none"
+    if isinstance(field, tuple):
+        return ConfigError(
+            f"{where} has no field {' or '.join(repr(f) for f in field if f not in (present or ()))} "
+            f"(fields: {columns}): pass --data_format naming what the rows hold"
+        )
     return ConfigError(f"{where} has no field {field!r} (fields: {columns}): pass --text_field")
+
+
+def _has(record: Any, field: Fields) -> bool:
+    if not isinstance(record, dict):
+        return False
+    return all(f in record for f in field) if isinstance(field, tuple) else field in record
+
+
+def _pick(record: dict, field: Fields) -> Any:
+    return {f: record[f] for f in field} if isinstance(field, tuple) else record[field]
+
+
+def _columns(field: Fields) -> list[str]:
+    return list(field) if isinstance(field, tuple) else [field]
 
 
 @contextlib.contextmanager
@@ -301,7 +323,7 @@ def _text(path: str, kind: str, **options: Any) -> Iterator[tuple[io.TextIOWrapp
             text.detach()  # the file is closed by _binary, and its position is read until then
 
 
-def _json_lines(unit: Unit, path: str, field: str) -> Iterator[tuple[list[Any], int]]:
+def _json_lines(unit: Unit, path: str, field: Fields) -> Iterator[tuple[list[Any], int]]:
     """Lines whose first byte lies in [start, end): a line straddling `start` belongs to the unit before."""
     batch: list[Any] = []
     end = unit.end if unit.end >= 0 else sys.maxsize
@@ -324,16 +346,17 @@ def _json_lines(unit: Unit, path: str, field: str) -> Iterator[tuple[list[Any], 
                 raise ConfigError(
                     f"{path} at byte {pos - len(line)} is not valid JSON ({e.msg}): check the file format"
                 ) from None
-            if not isinstance(record, dict) or field not in record:
-                raise _missing(field, f"record at byte {pos - len(line)} of {path}", list(record)[:8])
-            batch.append(record[field])
+            if not _has(record, field):
+                present = list(record)[:8] if isinstance(record, dict) else []
+                raise _missing(field, f"record at byte {pos - len(line)} of {path}", present)
+            batch.append(_pick(record, field))
             if len(batch) >= BATCH_DOCS:
                 yield batch, position() - reported
                 batch, reported = [], position()
         yield batch, min(position(), unit.start + unit.size) - reported
 
 
-def _json_array(unit: Unit, path: str, field: str) -> Iterator[tuple[list[Any], int]]:
+def _json_array(unit: Unit, path: str, field: Fields) -> Iterator[tuple[list[Any], int]]:
     try:
         records = json.loads(Path(path).read_bytes())
     except json.JSONDecodeError as e:
@@ -342,9 +365,9 @@ def _json_array(unit: Unit, path: str, field: str) -> Iterator[tuple[list[Any], 
         raise ConfigError(f"{path} is one JSON object, not documents: write one JSON object per line")
     texts = []
     for i, r in enumerate(records):
-        if not isinstance(r, dict) or field not in r:
+        if not _has(r, field):
             raise _missing(field, f"record {i} of {path}", list(r)[:8] if isinstance(r, dict) else [])
-        texts.append(r[field])
+        texts.append(_pick(r, field))
     for i in range(0, len(texts), BATCH_DOCS):
         yield texts[i : i + BATCH_DOCS], unit.size if i + BATCH_DOCS >= len(texts) else 0
 
@@ -370,44 +393,44 @@ def _paragraphs(unit: Unit, path: str) -> Iterator[tuple[list[Any], int]]:
         yield batch, position() - reported
 
 
-def _csv_rows(unit: Unit, path: str, field: str) -> Iterator[tuple[list[Any], int]]:
+def _csv_rows(unit: Unit, path: str, field: Fields) -> Iterator[tuple[list[Any], int]]:
     csv.field_size_limit(sys.maxsize)  # documents are long
     with _text(path, unit.kind, newline="") as (f, position):
         reader = csv.DictReader(f)
-        if reader.fieldnames is None or field not in reader.fieldnames:
+        if reader.fieldnames is None or not _has(dict.fromkeys(reader.fieldnames), field):
             raise _missing(field, f"CSV file {path}", reader.fieldnames)
         batch: list[Any] = []
         reported = 0
         for row in reader:
-            batch.append(row[field])
+            batch.append(_pick(row, field))
             if len(batch) >= BATCH_DOCS:
                 yield batch, position() - reported
                 batch, reported = [], position()
         yield batch, position() - reported
 
 
-def _record_batches(unit: Unit, path: str, field: str) -> Iterator[tuple[list[Any], int]]:
+def _record_batches(unit: Unit, path: str, field: Fields) -> Iterator[tuple[list[Any], int]]:
     import pyarrow as pa
 
     if unit.kind == "parquet":
         import pyarrow.parquet as pq
 
         parquet = pq.ParquetFile(path)
-        if field not in parquet.schema_arrow.names:
+        if not _has(dict.fromkeys(parquet.schema_arrow.names), field):
             raise _missing(field, f"parquet file {path}", parquet.schema_arrow.names)
         groups = list(range(parquet.num_row_groups if unit.end < 0 else unit.end))[unit.start :]
         rows = sum(parquet.metadata.row_group(g).num_rows for g in groups) or 1
-        batches = parquet.iter_batches(batch_size=BATCH_DOCS, row_groups=groups, columns=[field])
+        batches = parquet.iter_batches(batch_size=BATCH_DOCS, row_groups=groups, columns=_columns(field))
     else:  # a save_to_disk Arrow file (IPC stream format)
         reader = pa.ipc.open_stream(pa.memory_map(path))
-        if field not in reader.schema.names:
+        if not _has(dict.fromkeys(reader.schema.names), field):
             raise _missing(field, f"Arrow file {path}", reader.schema.names)
         rows = None
-        batches = (b.select([field]) for b in reader)
+        batches = (b.select(_columns(field)) for b in reader)
     seen = 0
     for record_batch in batches:
-        column = record_batch.column(0)
-        for i in range(0, len(column), BATCH_DOCS):
+        column = record_batch if isinstance(field, tuple) else record_batch.column(0)
+        for i in range(0, record_batch.num_rows, BATCH_DOCS):
             part = column.slice(i, BATCH_DOCS).to_pylist()
             seen += len(part)
             yield part, (unit.size * len(part) // rows) if rows else 0
@@ -415,7 +438,7 @@ def _record_batches(unit: Unit, path: str, field: str) -> Iterator[tuple[list[An
         yield [], unit.size
 
 
-def _hub_rows(unit: Unit, field: str) -> Iterator[tuple[list[Any], int]]:
+def _hub_rows(unit: Unit, field: Fields) -> Iterator[tuple[list[Any], int]]:
     name, config_name, split = json.loads(unit.location)
     shard = _hub_dataset(name, config_name, split)
     if shard.num_shards > 1:
@@ -423,18 +446,18 @@ def _hub_rows(unit: Unit, field: str) -> Iterator[tuple[list[Any], int]]:
     batch: list[Any] = []
     size = 0
     for row in shard:
-        if field not in row:
+        if not _has(row, field):
             raise _missing(field, f"hub dataset {name} shard {unit.start}", list(row))
-        text = row[field]
+        text = _pick(row, field)
         batch.append(text)
-        size += len(text) if isinstance(text, str) else 0
+        size += _size(text)
         if len(batch) >= BATCH_DOCS:
             yield batch, size
             batch, size = [], 0
     yield batch, size
 
 
-def _local_texts(unit: Unit, path: str, field: str) -> Iterator[tuple[list[Any], int]]:
+def _local_texts(unit: Unit, path: str, field: Fields) -> Iterator[tuple[list[Any], int]]:
     kind = unit.kind
     if kind == "jsonl-or-array":  # an S3 object: which JSON layout it has is known once it is here
         kind = "jsonarray" if _json_is_array(Path(path)) else "json"
@@ -450,13 +473,24 @@ def _local_texts(unit: Unit, path: str, field: str) -> Iterator[tuple[list[Any],
     return _record_batches(unit, path, field)
 
 
+def _size(value: Any) -> int:
+    """Characters of text in a value: a document, a row of columns, a conversation."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_size(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(_size(v) for v in value)
+    return 0
+
+
 def _bounded(batches: Iterator[tuple[list[Any], int]]) -> Iterator[tuple[list[Any], int]]:
     """Batches of at most BATCH_TEXT characters (or one longer document); the progress goes with the last part."""
     for batch, nbytes in batches:
         part: list[Any] = []
         size = 0
         for text in batch:
-            length = len(text) if isinstance(text, str) else 0
+            length = _size(text)
             if part and size + length > BATCH_TEXT:
                 yield part, 0
                 part, size = [], 0
@@ -465,7 +499,7 @@ def _bounded(batches: Iterator[tuple[list[Any], int]]) -> Iterator[tuple[list[An
         yield part, nbytes
 
 
-def read(unit: Unit, field: str, scratch_dir: Path) -> Iterator[tuple[list[Any], int]]:
+def read(unit: Unit, field: Fields, scratch_dir: Path) -> Iterator[tuple[list[Any], int]]:
     """The unit's documents in batches of bounded size, each with how many bytes of the unit it covered.
 
     An S3 object is downloaded into `scratch_dir` for the time it is read, then deleted: disk use is one
@@ -474,7 +508,7 @@ def read(unit: Unit, field: str, scratch_dir: Path) -> Iterator[tuple[list[Any],
     return _bounded(_read(unit, field, scratch_dir))
 
 
-def _read(unit: Unit, field: str, scratch_dir: Path) -> Iterator[tuple[list[Any], int]]:
+def _read(unit: Unit, field: Fields, scratch_dir: Path) -> Iterator[tuple[list[Any], int]]:
     if unit.kind == "hub":
         yield from _hub_rows(unit, field)
         return
@@ -491,3 +525,45 @@ def _read(unit: Unit, field: str, scratch_dir: Path) -> Iterator[tuple[list[Any]
         yield from _local_texts(unit, tmp, field)
     finally:
         Path(tmp).unlink(missing_ok=True)
+
+
+# --- what the rows hold ---------------------------------------------------------------------------------
+
+
+def first_row(unit: Unit) -> dict[str, Any] | None:
+    """The unit's first row as a mapping of its columns (None: plain text files, S3 objects, an empty unit), read
+    without reading the rest: what --data_format auto decides by."""
+    if unit.s3_bucket is not None or unit.kind in ("text", "text.gz"):
+        return None
+    if unit.kind == "hub":
+        name, config_name, split = json.loads(unit.location)
+        return next(iter(_hub_dataset(name, config_name, split)), None)
+    if unit.kind in ("json", "json.gz"):
+        with _binary(unit.location, unit.kind) as (f, _):
+            for line in f:
+                if line.strip():
+                    try:
+                        record = json.loads(line)
+                    except json.JSONDecodeError:
+                        return None  # reading says where, in one line
+                    return record if isinstance(record, dict) else None
+        return None
+    if unit.kind == "jsonarray":
+        try:
+            records = json.loads(Path(unit.location).read_bytes())
+        except json.JSONDecodeError:
+            return None
+        return records[0] if isinstance(records, list) and records and isinstance(records[0], dict) else None
+    if unit.kind in ("csv", "csv.gz"):
+        with _text(unit.location, unit.kind, newline="") as (f, _):
+            return next(csv.DictReader(f), None)
+    import pyarrow as pa
+
+    if unit.kind == "parquet":
+        import pyarrow.parquet as pq
+
+        batch = next(pq.ParquetFile(unit.location).iter_batches(batch_size=1), None)
+    else:
+        batch = next(iter(pa.ipc.open_stream(pa.memory_map(unit.location))), None)
+    rows = batch.slice(0, 1).to_pylist() if batch is not None else []
+    return rows[0] if rows else None

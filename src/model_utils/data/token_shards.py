@@ -4,6 +4,9 @@
     DIR/units/NNNNN.json   a finished unit: its shards' token and document counts and checksums (commit point)
     DIR/train/NNNNN.bin    the unit's training tokens: documents each followed by EOS, uint16 or uint32
     DIR/validation/NNNNN.bin  the documents of the unit held out for validation
+    DIR/SPLIT/NNNNN.mask   prompt/completion and conversation data only: a flag byte per token beside the
+                           .bin (chat.TRAINED: trained on; chat.DOC_START: a document starts), written, committed,
+                           checksummed and verified with its shard
     DIR/manifest.json      written last, when every unit is done: only then is DIR a prepared dataset
     DIR/.verified.json     the shards whose checksums were verified, by size, mtime, ctime and inode: a second
                            open hashes only what changed (verify_shards)
@@ -37,14 +40,16 @@ import numpy as np
 import xxhash
 
 from model_utils.config.presets import PRESETS
-from model_utils.data import documents
+from model_utils.data import chat, documents
 from model_utils.data.documents import SPLIT, TRAIN, VALIDATION, Plan, Unit
+from model_utils.data.packing import PackedBlocks
 from model_utils.data.rows import Rows
 from model_utils.errors import ConfigError
 from model_utils.observe.log import print0
 from model_utils.storage import file_manifest
 
 FORMAT_VERSION = 1
+MASK_SUFFIX = ".mask"
 MANIFEST = "manifest.json"
 PLAN = "plan.json"
 SPLITS = (TRAIN, VALIDATION)
@@ -117,10 +122,17 @@ def kit_version() -> str:
 
 
 def plan_record(
-    data: Any, source: Plan, spec: TokenizerSpec, max_tokens: int | None, unit_mb: float | None = None
+    data: Any,
+    source: Plan,
+    spec: TokenizerSpec,
+    max_tokens: int | None,
+    unit_mb: float | None = None,
+    rows: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What a preparation is of: a re-run into the same directory must produce exactly this again. `unit_mb`
-    (prepare-data's, when not the default) is kept so the command that re-prepares the data can be given."""
+    (prepare-data's, when not the default) is kept so the command that re-prepares the data can be given.
+    `rows` (chat_rows: prompt/completion or conversation data): the format, its fields and the chat options;
+    a text preparation's record is as it always was."""
     if data.validation_dataset is not None:
         validation: dict[str, Any] = {"dataset": data.validation_dataset}
     elif data.validation_split is not None:
@@ -149,12 +161,14 @@ def plan_record(
         "validation": validation,
         "max_tokens": max_tokens,
         **({} if unit_mb is None else {"unit_mb": unit_mb}),
+        **(rows or {}),
         "units": [u.to_dict() for u in source.units],
     }
 
 
 def _differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     keys = ("source", "tokenizer", "text_field", "validation", "max_tokens", "units", "format_version")
+    keys += ("data_format", "fields", "chat")
     return [k for k in keys if a.get(k) != b.get(k)]
 
 
@@ -202,9 +216,12 @@ def unit_done(out: Path, index: int) -> dict[str, Any] | None:
     except (OSError, json.JSONDecodeError):
         return None
     for shard in record["shards"].values():
-        file = out / shard["file"]
-        if not file.is_file() or file.stat().st_size != shard["bytes"]:
-            return None
+        for part in (shard, shard.get("mask")):
+            if part is None:
+                continue
+            file = out / part["file"]
+            if not file.is_file() or file.stat().st_size != part["bytes"]:
+                return None
     return record
 
 
@@ -214,17 +231,23 @@ def unit_done(out: Path, index: int) -> dict[str, Any] | None:
 class _ShardFile:
     """One shard being written under .staging: appended to, checksummed as it goes, renamed when complete."""
 
-    def __init__(self, out: Path, split: str, index: int) -> None:
-        self.rel = f"{split}/{_unit_name(index)}.bin"
+    def __init__(self, out: Path, split: str, index: int, suffix: str = ".bin") -> None:
+        self.rel = f"{split}/{_unit_name(index)}{suffix}"
         self.final = out / self.rel
-        self.staging = _staging_dir(out) / f"{split}-{_unit_name(index)}.bin"
+        self.staging = _staging_dir(out) / f"{split}-{_unit_name(index)}{suffix}"
         self.staging.parent.mkdir(parents=True, exist_ok=True)
         self.file = self.staging.open("wb")
         self.hash = xxhash.xxh3_64()
         self.tokens = 0
         self.documents = 0
+        # The flag bytes of prompt/completion and conversation data, committed with the tokens (MASK_SUFFIX).
+        self.mask: _ShardFile | None = None
 
-    def write(self, arrays: list[np.ndarray]) -> None:
+    def with_mask(self, out: Path, split: str, index: int) -> _ShardFile:
+        self.mask = _ShardFile(out, split, index, MASK_SUFFIX)
+        return self
+
+    def write(self, arrays: list[np.ndarray], flags: list[np.ndarray] | None = None) -> None:
         if not arrays:
             return
         data = np.concatenate(arrays).tobytes()
@@ -232,22 +255,31 @@ class _ShardFile:
         self.hash.update(data)
         self.tokens += sum(len(a) for a in arrays)
         self.documents += len(arrays)
+        if self.mask is not None:
+            assert flags is not None and [len(f) for f in flags] == [len(a) for a in arrays]
+            self.mask.write(flags)
 
     def commit(self) -> dict[str, Any]:
+        mask = self.mask.commit() if self.mask is not None else None
         self.file.flush()
         os.fsync(self.file.fileno())
         self.file.close()
         self.final.parent.mkdir(parents=True, exist_ok=True)
         self.staging.replace(self.final)
-        return {
+        record = {
             "file": self.rel,
             "tokens": self.tokens,
             "documents": self.documents,
             "bytes": self.final.stat().st_size,
             "xxh3": self.hash.hexdigest(),
         }
+        if mask is not None:
+            record["mask"] = {"file": mask["file"], "bytes": mask["bytes"], "xxh3": mask["xxh3"]}
+        return record
 
     def discard(self) -> None:
+        if self.mask is not None:
+            self.mask.discard()
         self.file.close()
         self.staging.unlink(missing_ok=True)
 
@@ -309,6 +341,8 @@ def write_unit(
     """Tokenize unit `index` of the plan `record` into its shards and commit its unit record. Memory: one batch
     of documents."""
     unit = Unit.from_dict(record["units"][index])
+    if record.get("data_format", chat.TEXT) != chat.TEXT:
+        return _write_rows_unit(out, index, record, spec, progress)
     text_field = record["text_field"]
     validation_fraction = record["validation"].get("fraction", 0.0)
     max_tokens = record["max_tokens"]
@@ -349,6 +383,112 @@ def write_unit(
     path.parent.mkdir(parents=True, exist_ok=True)
     _write_atomically(path, json.dumps(done, indent=1), f"the record of unit {index}")
     return done
+
+
+def _write_rows_unit(
+    out: Path, index: int, record: dict[str, Any], spec: TokenizerSpec, progress: Callable[[int, int], None]
+) -> dict[str, Any]:
+    """write_unit for prompt/completion and conversation rows: each row one document, its flag bytes in the
+    .mask beside the tokens. A bad row is one line naming it, and the unit is not committed."""
+    unit = Unit.from_dict(record["units"][index])
+    fields = record["fields"]
+    fields = tuple(fields) if isinstance(fields, list) else fields
+    validation_fraction = record["validation"].get("fraction", 0.0)
+    max_tokens = record["max_tokens"]
+    encoder = _chat_encoder(spec, record)
+    shards = {split: _ShardFile(out, split, index).with_mask(out, split, index) for split in SPLITS}
+    phase = _phase(unit)
+    where_file = unit.describe()
+    untrained = rows = 0
+    try:
+        for batch, nbytes in documents.read(unit, fields, _staging_dir(out)):
+            first = rows
+            encoded = encoder.encode(batch, lambda i, first=first: f"{where_file} row {first + i}")
+            rows += len(batch)
+            untrained += encoded.untrained
+            pairs = list(zip(encoded.ids, encoded.flags, strict=True))
+            if unit.role == SPLIT:
+                to_val = [_held_out(first + i, validation_fraction, phase) for i in range(len(pairs))]
+                train = [pair for pair, v in zip(pairs, to_val, strict=True) if not v]
+                held = [pair for pair, v in zip(pairs, to_val, strict=True) if v]
+                shards[TRAIN].write([a for a, _ in train], [f for _, f in train])
+                shards[VALIDATION].write([a for a, _ in held], [f for _, f in held])
+            else:
+                shards[unit.role].write(encoded.ids, encoded.flags)
+            progress(nbytes, sum(len(a) for a in encoded.ids))
+            if max_tokens is not None and shards[TRAIN].tokens >= max_tokens:
+                break
+        _check_untrained(untrained, rows, where_file, record)
+        committed = {split: shard.commit() for split, shard in shards.items()}
+    except OSError as e:
+        for shard in shards.values():
+            shard.discard()
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise _disk_full(out, f"unit {index}") from None
+        raise
+    except BaseException:
+        for shard in shards.values():
+            shard.discard()
+        raise
+    done = {
+        "unit": unit.to_dict(),
+        "shards": committed,
+        "empty_documents": 0,
+        "untrained_documents": untrained,
+    }
+    path = _record_path(out, index)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomically(path, json.dumps(done, indent=1), f"the record of unit {index}")
+    return done
+
+
+def _check_untrained(untrained: int, rows: int, where: str, record: dict[str, Any]) -> None:
+    """Rows with no token to train on are counted; past chat.UNTRAINED_LIMIT of a unit's (or all of them) the
+    template or the data is wrong, and training on it would be a silent zero-loss run."""
+    if not untrained or (untrained < rows and untrained <= chat.UNTRAINED_LIMIT * rows):
+        return
+    options = record["chat"]
+    what = "conversations" if record["data_format"] == chat.MESSAGES else "rows"
+    raise ConfigError(
+        f"{untrained} of {rows} {what} in {where} have no token to train on (no assistant turn the chat "
+        f"template, {options['template_from']}, renders): fix the data or pass --chat_template with a template "
+        "that renders the assistant turns (or --train_on_prompt to train on every token)"
+    )
+
+
+_chat_encoders: dict[str, chat.ChatEncoder] = {}
+
+
+def _chat_encoder(spec: TokenizerSpec, record: dict[str, Any]) -> chat.ChatEncoder:
+    key = f"{spec.fingerprint}|{record['data_format']}|{json.dumps(record['chat'], sort_keys=True)}"
+    if key not in _chat_encoders:
+        _chat_encoders[key] = chat.ChatEncoder(
+            spec.json, spec.eos_id, spec.dtype, record["data_format"], record["chat"]
+        )
+    return _chat_encoders[key]
+
+
+def rows_record(data: Any, source: Plan, tokenizer: Any, say: Callable[[str], None]) -> dict[str, Any] | None:
+    """The plan record's entries for prompt/completion or conversation data (None: text), deciding
+    --data_format auto by the first row's columns and saying so in one line."""
+    data_format, fields, said = chat.decide_format(data, documents.first_row(source.units[0]))
+    if said:
+        say(f"Data: {data.dataset}: {said}")
+    if data_format == chat.TEXT:
+        given = [f"--{flag}" for flag in ("chat_template", "train_on_prompt") if getattr(data, flag)]
+        if given:  # they would change nothing: every token of a text is trained on, no template renders it
+            raise ConfigError(
+                f"{' and '.join(given)} {'apply' if len(given) > 1 else 'applies'} to prompt/completion and "
+                f"conversation rows, and {data.dataset} is "
+                f"read as text ({data.text_field!r}): drop {'them' if len(given) > 1 else 'it'}, or pass "
+                "--data_format prompt_completion or messages"
+            )
+        return None
+    return {
+        "data_format": data_format,
+        "fields": list(fields) if isinstance(fields, tuple) else fields,
+        "chat": chat.options(data, tokenizer, data_format),
+    }
 
 
 # --- finishing: the manifest ----------------------------------------------------------------------------
@@ -506,19 +646,31 @@ class PreparedDataset:
         """The token the preparation appended to every document (the tokenizer's EOS)."""
         return int(self.manifest["tokenizer"]["eos_id"])
 
-    def blocks(self, split: str, seq_length: int, documents_apart: bool = False) -> TokenBlocks:
-        """The split's blocks; `documents_apart`: rows whose documents are kept apart (--packing documents)."""
+    @property
+    def data_format(self) -> str:
+        return self.manifest.get("data_format", chat.TEXT)
+
+    def _map(self, rel: str, tokens: int, dtype: np.dtype) -> np.ndarray:
+        file = self.path / rel
+        if not file.is_file() or file.stat().st_size < tokens * dtype.itemsize:
+            raise ConfigError(
+                f"prepared data {self.path}: shard {rel} is missing or shorter than its manifest "
+                "says: prepare the data again"
+            )
+        return np.memmap(file, dtype=dtype, mode="r", shape=(tokens,))
+
+    def blocks(
+        self, split: str, seq_length: int, documents_apart: bool = False
+    ) -> TokenBlocks | PackedBlocks:
+        """The text stream cut into blocks (`documents_apart`: rows whose documents are kept apart, --packing
+        documents); prompt/completion and conversation documents packed whole, always kept apart."""
         dtype = np.dtype(self.manifest["dtype"])
-        arrays = []
-        for shard in self.manifest["shards"][split]:
-            file = self.path / shard["file"]
-            if not file.is_file() or file.stat().st_size < shard["tokens"] * dtype.itemsize:
-                raise ConfigError(
-                    f"prepared data {self.path}: shard {shard['file']} is missing or shorter than its manifest "
-                    "says: prepare the data again"
-                )
-            arrays.append(np.memmap(file, dtype=dtype, mode="r", shape=(shard["tokens"],)))
-        return TokenBlocks(arrays, seq_length, self.document_end if documents_apart else None)
+        shards = [s for s in self.manifest["shards"][split] if s["tokens"]]
+        arrays = [self._map(shard["file"], shard["tokens"], dtype) for shard in shards]
+        if self.data_format == chat.TEXT:
+            return TokenBlocks(arrays, seq_length, self.document_end if documents_apart else None)
+        flags = [self._map(shard["mask"]["file"], shard["tokens"], np.dtype(np.uint8)) for shard in shards]
+        return PackedBlocks(arrays, flags, seq_length, self.document_end)
 
 
 # --- verifying the shards -------------------------------------------------------------------------------
@@ -539,6 +691,12 @@ def prepare_command(path: Path, record: dict[str, Any]) -> str:
     args += [f"--validation_{held_out}", str(value)]
     name = record["tokenizer"]["name"]
     args += ["--model" if name in PRESETS else "--tokenizer", name]  # a preset names its tokenizer
+    if record.get("data_format") is not None:
+        args += ["--data_format", record["data_format"]]
+        if record["chat"]["template_from"] != chat.TOKENIZER_TEMPLATE:
+            args += ["--chat_template", record["chat"]["template_from"]]
+        if record["chat"]["train_on_prompt"]:
+            args += ["--train_on_prompt", "true"]
     if record.get("max_tokens") is not None:
         args += ["--max_tokens", str(record["max_tokens"])]
     if record.get("unit_mb") is not None:
@@ -591,6 +749,9 @@ def verify_shards(path: Path, manifest: dict[str, Any], say: Callable[[str], Non
     started = time.perf_counter()
     verified = _read_verified(path)
     shards = {s["file"]: s for split in SPLITS for s in manifest["shards"][split]}
+    shards |= {
+        s["mask"]["file"]: s["mask"] for split in SPLITS for s in manifest["shards"][split] if "mask" in s
+    }
     failed: dict[str, str] = {}
     current: dict[str, Any] = {}
     todo: list[tuple[str, dict[str, int]]] = []
@@ -719,6 +880,9 @@ def content_fingerprint(manifest: dict[str, Any]) -> str:
     """What the training blocks hold, from the manifest's per-shard checksums in stream order (not where the
     dataset lives: a moved or copied one keeps it): a checkpoint records it, and a resume on other data is
     refused (checkpoint/launch_record.py)."""
-    shards = [(shard["xxh3"], shard["tokens"]) for shard in manifest["shards"][TRAIN]]
+    shards = [
+        (shard["xxh3"], shard["tokens"], *([shard["mask"]["xxh3"]] if "mask" in shard else []))
+        for shard in manifest["shards"][TRAIN]
+    ]
     identity = {"dtype": manifest["dtype"], "train_shards": shards}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]

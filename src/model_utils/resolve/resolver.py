@@ -25,6 +25,7 @@ from model_utils.checkpoint import launch_record, protocol
 from model_utils.config import deepspeed_file
 from model_utils.config.arguments import AUTO, CUDA_GLOBAL_BATCH_TOKENS, PACKING_DOCUMENTS, TrainConfig
 from model_utils.data import block_cache, mixture, sampler, token_shards
+from model_utils.data.packing import PackedBlocks
 from model_utils.data.rows import BlockSource
 from model_utils.errors import ConfigError
 from model_utils.launch import accelerate_env, preemption, startup
@@ -72,8 +73,11 @@ class ResolvedRun:
 
     @property
     def documents_apart(self) -> bool:
-        """Whether the blocks keep documents apart (their rows answer document positions): --packing documents."""
-        return self.config.data.packing == PACKING_DOCUMENTS
+        """Whether the blocks keep documents apart (their rows answer document positions): --packing documents,
+        or prompt/completion and conversation data (packed whole, always apart), alone or in a mixture."""
+        sources = getattr(self.train_blocks, "sources", (self.train_blocks,))
+        packed = any(isinstance(source, PackedBlocks) for source in sources)
+        return self.config.data.packing == PACKING_DOCUMENTS or packed
 
     @property
     def gradient_accumulation_steps(self) -> int:
@@ -313,6 +317,8 @@ def _blocks_or_error(
     dataset: token_shards.PreparedDataset, split: str, cfg: TrainConfig, seq_length: int
 ) -> BlockSource:
     blocks = dataset.blocks(split, seq_length, documents_apart=cfg.data.packing == PACKING_DOCUMENTS)
+    if isinstance(blocks, PackedBlocks):  # documents packed whole: how full the blocks are, what was cut
+        print0(f"Data: {split}: {blocks.stats.line(seq_length)}")
     if len(blocks) == 0:
         hint = (
             "raise --validation_fraction, or set it to 0 to skip validation"

@@ -61,12 +61,23 @@ CASES = {
         lambda t: ["--dataset", jsonl(t / "d.jsonl", [{"body": "x"}] * 3)],
         "has no field 'text'",
     ),
-    "chat messages as the text field": (
+    "chat messages as the text field": (  # read as conversations (auto), which need a chat template
         lambda t: [
             "--dataset",
             jsonl(t / "d.jsonl", [{"messages": [{"role": "user", "content": "hi"}]}] * 3),
             "--text_field",
             "messages",
+        ],
+        "d.jsonl holds conversations and the tokenizer has no chat template: pass --chat_template FILE",
+    ),
+    "chat messages as text": (
+        lambda t: [
+            "--dataset",
+            jsonl(t / "d.jsonl", [{"messages": [{"role": "user", "content": "hi"}]}] * 3),
+            "--text_field",
+            "messages",
+            "--data_format",
+            "text",
         ],
         "d.jsonl holds list values, not text (3 of the first 3 rows): pass --text_field naming a field of plain",
     ),

@@ -507,6 +507,17 @@ def test_local_datasets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     assert other.status is Status.FAIL and "columns: body" in other.found and "--text_field" in other.fix
     assert check(str(tmp_path / "other.jsonl"), text_field="body").status is Status.PASS
     assert check(str(tmp_path / "empty.txt")).status is Status.FAIL
+    # Conversations and prompt/completion rows: the columns their --data_format reads.
+    (tmp_path / "chats.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    (tmp_path / "pc.jsonl").write_text('{"prompt": "a", "completion": "b"}\n')
+    chats = check(str(tmp_path / "chats.jsonl"))
+    assert chats.status is Status.PASS and "column 'messages'" in chats.found
+    pairs = check(str(tmp_path / "pc.jsonl"))
+    assert pairs.status is Status.PASS and "columns 'prompt' and 'completion'" in pairs.found
+    wrong = check(str(tmp_path / "good.jsonl"), data_format="messages")
+    assert (
+        wrong.status is Status.FAIL and "no column 'messages'" in wrong.found and "--data_format" in wrong.fix
+    )
     missing = check(str(tmp_path / "nope.jsonl"))
     assert missing.status is Status.FAIL and "does not exist" in missing.found
     saved = check(str(tmp_path / "saved"))

@@ -1,0 +1,222 @@
+"""Loss masks of prompt/completion and conversation rows: the same tokens and the same trained-on tokens as TRL's
+SFTTrainer (assistant_only_loss, completion_only_loss) for the Qwen3, Llama-3.1, Mistral and Gemma-3 templates,
+from the stock templates (no generation tags) by the prefix-render comparison; and a bad row in one line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from model_utils.config.arguments import DataArgs
+from model_utils.data import chat
+from model_utils.data.token_shards import TokenizerSpec
+from model_utils.errors import ConfigError
+from support.chat_data import FAMILIES, chat_tokenizer, conversations, template_text
+
+
+def _encoder(tokenizer, data_format: str, **data) -> chat.ChatEncoder:
+    spec = TokenizerSpec.of(tokenizer, "test")
+    options = chat.options(DataArgs(**data), tokenizer, data_format)
+    return chat.ChatEncoder(spec.json, spec.eos_id, spec.dtype, data_format, options)
+
+
+def _ours(tokenizer, rows: list, data_format: str = chat.MESSAGES) -> list[tuple[list[int], list[int]]]:
+    """Each row's ids and trained flags, without the EOS appended to end the document when the template did not."""
+    encoded = _encoder(tokenizer, data_format).encode(rows, lambda i: f"row {i}")
+    out = []
+    for ids, flags in zip(encoded.ids, encoded.flags, strict=True):
+        ids, trained = ids.tolist(), ((flags & chat.TRAINED) != 0).astype(int).tolist()
+        out.append((ids, trained))
+    return out
+
+
+def _trl(tokenizer, rows: list[dict], tmp_path, **config) -> list[tuple[list[int], list[int]]]:
+    """TRL's SFTTrainer's tokenized rows: input_ids, and 1 where its labels train on the token."""
+    from datasets import Dataset
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from trl import SFTConfig, SFTTrainer
+
+    model = Qwen3ForCausalLM(
+        Qwen3Config(
+            vocab_size=len(tokenizer),
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=8,
+        )
+    )
+    args = SFTConfig(output_dir=str(tmp_path / "trl"), report_to=[], max_length=None, use_cpu=True, **config)
+    trainer = SFTTrainer(
+        model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer
+    )
+    return [(r["input_ids"], [int(label != -100) for label in r["labels"]]) for r in trainer.train_dataset]
+
+
+def _without_appended_eos(ours: tuple[list[int], list[int]], reference_ids: list[int]):
+    ids, trained = ours
+    if len(ids) == len(reference_ids) + 1:
+        return ids[:-1], trained[:-1]
+    return ids, trained
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama3_1", "mistral", "gemma3"])
+def test_assistant_masks_equal_trls(family: str, tmp_path) -> None:
+    spec = FAMILIES[family]
+    stock = chat_tokenizer(spec, tmp_path / "stock")
+    chats = conversations(family)
+    ours = _ours(stock, chats)
+    # TRL swaps its training template in for the stock Qwen3 and Gemma-3 ones; it has none for Llama-3.1 or
+    # Mistral, so it is given the stock template with generation tags added (the same rendering).
+    trl_tokenizer = (
+        stock if family in ("qwen3", "gemma3") else chat_tokenizer(spec, tmp_path / "tagged", spec.tagged)
+    )
+    reference = _trl(trl_tokenizer, [{"messages": c} for c in chats], tmp_path, assistant_only_loss=True)
+    compared = 0
+    for chat_, mine, (ref_ids, ref_trained) in zip(chats, ours, reference, strict=True):
+        ids, trained = _without_appended_eos(mine, ref_ids)
+        if ids != ref_ids:
+            # TRL's Qwen3 training template keeps every turn's <think> block, the stock one (trained on here)
+            # drops those before the last question: only multi-turn Qwen3 conversations render differently.
+            assert family == "qwen3" and sum(m["role"] == "user" for m in chat_) > 1
+            continue
+        assert trained == ref_trained, stock.decode(ids)
+        assert 1 in trained
+        compared += 1
+    assert compared >= 3
+
+
+def test_stock_qwen3_masks_equal_its_tagged_rendering_in_both_thinking_modes(tmp_path) -> None:
+    """Multi-turn Qwen3, which TRL renders differently: the stock rendering with generation tags (qwen3_tagged)
+    through transformers' return_assistant_tokens_mask. In non-thinking mode the empty <think> block is part of
+    the generation prompt (the model is given it), so it is not trained on; everything else is the same."""
+    tokenizer = chat_tokenizer(FAMILIES["qwen3"], tmp_path / "tok")
+    tagged = template_text("qwen3_tagged.jinja")
+    special = {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
+    for kwargs in ({}, {"enable_thinking": False}):
+        for messages in conversations("qwen3"):
+            reference = tokenizer.apply_chat_template(
+                messages, return_dict=True, return_assistant_tokens_mask=True, chat_template=tagged, **kwargs
+            )
+            text, spans = chat.assistant_spans(tokenizer.chat_template, messages, special, **kwargs)
+            encoding = tokenizer.backend_tokenizer.encode(text, add_special_tokens=False)
+            assert encoding.ids == reference["input_ids"]
+            trained = np.zeros(len(encoding.ids), int)
+            for start, end in spans:
+                trained[encoding.char_to_token(start) : encoding.char_to_token(end - 1) + 1] = 1
+            expected = np.array(reference["assistant_masks"])
+            if (
+                kwargs
+                and messages[-1].get("reasoning_content") is None
+                and "<think>" not in messages[-1]["content"]
+            ):
+                at = text.rindex(EMPTY_THINK)
+                first, last = encoding.char_to_token(at), encoding.char_to_token(at + len(EMPTY_THINK) - 1)
+                assert expected[first : last + 1].all()  # trained on by the tagged template, the prompt here
+                expected[first : last + 1] = 0
+            if kwargs and "<think>" in text[spans[-1][0] - 8 : spans[-1][0]]:
+                continue  # reasoning given in non-thinking mode: its "<think>\n" reads as the prompt's
+            assert trained.tolist() == expected.tolist(), text
+
+
+EMPTY_THINK = "<think>\n\n</think>\n\n"
+
+
+def test_generation_tags_are_used_where_the_template_has_them(tmp_path) -> None:
+    tokenizer = chat_tokenizer(FAMILIES["gemma3"], tmp_path / "tok", "gemma3_training.jinja")
+    messages = conversations("gemma3")[2]
+    reference = tokenizer.apply_chat_template(messages, return_dict=True, return_assistant_tokens_mask=True)
+    ((ids, trained),) = _ours(tokenizer, [messages])
+    assert ids[: len(reference["input_ids"])] == reference["input_ids"]
+    assert trained[: len(reference["input_ids"])] == reference["assistant_masks"]
+
+
+def test_completion_masks_equal_trls(tmp_path) -> None:
+    tokenizer = chat_tokenizer(FAMILIES["qwen3"], tmp_path / "tok")
+    plain = [
+        {"prompt": "The capital of France is", "completion": " Paris."},
+        {"prompt": "Two plus two equals ", "completion": "four"},
+        {"prompt": "Q: what color is the sky?\nA:", "completion": " Blue, on a clear day."},
+    ]
+    ours = _ours(tokenizer, plain, chat.PROMPT_COMPLETION)
+    assert ours == _trl(tokenizer, plain, tmp_path, completion_only_loss=True)
+    assert all(trained[-1] == 1 for _, trained in ours)  # the EOS that ends the completion is trained on
+    conversational = [{"prompt": c[:-1], "completion": c[-1:]} for c in conversations("qwen3")[:4]]
+    ours = _ours(tokenizer, conversational, chat.PROMPT_COMPLETION)
+    reference = _trl(tokenizer, conversational, tmp_path, completion_only_loss=True)
+    for mine, (ref_ids, ref_trained) in zip(ours, reference, strict=True):
+        assert _without_appended_eos(mine, ref_ids) == (ref_ids, ref_trained)
+
+
+def test_train_on_prompt_trains_every_token_but_the_first(tmp_path) -> None:
+    tokenizer = chat_tokenizer(FAMILIES["llama3_1"], tmp_path / "tok")
+    spec = TokenizerSpec.of(tokenizer, "test")
+    options = chat.options(DataArgs(train_on_prompt=True), tokenizer, chat.MESSAGES)
+    encoded = chat.ChatEncoder(spec.json, spec.eos_id, spec.dtype, chat.MESSAGES, options).encode(
+        conversations("llama3_1")[:1], str
+    )
+    flags = encoded.flags[0]
+    assert flags[0] == chat.DOC_START and (flags[1:] == chat.TRAINED).all()
+
+
+BAD_ROWS = [
+    ([{"content": "hi"}, {"role": "assistant", "content": "yo"}], "message 0 has no 'role'"),
+    ([{"role": "human", "content": "hi"}], "message 0 has the unknown role 'human'"),
+    (
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "  "}],
+        "message 1 is an empty assistant turn",
+    ),
+    ([{"role": "user", "content": ["hi"]}], "message 0 (user) has list content, not text"),
+    ("hello", "is str, not a list of messages"),
+]
+
+
+@pytest.mark.parametrize(("row", "wrong"), BAD_ROWS)
+def test_a_bad_conversation_is_one_line_naming_the_row(row, wrong: str, tmp_path) -> None:
+    tokenizer = chat_tokenizer(FAMILIES["qwen3"], tmp_path / "tok")
+    good = conversations("qwen3")[0]
+    with pytest.raises(ConfigError) as raised:
+        _encoder(tokenizer, chat.MESSAGES).encode([good, row], lambda i: f"data.jsonl row {i}")
+    line = str(raised.value)
+    assert line.startswith(f"data.jsonl row 1: {wrong}") and "\n" not in line
+
+
+def test_a_row_the_template_cannot_render_is_one_line(tmp_path) -> None:
+    tokenizer = chat_tokenizer(FAMILIES["mistral"], tmp_path / "tok")
+    two_users = [
+        {"role": "user", "content": "a"},
+        {"role": "user", "content": "b"},
+        {"role": "assistant", "content": "c"},
+    ]
+    with pytest.raises(
+        ConfigError, match=r"^data.jsonl row 0: the chat template cannot render it \(.*alternate"
+    ):
+        _encoder(tokenizer, chat.MESSAGES).encode([two_users], lambda i: f"data.jsonl row {i}")
+
+
+def test_bad_prompt_completion_rows(tmp_path) -> None:
+    tokenizer = chat_tokenizer(FAMILIES["qwen3"], tmp_path / "tok")
+    for row, wrong in (
+        ({"prompt": 3, "completion": "x"}, "'prompt' is int, not text or a list of messages"),
+        ({"prompt": "x", "completion": ""}, "'completion' is empty"),
+    ):
+        with pytest.raises(ConfigError, match=f"^f.jsonl row 0: {wrong}"):
+            _encoder(tokenizer, chat.PROMPT_COMPLETION).encode([row], lambda i: f"f.jsonl row {i}")
+
+
+def test_auto_decides_by_the_first_rows_columns() -> None:
+    data = DataArgs()
+    assert chat.decide_format(data, {"text": "a"})[:2] == ("text", "text")
+    decided = chat.decide_format(data, {"messages": [{"role": "user", "content": "a"}]})
+    assert decided[:2] == ("messages", "messages") and "--data_format messages (auto)" in decided[2]
+    # --text_field messages on conversations: conversations, not 0 documents
+    assert chat.decide_format(DataArgs(text_field="messages"), {"messages": []})[:2] == (
+        "messages",
+        "messages",
+    )
+    assert chat.decide_format(data, {"prompt": "a", "completion": "b"})[:2] == (
+        "prompt_completion",
+        ("prompt", "completion"),
+    )
+    assert chat.decide_format(DataArgs(data_format="text"), {"messages": []})[:2] == ("text", "text")

@@ -1,0 +1,263 @@
+"""Prompt/completion and conversation data through `dskit prepare-data` and the in-process path: the masks stored
+beside the tokens (parallel, killed and resumed: the same bytes; checksummed and verified), the options in the
+plan (a changed one prepares anew), bad rows and untrained rows in one line with nothing looking finished."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from model_utils.config import run_file
+from model_utils.config.arguments import SECTIONS, DataArgs
+from model_utils.data import chat, documents, token_shards
+from model_utils.errors import ConfigError
+from support.chat_data import FAMILIES, chat_tokenizer, conversations, write_rows
+from support.prepared_data import prep, run_data
+
+
+@pytest.fixture
+def qwen3(tmp_path: Path):
+    path = tmp_path / "qwen3-tokenizer"
+    return chat_tokenizer(FAMILIES["qwen3"], path), path
+
+
+def _chats(n: int) -> list[dict]:
+    base = conversations("qwen3")
+    return [
+        {"messages": [{**m, "content": f"{m['content']} ({i})"} for m in base[i % len(base)]]}
+        for i in range(n)
+    ]
+
+
+def _all_rows(dataset, split: str, seq: int):
+    blocks = dataset.blocks(split, seq)
+    return blocks, blocks.rows(np.arange(len(blocks)))
+
+
+def test_prepare_data_stores_masks_that_survive_parallel_kill_and_resume(
+    tmp_path: Path, qwen3, monkeypatch
+) -> None:
+    tokenizer, tokenizer_dir = qwen3
+    source = write_rows(tmp_path / "chats.jsonl", _chats(600))
+    args = ["--dataset", str(source), "--tokenizer", str(tokenizer_dir), "--unit_mb", "0.03"]
+    assert prep(tmp_path / "two", *args, "--num_proc", "2") == 0
+    two = token_shards.open_prepared(tmp_path / "two")
+    assert two.manifest["data_format"] == "messages" and two.manifest["units"] > 3
+    assert all("mask" in shard for shard in two.manifest["shards"]["train"])
+
+    real_read = documents.read
+    calls = []
+
+    def crash_in_unit_2(unit, field, scratch):
+        calls.append(unit.start)
+        for i, item in enumerate(real_read(unit, field, scratch)):
+            yield item
+            if len(calls) == 3 and i == 0:
+                raise KeyboardInterrupt  # killed mid-unit
+
+    monkeypatch.setattr(documents, "read", crash_in_unit_2)
+    with pytest.raises(KeyboardInterrupt):
+        prep(tmp_path / "cut", *args, "--num_proc", "1")
+    cut = tmp_path / "cut"
+    assert token_shards.state(cut) == "unfinished"
+    assert not [
+        p for p in (cut / ".staging").rglob("*") if p.is_file()
+    ]  # the cut unit's tokens and mask gone
+    monkeypatch.setattr(documents, "read", real_read)
+    assert prep(cut, *args, "--num_proc", "1") == 0
+    resumed = token_shards.open_prepared(cut)
+    assert resumed.manifest["shards"] == two.manifest["shards"]  # tokens and masks, byte for byte
+
+    # What a run reads: each row's targets are exactly the assistant turns' tokens, never a document's first.
+    blocks, rows = _all_rows(resumed, "train", 256)
+    trained_text = tokenizer.decode(rows.tokens[rows.targets])
+    assert "Four. (0)<|im_end|>" in trained_text and "What is two plus two?" not in trained_text
+    assert not rows.targets[rows.positions == 0].any()
+    assert blocks.stats.documents == two.manifest["documents"]["train"]
+
+
+def test_a_corrupted_mask_is_found_by_verification(tmp_path: Path, qwen3) -> None:
+    _, tokenizer_dir = qwen3
+    source = write_rows(tmp_path / "chats.jsonl", _chats(50))
+    out = tmp_path / "p"
+    assert prep(out, "--dataset", str(source), "--tokenizer", str(tokenizer_dir), "--num_proc", "1") == 0
+    mask = out / "train" / "00000.mask"
+    data = bytearray(mask.read_bytes())
+    data[5] ^= chat.TRAINED
+    mask.write_bytes(bytes(data))
+    with pytest.raises(ConfigError, match=r"shard train/00000.mask does not match its checksum"):
+        token_shards.open_prepared(out)
+
+
+def test_changed_chat_options_prepare_anew_and_are_refused_for_a_prepared_dir(tmp_path: Path, qwen3) -> None:
+    tokenizer, tokenizer_dir = qwen3
+    source = write_rows(tmp_path / "chats.jsonl", _chats(40))
+    cache = str(tmp_path / "cache")
+    answers_only = run_data(
+        DataArgs(dataset=str(source), data_cache_dir=cache, validation_fraction=0), tokenizer
+    )
+    everything = run_data(
+        DataArgs(dataset=str(source), data_cache_dir=cache, validation_fraction=0, train_on_prompt=True),
+        tokenizer,
+    )
+    assert answers_only.path != everything.path
+    _, few = _all_rows(answers_only, "train", 128)
+    _, all_ = _all_rows(everything, "train", 128)
+    assert few.targets.sum() < all_.targets.sum()
+    template = tmp_path / "llama.jinja"
+    template.write_text((Path(__file__).parents[2] / "support/chat_templates/llama3_1.jinja").read_text())
+    other = run_data(
+        DataArgs(
+            dataset=str(source), data_cache_dir=cache, validation_fraction=0, chat_template=str(template)
+        ),
+        tokenizer,
+    )
+    assert other.path not in (answers_only.path, everything.path)
+    assert other.manifest["chat"]["template_from"] == str(template)
+    args = ["--dataset", str(source), "--tokenizer", str(tokenizer_dir), "--num_proc", "1"]
+    assert prep(tmp_path / "p", *args) == 0
+    with pytest.raises(ConfigError, match=r"differs in: chat"):
+        prep(tmp_path / "p", *args, "--train_on_prompt", "true")
+
+
+def test_a_bad_row_stops_the_preparation_in_one_line_leaving_nothing_finished(tmp_path: Path, qwen3) -> None:
+    _, tokenizer_dir = qwen3
+    rows = _chats(30)
+    rows[17] = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}]}
+    source = write_rows(tmp_path / "chats.jsonl", rows)
+    out = tmp_path / "p"
+    with pytest.raises(ConfigError) as raised:
+        prep(out, "--dataset", str(source), "--tokenizer", str(tokenizer_dir), "--num_proc", "1")
+    line = str(raised.value)
+    assert (
+        f"{source} [0:" in line
+        and "row 17: message 1 is an empty assistant turn" in line
+        and "\n" not in line
+    )
+    assert token_shards.state(out) == "unfinished" and not (out / "units").exists()
+    assert not [p for p in out.rglob("*.bin")] + [p for p in out.rglob("*.mask")]
+
+
+def test_rows_without_an_assistant_turn_are_counted_then_refused_past_the_limit(
+    tmp_path: Path, qwen3
+) -> None:
+    tokenizer, _ = qwen3
+    no_answer = {"messages": [{"role": "user", "content": "Hello?"}]}
+    few = write_rows(tmp_path / "few.jsonl", [*_chats(199), no_answer])  # 0.5%: counted
+    dataset = run_data(
+        DataArgs(dataset=str(few), data_cache_dir=str(tmp_path / "c"), validation_fraction=0), tokenizer
+    )
+    record = json.loads((dataset.path / "units" / "00000.json").read_text())
+    assert record["untrained_documents"] == 1
+    many = write_rows(tmp_path / "many.jsonl", [*_chats(20), no_answer, no_answer])
+    with pytest.raises(
+        ConfigError, match=r"^2 of 22 conversations in .*many.jsonl.* have no token to train on"
+    ):
+        run_data(DataArgs(dataset=str(many), data_cache_dir=str(tmp_path / "c")), tokenizer)
+    assert not list((tmp_path / "c").rglob("manifest.json"))[1:]  # only the first dataset's
+
+
+def test_conversations_given_as_text_are_one_line_and_auto_reads_them(tmp_path: Path, qwen3) -> None:
+    tokenizer, _ = qwen3
+    source = write_rows(tmp_path / "chats.jsonl", _chats(20))
+    cache = str(tmp_path / "c")
+    with pytest.raises(ConfigError, match=r"field 'messages' of .* holds list values, not text"):
+        run_data(
+            DataArgs(dataset=str(source), text_field="messages", data_format="text", data_cache_dir=cache),
+            tokenizer,
+        )
+    dataset = run_data(DataArgs(dataset=str(source), text_field="messages", data_cache_dir=cache), tokenizer)
+    assert dataset.manifest["data_format"] == "messages" and sum(dataset.manifest["documents"].values()) == 20
+
+
+def test_prompt_completion_parquet_and_the_text_record_unchanged(tmp_path: Path, qwen3, tokenizer) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    chat_tok, _ = qwen3
+    table = pa.table(
+        {"prompt": [f"Say {i}:" for i in range(30)], "completion": [f" {i}." for i in range(30)]}
+    )
+    pq.write_table(table, tmp_path / "pc.parquet")
+    dataset = run_data(
+        DataArgs(
+            dataset=str(tmp_path / "pc.parquet"), data_cache_dir=str(tmp_path / "c"), validation_fraction=0
+        ),
+        chat_tok,
+    )
+    assert dataset.manifest["data_format"] == "prompt_completion"
+    _, rows = _all_rows(dataset, "train", 64)
+    assert chat_tok.decode(rows.tokens[rows.targets]).count("<|im_end|>") == 30  # each completion's EOS
+    assert "Say" not in chat_tok.decode(rows.tokens[rows.targets])
+    text = write_rows(tmp_path / "t.jsonl", [{"text": "plain words"}] * 5)
+    plain = run_data(DataArgs(dataset=str(text), data_cache_dir=str(tmp_path / "c")), tokenizer)
+    assert not {"data_format", "fields", "chat"} & set(plain.manifest)  # a text preparation as it always was
+    with pytest.raises(
+        ConfigError, match=r"^--chat_template applies to prompt/completion and conversation rows"
+    ):
+        run_data(
+            DataArgs(dataset=str(text), data_cache_dir=str(tmp_path / "c"), chat_template="t.jinja"),
+            tokenizer,
+        )
+
+
+def test_the_data_flags_are_run_file_keys(tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("data: {data_format: messages, chat_template: t.jinja, train_on_prompt: true}\n")
+    values = run_file.load(str(path), SECTIONS).values
+    assert values["data_format"] == "messages" and values["chat_template"] == "t.jinja"
+    assert values["train_on_prompt"] is True
+    with pytest.raises(ConfigError, match="--data_format 'chat' is not one of"):
+        DataArgs(data_format="chat")
+
+
+def test_the_shipped_conversations_prepare_with_the_tiny_tokenizer(tmp_path: Path, tokenizer) -> None:
+    import importlib.util
+
+    from model_utils.assets import CHAT_TEMPLATE_PATH, CONVERSATIONS_PATH
+
+    tool = Path(__file__).parents[3] / "tools" / "example_conversations.py"
+    spec = importlib.util.spec_from_file_location("example_conversations", tool)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert CONVERSATIONS_PATH.read_text() == module.render(
+        module.conversations()
+    )  # regenerated byte for byte
+    data = DataArgs(
+        dataset=str(CONVERSATIONS_PATH),
+        chat_template=str(CHAT_TEMPLATE_PATH),
+        data_cache_dir=str(tmp_path / "c"),
+        validation_fraction=0.05,
+    )
+    dataset = run_data(data, tokenizer)
+    assert dataset.manifest["data_format"] == "messages"
+    assert sum(dataset.manifest["documents"].values()) == 300
+    blocks, rows = _all_rows(dataset, "train", 256)
+    trained = tokenizer.decode(rows.tokens[rows.targets])
+    assert "plus" in trained and "What" not in trained and "User:" not in trained
+    assert blocks.stats.fill > 0.9 and blocks.stats.dropped == 0
+
+
+def test_an_array_of_two_tasks_prepares_the_same_masks_as_one_process(tmp_path: Path, qwen3) -> None:
+    _, tokenizer_dir = qwen3
+    source = write_rows(tmp_path / "chats.jsonl", _chats(200))
+    args = [
+        "--dataset",
+        str(source),
+        "--tokenizer",
+        str(tokenizer_dir),
+        "--unit_mb",
+        "0.02",
+        "--num_proc",
+        "1",
+    ]
+    assert prep(tmp_path / "one", *args) == 0
+    array = tmp_path / "array"
+    assert prep(array, *args, "--task_index", "0", "--num_tasks", "2") == 0
+    assert token_shards.state(array) == "unfinished"  # task 1's units are not done yet
+    assert prep(array, *args, "--task_index", "1", "--num_tasks", "2") == 0
+    one, both = token_shards.open_prepared(tmp_path / "one"), token_shards.open_prepared(array)
+    assert one.manifest["units"] > 2 and both.manifest["shards"] == one.manifest["shards"]
