@@ -11,6 +11,9 @@ ERROR_FILE = "DSKIT_ERROR_FILE"
 TTY = "DSKIT_TTY"  # the launcher's terminal: rank 0 draws its progress bar there, never into the log
 SINGLENODE_LOGGED = "DSKIT_SINGLENODE_LOGGED"  # train-singlenode.sh re-executed itself under its log tee
 FAULT_INJECT = "DSKIT_FAULT_INJECT"  # tests only: a rank SIGKILLs itself at a named point of a save
+WATCHDOG_DIR = (
+    "DSKIT_WATCHDOG_DIR"  # the hang watchdog's heartbeat files of a host's ranks (observe/watchdog.py)
+)
 SPIKE_FAULT = "DSKIT_SPIKE_FAULT"  # tests only: a loss or gradient fault on a step's data (faults.py)
 # The SageMaker entry (dskit.sagemaker.entry), set in the job's environment by `dskit sagemaker submit`:
 # the root of SageMaker's /opt/ml tree (another dir runs the contract anywhere); uv: `uv sync --frozen` in the
