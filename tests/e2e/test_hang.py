@@ -90,4 +90,7 @@ def test_a_rank_frozen_in_a_checkpoint_save_is_named_in_its_phase(tmp_path: Path
     # (and a round of the watchdog's thread) after it froze; the steps and the save before it take their time.
     assert HANG_TIMEOUT <= int(said[5]) <= HANG_TIMEOUT + 2, said[0]
     assert seconds < 120, f"{seconds:.0f} s from the first step to the exit"
-    assert protocol.newest_verified(tmp_path / "ckpt") is None  # the frozen save never completed
+    # The SIGCONT that lets the frozen rank print its stacks may let the save finish before the ranks exit: then
+    # it is a whole, verified checkpoint; else its staging dir is debris the next save removes.
+    newest = protocol.newest_verified(tmp_path / "ckpt")
+    assert newest is None or newest.tag == "tiny_qwen3-3steps"

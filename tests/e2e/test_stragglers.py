@@ -32,12 +32,13 @@ def comparisons(path: Path) -> list[dict]:
 def test_a_rank_slowed_by_a_fifth_is_named_within_100_steps(tmp_path: Path) -> None:
     out = train(flags(tmp_path, 100), tmp_path, env={**ENV, launch_env.SPIKE_FAULT: "slow@1+/1"})
     warnings = [line for line in out.splitlines() if "WARNING: Straggler:" in line]
-    assert len(warnings) == 1 and "Straggler: rank 1 is " in warnings[0], out[-4000:]
     found = comparisons(tmp_path / "metrics.jsonl")
+    print(f"busy ratios {[r['busy_ratio'] for r in found]}")
     assert [r["step"] for r in found] == [21, 41, 61, 81]  # turns 1-20 compared in turn 21's collective
+    assert len(warnings) == 1 and "Straggler: rank 1 is " in warnings[0], (found, out[-3000:])
     named = [r for r in found if r["stragglers"] == [1]]
     assert named and named[0]["step"] <= 100, found
-    print(f"rank 1 named at step {named[0]['step']}; busy ratios {[r['busy_ratio'] for r in found]}")
+    print(f"rank 1 named at step {named[0]['step']}")
     # The others wait for it: rank 0's wait in the per-step collective is the larger.
     assert all(r["sync_s"][0] > r["sync_s"][1] for r in found[1:]), found
 

@@ -9,14 +9,16 @@ acting on the N-th step of data this process draws (every draw counts: discarded
 - `loss`: the step's loss x 1000, in its value and its gradient (a corrupted batch the loss shows);
 - `grad`: the gradient x 1000 with the loss value unchanged (damage only the grad norm shows, after the update);
 - `drop`: the data is consumed without training: what a step the guard skipped must be equal to;
-- `slow`: the rank sleeps SLOW_FRACTION of its fastest step's time so far before the step (a throttled device;
-  the fastest, so the others' waits in the engine's collectives do not feed into the delay).
+- `slow`: the rank sleeps SLOW_FRACTION of its recent steps' median time (without the sleeps) before the step
+  (a throttled device).
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,7 +65,7 @@ class FaultInjector:
         self.armed: str | None = None  # the kind corrupting the current step's loss
         self._hook = model.register_forward_hook(self._corrupt)
         self._drawn_at: float | None = None  # when the current step started, after any slow fault's sleep
-        self.fastest_step_s = 0.0  # the fastest step's time so far, without the sleep
+        self.step_times: deque[float] = deque(maxlen=20)  # the recent steps' times, without the sleeps
 
     @classmethod
     def from_env(cls, model: torch.nn.Module, rank: int = 0) -> FaultInjector | None:
@@ -80,7 +82,7 @@ class FaultInjector:
         self.draws += 1
         kind = next((f.kind for f in self.faults if f.hits(self.draws)), None)
         if kind == "slow":
-            time.sleep(SLOW_FRACTION * self.fastest_step_s)
+            time.sleep(SLOW_FRACTION * (statistics.median(self.step_times) if self.step_times else 0.0))
         self._drawn_at = time.perf_counter()
         self.armed = kind if kind in ("loss", "grad") else None
         return kind
@@ -88,8 +90,7 @@ class FaultInjector:
     def step_done(self) -> None:
         self.armed = None  # validation after the step sees the model as it is
         if self._drawn_at is not None:
-            took = time.perf_counter() - self._drawn_at
-            self.fastest_step_s = min(self.fastest_step_s, took) if self.fastest_step_s else took
+            self.step_times.append(time.perf_counter() - self._drawn_at)
 
     def _corrupt(self, module: torch.nn.Module, args: Any, output: Any) -> Any:
         if self.armed is not None and getattr(output, "loss", None) is not None:

@@ -410,6 +410,7 @@ class Trainer:
                 "run keeps diverging; lower --lr, or inspect the data around the skipped ranges in the metrics file"
             )
         root = Path(self.cfg.checkpoint.checkpoint_dir)
+        self.hooks.on_phase(watchdog.CHECKPOINT, self.state.step)  # loading may take as long as a save
         protocol.verify_in_parallel(str(root))  # the ranks check the files; rank 0's choice reads none again
         target = decide_on_main(lambda: protocol.newest_verified(root), self.dist)
         if target is None:
