@@ -37,6 +37,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TextIO
 
 from model_utils.launch import launch_env
 from model_utils.observe import step_line
@@ -221,7 +222,7 @@ class Monitor:
 
     def start(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        faulthandler.register(DUMP_SIGNAL, file=sys.stderr, all_threads=True, chain=False)
+        faulthandler.register(DUMP_SIGNAL, file=_stacks_file(), all_threads=True, chain=False)
         self.beat()
         self._thread = threading.Thread(target=self._run, name="dskit-watchdog", daemon=True)
         self._thread.start()
@@ -231,6 +232,8 @@ class Monitor:
         self._stopped.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
+        if self._thread is not None:
+            faulthandler.unregister(DUMP_SIGNAL)
         self._thread = None
         self.file.unlink(missing_ok=True)
         with contextlib.suppress(OSError):  # other ranks of the host still beat there
@@ -278,7 +281,7 @@ class Monitor:
         _say(
             f"watchdog: rank {self.rank} (pid {self.pid}) on {self.host} in {verdict.judge.where()}: its stacks"
         )
-        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        faulthandler.dump_traceback(file=_stacks_file(), all_threads=True)
         if self.dump_extra is not None:
             try:
                 said = self.dump_extra()
@@ -306,6 +309,16 @@ class Monitor:
             except OSError:
                 pass  # another host rank's line came first; this one is in the log
         self.exit(HANG_EXIT)
+
+
+def _stacks_file() -> TextIO:
+    """Where faulthandler writes: stderr's file descriptor (the process's own, when sys.stderr has none, e.g. a
+    test's capture)."""
+    try:
+        sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return sys.__stderr__ or sys.stderr
+    return sys.stderr
 
 
 def _say(line: str) -> None:
