@@ -156,13 +156,16 @@ def judge(
 
 
 def heartbeat_dir() -> Path:
-    """This host's ranks' heartbeat directory for this launch: the launcher's (their common parent: torchrun's
-    agent), and its rendezvous port, name it; DSKIT_WATCHDOG_DIR chooses another."""
+    """This host's ranks' heartbeat directory for this launch: the launcher (their common parent: torchrun's
+    agent), its rendezvous port and its restart count name it (a restarted worker never reads the files of the
+    ones it replaced); DSKIT_WATCHDOG_DIR chooses another."""
     given = os.environ.get(launch_env.WATCHDOG_DIR)
     if given:
         return Path(given)
     port = os.environ.get("MASTER_PORT", "0")
-    return Path(tempfile.gettempdir()) / f"dskit-watchdog-{os.getuid()}-{os.getppid()}-{port}"
+    restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    name = f"dskit-watchdog-{os.getuid()}-{os.getppid()}-{port}-{restarts}"
+    return Path(tempfile.gettempdir()) / name
 
 
 def _running(pid: int) -> bool:

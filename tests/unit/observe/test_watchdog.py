@@ -146,3 +146,16 @@ def test_ranks_that_advance_make_no_verdict_and_leave_no_files(tmp_path: Path) -
         m.stop()
     assert exits == [] and all(m.verdict is None for m in monitors)
     assert not (tmp_path / "beats").exists()
+
+
+def test_each_launch_and_restart_of_a_host_has_its_own_heartbeats(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(launch_env.WATCHDOG_DIR, raising=False)
+    monkeypatch.setenv("MASTER_PORT", "29511")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    first = watchdog.heartbeat_dir()
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # torchrun restarted its workers
+    assert watchdog.heartbeat_dir() != first
+    monkeypatch.setenv("MASTER_PORT", "29512")  # another launch on the host
+    assert len({first, watchdog.heartbeat_dir()}) == 2
+    monkeypatch.setenv(launch_env.WATCHDOG_DIR, "/scratch/beats")
+    assert watchdog.heartbeat_dir() == Path("/scratch/beats")
