@@ -11,9 +11,10 @@ ERROR_FILE = "DSKIT_ERROR_FILE"
 TTY = "DSKIT_TTY"  # the launcher's terminal: rank 0 draws its progress bar there, never into the log
 SINGLENODE_LOGGED = "DSKIT_SINGLENODE_LOGGED"  # train-singlenode.sh re-executed itself under its log tee
 FAULT_INJECT = "DSKIT_FAULT_INJECT"  # tests only: a rank SIGKILLs itself at a named point of a save
-WATCHDOG_DIR = (
-    "DSKIT_WATCHDOG_DIR"  # the hang watchdog's heartbeat files of a host's ranks (observe/watchdog.py)
-)
+# train.sbatch: the hosts whose ranks the hang watchdog found stuck, one a line (it requeues the job without them)
+HANG_HOSTS_FILE = "DSKIT_HANG_HOSTS_FILE"
+# The hang watchdog's heartbeat files of a host's ranks (observe/watchdog.py; default: under the temp dir).
+WATCHDOG_DIR = "DSKIT_WATCHDOG_DIR"
 SPIKE_FAULT = "DSKIT_SPIKE_FAULT"  # tests only: a loss or gradient fault on a step's data (faults.py)
 # The SageMaker entry (dskit.sagemaker.entry), set in the job's environment by `dskit sagemaker submit`:
 # the root of SageMaker's /opt/ml tree (another dir runs the contract anywhere); uv: `uv sync --frozen` in the

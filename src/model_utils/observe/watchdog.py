@@ -14,8 +14,8 @@ a rank's own progress older than its phase's allowance (`allowance`: --hang_time
 longer, and 4x that for checkpoints, validation and the first step) is a hang. Then every live rank prints its
 Python stacks (faulthandler), the lowest live rank of the host has the stuck ranks print theirs (DUMP_SIGNAL,
 then SIGCONT so a stopped process can), writes one `error:` line naming the ranks that stopped advancing (frozen,
-or behind the others) with their host, phase and step, and the ranks exit with HANG_EXIT, which the launchers
-pass on (docs/hangs.md).
+or behind the others) with their host, phase and step (and that host to DSKIT_HANG_HOSTS_FILE: train.sbatch
+requeues the job without it), and the ranks exit with HANG_EXIT, which the launchers pass on (docs/hangs.md).
 
 The collectives' own timeouts are set above every allowance (`collective_timeout_s`), so the watchdog decides.
 """
@@ -305,6 +305,9 @@ class Monitor:
             time.sleep(self.dump_wait_s)
         line = step_line.error_line(verdict.describe())
         _say(line)
+        if (hosts := os.environ.get(launch_env.HANG_HOSTS_FILE)) and verdict.stuck:
+            with open(hosts, "a") as f:  # each host's judge appends its own (a shared filesystem: one file)
+                f.write("".join(f"{host}\n" for host in sorted({b.host for b in verdict.stuck})))
         if path := os.environ.get(launch_env.ERROR_FILE):
             try:
                 with open(path, "x") as f:

@@ -90,6 +90,7 @@ def test_a_frozen_rank_is_named_prints_its_stacks_and_the_ranks_exit_75(
     tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(launch_env.ERROR_FILE, str(tmp_path / "error"))
+    monkeypatch.setenv(launch_env.HANG_HOSTS_FILE, str(tmp_path / "hang_hosts"))
     beats = tmp_path / "beats"
     child = subprocess.Popen(
         [sys.executable, "-c", FROZEN_RANK, str(beats)],
@@ -121,6 +122,9 @@ def test_a_frozen_rank_is_named_prints_its_stacks_and_the_ranks_exit_75(
     )
     assert line in err, err
     assert (tmp_path / "error").read_text().startswith(line)
+    assert (
+        tmp_path / "hang_hosts"
+    ).read_text() == f"{socket.gethostname()}\n"  # train.sbatch requeues without it
     assert f"watchdog: rank 1 (pid {child.pid}) on {socket.gethostname()}, frozen in compute of step 3" in err
     assert "watchdog: rank 0 " in err and "(most recent call first)" in err  # this rank's own stacks
     # The frozen process's stacks, printed on DUMP_SIGNAL once continued: where it stood.
