@@ -213,7 +213,7 @@ class Monitor:
         """The training thread entered `phase` of `step`: its only cost per step phase. A long phase is written
         at once too (rare): a rank frozen in its first second still shows the other ranks where it stopped."""
         self._progress = (step, phase, self.clock())
-        if phase in LONG_PHASES and self._thread is not None:
+        if phase in LONG_PHASES and self._thread is not None and not self._stopped.is_set():
             self.beat()
 
     def step_took(self, seconds: float) -> None:
@@ -273,6 +273,7 @@ class Monitor:
         verdict = judge(me, beats, self.clock(), self.hang_timeout, self.step_median())
         if verdict is not None and not self._stopped.is_set():
             self.verdict = verdict
+            self._stopped.set()  # one verdict: the thread's rounds end here
             self._end(verdict)
         return verdict
 
@@ -294,7 +295,7 @@ class Monitor:
                 _say(f"watchdog: rank {self.rank}: {said}")
         if not leads:
             time.sleep(self.grace_s)  # the host's line comes first, and names the launcher's reason
-            self.exit(HANG_EXIT)
+            self._leave(())
             return
         # A frozen rank cannot print its own: its faulthandler does on DUMP_SIGNAL, delivered once it continues.
         for beat in verdict.frozen:
@@ -314,6 +315,14 @@ class Monitor:
                     f.write(line + "\n")
             except OSError:
                 pass  # another host rank's line came first; this one is in the log
+        self._leave(verdict.frozen)
+
+    def _leave(self, frozen: tuple[Beat, ...]) -> None:
+        """Exit HANG_EXIT, leaving no heartbeat behind (this rank's, and those of the frozen ranks torchrun ends)."""
+        for path in [self.file, *(self.directory / f"rank-{b.rank}.json" for b in frozen)]:
+            path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # the others' files are theirs to remove
+            self.directory.rmdir()
         self.exit(HANG_EXIT)
 
 
