@@ -23,9 +23,13 @@ def main(argv: list[str] | None = None) -> int:
         from model_utils.checkpoint import lease, protocol
         from model_utils.launch import distributed
         from model_utils.loop.trainer import Trainer
+        from model_utils.observe import watchdog
         from model_utils.resolve import resolver
 
-        dist = distributed.init_distributed()
+        hang_timeout = cfg.loop.hang_timeout
+        dist = distributed.init_distributed(
+            watchdog.collective_timeout_s(hang_timeout) if hang_timeout else None
+        )
         decide_on_main = partial(distributed.decide_on_main, info=dist)
         # One run per checkpoint dir, taken before anything reads or writes it (a second run is refused here).
         with lease.held_on_main(cfg.checkpoint.checkpoint_dir, dist.is_main, decide_on_main):

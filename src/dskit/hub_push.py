@@ -33,7 +33,7 @@ def model_card(launch: dict[str, Any] | None, facts: dict[str, Any], repo: str) 
         ("data", data.get("dataset")),
         ("optimizer steps", facts.get("step")),
         ("tokens trained", f"{facts['tokens']:,}" if facts.get("tokens") else None),
-        ("final training loss", _loss(facts.get("loss"))),
+        ("last training loss (rank 0's share of its step)", _loss(facts.get("loss"))),
         ("final validation loss", _loss(facts.get("val_loss"))),
         ("LoRA", f"r={lora_r}, merged into the weights" if lora_r else None),
     ]

@@ -95,6 +95,8 @@ class LaunchValues:
     env: dict[str, str] = field(default_factory=dict)
     # seconds before the time limit at which SLURM sends USR1 (checkpoint, then requeue)
     signal_lead_s: int = 300
+    # train.sbatch: requeues after a hang (exit status 75), each without the hosts of the ranks that stopped
+    max_hang_requeues: int = 2
     max_steps: int | None = None
     checkpoint_freq: int | None = None
     dataset: str | None = None
@@ -116,6 +118,10 @@ class LaunchValues:
 
     def __post_init__(self) -> None:
         _check_types(self)
+        if self.max_hang_requeues < 0:
+            raise ConfigError(
+                f"max_hang_requeues = {self.max_hang_requeues} is negative: use 0 (never) or more"
+            )
         if self.nodes < 1:
             raise ConfigError(f"nodes = {self.nodes}: use at least 1 (e.g. --set nodes=2)")
         for name in ("gpus_per_node", "cpu_ranks_per_node"):

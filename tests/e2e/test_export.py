@@ -226,7 +226,7 @@ def test_export_pushes_the_model_and_its_card_to_the_hub(
     assert "| optimizer steps | 8 |" in card and "| tokens trained | " in card
     ledger = [json.loads(line) for line in (ckpt / "dskit-ledger.jsonl").read_text().splitlines()]
     last_loss = [r["loss"] for r in ledger if r["event"] == "steps" and r.get("last") and r["last"] <= 8][-1]
-    assert f"| final training loss | {last_loss:.4f} |" in card
+    assert f"| last training loss (rank 0's share of its step) | {last_loss:.4f} |" in card
 
 
 @pytest.mark.e2e

@@ -14,29 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from support.singlenode import launch_and_interrupt
+from support.singlenode import launch_and_interrupt, rank_pids
 
 pytestmark = [pytest.mark.e2e, pytest.mark.launcher]
 
 READY = re.compile(r"^Ranks started: ")  # the launcher has started torchrun: rank 1 follows within seconds
-
-
-def rank_pids(job: str) -> dict[int, int]:
-    """{rank: pid} of this launch's ranks (their environment names the job)."""
-    pids = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes()
-            environ = (proc / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"train_deepspeed.py" in cmdline and f"JOB_NAME={job}".encode() in environ:
-            ranks = [v[5:] for v in environ if v.startswith(b"RANK=")]
-            if ranks:
-                pids[int(ranks[0])] = int(proc.name)
-    return pids
 
 
 def test_a_killed_rank_ends_the_job_with_one_line_naming_it(tmp_path: Path) -> None:

@@ -53,6 +53,8 @@ def reloads(tmp_path: Path, ckpt: Path) -> None:
 @pytest.mark.e2e
 @pytest.mark.launcher
 def test_the_shipped_sft_run_file_trains_the_example_conversations_offline(tmp_path: Path) -> None:
+    """README's `./train-singlenode.sh --config configs/qwen3-0.6b-sft-lora.yaml --model tiny-qwen3 --dataset ...
+    --chat_template src/model_utils/assets/tiny_chat_template.jinja`."""
     cmd = [str(REPO / "train-singlenode.sh"), "--config", str(SFT_FILE), *data_flags(tmp_path)]
     done = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=900)
     out = done.stdout + done.stderr

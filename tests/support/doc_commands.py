@@ -202,6 +202,16 @@ COMMANDS: dict[str, Run | DryRun | CoveredBy | Uncovered] = {
         "tests/e2e/test_export.py::test_export_pushes_the_model_and_its_card_to_the_hub", "--push_to_hub"
     ),
     "./train-singlenode.sh --push_to_hub me/qwen3-run1 --hub_visibility private": DryRun(_HUB, FLAGS),
+    # README.md: fine-tuning
+    "./train-singlenode.sh --config configs/qwen3-0.6b-sft-lora.yaml --dataset /fsx/data/chats.jsonl": DryRun(
+        _HUB, FLAGS
+    ),
+    "./train-singlenode.sh --config configs/qwen3-0.6b-sft-lora.yaml --model tiny-qwen3 --dataset "
+    "src/model_utils/assets/tiny_conversations.jsonl --chat_template src/model_utils/assets/tiny_chat_template.jinja "
+    "--seq_length 256 --max_steps 24": CoveredBy(
+        "tests/e2e/test_sft.py::test_the_shipped_sft_run_file_trains_the_example_conversations_offline",
+        "tiny_chat_template",
+    ),
     # docs/cost.md
     ".venv/bin/dskit cost checkpoints --instance_type p5.48xlarge": CoveredBy(
         "tests/slurm/test_slurm.py::test_node_failure_ends_job_and_requeued_run_resumes", "--instance_type"

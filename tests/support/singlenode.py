@@ -25,13 +25,36 @@ def launcher_env(job: str) -> dict[str, str]:
     return env
 
 
+def rank_pids(job: str) -> dict[int, int]:
+    """{rank: pid} of the ranks of the launch named `job` (their environment names the job)."""
+    pids = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"train_deepspeed.py" in cmdline and f"JOB_NAME={job}".encode() in environ:
+            ranks = [v[5:] for v in environ if v.startswith(b"RANK=")]
+            if ranks:
+                pids[int(ranks[0])] = int(proc.name)
+    return pids
+
+
 def launch_and_interrupt(
-    tmp_path: Path, job: str, interrupt: Callable[[int], None], *flags: str, when: re.Pattern[str] = STEP
+    tmp_path: Path,
+    job: str,
+    interrupt: Callable[[int], None],
+    *flags: str,
+    when: re.Pattern[str] = STEP,
+    env: dict[str, str] | None = None,
 ) -> tuple[int, str, float]:
     """Run the launcher for up to 200 steps (no planned save before the end); at the first line matching `when`
-    (default: the first logged step) call `interrupt(process group)`. Returns (exit status, everything it
-    printed, seconds from the interrupt to the exit)."""
-    env = launcher_env(job)
+    (default: the first logged step) call `interrupt(process group)`. `env`: added to the launch's environment.
+    Returns (exit status, everything it printed, seconds from the interrupt to the exit)."""
+    env = {**launcher_env(job), **(env or {})}
     cmd = [
         str(REPO / "train-singlenode.sh"),
         "--max_steps", "200", "--logging_freq", "1", "--checkpoint_freq", "1000", "--validation_freq", "1000",

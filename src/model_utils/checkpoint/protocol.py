@@ -54,8 +54,10 @@ LAUNCH_FILE = "launch.json"
 STAGING_PREFIX = ".staging-"
 _TAG_RE = re.compile(r"^(?P<name>[^.].*)-(?P<step>\d+)steps$")
 _RNG_RE = re.compile(r"^rng_state_rank(\d+)\.pt$")
-# Fault injection for the crash tests: the process SIGKILLs itself at the named point of a save.
+# Fault injection for the crash tests: the process SIGKILLs itself at the named point of a save; with ":stop"
+# after the point's name it SIGSTOPs itself there instead (a rank frozen in a save: the hang watchdog's test).
 FAULT_ENV = launch_env.FAULT_INJECT
+FREEZE_SUFFIX = ":stop"
 
 
 def checkpoint_tag(model_short_name: str, step: int) -> str:
@@ -217,6 +219,9 @@ def _engine_type(tag_dir: Path) -> type[Engine] | None:
 
 
 def _inject_fault(point: str, tag_dir: Path | None = None) -> None:
+    if os.environ.get(FAULT_ENV) == point + FREEZE_SUFFIX:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return
     if os.environ.get(FAULT_ENV) != point:
         return
     if point == "mid_file" and tag_dir is not None:

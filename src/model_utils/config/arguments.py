@@ -394,11 +394,42 @@ class LoopArgs:
         ),
     )
     seed: int = field(default=42, metadata=_flag("seed for initialisation, data order and dropout"))
+    hang_timeout: float = field(
+        default=300.0,
+        metadata=_flag(
+            "seconds without progress before the watchdog names the stuck rank, prints the stacks and ends the "
+            "job with exit status 75 (scaled up to 10 step times; 4x for checkpoints and validation); 0 = off "
+            "(docs/hangs.md)"
+        ),
+    )
+    straggler_every: int = field(
+        default=20,
+        metadata=_flag(
+            "turns between the ranks' step time comparisons (carried in the per-step collective); 0 = off"
+        ),
+    )
+    straggler_threshold: float = field(
+        default=0.1,
+        metadata=_flag(
+            "a rank busier than the median by more than this fraction in 3 comparisons in a row is named a "
+            "straggler"
+        ),
+    )
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "logging_freq", "validation_freq", "validation_batches"):
             if getattr(self, name) != ALL and getattr(self, name) < 1:
                 raise ConfigError(f"--{name} {getattr(self, name)} must be at least 1")
+        if self.hang_timeout < 0 or 0 < self.hang_timeout < 1:
+            raise ConfigError(
+                f"--hang_timeout {self.hang_timeout} must be 0 (off) or at least 1 second, e.g. 300"
+            )
+        if self.straggler_every < 0:
+            raise ConfigError(f"--straggler_every {self.straggler_every} must be 0 (off) or more, e.g. 20")
+        if not self.straggler_threshold > 0:
+            raise ConfigError(
+                f"--straggler_threshold {self.straggler_threshold} must be positive, e.g. 0.1 for 10%"
+            )
         if self.epochs is not None and self.epochs < 1:
             raise ConfigError(f"--epochs {self.epochs} must be at least 1")
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
 from typing import TypeVar
 
 import torch
@@ -39,8 +41,16 @@ def _require_launcher_env() -> None:
         )
 
 
-def init_distributed() -> DistInfo:
-    """gloo with DeepSpeed's CPU accelerator when there is no GPU, nccl on GPUs."""
+# The NCCL flight recorder: the last collectives of each rank, kept to be dumped when the watchdog (or NCCL's own
+# timeout) sees a hang. Set unless the user chose otherwise, before the process group exists.
+NCCL_TRACE_ENV = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+
+
+def init_distributed(collective_timeout_s: float | None = None) -> DistInfo:
+    """gloo with DeepSpeed's CPU accelerator when there is no GPU, nccl on GPUs. `collective_timeout_s`: the
+    process group's timeout (gloo's, NCCL's and DeepSpeed's), above the hang watchdog's allowance
+    (observe/watchdog.collective_timeout_s) so the watchdog, not a 10-30 minute default, ends a hung run; None
+    keeps the defaults (the watchdog is off)."""
     _require_launcher_env()
     deepspeed = startup.import_deepspeed()
     from deepspeed.accelerator import get_accelerator
@@ -48,6 +58,8 @@ def init_distributed() -> DistInfo:
     local_rank = int(os.environ["LOCAL_RANK"])
     accelerator = get_accelerator()
     if accelerator.device_name() == "cuda":
+        for name, value in NCCL_TRACE_ENV.items():
+            os.environ.setdefault(name, value)
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     else:
@@ -60,13 +72,30 @@ def init_distributed() -> DistInfo:
     kernels.prepare_jit_env()
     kernels.build_ops(engines.comm_ops(device.type), device.type)  # a first build announced, with its time
     with startup.op_built_lines_dropped():  # each CPU rank's "... built successfully"
-        deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name())
+        timeout = {} if collective_timeout_s is None else {"timeout": timedelta(seconds=collective_timeout_s)}
+        deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name(), **timeout)
     return DistInfo(
         rank=int(os.environ["RANK"]),
         local_rank=local_rank,
         world_size=int(os.environ["WORLD_SIZE"]),
         device=device,
     )
+
+
+def dump_collective_trace(info: DistInfo) -> str | None:
+    """On a hang (the watchdog's verdict): this rank's NCCL flight recorder into a file next to the run's log,
+    and where; None without NCCL (gloo keeps no such record)."""
+    if info.device.type != "cuda":
+        return None
+    from torch._C import _distributed_c10d
+
+    from model_utils.launch import launch_env
+
+    log = os.environ.get(launch_env.LOG_FILE)
+    base = Path(log).with_suffix("") if log else Path(f"dskit-{os.getpid()}")
+    path = base.parent / f"{base.name}.nccl-trace-rank{info.rank}.pkl"
+    path.write_bytes(_distributed_c10d._dump_nccl_trace())
+    return f"NCCL flight recorder written to {path} (read it with torch's fr_trace tool)"
 
 
 def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:

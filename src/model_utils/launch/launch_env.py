@@ -22,6 +22,10 @@ INSTANCE_TYPE = "DSKIT_INSTANCE_TYPE"
 CALLER_HF_HUB_OFFLINE = "DSKIT_CALLER_HF_HUB_OFFLINE"
 SINGLENODE_LOGGED = "DSKIT_SINGLENODE_LOGGED"  # train-singlenode.sh re-executed itself under its log tee
 FAULT_INJECT = "DSKIT_FAULT_INJECT"  # tests only: a rank SIGKILLs itself at a named point of a save
+# train.sbatch: the hosts whose ranks the hang watchdog found stuck, one a line (it requeues the job without them)
+HANG_HOSTS_FILE = "DSKIT_HANG_HOSTS_FILE"
+# The hang watchdog's heartbeat files of a host's ranks (observe/watchdog.py; default: under the temp dir).
+WATCHDOG_DIR = "DSKIT_WATCHDOG_DIR"
 SPIKE_FAULT = "DSKIT_SPIKE_FAULT"  # tests only: a loss or gradient fault on a step's data (faults.py)
 # The SageMaker entry (dskit.sagemaker.entry), set in the job's environment by `dskit sagemaker submit`:
 # the root of SageMaker's /opt/ml tree (another dir runs the contract anywhere); uv: `uv sync --frozen` in the

@@ -14,7 +14,9 @@ this sets for its ranks when the caller has not), that line's message:
 
     error: rank 0 (local rank 0, pid 4242) on node7 exited with status 2: dataset path /x does not exist: fix ...
 
-The exit status stays torchrun's (1 for a failed rank).
+The exit status stays torchrun's (1 for a failed rank), but for a hang: when the kit's watchdog ended a rank
+(observe/watchdog.py, exit status HANG_EXIT), the line is the watchdog's own, naming the rank that stopped
+advancing, and the status is HANG_EXIT (75), which a launcher may requeue on (docs/hangs.md).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from model_utils.launch import launch_env
-from model_utils.observe import step_line
+from model_utils.observe import step_line, watchdog
 
 
 def _how(exitcode: int) -> str:
@@ -42,6 +44,11 @@ def _how(exitcode: int) -> str:
     return f"exited with status {exitcode}"
 
 
+def hung(failures: dict[int, Any]) -> bool:
+    """Whether the kit's watchdog ended these ranks (some rank exited with its status)."""
+    return any(failure.exitcode == watchdog.HANG_EXIT for failure in failures.values())
+
+
 def summary(failures: dict[int, Any], host: str, error_line: str | None) -> str:
     """The one line for torchrun's failures ({global rank: ProcessFailure}): the first one (by time; a rank that
     ended by SIGTERM, torchrun's own stop of the others, only when none ended otherwise), how it ended, and the
@@ -51,10 +58,12 @@ def summary(failures: dict[int, Any], host: str, error_line: str | None) -> str:
         return failure.exitcode == -signal.SIGTERM
 
     rank, failure = min(failures.items(), key=lambda item: (stopped(item[1]), item[1].timestamp, item[0]))
+    message = step_line.parse_error(error_line) if error_line else None
+    if hung(failures) and message:
+        return step_line.error_line(message)  # the watchdog's line names the stuck rank, its host and phase
     line = (
         f"rank {rank} (local rank {failure.local_rank}, pid {failure.pid}) on {host} {_how(failure.exitcode)}"
     )
-    message = step_line.parse_error(error_line) if error_line else None
     if message:
         line += f": {message}"
     elif failure.exitcode < 0:
@@ -75,9 +84,8 @@ def main(argv: list[str]) -> int:
     )
     os.environ[launch_env.ERROR_FILE] = str(error_file)  # the ranks inherit it
     pointer = Path(tempfile.mkdtemp(prefix="dskit-ledger-")) / "ledger"
-    os.environ[launch_env.LEDGER_POINTER] = str(
-        pointer
-    )  # rank 0, if on this node, names the run's ledger there
+    # Rank 0, if on this node, names the run's ledger there.
+    os.environ[launch_env.LEDGER_POINTER] = str(pointer)
     status = 1  # until torchrun returns
     try:
         torchrun.run(torchrun.parse_args(argv))
@@ -89,6 +97,7 @@ def main(argv: list[str]) -> int:
             written = None
         sys.stdout.flush()
         print(summary(failed.failures, socket.gethostname(), written), file=sys.stderr, flush=True)
+        status = watchdog.HANG_EXIT if hung(failed.failures) else 1
     finally:
         if own_file:
             error_file.unlink(missing_ok=True)

@@ -1,17 +1,24 @@
-"""Faults injected into a real run, for the spike guard's tests: what a corrupted batch or a bad step does.
+"""Faults injected into a real run, for the spike guard's and the straggler report's tests: what a corrupted
+batch, a bad step or a slow rank does.
 
 Set by the environment variable launch_env.SPIKE_FAULT, never by a flag: a comma-separated list of `KIND@N`,
 acting on the N-th step of data this process draws (every draw counts: discarded and replayed steps too), or
-`KIND@N+`, on that one and every later one (damage that does not go away). KIND is one of:
+`KIND@N+`, on that one and every later one (damage that does not go away); `/R` after either limits it to rank R
+(`slow@1+/1`). KIND is one of:
 
 - `loss`: the step's loss x 1000, in its value and its gradient (a corrupted batch the loss shows);
 - `grad`: the gradient x 1000 with the loss value unchanged (damage only the grad norm shows, after the update);
-- `drop`: the data is consumed without training: what a step the guard skipped must be equal to.
+- `drop`: the data is consumed without training: what a step the guard skipped must be equal to;
+- `slow`: the rank sleeps SLOW_FRACTION of its recent steps' median time (without the sleeps) before the step
+  (a throttled device).
 """
 
 from __future__ import annotations
 
 import os
+import statistics
+import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +28,8 @@ from model_utils.errors import ConfigError
 from model_utils.launch import launch_env
 
 FACTOR = 1000.0
-KINDS = ("loss", "grad", "drop")
+KINDS = ("loss", "grad", "drop", "slow")
+SLOW_FRACTION = 0.2
 
 
 @dataclass(frozen=True)
@@ -29,17 +37,20 @@ class Fault:
     kind: str
     first: int
     lasting: bool
+    rank: int | None = None  # only on this rank; None: on every rank
 
     @classmethod
     def parse(cls, spec: str) -> Fault:
         kind, _, where = spec.partition("@")
+        where, slash, rank = where.partition("/")
         lasting = where.endswith("+")
         number = where.removesuffix("+")
-        if kind not in KINDS or not number.isdigit() or int(number) < 1:
+        if kind not in KINDS or not number.isdigit() or int(number) < 1 or (slash and not rank.isdigit()):
             raise ConfigError(
-                f"{launch_env.SPIKE_FAULT}={spec!r} is not KIND@N or KIND@N+ with KIND one of {', '.join(KINDS)}"
+                f"{launch_env.SPIKE_FAULT}={spec!r} is not KIND@N or KIND@N+ (then /R for rank R only) with KIND "
+                f"one of {', '.join(KINDS)}"
             )
-        return cls(kind, int(number), lasting)
+        return cls(kind, int(number), lasting, int(rank) if slash else None)
 
     def hits(self, draw: int) -> bool:
         return draw == self.first or (self.lasting and draw > self.first)
@@ -53,23 +64,33 @@ class FaultInjector:
         self.draws = 0
         self.armed: str | None = None  # the kind corrupting the current step's loss
         self._hook = model.register_forward_hook(self._corrupt)
+        self._drawn_at: float | None = None  # when the current step started, after any slow fault's sleep
+        self.step_times: deque[float] = deque(maxlen=20)  # the recent steps' times, without the sleeps
 
     @classmethod
-    def from_env(cls, model: torch.nn.Module) -> FaultInjector | None:
+    def from_env(cls, model: torch.nn.Module, rank: int = 0) -> FaultInjector | None:
         spec = os.environ.get(launch_env.SPIKE_FAULT)
         if not spec:
             return None
-        return cls([Fault.parse(part.strip()) for part in spec.split(",")], model)
+        parsed = [Fault.parse(part.strip()) for part in spec.split(",")]
+        mine = [f for f in parsed if f.rank in (None, rank)]
+        return cls(mine, model) if mine else None
 
     def draw(self) -> str | None:
-        """A step's data is about to be trained on: the kind of the fault that hits this one, if any."""
+        """A step's data is about to be trained on: the kind of the fault that hits this one, if any (a slow
+        one has slept already)."""
         self.draws += 1
         kind = next((f.kind for f in self.faults if f.hits(self.draws)), None)
-        self.armed = kind if kind != "drop" else None
+        if kind == "slow":
+            time.sleep(SLOW_FRACTION * (statistics.median(self.step_times) if self.step_times else 0.0))
+        self._drawn_at = time.perf_counter()
+        self.armed = kind if kind in ("loss", "grad") else None
         return kind
 
     def step_done(self) -> None:
         self.armed = None  # validation after the step sees the model as it is
+        if self._drawn_at is not None:
+            self.step_times.append(time.perf_counter() - self._drawn_at)
 
     def _corrupt(self, module: torch.nn.Module, args: Any, output: Any) -> Any:
         if self.armed is not None and getattr(output, "loss", None) is not None:

@@ -8,7 +8,9 @@ trace, comes before its own lines). The points, in the order a run meets them:
 
     on_start(state)                          once, before the first step (a resumed run too)
     per turn of the loop:
-        before_step(step)                    the step's data is fetched; the engine runs it next
+        on_phase(phase, step)                the loop enters a phase of `step`: data, decision (the kit's per-step
+                                             collective), validation, checkpoint (what a watchdog follows)
+        before_step(step)                    the step's data is fetched; the engine runs it next (phase compute)
         on_guard_event(event)                the spike guard skipped the step, saw a grad-norm spike, rolled back
         after_step(report)                   every turn: trained, discarded, rolled back or dropped
         after_validation(step, validation)   when validation was due: its loss and what it covered
@@ -22,8 +24,9 @@ the collectives the loop needs are the Trainer's. Time an observer spends within
 on_guard_event, after_step) counts as training in the throughput unless it says otherwise (`Reporter.exclude`, as
 the profiler does for writing its trace); validation and checkpoint time is left out already.
 
-The way back is typed: `after_step` and `after_validation` may return a `Stop`, which the loop honours after the
-step like a preemption (every rank saves and stops after the same step); `tags_in_use` names checkpoints that
+The way back is typed: `after_step` and `after_validation` may return a `Stop`, which the loop honours like a
+preemption (every rank saves and stops after the same step: with one rank after this step; with several, after
+the next one, whose per-step collective (loop/consensus.py) carries it to the others); `tags_in_use` names checkpoints that
 must stay on disk. Nothing else of the Trainer is an observer's to change. An observer's exception is not caught:
 it ends the run as the reporter's errors always did (the entry point's one-line ConfigError, else a traceback),
 and Trainer.close still closes every observer.
@@ -38,6 +41,7 @@ from pathlib import Path
 from model_utils.data.sampler import DataPosition
 from model_utils.loop.spike_guard import Spike
 from model_utils.loop.state import TrainState
+from model_utils.loop.stragglers import RankTimes
 from model_utils.observe.metrics import Validation
 
 # What became of a turn of the loop (StepReport.outcome).
@@ -60,6 +64,9 @@ class StepReport:
     seconds: float  # the whole turn: data, forward, backward, optimizer step, the guard's verdict
     time_left: float | None  # the job's time left (rank 0 under a time limit), else None
     state: TrainState  # the loop's state after the turn (a rollback's restored one): to read, never to change
+    sync_wait_s: float = 0.0  # of `seconds`, waiting for the other ranks in the kit's per-step collective
+    # Every rank's step time split over the last --straggler_every turns, when this turn's collective carried it
+    rank_times: tuple[RankTimes, ...] | None = None
 
     @property
     def trained(self) -> bool:
@@ -118,6 +125,9 @@ class Observer:
     def on_start(self, state: TrainState) -> None:
         pass
 
+    def on_phase(self, phase: str, step: int) -> None:
+        pass
+
     def before_step(self, step: int) -> None:
         pass
 
@@ -159,6 +169,10 @@ class Hooks:
     def on_start(self, state: TrainState) -> None:
         for observer in self.observers:
             observer.on_start(state)
+
+    def on_phase(self, phase: str, step: int) -> None:
+        for observer in self.observers:
+            observer.on_phase(phase, step)
 
     def before_step(self, step: int) -> None:
         for observer in self.observers:

@@ -25,13 +25,13 @@ from model_utils.data.sampler import BlockSampler, DataPosition, ValidationPlan,
 from model_utils.engines.base import Engine
 from model_utils.errors import ConfigError, RunDiverged
 from model_utils.launch import launch_env, walltime
-from model_utils.launch.distributed import DistInfo, all_reduce_sum, any_rank, decide_on_main, global_mean
+from model_utils.launch.distributed import DistInfo, all_reduce_sum, any_rank, decide_on_main
 from model_utils.launch.preemption import StopRequest, slurm_restart_count
-from model_utils.loop import faults, hooks, observers, spike_guard
+from model_utils.loop import consensus, faults, hooks, observers, spike_guard, stragglers
 from model_utils.loop.state import TrainState
 from model_utils.model import activation_checkpointing, kernels, lora, models
 from model_utils.model.models import build_model
-from model_utils.observe import metrics, run_name, step_line
+from model_utils.observe import metrics, run_name, step_line, watchdog
 from model_utils.observe.log import print0, warn0
 from model_utils.observe.reporter import Reporter
 from model_utils.optim import param_groups
@@ -85,6 +85,9 @@ class Trainer:
         self.guard = spike_guard.SpikeGuard(self.cfg.guard, run.settings.spike_guard)
         self.global_loss = float("nan")  # the last step's loss over all ranks (when the guard watches)
         self.spike: spike_guard.Spike | None = None  # what the guard saw in the last step's loss
+        self.consensus = consensus.StepConsensus(dist.rank, dist.world_size, dist.device)
+        self.agreement: consensus.Agreement | None = None  # this turn's, once its collective ran
+        self.step_times = stragglers.StepTimes()  # this rank's, until the collective carries them
         self.sampler = BlockSampler.of(
             run.train_blocks,
             run.micro_batch_size,
@@ -97,7 +100,7 @@ class Trainer:
         try:
             self.val_plans = self._validation_plans()
             self.engine, self.decay_groups = create_engine(run, dist)
-            self.fault = faults.FaultInjector.from_env(self.engine.module)
+            self.fault = faults.FaultInjector.from_env(self.engine.module, dist.rank)
             self.flops_per_token = metrics.flops_per_token(run.model_config, run.seq_length, self.cfg.lora)
             peak_tflops = metrics.peak_tflops(metrics.device_name(dist.device), self.cfg.report.peak_tflops)
             self.reporter = Reporter(
@@ -266,7 +269,8 @@ class Trainer:
         self.reporter.data_waited(self.data_wait_s)
         self.hooks.before_step(self.state.step + 1)
         self.guard.step_starting(position)
-        mean_loss, applied = self.engine.train_step(micro_batches, self._keep if self.guard.active else None)
+        # Always asked: the kit's per-step collective runs there, once the forwards have run (loop/consensus.py).
+        mean_loss, applied = self.engine.train_step(micro_batches, self._keep)
         if self.fault is not None:
             self.fault.step_done()
         self.state.position = self.sampler.advance(position)
@@ -288,16 +292,23 @@ class Trainer:
         """One turn of the loop: data a rollback ruled out is passed over, then one step is trained and judged
         by the spike guard. Returns what it did (its observers get it from `fit`)."""
         started = time.perf_counter()
+        self.agreement = None
         self.skip_guarded_data()
         step = self.state.step + 1
+        self.hooks.on_phase(watchdog.DATA, step)
         self.data_wait_s = 0.0
         outcome, loss = self.train_step()
+        if self.agreement is None and self.dist.world_size > 1:  # a dropped step: the engine did not ask
+            self.agreement = self._agree(None)
         grad_norm = self.engine.grad_norm() if outcome == APPLIED else None
         stands = outcome == APPLIED
         if outcome != DROPPED and self.guard.active:
             stands = self.guard_step(outcome) and stands
         if outcome == APPLIED:
             outcome = hooks.TRAINED if stands else hooks.ROLLED_BACK
+        seconds = time.perf_counter() - started
+        sync_wait = self.agreement.wait_s if self.agreement is not None else 0.0
+        self.step_times.add(self.data_wait_s, sync_wait, seconds)
         return hooks.StepReport(
             step=step,
             outcome=outcome,
@@ -305,9 +316,11 @@ class Trainer:
             lr=self.step_lr,
             grad_norm=grad_norm,
             data_wait_s=self.data_wait_s,
-            seconds=time.perf_counter() - started,
+            seconds=seconds,
             time_left=self.walltime.remaining() if self.walltime is not None else None,
             state=self.state,
+            sync_wait_s=sync_wait,
+            rank_times=self.agreement.rank_times if self.agreement is not None else None,
         )
 
     def step(self) -> tuple[bool, float]:
@@ -317,12 +330,52 @@ class Trainer:
         return report.trained, report.loss
 
     def _keep(self, mean_loss: torch.Tensor) -> bool:
-        """The engine asks, before the update, whether this step happens: the guard judges the loss of the
-        whole step over all ranks (the one collective it adds: the mean of the ranks' shares is the step's loss
-        over its tokens), the same on every rank."""
-        self.global_loss = global_mean(mean_loss)
-        self.spike = self.guard.judge_loss(self.state.step + 1, self.global_loss)
+        """The engine asks, once the step's forwards have run and before the update, whether this step happens.
+        With several ranks the step's one collective runs here (the guard's loss, the stop and save decision, the
+        straggler times): the first point where the ranks meet, so a late rank shows in the others' wait. The
+        guard judges the loss of the whole step over all ranks, the same on every rank (the mean of the ranks'
+        shares is the step's loss over its tokens)."""
+        guarding = self.guard.active
+        loss = None
+        if self.dist.world_size > 1:
+            self.agreement = self._agree(mean_loss if guarding else None)
+            self.hooks.on_phase(watchdog.COMPUTE, self.state.step + 1)
+            loss = self.agreement.loss
+        elif guarding:
+            loss = float(mean_loss.item())
+        if not guarding:
+            return True
+        assert loss is not None
+        self.global_loss = loss
+        self.spike = self.guard.judge_loss(self.state.step + 1, loss)
         return self.spike is None
+
+    def _agree(self, loss: torch.Tensor | None) -> consensus.Agreement:
+        """The turn's one collective: the loss given, the stop and save flags, and the ranks' step times when a
+        straggler window is full (loop/consensus.py)."""
+        self.hooks.on_phase(watchdog.DECISION, self.state.step + 1)
+        every = self.cfg.loop.straggler_every
+        due = self.dist.world_size > 1 and every > 0 and self.step_times.turns >= every
+        times = self.step_times.take() if due else None
+        return self.consensus.agree(loss, self._decision_flags(), times)
+
+    def _decision_flags(self) -> list[bool]:
+        """This rank's say on stopping or saving after the turn: it was signalled (by Ctrl-C?), its clock says a
+        save is due, rank 0's walltime plan says save (or save and stop) now, or an observer asked to stop."""
+        ckpt = self.cfg.checkpoint
+        minutes = (time.monotonic() - self.last_save_time) / 60
+        time_due = (
+            ckpt.checkpoint_interval_minutes is not None and minutes >= ckpt.checkpoint_interval_minutes
+        )
+        plan = self._walltime_plan()
+        return [
+            self.stop.signal_name is not None,
+            self.stop.interrupted,
+            time_due,
+            plan.save_now,
+            plan.stop_now,
+            self.hooks.stop is not None,
+        ]
 
     # --- the spike guard ---
 
@@ -369,6 +422,7 @@ class Trainer:
                 "run keeps diverging; lower --lr, or inspect the data around the skipped ranges in the metrics file"
             )
         root = Path(self.cfg.checkpoint.checkpoint_dir)
+        self.hooks.on_phase(watchdog.CHECKPOINT, self.state.step)  # loading may take as long as a save
         protocol.verify_in_parallel(str(root))  # the ranks check the files; rank 0's choice reads none again
         target = decide_on_main(lambda: protocol.newest_verified(root), self.dist)
         if target is None:
@@ -423,6 +477,7 @@ class Trainer:
         (the overall loss: over every source's blocks read)."""
         plans = self.val_plans
         assert plans is not None
+        self.hooks.on_phase(watchdog.VALIDATION, self.state.step)
         self.engine.eval()
         # Summed token losses in float64: the order of batches and ranks does not round it.
         sums: list[float] = []
@@ -458,6 +513,7 @@ class Trainer:
         )
 
     def save_checkpoint(self) -> None:
+        self.hooks.on_phase(watchdog.CHECKPOINT, self.state.step)
         started = time.perf_counter()
         tag = protocol.checkpoint_tag(self.run.source.short_name, self.state.step)
         self.state.guard = self.guard.state_dict()
@@ -577,24 +633,10 @@ class Trainer:
         due = trained and (step % ckpt.checkpoint_freq == 0 or last)
         if trained and self.val_plans is not None and (step % loop.validation_freq == 0 or last):
             self.hooks.after_validation(step, self.validate())
-        minutes = (time.monotonic() - self.last_save_time) / 60
-        time_due = (
-            ckpt.checkpoint_interval_minutes is not None and minutes >= ckpt.checkpoint_interval_minutes
-        )
-        plan = self._walltime_plan()
-        # One collective for every decision: a rank was signalled (by Ctrl-C?), its clock says a save is due, rank 0's
-        # walltime plan says save (or save and stop) now, or an observer asked to stop.
-        stop, interrupted, time_due, walltime_save, walltime_stop, asked = any_rank(
-            [
-                self.stop.signal_name is not None,
-                self.stop.interrupted,
-                time_due,
-                plan.save_now,
-                plan.stop_now,
-                self.hooks.stop is not None,
-            ],
-            self.dist.device,
-        )
+        # The turn's collective decided (with several ranks, in the step; with one, here and now).
+        agreed = self.agreement if self.agreement is not None else self._agree(None)
+        self.agreement = None
+        stop, interrupted, time_due, walltime_save, walltime_stop, asked = agreed.flags
         self.interrupted = interrupted
         if interrupted and not last:
             print0(step_line.interrupted_line(step))

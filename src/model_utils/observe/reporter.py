@@ -193,6 +193,11 @@ class Reporter:
         self.metrics.write(record)
         self.tracker.log_metrics(int(record["step"]), counters)
 
+    def measured(self, record: dict[str, Any], tracked: dict[str, float]) -> None:
+        """An observer's measurement (the straggler report): a metrics-file record and points on the tracker."""
+        self.metrics.write(record)
+        self.tracker.log_metrics(int(record["step"]), tracked)
+
     def artifact(self, path: Path, folder: str) -> None:
         """A file the run wrote (the profiler trace), kept with the tracker's run when it keeps files."""
         self.tracker.log_artifact(path, folder)

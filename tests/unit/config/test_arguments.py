@@ -96,6 +96,10 @@ def test_user_flag_names_keep_working() -> None:
         (["--validation_batches", "0"], "--validation_batches 0 must be at least 1"),
         (["--validation_batches", "every"], "expected an integer or 'all', got 'every'"),
         (["--micro_batch_size", "all"], "expected an integer or 'auto', got 'all'"),
+        (["--hang_timeout", "-5"], "--hang_timeout -5.0 must be 0 (off) or at least 1 second, e.g. 300"),
+        (["--hang_timeout", "0.5"], "--hang_timeout 0.5 must be 0 (off) or at least 1 second"),
+        (["--straggler_every", "-1"], "--straggler_every -1 must be 0 (off) or more"),
+        (["--straggler_threshold", "0"], "--straggler_threshold 0.0 must be positive, e.g. 0.1"),
     ],
 )
 def test_bad_flags_are_one_clear_error(flags: list[str], message: str) -> None:

@@ -35,11 +35,14 @@ def test_the_card_states_base_model_data_steps_tokens_and_final_losses(tmp_path:
     assert "# qwen-sft" in card and "| data | /fsx/c4 |" in card and "| optimizer steps | 6 |" in card
     assert "| tokens trained | 6,000 |" in card
     # The exported step's values, not those of steps trained after it.
-    assert "| final training loss | 3.2500 |" in card and "| final validation loss | 3.9000 |" in card
+    assert (
+        "| last training loss (rank 0's share of its step) | 3.2500 |" in card
+        and "| final validation loss | 3.9000 |" in card
+    )
     assert "| LoRA | r=8, merged into the weights |" in card
 
 
 def test_a_local_base_model_is_not_claimed_as_a_hub_base_model(tmp_path: Path) -> None:
     card = hub_push.model_card({"config": {"model": {"model": "/fsx/models/qwen"}}}, {"step": 3}, "me/x")
     assert "base_model:" not in card and "| base model | /fsx/models/qwen |" in card
-    assert "final training loss" not in card  # nothing recorded: nothing claimed
+    assert "training loss" not in card  # nothing recorded: nothing claimed

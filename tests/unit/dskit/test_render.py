@@ -341,6 +341,8 @@ record() {
 # A trainer that stopped early says why (trainer: DSKIT_STOP_REASON_FILE).
 stop_reason() {
   if [[ -n "${STUB_STOP_REASON-}" ]]; then echo "$STUB_STOP_REASON" >"$DSKIT_STOP_REASON_FILE"; fi
+  # A hang (observe/watchdog.py): the stuck ranks' host in DSKIT_HANG_HOSTS_FILE, the ranks' exit status 75.
+  if [[ -n "${STUB_HANG_HOST-}" ]]; then echo "$STUB_HANG_HOST" >>"$DSKIT_HANG_HOSTS_FILE"; exit 75; fi
 }
 case "$name" in
   python | python3)
@@ -361,7 +363,7 @@ case "$name" in
     case "$1 $2" in
       "show hostnames") printf 'n1\nn2\n' ;;
       "show node") [[ "$3" == n2 ]] ;;
-      "show job") printf '   StdOut=/fsx/logs/test_%s.out\n' "$3" ;;
+      "show job") printf '   StdOut=/fsx/logs/test_%s.out\n   ExcNodeList=%s\n' "$3" "${STUB_EXCLUDED:-(null)}" ;;
     esac ;;
   srun)
     record "$@"
@@ -509,6 +511,30 @@ def test_sbatch_env_overrides_args_pass_through_and_launch(tmp_path: Path) -> No
         "status 0"
     )
     assert not stub.recorded("scontrol")[1:] or all(c[0] != "requeue" for c in stub.recorded("scontrol"))
+
+
+def test_sbatch_requeues_a_hung_run_without_the_stuck_host_at_most_max_hang_requeues_times(
+    tmp_path: Path,
+) -> None:
+    """The watchdog ended the ranks (exit status 75) naming n2's: the job is requeued without n2, keeping the hosts
+    excluded before; once max_hang_requeues are spent it ends with 75 and says why."""
+    stub = Stubbed(tmp_path, "--set", "max_hang_requeues=1")
+    proc = stub.run("train.sbatch", env={"STUB_HANG_HOST": "n2", "STUB_EXCLUDED": "n7"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert ["update", "JobId=12345", "ExcNodeList=n7,n2"] in stub.recorded("scontrol")
+    assert ["requeue", "12345"] in stub.recorded("scontrol")
+    assert (
+        "exit status 75: a rank on n2 stopped advancing (hang), requeueing job 12345 without n7,n2 (hang requeue 1 "
+        "of 1; resumes from the last checkpoint)"
+    ) in proc.stdout
+    assert not list(stub.repo.glob("logs/.hang_hosts_*"))  # read once, then removed
+    again = stub.run("train.sbatch", env={"STUB_HANG_HOST": "n3"})  # the requeued job hangs on another host
+    assert again.returncode == 75, again.stdout + again.stderr
+    assert (
+        "stopped advancing (hang) after 1 hang requeues (max_hang_requeues 1): not requeueing" in again.stdout
+    )
+    assert again.stdout.rstrip().endswith("exit status 75")
+    assert sum(c[0] == "requeue" for c in stub.recorded("scontrol")) == 1
 
 
 def test_sbatch_requeues_a_run_stopped_for_the_time_limit(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from model_utils.launch import supervise
+from model_utils.observe import watchdog
 from support.torchrun import ENV, REPO
 
 
@@ -47,6 +48,20 @@ def test_the_line_names_the_first_failed_rank_its_host_and_how_it_ended() -> Non
     alone = {2: failure(0, 9, -signal.SIGTERM)}  # a SIGTERM from outside: still named
     assert supervise.summary(alone, "h", None).startswith(
         "error: rank 2 (local rank 0, pid 9) on h was killed by SIGTERM"
+    )
+
+
+def test_a_hang_ends_with_the_watchdogs_line_and_its_status() -> None:
+    """The watchdog's rank exits HANG_EXIT after its line; torchrun then stops the frozen one: the line is the
+    watchdog's (it names the stuck rank, not the rank that reported it) and the status is the hang's."""
+    ended = {0: failure(0, 11, watchdog.HANG_EXIT), 1: failure(1, 12, -signal.SIGTERM)}
+    line = (
+        "error: hang: rank 1 (pid 12) on n4 stopped advancing in compute of step 9: no heartbeat for 31 s\n"
+    )
+    assert supervise.hung(ended) and not supervise.hung({1: failure(1, 12, 1)})
+    assert supervise.summary(ended, "n4", line) == line.strip()
+    assert supervise.summary(ended, "n4", None).startswith(
+        "error: rank 0 (local rank 0, pid 11) on n4 exited"
     )
 
 

@@ -1,6 +1,7 @@
-"""The training loop's pieces that need no run: the id a fresh start gets. The progress a resume restores:
-tests/unit/loop/test_state.py. The loop itself, for real: tests/e2e (test_trainer.py and test_hooks.py in-process;
-test_training_runs.py, test_guarded_runs.py through torchrun)."""
+"""The training loop's pieces that need no run: the id a fresh start gets, and the per-step collective (one with
+two ranks) over a stand-in consensus. The progress a resume restores: tests/unit/loop/test_state.py. The loop
+itself, for real: tests/e2e (test_trainer.py and test_hooks.py in-process; test_training_runs.py,
+test_guarded_runs.py through torchrun)."""
 
 from __future__ import annotations
 
@@ -57,3 +58,85 @@ def test_a_checkpoint_missing_on_a_ranks_host_is_one_line_not_the_engines_assert
     (tmp_path / "model-8steps").mkdir()
     (tmp_path / "model-8steps" / "dskit_manifest.json").write_text("{}")
     trainer.Trainer._check_every_host_has(this, target)  # here: nothing to say
+
+
+class CountingConsensus:
+    """The per-step collective, counted: what every rank would agree given this rank's say."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[float | None, list[bool], object]] = []
+
+    def agree(self, loss, flags, times=None):  # type: ignore[no-untyped-def]
+        from model_utils.loop.consensus import Agreement
+
+        self.calls.append((None if loss is None else float(loss), list(flags), times))
+        rank_times = None if times is None else (times, times)
+        return Agreement(None if loss is None else float(loss), tuple(flags), rank_times, 0.001)
+
+
+def two_rank_loop(*flags: str) -> SimpleNamespace:
+    """A Trainer's state with two ranks and no engine: what _keep, _agree and after_step read."""
+    import torch
+
+    from model_utils.launch.distributed import DistInfo
+    from model_utils.launch.preemption import StopRequest
+    from model_utils.loop import hooks, spike_guard, stragglers
+    from model_utils.loop.state import TrainState
+
+    cfg = parse_args(["--max_steps", "100", *flags])
+    loop = SimpleNamespace(
+        cfg=cfg,
+        dist=DistInfo(0, 0, 2, torch.device("cpu")),
+        consensus=CountingConsensus(),
+        agreement=None,
+        step_times=stragglers.StepTimes(),
+        guard=spike_guard.SpikeGuard(cfg.guard, "skip"),
+        hooks=hooks.Hooks(),
+        stop=StopRequest(),
+        last_save_time=0.0,
+        walltime=None,
+        state=TrainState(step=7),
+        max_steps=100,
+        val_plan=None,
+        reporter=SimpleNamespace(exclude=lambda seconds: None),
+        saved=[],
+    )
+    loop.save_checkpoint = lambda: loop.saved.append(loop.state.step)
+    for name in ("_keep", "_agree", "_decision_flags", "_walltime_plan", "after_step"):
+        setattr(loop, name, getattr(trainer.Trainer, name).__get__(loop))
+    return loop
+
+
+def test_with_two_ranks_each_step_makes_one_collective_for_the_loss_and_the_stop_decision() -> None:
+    import signal
+
+    import torch
+
+    loop = two_rank_loop("--straggler_every", "2")
+    assert loop._keep(torch.tensor(3.5, dtype=torch.float64)) is True  # the guard's loss: no spike
+    assert loop.after_step(trained=False) is None  # the decision was in the step's collective: none added
+    assert len(loop.consensus.calls) == 1 and loop.consensus.calls[0][:2] == (3.5, [False] * 6)
+    assert loop.global_loss == 3.5
+    # A stop signal is this rank's say in the next step's collective; every rank stops after that step.
+    loop.stop._handle(signal.SIGUSR1, None)
+    for _ in range(2):
+        loop.step_times.add(0.01, 0.002, 0.05)
+    loop._keep(torch.tensor(3.4, dtype=torch.float64))
+    loss, flags, times = loop.consensus.calls[-1]
+    assert loss == 3.4
+    assert flags[0] is True and times is not None  # a straggler window of 2 turns rode along
+    assert loop.after_step(trained=False) == "preempted" and len(loop.consensus.calls) == 2
+    assert loop.saved == [7]
+
+
+def test_with_one_rank_the_decision_is_taken_after_the_step_without_a_collective() -> None:
+    import torch
+
+    from model_utils.launch.distributed import DistInfo
+
+    loop = two_rank_loop()
+    loop.dist = DistInfo(0, 0, 1, torch.device("cpu"))
+    assert loop._keep(torch.tensor(2.0, dtype=torch.float64)) is True
+    assert loop.consensus.calls == []  # the loss is this rank's own
+    assert loop.after_step(trained=False) is None
+    assert len(loop.consensus.calls) == 1  # a local decision (StepConsensus exchanges nothing with one rank)

@@ -1,6 +1,7 @@
 """What an observer is built from: a context of a real resolved run (the tiny preset, the embedded corpus) gives
-the run's observers in calling order (the reporter's output last), the profiler only on the rank that writes the
-run's files (S3 uploads: test_s3_uploads.py); the context cannot be changed."""
+the run's observers in calling order (the watchdog first, the reporter's output last), the profiler and the
+straggler report only on the rank that writes the run's files (S3 uploads: test_s3_uploads.py); the context
+cannot be changed."""
 
 from __future__ import annotations
 
@@ -28,9 +29,24 @@ def test_the_runs_observers_from_its_context(tmp_path: Path) -> None:
     run = resolver.prepare(parse_args(flags), world_size=2)
     main = DistInfo(rank=0, local_rank=0, world_size=2, device=torch.device("cpu"))
     ctx = LoopContext(run, main, engine=None, reporter=Reporter(tmp_path / "run.metrics.jsonl"), start_step=0)  # type: ignore[arg-type]
-    names = ["Profiler", "GuardRecords", "Ledger", "Reporting"]
-    assert [type(o).__name__ for o in observers.build(ctx)] == names
+    built = observers.build(ctx)
+    assert [type(o).__name__ for o in built] == [
+        "Watchdog",
+        "Profiler",
+        "GuardRecords",
+        "Stragglers",
+        "Ledger",
+        "Reporting",
+    ]
     other = LoopContext(run, dataclasses.replace(main, rank=1), None, Reporter(None), 0)  # type: ignore[arg-type]
-    assert [type(o).__name__ for o in observers.build(other)] == ["GuardRecords", "Reporting"]
+    assert [type(o).__name__ for o in observers.build(other)] == ["Watchdog", "GuardRecords", "Reporting"]
+    quiet = parse_args([*flags, "--hang_timeout", "0", "--straggler_every", "0"])
+    off = dataclasses.replace(ctx, run=resolver.prepare(quiet, world_size=2))
+    assert [type(o).__name__ for o in observers.build(off)] == [
+        "Profiler",
+        "GuardRecords",
+        "Ledger",
+        "Reporting",
+    ]
     with pytest.raises(dataclasses.FrozenInstanceError):
         ctx.start_step = 2  # type: ignore[misc]

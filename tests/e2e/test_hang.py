@@ -1,0 +1,96 @@
+"""A rank that stops advancing in a real run through `./train-singlenode.sh` (2 CPU ranks of the tiny default
+model): frozen with SIGSTOP during a step, or during a checkpoint save, the hang watchdog (observe/watchdog.py)
+names it, its host, phase and step in one line, its Python stacks are in the log, and the job ends with the
+documented exit status within --hang_timeout and a few seconds, instead of gloo's 10-minute timeout and a
+traceback from every rank (issue #28)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+from pathlib import Path
+
+import pytest
+
+from model_utils.checkpoint import protocol
+from model_utils.launch import launch_env
+from model_utils.observe import watchdog
+from support.singlenode import launch_and_interrupt, rank_pids
+
+pytestmark = [pytest.mark.e2e, pytest.mark.launcher]
+
+HANG_TIMEOUT = 10
+HANG = re.compile(
+    r"^error: hang: rank 1 \(pid (\d+)\) on (\S+) stopped advancing in (\w+) of step (\d+): no heartbeat for "
+    r"(\d+) s \(the process is frozen\); ranks 0 wait for it in \w+ of step \d+ \(--hang_timeout 10 s",
+    re.M,
+)
+
+
+def frozen_stack(output: str, pid: int) -> str:
+    """The stacks the frozen rank printed, from the watchdog's line announcing them to the next watchdog line."""
+    start = re.search(rf"^watchdog: rank 1 \(pid {pid}\) on \S+, frozen in .*: its stacks$", output, re.M)
+    assert start is not None, output[-6000:]
+    rest = output[start.end() :]
+    end = rest.find("error: hang:")
+    return rest[: end if end >= 0 else None]
+
+
+def run_and_check(
+    tmp_path: Path, job: str, *flags: str, env: dict[str, str] | None = None
+) -> tuple[re.Match[str], str, float]:
+    frozen: list[int] = []
+
+    def freeze_rank_1(_group: int) -> None:
+        if env is None:  # else the rank freezes itself in its save
+            pid = rank_pids(job)[1]
+            os.kill(pid, signal.SIGSTOP)
+            frozen.append(pid)
+
+    try:
+        status, output, seconds = launch_and_interrupt(
+            tmp_path, job, freeze_rank_1, "--hang_timeout", str(HANG_TIMEOUT), *flags, env=env
+        )
+    finally:
+        for pid in rank_pids(job).values():  # a failed test's ranks (a stopped process dies of SIGKILL too)
+            os.kill(pid, signal.SIGKILL)
+    assert status == watchdog.HANG_EXIT, output[-6000:]
+    said = HANG.search(output)
+    assert said is not None, output[-6000:]
+    assert said[2] == socket.gethostname()
+    if frozen:
+        assert int(said[1]) == frozen[0]
+    stack = frozen_stack(output, int(said[1]))
+    assert "(most recent call first)" in stack and "train_deepspeed.py" in stack, output[-6000:]
+    assert re.search(rf"^END \S+ exit status {watchdog.HANG_EXIT}$", output, re.M), output[-6000:]
+    assert "Timed out waiting" not in output and "ChildFailedError" not in output, output[-6000:]
+    return said, output, seconds
+
+
+def test_a_rank_frozen_in_a_step_is_named_with_its_stack_and_the_job_ends_75(tmp_path: Path) -> None:
+    said, output, seconds = run_and_check(tmp_path, f"hang-step-test-{os.getpid()}")
+    print(f"frozen in a step: exit {seconds:.1f} s after the SIGSTOP (--hang_timeout {HANG_TIMEOUT})")
+    assert said[3] in (watchdog.DATA, watchdog.COMPUTE, watchdog.DECISION), said[0]
+    assert HANG_TIMEOUT <= int(said[5]) <= HANG_TIMEOUT + 2, said[0]
+    # The stuck rank's own stack shows where it stood: in the step, not in the watchdog.
+    assert re.search(r"in (train_step|turn|_keep)", frozen_stack(output, int(said[1]))), output[-6000:]
+    assert seconds < HANG_TIMEOUT + 15, f"{seconds:.0f} s from the freeze to the exit"
+
+
+def test_a_rank_frozen_in_a_checkpoint_save_is_named_in_its_phase(tmp_path: Path) -> None:
+    freeze = {launch_env.FAULT_INJECT: "rank1_before_barrier" + protocol.FREEZE_SUFFIX}
+    said, output, seconds = run_and_check(
+        tmp_path, f"hang-save-test-{os.getpid()}", "--checkpoint_freq", "3", env=freeze
+    )
+    assert (said[3], said[4]) == (watchdog.CHECKPOINT, "3"), said[0]
+    assert "in save" in frozen_stack(output, int(said[1])), output[-6000:]
+    # A checkpoint may take 4x --hang_timeout, but a frozen process is judged by its heartbeat: --hang_timeout
+    # (and a round of the watchdog's thread) after it froze; the steps and the save before it take their time.
+    assert HANG_TIMEOUT <= int(said[5]) <= HANG_TIMEOUT + 2, said[0]
+    assert seconds < 120, f"{seconds:.0f} s from the first step to the exit"
+    # The SIGCONT that lets the frozen rank print its stacks may let the save finish before the ranks exit: then
+    # it is a whole, verified checkpoint; else its staging dir is debris the next save removes.
+    newest = protocol.newest_verified(tmp_path / "ckpt")
+    assert newest is None or newest.tag == "tiny_qwen3-3steps"
