@@ -40,7 +40,12 @@ def test_a_run_meets_the_points_in_order_and_an_observers_stop_is_honoured(
     calls: list[tuple[Any, ...]] = []
     watchdog = Recorder("w", calls, stop_at=3)
     trainer = make_trainer(tmp_path, single_rank)
-    assert [type(o).__name__ for o in trainer.hooks.observers] == ["Watchdog", "GuardRecords", "Reporting"]
+    assert [type(o).__name__ for o in trainer.hooks.observers] == [
+        "Watchdog",
+        "GuardRecords",
+        "Ledger",
+        "Reporting",
+    ]
     trainer.hooks = Hooks([watchdog, *trainer.hooks.observers])
     try:
         state = trainer.fit()

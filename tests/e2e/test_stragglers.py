@@ -1,4 +1,4 @@
-"""The straggler report in real 2-rank runs (tiny model, CPU): rank 1 slowed by an injected 20% delay before each
+"""The straggler report in real 2-rank runs (tiny model, CPU): rank 1 slowed by an injected 20% delay in each
 step (loop/faults.py `slow`) is named in one warning line and in the metrics file within 100 steps; 1,000 clean
 steps name nobody. The verdict's rules: tests/unit/loop/test_stragglers.py."""
 

@@ -206,7 +206,10 @@ COMMANDS: dict[str, Run | DryRun | CoveredBy | Uncovered] = {
     "./train-singlenode.sh --config configs/qwen3-0.6b-sft-lora.yaml --dataset /fsx/data/chats.jsonl": DryRun(
         _HUB, FLAGS
     ),
-    "./train-singlenode.sh --config configs/qwen3-0.6b-sft-lora.yaml --model tiny-qwen3 --dataset "
+    ".venv/bin/dskit export checkpoints out/tiny-base": CoveredBy(
+        "tests/e2e/test_export.py::test_export_of_a_tag_dir_and_through_the_cli", '"export"'
+    ),
+    "./train-singlenode.sh --config configs/qwen3-0.6b-sft-lora.yaml --model out/tiny-base --dataset "
     "src/model_utils/assets/tiny_conversations.jsonl --chat_template src/model_utils/assets/tiny_chat_template.jinja "
     "--seq_length 256 --max_steps 24": CoveredBy(
         "tests/e2e/test_sft.py::test_the_shipped_sft_run_file_trains_the_example_conversations_offline",

@@ -72,7 +72,9 @@ def _warm_imports() -> None:
     from model_utils.launch import startup
 
     startup.import_deepspeed()  # distributed.init_distributed's import
-    startup.import_transformers()  # resolver.prepare's
+    # resolver.prepare's, with chat templates renderable: the pool serves conversation runs too (what a rank
+    # imports by default: tests/e2e/test_lean_rank.py, in processes of its own).
+    startup.import_transformers(chat_templates=True)
     for name in RANK_IMPORTS:
         importlib.import_module(name)
     # Start-up work whose result cannot differ between processes on this machine: DeepSpeed's CPU ops loaded

@@ -146,12 +146,14 @@ def _held_back(names: tuple[str, ...]) -> Iterator[None]:
             del sys.modules[name]  # importable again afterwards, by whoever needs it
 
 
-def import_transformers() -> ModuleType:
+def import_transformers(chat_templates: bool = False) -> ModuleType:
     """`import transformers` (and accelerate, which it imports for its DeepSpeed integration) without the
     optional imports a rank does not use. Call it before any other import of transformers: the first decides.
-    Chat templates (jinja2) are then unavailable in this process."""
+    Chat templates (jinja2) are then unavailable in this process, unless `chat_templates` (a process that may
+    prepare conversation or prompt/completion data renders them)."""
     if "transformers" not in sys.modules:
-        with _held_back(HELD_BACK_FROM_TRANSFORMERS):
+        held = tuple(n for n in HELD_BACK_FROM_TRANSFORMERS if not (chat_templates and n == "jinja2"))
+        with _held_back(held):
             import accelerate  # noqa: F401  (imported here so its boto3 probe runs while boto3 is held back)
             import transformers  # noqa: F401  (returned from sys.modules below)
     transformers_bars_off()

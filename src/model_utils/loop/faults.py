@@ -9,8 +9,9 @@ acting on the N-th step of data this process draws (every draw counts: discarded
 - `loss`: the step's loss x 1000, in its value and its gradient (a corrupted batch the loss shows);
 - `grad`: the gradient x 1000 with the loss value unchanged (damage only the grad norm shows, after the update);
 - `drop`: the data is consumed without training: what a step the guard skipped must be equal to;
-- `slow`: the rank sleeps SLOW_FRACTION of its recent steps' median time (without the sleeps) before the step
-  (a throttled device).
+- `slow`: the rank sleeps SLOW_FRACTION of its recent steps' median time (without the sleeps) inside the step's
+  first forward (a throttled device: slow in its compute, after the step's start, where the ranks meet to count
+  the step's targets, and before the kit's per-step collective, where the others then wait for it).
 """
 
 from __future__ import annotations
@@ -64,8 +65,10 @@ class FaultInjector:
         self.draws = 0
         self.armed: str | None = None  # the kind corrupting the current step's loss
         self._hook = model.register_forward_hook(self._corrupt)
-        self._drawn_at: float | None = None  # when the current step started, after any slow fault's sleep
+        self._drawn_at: float | None = None  # when the current step started
         self.step_times: deque[float] = deque(maxlen=20)  # the recent steps' times, without the sleeps
+        self._sleep_s = 0.0  # a slow fault's, due in the step's first forward
+        self._slept_s = 0.0  # this step's
 
     @classmethod
     def from_env(cls, model: torch.nn.Module, rank: int = 0) -> FaultInjector | None:
@@ -82,17 +85,22 @@ class FaultInjector:
         self.draws += 1
         kind = next((f.kind for f in self.faults if f.hits(self.draws)), None)
         if kind == "slow":
-            time.sleep(SLOW_FRACTION * (statistics.median(self.step_times) if self.step_times else 0.0))
+            self._sleep_s = SLOW_FRACTION * (statistics.median(self.step_times) if self.step_times else 0.0)
+        self._slept_s = 0.0
         self._drawn_at = time.perf_counter()
         self.armed = kind if kind in ("loss", "grad") else None
         return kind
 
     def step_done(self) -> None:
         self.armed = None  # validation after the step sees the model as it is
+        self._sleep_s = 0.0  # a step without a forward (none here) sleeps no later
         if self._drawn_at is not None:
-            self.step_times.append(time.perf_counter() - self._drawn_at)
+            self.step_times.append(time.perf_counter() - self._drawn_at - self._slept_s)
 
     def _corrupt(self, module: torch.nn.Module, args: Any, output: Any) -> Any:
+        if self._sleep_s > 0:
+            time.sleep(self._sleep_s)
+            self._slept_s, self._sleep_s = self._sleep_s, 0.0
         if self.armed is not None and getattr(output, "loss", None) is not None:
             loss = output.loss
             if self.armed == "loss":

@@ -24,7 +24,8 @@ from model_utils import engines
 from model_utils.checkpoint import launch_record, protocol
 from model_utils.config import deepspeed_file
 from model_utils.config.arguments import AUTO, CUDA_GLOBAL_BATCH_TOKENS, PACKING_DOCUMENTS, TrainConfig
-from model_utils.data import block_cache, mixture, sampler, token_shards
+from model_utils.data import block_cache, chat, mixture, sampler, token_shards
+from model_utils.data.documents import EMBEDDED
 from model_utils.data.packing import PackedBlocks
 from model_utils.data.rows import BlockSource
 from model_utils.errors import ConfigError
@@ -197,10 +198,22 @@ def resolve_settings(
         return _resolve_settings(cfg, gpu_bytes, world_size, on_ranks)
 
 
+def may_render_chat_templates(cfg: TrainConfig) -> bool:
+    """Whether this process may prepare conversation or prompt/completion data itself (then it renders chat
+    templates): not for plain text, the embedded corpus or an already prepared dataset."""
+    data = cfg.data
+    if data.data_format == chat.TEXT:
+        return False
+    if data.data_format != "auto" or data.chat_template is not None or data.sources is not None:
+        return True
+    return not (data.dataset == EMBEDDED or token_shards.state(Path(data.dataset)) == "prepared")
+
+
 def _resolve_settings(
     cfg: TrainConfig, gpu_bytes: int | None, world_size: int, on_ranks: bool
 ) -> RunSettings:
-    startup.import_transformers()  # the first import of transformers in a rank: without what it does not use
+    # The first import of transformers in a rank: without what it does not use.
+    startup.import_transformers(chat_templates=may_render_chat_templates(cfg))
     source = models.resolve_model_source(cfg.model.model)
     ts = _train_settings(cfg)
     source = _hub_model(cfg, source, on_ranks)

@@ -38,6 +38,10 @@ def test_a_slow_fault_on_one_rank_delays_its_steps_by_a_fifth_of_their_median(
     injector.step_times.clear()
     injector.step_times.extend([0.4, 0.5, 3.0])  # the recent steps: their median
     assert injector.draw() == "slow" and injector.armed is None  # the loss is left alone
+    assert slept == []  # not before the step: in its first forward
+    model(torch.zeros(1, 2))
+    model(torch.zeros(1, 2))  # a second micro-batch's forward: no second sleep
     injector.step_done()
     assert slept == [pytest.approx(0.1)]
+    assert injector.step_times[-1] < 0.1  # the step's own time, without the sleep
     injector.close()

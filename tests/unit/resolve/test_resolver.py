@@ -388,3 +388,17 @@ def test_packing_documents_gives_rows_whose_documents_end_at_the_tokenizers_eos(
         assert rows.positions[row, column + 1] == 0 and not rows.targets[row, column + 1]
     assert np.array_equal(stream.train_blocks.rows(np.arange(4)).tokens, rows.tokens)
     assert stream.train_blocks.rows(np.arange(4)).positions is None
+
+
+def test_only_a_run_that_may_prepare_chat_data_keeps_chat_templates_importable(tmp_path: Path) -> None:
+    from model_utils.config.arguments import parse_args
+    from model_utils.resolve.resolver import may_render_chat_templates
+
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text(
+        '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n'
+    )
+    assert not may_render_chat_templates(parse_args([]))  # the embedded corpus: a lean rank
+    assert not may_render_chat_templates(parse_args(["--dataset", str(chats), "--data_format", "text"]))
+    assert may_render_chat_templates(parse_args(["--dataset", str(chats)]))  # auto: it may hold conversations
+    assert may_render_chat_templates(parse_args(["--data_format", "messages", "--dataset", str(chats)]))
