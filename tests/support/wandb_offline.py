@@ -52,11 +52,14 @@ class OfflineRun:
 
 def read_run(run_dir: Path) -> OfflineRun:
     (log,) = run_dir.glob("run-*.wandb")
-    run = OfflineRun(run_dir)
+    # The run id from the file's name (W&B names it run-<id>.wandb in offline-run-<time>-<id>/): a resumed run's
+    # log does not always carry a run record of its own.
+    run = OfflineRun(run_dir, run_id=log.stem.removeprefix("run-"))
     for record in records(log):
         kind = record.WhichOneof("record_type")
         if kind == "run":
-            run.run_id, run.name, run.project = record.run.run_id, record.run.display_name, record.run.project
+            assert record.run.run_id == run.run_id, (record.run.run_id, log)
+            run.name, run.project = record.run.display_name, record.run.project
             run.config.update({i.key: json.loads(i.value_json) for i in record.run.config.update})
         elif kind == "config":
             run.config.update({i.key: json.loads(i.value_json) for i in record.config.update})
