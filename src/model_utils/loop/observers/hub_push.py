@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     from model_utils.loop.observers.context import LoopContext
 
 
+PUSH_TIMEOUT_S = 3600.0  # the export and upload of a large model take minutes; a hung hub, forever
+
+
 class HubPush(Observer):
     def __init__(self, checkpoint_dir: Path, export_dir: Path, repo: str, options: list[str]) -> None:
         self.checkpoint_dir = checkpoint_dir
@@ -36,6 +39,7 @@ class HubPush(Observer):
         self.options = options  # --private, --revision BRANCH
         self.proc: subprocess.Popen[str] | None = None
         self.started = 0.0
+        self.timeout_s = PUSH_TIMEOUT_S
 
     @classmethod
     def from_loop(cls, ctx: LoopContext) -> HubPush | None:
@@ -85,7 +89,16 @@ class HubPush(Observer):
         proc, self.proc = self.proc, None
         if proc is None:
             return
-        output, _ = proc.communicate()
+        try:
+            output, _ = proc.communicate(timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:  # a hub that never answers must not hold the allocation
+            proc.kill()
+            proc.communicate()
+            warn0(
+                f"the push to the hub repo {self.repo} did not end within {self.timeout_s:g} s: stopped it; the run "
+                f"finished: push by hand with {self.by_hand()}"
+            )
+            return
         lines = output.strip().splitlines()
         pushed = [line for line in lines if line.startswith("pushed ")]
         if proc.returncode == 0 and pushed:

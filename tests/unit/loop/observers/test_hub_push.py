@@ -65,3 +65,14 @@ def test_the_push_gets_the_callers_offline_setting_back() -> None:
     assert push_environment(dict(launched)) == {"X": "y"}  # the caller had it unset: online again
     assert push_environment({**launched, "DSKIT_CALLER_HF_HUB_OFFLINE": "1"})["HF_HUB_OFFLINE"] == "1"
     assert push_environment({"HF_HUB_OFFLINE": "1"}) == {"HF_HUB_OFFLINE": "1"}  # no launcher: as it is
+
+
+def test_a_push_that_never_ends_is_stopped_with_one_warning(tmp_path: Path, capsys) -> None:
+    push = observer(tmp_path, "import time; time.sleep(60)")
+    push.timeout_s = 0.5
+    push.on_end(TrainState(step=12), "done")
+    proc = push.proc
+    push.on_close()
+    assert proc is not None and proc.returncode is not None  # killed, not left behind
+    warning = [line for line in capsys.readouterr().out.splitlines() if "WARNING" in line]
+    assert len(warning) == 1 and "did not end within 0.5 s: stopped it" in warning[0], warning
