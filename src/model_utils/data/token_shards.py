@@ -327,6 +327,28 @@ def _write_atomically(path: Path, text: str, what: str) -> None:
         file_manifest.atomic_write_text(path, text)
 
 
+@contextlib.contextmanager
+def _discarded_on_failure(out: Path, index: int, shards: dict[str, _ShardFile]) -> Iterator[None]:
+    """A unit's staged shards are discarded when writing them fails (a full disk in one line), so a killed or
+    failed unit leaves nothing that looks written."""
+    try:
+        yield
+    except BaseException as e:
+        for shard in shards.values():
+            shard.discard()
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise _disk_full(out, f"unit {index}") from None
+        raise
+
+
+def _commit_unit(out: Path, index: int, done: dict[str, Any]) -> dict[str, Any]:
+    """The unit's record, written atomically: from here the unit counts as done."""
+    path = _record_path(out, index)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomically(path, json.dumps(done, indent=1), f"the record of unit {index}")
+    return done
+
+
 def _quiet(nbytes: int, tokens: int) -> None:
     pass
 
@@ -351,7 +373,7 @@ def write_unit(
     phase = _phase(unit)
     empty = 0
     doc_index = 0
-    try:
+    with _discarded_on_failure(out, index, shards):
         for texts, nbytes in documents.read(unit, text_field, _staging_dir(out)):
             _check_text(texts, text_field, unit)
             kept = [t for t in texts if isinstance(t, str) and t]
@@ -368,21 +390,8 @@ def write_unit(
             if max_tokens is not None and shards[TRAIN].tokens >= max_tokens:
                 break  # a prefix: later units are not needed either, and the manifest cuts this one
         committed = {split: shard.commit() for split, shard in shards.items()}
-    except OSError as e:
-        for shard in shards.values():
-            shard.discard()
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise _disk_full(out, f"unit {index}") from None
-        raise
-    except BaseException:
-        for shard in shards.values():
-            shard.discard()
-        raise
     done = {"unit": unit.to_dict(), "shards": committed, "empty_documents": empty}
-    path = _record_path(out, index)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomically(path, json.dumps(done, indent=1), f"the record of unit {index}")
-    return done
+    return _commit_unit(out, index, done)
 
 
 def _write_rows_unit(
@@ -400,7 +409,7 @@ def _write_rows_unit(
     phase = _phase(unit)
     where_file = unit.describe()
     untrained = rows = 0
-    try:
+    with _discarded_on_failure(out, index, shards):
         for batch, nbytes in documents.read(unit, fields, _staging_dir(out)):
             first = rows
             encoded = encoder.encode(batch, lambda i, first=first: f"{where_file} row {first + i}")
@@ -420,26 +429,13 @@ def _write_rows_unit(
                 break
         _check_untrained(untrained, rows, where_file, record)
         committed = {split: shard.commit() for split, shard in shards.items()}
-    except OSError as e:
-        for shard in shards.values():
-            shard.discard()
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise _disk_full(out, f"unit {index}") from None
-        raise
-    except BaseException:
-        for shard in shards.values():
-            shard.discard()
-        raise
     done = {
         "unit": unit.to_dict(),
         "shards": committed,
         "empty_documents": 0,
         "untrained_documents": untrained,
     }
-    path = _record_path(out, index)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomically(path, json.dumps(done, indent=1), f"the record of unit {index}")
-    return done
+    return _commit_unit(out, index, done)
 
 
 def _check_untrained(untrained: int, rows: int, where: str, record: dict[str, Any]) -> None:
