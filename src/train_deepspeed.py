@@ -35,12 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         with lease.held_on_main(cfg.checkpoint.checkpoint_dir, dist.is_main, decide_on_main):
             # Every rank checks its share of the resume candidates' files; rank 0's choice in prepare reads none again.
             protocol.verify_in_parallel(cfg.checkpoint.checkpoint_dir, cfg.checkpoint.resume_from_checkpoint)
-            run = resolver.prepare(
-                cfg,
-                world_size=dist.world_size,
-                run_first=partial(distributed.main_first, info=dist),
-                decide_once=decide_on_main,
-            )
+            run = resolver.prepare_on_ranks(cfg, dist)
             trainer = Trainer(run, dist)
             try:
                 trainer.fit()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-from functools import partial
 from pathlib import Path
 
 from model_utils.config.arguments import parse_args
@@ -37,12 +36,7 @@ class FirstMicroBatchOnly(list):
 def main() -> None:
     out, kill_at, flags = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
     dist = distributed.init_distributed()
-    run = resolver.prepare(  # as the rank's entry prepares: rank 0 tokenizes into the cache, then the others
-        parse_args(flags),
-        world_size=dist.world_size,
-        run_first=partial(distributed.main_first, info=dist),
-        decide_once=partial(distributed.decide_on_main, info=dist),
-    )
+    run = resolver.prepare_on_ranks(parse_args(flags), dist)  # as the rank's entry prepares
     trainer = training.Trainer(run, dist)
     assert trainer.batches is not None
     steps: list[dict] = []

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from functools import partial
 from pathlib import Path
 
 from model_utils.config.arguments import parse_args
@@ -23,12 +22,7 @@ from model_utils.resolve import resolver
 def main() -> None:
     out, flags = Path(sys.argv[1]), sys.argv[2:]
     dist = distributed.init_distributed()
-    run = resolver.prepare(  # as the rank's entry prepares: rank 0 tokenizes into the cache, then the others
-        parse_args(flags),
-        world_size=dist.world_size,
-        run_first=partial(distributed.main_first, info=dist),
-        decide_once=partial(distributed.decide_on_main, info=dist),
-    )
+    run = resolver.prepare_on_ranks(parse_args(flags), dist)  # as the rank's entry prepares
     trainer = training.Trainer(run, dist)
     try:
         validation = trainer.validate()

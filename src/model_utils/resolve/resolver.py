@@ -17,8 +17,9 @@ import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from model_utils import engines
 from model_utils.checkpoint import launch_record, protocol
@@ -35,6 +36,9 @@ from model_utils.observe.log import print0
 from model_utils.resolve import batch_layout, train_settings
 from model_utils.resolve.run_settings import RunSettings
 from model_utils.resolve.train_settings import TrainSettings
+
+if TYPE_CHECKING:
+    from model_utils.launch.distributed import DistInfo
 
 
 @dataclass(frozen=True)
@@ -367,6 +371,19 @@ def _select_resume(cfg: TrainConfig) -> protocol.ResumeTarget | None:
 
 def _here(fn: Callable[[], Any]) -> Any:
     return fn()
+
+
+def prepare_on_ranks(cfg: TrainConfig, dist: DistInfo) -> ResolvedRun:
+    """`prepare` as a rank runs it: work one process must do (tokenizing into the cache) on rank 0 first, the
+    others after it; decisions made on rank 0 and shared."""
+    from model_utils.launch import distributed
+
+    return prepare(
+        cfg,
+        world_size=dist.world_size,
+        run_first=partial(distributed.main_first, info=dist),
+        decide_once=partial(distributed.decide_on_main, info=dist),
+    )
 
 
 def prepare(
