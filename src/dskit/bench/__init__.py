@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -464,22 +465,34 @@ def guard_overhead(work: Workload, run: resolver.ResolvedRun, dist: distributed.
         trainer.engine.train()
         for _ in range(run.config.guard.spike_window + work.warmup):
             trainer.step()  # fills the guard's windows: from here on it judges every step
-        times: dict[str, list[float]] = {"off": [], "skip": []}
-        for i in range(2 * work.steps):
-            mode = ("off", "skip")[i % 2]
-            trainer.guard.mode = mode
-            _sync(dist.device)
-            started = time.perf_counter()
-            trainer.step()
-            _sync(dist.device)
-            times[mode].append(time.perf_counter() - started)
+        guard = trainer.guard
+        modes = {mode: partial(setattr, guard, "mode", mode) for mode in ("off", "skip")}
+        medians = _interleaved_step_times(trainer, dist.device, work.steps, modes)
     finally:
         trainer.close()
-    off, on = statistics.median(times["off"]), statistics.median(times["skip"])
+    off, on = medians["off"], medians["skip"]
     return (
         f"spike guard: {1e3 * on:.3f} ms/step judging, {1e3 * off:.3f} ms/step off (medians of {work.steps} "
         f"interleaved steps each): {100 * (on / off - 1):+.2f}%"
     )
+
+
+def _interleaved_step_times(
+    trainer: Any, device: Any, steps: int, settings: dict[str, Callable[[], None]]
+) -> dict[str, float]:
+    """The median time of `steps` optimizer steps under each setting, the settings alternating step by step in one
+    run (each applied before its step), so the machine's drift and noise fall on all of them alike."""
+    names = list(settings)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(len(names) * steps):
+        name = names[i % len(names)]
+        settings[name]()
+        _sync(device)
+        started = time.perf_counter()
+        trainer.step()
+        _sync(device)
+        times[name].append(time.perf_counter() - started)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def packing_overhead(
@@ -496,24 +509,19 @@ def packing_overhead(
         "documents": trainer.batches,
         "stream": StepBatches(stream.train_blocks, trainer.sampler, dist.device, trainer.flatten),
     }
-    times: dict[str, list[float]] = {"stream": [], "documents": []}
     try:
         trainer.engine.train()
         for _ in range(work.warmup):
             trainer.step()
-        for i in range(2 * work.steps):
-            mode = ("stream", "documents")[i % 2]
-            trainer.batches = sources[mode]
-            _sync(dist.device)
-            started = time.perf_counter()
-            trainer.step()
-            _sync(dist.device)
-            times[mode].append(time.perf_counter() - started)
+        packings = {
+            mode: partial(setattr, trainer, "batches", sources[mode]) for mode in ("stream", "documents")
+        }
+        medians = _interleaved_step_times(trainer, dist.device, work.steps, packings)
     finally:
         trainer.batches = sources["documents"]
         sources["stream"].close()
         trainer.close()
-    plain, apart = statistics.median(times["stream"]), statistics.median(times["documents"])
+    plain, apart = medians["stream"], medians["documents"]
     return (
         f"packing: {1e3 * apart:.3f} ms/step documents, {1e3 * plain:.3f} ms/step stream (medians of {work.steps} "
         f"interleaved steps each): {100 * (apart / plain - 1):+.2f}%"
