@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from model_utils import engines
 from model_utils.checkpoint import launch_record
-from model_utils.config.arguments import HUB_REPO, LoraArgs
+from model_utils.config.arguments import LoraArgs, check_hub_repo
 from model_utils.errors import CommandParser, ConfigError, first_line
 from model_utils.model import lora
 from model_utils.storage import file_manifest
@@ -301,8 +301,7 @@ def main(argv: list[str]) -> int:
         raise ConfigError(
             "the hub flags (--revision, --private) need --push_to_hub REPO: add it or drop them"
         )
-    if ns.push_to_hub is not None and not HUB_REPO.fullmatch(ns.push_to_hub):
-        raise ConfigError(f"--push_to_hub {ns.push_to_hub!r} is not a hub repo: give user/name (or org/name)")
+    check_hub_repo(ns.push_to_hub)
     out = export(Path(ns.checkpoint), Path(ns.out_dir), ns.dtype, ns.adapter_only)
     load_dir, tag = resolve_tag(Path(ns.checkpoint))
     what = ", the LoRA adapter only" if ns.adapter_only else ""

@@ -438,6 +438,12 @@ class LoopArgs:
 HUB_REPO = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 
 
+def check_hub_repo(repo: str | None) -> None:
+    """--push_to_hub's value (the run's and `dskit export`'s): a hub repo id, else one line saying so."""
+    if repo is not None and not HUB_REPO.fullmatch(repo):
+        raise ConfigError(f"--push_to_hub {repo!r} is not a hub repo: give user/name (or org/name)")
+
+
 @dataclass(frozen=True)
 class CheckpointArgs:
     checkpoint_dir: str = field(
@@ -499,10 +505,7 @@ class CheckpointArgs:
     )
 
     def __post_init__(self) -> None:
-        if self.push_to_hub is not None and not HUB_REPO.fullmatch(self.push_to_hub):
-            raise ConfigError(
-                f"--push_to_hub {self.push_to_hub!r} is not a hub repo: give user/name (or org/name)"
-            )
+        check_hub_repo(self.push_to_hub)
         _check_choice("hub_visibility", self.hub_visibility, ("public", "private"), "a repo visibility")
         if (self.hub_visibility != "public" or self.hub_revision is not None) and self.push_to_hub is None:
             raise ConfigError(
