@@ -90,6 +90,7 @@ def test_a_run_past_its_timeout_is_killed_and_raises(tmp_path: Path) -> None:
         run_ranks([], script=script, cwd=tmp_path, timeout=5)
     assert time.monotonic() - started < 60
     assert "started" in expired.value.output
-    (tmp_path / "ok.py").write_text("print('ok')\n")
+    # One write per rank: the ranks are unbuffered, so print's two writes ("ok", "\n") can interleave
+    (tmp_path / "ok.py").write_text("import os\nos.write(1, b'ok\\n')\n")
     after = run_ranks([], script=tmp_path / "ok.py", cwd=tmp_path)  # the pool serves the next run
     assert after.returncode == 0 and after.stdout == "ok\nok\n"
