@@ -31,6 +31,7 @@ env:
 	@# Bytecode compiled here once (later syncs only add what changed): without .pyc files, and with
 	@# PYTHONDONTWRITEBYTECODE set, every rank spends ~10 s compiling ~2,000 modules at each start.
 	$(UV) sync --frozen --quiet --compile-bytecode
+	@$(PY) -m dskit.env.lock_stamp write  # the launchers then skip their uv sync (src/dskit/env/lock_stamp.py)
 
 # DeepSpeed compiles its CPU ops on first use (~1-2 min each); do it once here, not inside a timed test.
 # Through the same set-up as training (model_utils.model.kernels.prepare_jit_env: extensions dir, TORCH_CUDA_ARCH_LIST).

@@ -36,6 +36,10 @@ die() {
 # once: uv locks the environment, so they take turns.
 sync_env() {
   local uv_cmd
+  # Nothing to do while the stamp of the last sync holds (dskit/env/lock_stamp.py): uv would spend ~1.5 s finding so.
+  if [[ -x .venv/bin/python ]] && .venv/bin/python -m dskit.env.lock_stamp check; then
+    return 0
+  fi
   if command -v uv >/dev/null 2>&1; then
     uv_cmd=(uv)
   elif python3 -m uv --version >/dev/null 2>&1; then
@@ -50,6 +54,8 @@ sync_env() {
     "time about 20 s with uv's cache, a few minutes without) ..."
   # Bytecode compiled once at install (incremental later): each rank imports ~2,000 modules at start.
   "${uv_cmd[@]}" sync --frozen --quiet --compile-bytecode
+  # A cache: where it cannot be written (a read-only checkout), the next launch syncs again.
+  .venv/bin/python -m dskit.env.lock_stamp write || true
 }
 
 # Sets py, the interpreter of this run. DSKIT_PYTHON: one that already has torch (a container's, a cluster
@@ -145,7 +151,7 @@ run_preflight() {
   local nodes=$1 efa=$2 status=0
   shift 2
   CUDA_VERSION="$CUDA_VERSION" GPUS_PER_NODE="$GPUS_PER_NODE" CPU_RANKS="$CPU_RANKS" EFA="$efa" \
-    SLURM_JOB_NUM_NODES="$nodes" "${py[@]}" -m dskit.cli preflight "$@" || status=$?
+    SLURM_JOB_NUM_NODES="$nodes" DSKIT_NODE_GPUS="$gpus" "${py[@]}" -m dskit.cli preflight "$@" || status=$?
   if [[ "$status" -eq 1 ]]; then
     die "dskit doctor stopped the launch on $(hostname): fix what it reports above, then launch again"
   fi

@@ -30,6 +30,9 @@ class LaunchContext:
     nodes: int
     extensions_dir: Path | None
     ds_accelerator: str | None
+    launcher_gpus: int | None = (
+        None  # the GPUs the launcher counted here (DSKIT_NODE_GPUS): its ranks per node
+    )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> LaunchContext:
@@ -52,6 +55,7 @@ class LaunchContext:
             nodes=max(1, count("SLURM_JOB_NUM_NODES", 1)),
             extensions_dir=Path(ext) if ext else repo.EXTENSIONS_DIR,  # where a rank would build them
             ds_accelerator=env.get("DS_ACCELERATOR"),
+            launcher_gpus=count("DSKIT_NODE_GPUS", 0) if env.get("DSKIT_NODE_GPUS") else None,
         )
 
 

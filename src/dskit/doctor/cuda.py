@@ -167,6 +167,15 @@ def check_gpus(ctx: LaunchContext, gpus: GpuProbe) -> Result:
             f"nvidia-smi lists {gpus.smi_count} GPUs{names} but torch sees none{extra}",
             "see 'torch CUDA vs driver' (CPU-only torch or too old a driver), or fix CUDA_VISIBLE_DEVICES",
         )
+    if ctx.launcher_gpus is not None and ctx.launcher_gpus != gpus.torch_count:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        return Result(
+            name,
+            Status.FAIL,
+            f"the launcher counted {ctx.launcher_gpus} GPUs (the driver's, narrowed by CUDA_VISIBLE_DEVICES="
+            f"{visible!r}), torch sees {gpus.torch_count}{names}: the ranks would not match the devices",
+            "give CUDA_VISIBLE_DEVICES as GPU indices (0,1,...) or UUIDs, or unset it",
+        )
     if gpus.torch_count > 0:
         if ctx.gpus_per_node == 0:
             return Result(

@@ -11,9 +11,10 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-from dskit.env import wheelhouse
+from dskit.env import lock_stamp, wheelhouse
 from dskit.env.uv import uv_command
 from model_utils.errors import first_line
 from model_utils.launch import startup
@@ -49,6 +50,10 @@ def check_uv(project: Path = REPO_ROOT, python_prefix: Path = Path(sys.prefix)) 
             f"{env_dir} was installed from a wheelhouse of another uv.lock",
             "launch once with WHEELHOUSE=DIR built from this checkout (make wheelhouse)",
         )
+    synced = lock_stamp.synced_at(project, env_dir)
+    if synced is not None:  # unchanged since a sync of this lock: uv would take a second to find the same
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(synced))
+        return Result(name, Status.PASS, f"{env_dir} matches uv.lock (unchanged since its uv sync at {when})")
     uv = uv_command()
     if uv is None:
         return Result(

@@ -11,11 +11,14 @@ older than 2.6 and replace it). The fix it prints pins the installed torch, so p
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
 import importlib.util
+import os
 import platform
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -152,16 +155,58 @@ def check(repo: Path) -> str | None:
     )
 
 
-def probe() -> str:
-    """The launcher's line: GPUs visible, then the versions this run uses."""
+def torch_build() -> tuple[str, str | None]:
+    """torch's version and CUDA version as `torch.__version__` and `torch.version.cuda` give them, read from its
+    version.py without importing torch (a ~2 CPU-s import the launcher's probe does not need)."""
+    spec = importlib.util.find_spec("torch")  # a top-level package: found, not executed
+    assert spec is not None and spec.origin is not None, "check() ran first and found torch"
+    values: dict[str, str | None] = {}
+    for node in ast.parse((Path(spec.origin).parent / "version.py").read_text()).body:
+        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+        if isinstance(target, ast.Name) and isinstance(getattr(node, "value", None), ast.Constant):
+            values[target.id] = node.value.value  # type: ignore[union-attr]
+    return str(values.get("__version__") or importlib.metadata.version("torch")), values.get("cuda")
+
+
+NVIDIA_GPUS = Path(
+    "/proc/driver/nvidia/gpus"
+)  # one entry per GPU the driver exposes here (a container's own)
+NVIDIA_DRIVER = (Path("/dev/nvidiactl"), Path("/proc/driver/nvidia"))
+
+
+def visible_gpus(torch_cuda: str | None, env: Mapping[str, str] = os.environ) -> int:
+    """The GPUs torch.cuda.device_count() would count, without importing torch where the answer is certain: none
+    for a CPU build or a node without the NVIDIA driver; the driver's GPUs narrowed by CUDA_VISIBLE_DEVICES
+    (indices, as CUDA reads them: up to the first invalid one). Else (UUIDs, MIG) torch counts. The doctor
+    compares this count with torch's (DSKIT_NODE_GPUS) before any rank starts."""
+    if torch_cuda is None or not any(path.exists() for path in NVIDIA_DRIVER):
+        return 0
+    try:
+        physical = len(list(NVIDIA_GPUS.iterdir()))
+    except OSError:
+        physical = 0
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if physical and visible is None:
+        return physical
+    if physical and visible is not None:
+        entries = [entry.strip() for entry in visible.split(",")]
+        if not any(entry.startswith(("GPU-", "MIG-")) for entry in entries):  # UUIDs: torch resolves them
+            valid = [entry.isdigit() and int(entry) < physical for entry in entries]
+            return valid.index(False) if False in valid else len(valid)  # CUDA stops at the first invalid one
     import torch
 
+    return torch.cuda.device_count()
+
+
+def probe() -> str:
+    """The launcher's line: GPUs visible, then the versions this run uses."""
+    torch_version, torch_cuda = torch_build()
     return " ".join(
         [
-            str(torch.cuda.device_count()),
+            str(visible_gpus(torch_cuda)),
             platform.python_version(),
-            torch.__version__,
-            torch.version.cuda or "none",
+            torch_version,
+            torch_cuda or "none",
             importlib.metadata.version("deepspeed"),
         ]
     )

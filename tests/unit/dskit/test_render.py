@@ -351,6 +351,8 @@ case "$name" in
         # STUB_ENV_BROKEN: the interpreter lacks a package (python_env's one line, exit 2)
         if [[ -n "${STUB_ENV_BROKEN-}" ]]; then echo "error: $0 lacks what the kit needs: $STUB_ENV_BROKEN" >&2; exit 2; fi
         echo "${STUB_GPUS:-0} 3.11.7 2.6.0 none 0.19.8" ;;
+      # the stamp of the last uv sync (dskit/env/lock_stamp.py): it holds with STUB_SYNCED, else the launcher syncs
+      "-m dskit.env.lock_stamp") name=lock_stamp; shift 2; record "$@"; [[ "$1" == write || -n "${STUB_SYNCED-}" ]] ;;
       # the log's name (STUB_RUN_NAME: what the kit answers; unset: nothing, as for flags that do not parse)
       "-m model_utils.observe.run_name") record "$@"; [[ -z "${STUB_RUN_NAME-}" ]] || echo "$STUB_RUN_NAME" ;;
       # the launchers start torchrun and accelerate as modules of the run's interpreter
@@ -692,6 +694,20 @@ def test_a_first_install_of_the_venv_is_announced(tmp_path: Path) -> None:
         in first.stdout
     )
     assert stub.recorded("uv") == [["sync", "--frozen", "--quiet", "--compile-bytecode"]]
+
+
+def test_a_launch_syncs_only_when_the_stamp_of_the_last_sync_no_longer_holds(tmp_path: Path) -> None:
+    """`uv sync` costs ~1.5 s a launch even when nothing changed: skipped while the stamp holds
+    (dskit/env/lock_stamp.py); a sync writes a new one."""
+    stub = Stubbed(tmp_path)
+    stub.run("train-singlenode.sh")
+    assert stub.recorded("uv") == [["sync", "--frozen", "--quiet", "--compile-bytecode"]]
+    assert stub.recorded("lock_stamp") == [["check"], ["write"]]
+    for call in stub.calls.iterdir():
+        call.unlink()
+    stub.run("train-singlenode.sh", env={"STUB_SYNCED": "1"})
+    assert stub.recorded("uv") == [] and stub.recorded("lock_stamp") == [["check"]]
+    assert stub.recorded("torchrun"), "the launch went on to the ranks"
 
 
 def other_python(tmp_path: Path) -> Path:

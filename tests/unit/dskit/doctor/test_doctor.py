@@ -20,6 +20,7 @@ import pytest
 
 from dskit import cli, doctor, render
 from dskit.doctor import GpuProbe, LaunchContext, Status
+from dskit.env import lock_stamp
 from model_utils.config.arguments import DataArgs
 from support.fake_commands import executable
 from support.s3_server import S3Env
@@ -295,6 +296,21 @@ def test_uv_env_in_sync_then_out_of_sync(tmp_path: Path, monkeypatch: pytest.Mon
     assert not (tmp_path / ".venv").exists()
 
 
+def test_uv_check_trusts_the_stamp_of_the_last_sync_only_while_it_holds(tmp_path: Path) -> None:
+    """No uv at all on the fast path: a PATH without uv still PASSes while the stamp holds."""
+    tiny_project(tmp_path, with_dependency=False)
+    site = tmp_path / ".venv" / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    (tmp_path / ".venv" / "bin").mkdir()
+    (tmp_path / ".venv" / "bin" / "python").write_text("")
+    lock_stamp.write(tmp_path, tmp_path / ".venv")
+    result = doctor.check_uv(tmp_path, tmp_path / ".venv")
+    assert result.status is Status.PASS and "unchanged since its uv sync at" in result.found
+    tiny_project(tmp_path, with_dependency=True)  # the lock moved on: the stamp no longer holds, uv decides
+    result = doctor.check_uv(tmp_path, tmp_path / ".venv")
+    assert "unchanged since" not in result.found
+
+
 def test_uv_check_skips_another_python(tmp_path: Path) -> None:
     tiny_project(tmp_path, with_dependency=False)
     result = doctor.check_uv(tmp_path, Path("/usr"))
@@ -392,8 +408,22 @@ def test_fake_nvidia_smi_without_gpus(
         (context(ds_accelerator=None), NO_GPU, Status.WARN, "though GPUS_PER_NODE=8"),
         (context(gpus_per_node=0, ds_accelerator=None), NO_GPU, Status.PASS, "(GPUS_PER_NODE=0)"),
         (context(cpu_ranks=0), NO_GPU, Status.FAIL, "CPU_RANKS=0"),
+        # the launcher counts without torch (python_env.visible_gpus): its ranks must match torch's devices
+        (context(launcher_gpus=8), EIGHT_GPUS, Status.PASS, "= GPUS_PER_NODE"),
+        (context(launcher_gpus=4), EIGHT_GPUS, Status.FAIL, "the launcher counted 4 GPUs"),
+        (context(launcher_gpus=0), NO_GPU, Status.PASS, "no GPU"),
     ],
-    ids=["match", "fewer-values", "gpus-ignored", "gpu-expected", "cpu-cluster", "no-ranks"],
+    ids=[
+        "match",
+        "fewer-values",
+        "gpus-ignored",
+        "gpu-expected",
+        "cpu-cluster",
+        "no-ranks",
+        "launcher-agrees",
+        "launcher-differs",
+        "launcher-none",
+    ],
 )
 def test_gpu_count_against_launch_values(
     ctx: LaunchContext, gpus: GpuProbe, status: Status, text: str
@@ -620,6 +650,7 @@ def test_the_ops_row_names_the_runs_ops(cpu_node: Path, capsys: pytest.CaptureFi
 FAKE_PYTHON = r"""#!/usr/bin/env bash
 if [[ "$1 $2" == "-m dskit.env.python_env" ]]; then echo "0 3.11.7 2.6.0 none 0.19.8"; exit 0; fi
 if [[ "$1 $2" == "-m model_utils.observe.run_name" ]]; then exit 0; fi
+if [[ "$1 $2" == "-m dskit.env.lock_stamp" ]]; then exit 0; fi
 if [[ "$1 $2" == "-m model_utils.launch.supervise" ]]; then shift 2; printf "%s\0" torchrun "$@" >"$CALLS/$(date +%s%N)"; exit; fi
 printf '%s\0' "$@" "ENV CUDA_VERSION=$CUDA_VERSION GPUS_PER_NODE=$GPUS_PER_NODE CPU_RANKS=$CPU_RANKS EFA=$EFA NODES=$SLURM_JOB_NUM_NODES" \
   >"$CALLS/$(date +%s%N)"

@@ -9,6 +9,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
 import torch as torch_module
 
 from dskit.env import python_env
@@ -100,3 +101,43 @@ def test_an_old_package_is_named_and_the_installed_torch_is_pinned(tmp_path: Pat
     assert missing.stdout.split() == ["transformers>=5.0", "torch==2.6.0a0+ecf3bae40a.nv25.01"]
     # nothing missing: nothing to install (not even the torch pin)
     assert run_module(sys.executable, "missing", pythonpath=[REPO / "src"]).stdout.split() == []
+
+
+def test_torchs_versions_are_read_without_importing_it() -> None:
+    assert python_env.torch_build() == (torch_module.__version__, torch_module.version.cuda)
+
+
+@pytest.fixture
+def nvidia_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A node whose driver exposes 4 GPUs (stand-ins for /dev/nvidiactl and /proc/driver/nvidia/gpus)."""
+    gpus = tmp_path / "proc" / "driver" / "nvidia" / "gpus"
+    for bus in range(4):
+        (gpus / f"0000:{bus:02x}:00.0").mkdir(parents=True)
+    monkeypatch.setattr(python_env, "NVIDIA_GPUS", gpus)
+    monkeypatch.setattr(python_env, "NVIDIA_DRIVER", (gpus.parent,))
+    return gpus
+
+
+@pytest.mark.parametrize(
+    ("visible", "count"),
+    [(None, 4), ("", 0), ("2", 1), ("0,1,2,3", 4), ("1,3", 2), ("0,7,1", 1), ("-1", 0), ("0,-1,1", 1)],
+)
+def test_the_gpus_torch_would_count_as_cuda_reads_visible_devices(
+    nvidia_node: Path, visible: str | None, count: int
+) -> None:
+    env = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
+    assert python_env.visible_gpus("12.8", env) == count
+
+
+def test_no_gpus_without_a_cuda_build_or_a_driver(nvidia_node: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert python_env.visible_gpus(None, {}) == 0  # a CPU build of torch
+    monkeypatch.setattr(python_env, "NVIDIA_DRIVER", (nvidia_node.parent / "absent",))
+    assert python_env.visible_gpus("12.8", {}) == 0
+
+
+def test_uuids_are_left_to_torch(nvidia_node: Path) -> None:
+    """GPU-/MIG- UUIDs: only the CUDA runtime resolves them, so torch counts (none here)."""
+    assert (
+        python_env.visible_gpus("12.8", {"CUDA_VISIBLE_DEVICES": "GPU-8a2b"})
+        == torch_module.cuda.device_count()
+    )
