@@ -213,5 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # the launchers' `python -m dskit.cli preflight`: once per launch, torch loaded
+    from model_utils.launch import process_exit
+
+    process_exit.exit_now(main())

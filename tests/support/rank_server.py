@@ -10,7 +10,7 @@ Per run, each rank: a session of its own; torchrun's environment (RANK, LOCAL_RA
 GROUP_RANK, ROLE_*, MASTER_ADDR=localhost and a free MASTER_PORT, TORCHELASTIC_*, OMP_NUM_THREADS=1 with several
 ranks unless set, and torch's threads to match) over the request's; its cwd and argv; stdout and stderr shared by
 all ranks (as torchrun's are), unbuffered as `python -u`. It runs the script as __main__ and exits as the
-interpreter does (non-daemon threads joined, atexit handlers, stdio flushed; the status of SystemExit, or 1 after
+interpreter does (model_utils.launch.process_exit: non-daemon threads joined, atexit handlers, stdio flushed; the status of SystemExit, or 1 after
 printing an uncaught exception) without tearing down the modules it shares with the server. When a rank fails,
 the others get SIGTERM and, 30 s later, SIGKILL (torchrun's close).
 
@@ -180,6 +180,8 @@ def _become_rank(
     import numpy as np
     import torch
 
+    from model_utils.launch import process_exit
+
     os.setsid()  # torchrun starts each worker in a session of its own
     for stream in control:
         stream.close()  # this process's copies only (through the file objects: no fd closed twice later)
@@ -222,7 +224,7 @@ def _become_rank(
     except BaseException:
         sys.excepthook(*sys.exc_info())  # as the interpreter reports an uncaught exception
         status = 1
-    _exit(status)
+    process_exit.exit_now(status)  # without tearing down the heap it shares with the server
 
 
 def _exit_status(code: object) -> int:
@@ -233,21 +235,6 @@ def _exit_status(code: object) -> int:
         return code & 0xFF
     print(code, file=sys.stderr)
     return 1
-
-
-def _exit(status: int) -> NoReturn:
-    """The interpreter's exit without its teardown of every module: what a rank observes of its end (its
-    non-daemon threads joined, atexit handlers, logging flushed, stdio flushed) happens; freeing the heap it
-    shares with the server (seconds of copy-on-write per rank, and nothing a test can see) does not."""
-    import atexit
-    import threading
-
-    threading._shutdown()  # type: ignore[attr-defined]  # what Py_Finalize does first
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(status)
 
 
 if __name__ == "__main__":
