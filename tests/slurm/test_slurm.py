@@ -7,6 +7,7 @@ Off Debian or without root the tests skip, except under CI=true, where a skip wo
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -14,6 +15,7 @@ import random
 import re
 import shlex
 import shutil
+import signal
 import string
 import subprocess
 import time
@@ -87,7 +89,7 @@ class Job:
         sbatch_args: tuple[str, ...] = (),
         values: dict[str, object] | None = None,
     ) -> None:
-        values = render.LaunchValues(cpu_ranks_per_node=1, job_name="dskit-test", **(values or {}))
+        values = render.LaunchValues(**{"cpu_ranks_per_node": 1, "job_name": "dskit-test", **(values or {})})
         render.write_scripts(render.render_scripts(values), tmp_path)
         self.checkpoints = tmp_path / "ck"
         # The job must be submitted from the repo root: that is how the script finds the repo.
@@ -274,6 +276,64 @@ def test_node_failure_ends_job_and_requeued_run_resumes(cluster, tmp_path: Path,
         env=JOB_ENV, capture_output=True, text=True, timeout=120, check=True,
     ).stdout  # fmt: skip
     print(report)  # the closing note's example (pytest -s)
+
+
+def job_rank_pids(job_id: str) -> dict[int, tuple[int, str]]:
+    """{rank: (pid, node)} of a job's training ranks (the nodes share this machine's process table)."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            environ = dict(
+                v.split(b"=", 1) for v in (proc / "environ").read_bytes().split(b"\0") if b"=" in v
+            )
+        except OSError:
+            continue
+        ours = b"train_deepspeed.py" in cmdline and environ.get(b"SLURM_JOB_ID") == job_id.encode()
+        if ours and b"RANK" in environ:
+            found[int(environ[b"RANK"])] = (int(proc.name), environ.get(b"SLURMD_NODENAME", b"").decode())
+    return found
+
+
+def test_a_hung_rank_requeues_the_job_without_its_node_and_it_resumes(
+    cluster, tmp_path: Path, timing
+) -> None:
+    """A 1-node job of 2 ranks; rank 1 frozen with SIGSTOP after a checkpoint: the watchdog names it and its node
+    with its stack, the job is requeued without that node and resumes on the other from the newest verified
+    checkpoint, within --hang_timeout + 60 s of the freeze (issue #28)."""
+    hang_timeout = 10
+    job = Job(
+        tmp_path, "--max_steps", "400", "--checkpoint_freq", "5", "--logging_freq", "5",
+        "--hang_timeout", str(hang_timeout), values={"nodes": 1, "cpu_ranks_per_node": 2},
+    )  # fmt: skip
+    job.wait_log(r"Saved checkpoint \S+/tiny_qwen3-5steps", timeout=300)
+    ranks = wait_for(
+        "the job's 2 ranks", 60, lambda: (found := job_rank_pids(job.id)) and len(found) == 2 and found
+    )
+    pid, node = ranks[1]  # type: ignore[index]
+    os.kill(pid, signal.SIGSTOP)
+    frozen = time.monotonic()
+    try:
+        resumed = job.wait_log(r"Resumed from \S+/tiny_qwen3-(\d+)steps at step (\d+)", timeout=300)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)  # a failed test leaves no stopped process behind
+    took = time.monotonic() - frozen
+    timing("a frozen rank to the requeued run's resume (--hang_timeout 10)", took)
+    first, second = job.text().split("SLURM_RESTART_COUNT=1", 1)
+    assert re.search(rf"^error: hang: rank 1 \(pid {pid}\) on {node} stopped advancing", first, re.M), first[
+        -5000:
+    ]
+    assert "(most recent call first)" in first, first[-5000:]  # the frozen rank's stacks
+    assert f"requeueing job {job.id} without {node} (hang requeue 1 of 2" in first, first[-3000:]
+    other = {"node1": "node2", "node2": "node1"}[node]
+    assert job_field(job.id, "ExcNodeList") == node
+    assert f"Node {other} (SLURM_NODEID=0)" in second, second[:3000]
+    # The newest verified checkpoint of the first run: the last save the log completed before the hang line.
+    saved = [int(s) for s in re.findall(r"Saved checkpoint \S+/tiny_qwen3-(\d+)steps", first)]
+    assert resumed.group(1) == resumed.group(2) and int(resumed.group(2)) == max(saved), (saved, resumed[0])
+    assert took < hang_timeout + 60, f"{took:.0f} s from the freeze to the resume"
+    subprocess.run(["scancel", job.id], check=True)
 
 
 def job_records(job_id: str) -> list[dict[str, str]]:

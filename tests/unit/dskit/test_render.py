@@ -367,6 +367,11 @@ case "$name" in
       "show node") [[ "$3" == n2 ]] ;;
       "show job") printf '   StdOut=/fsx/logs/test_%s.out\n   ExcNodeList=%s\n' "$3" "${STUB_EXCLUDED:-(null)}" ;;
     esac ;;
+  # a job submitted with --wrap runs its command at once, as /bin/sh (squeue: the job is pending by then)
+  sbatch)
+    record "$@"
+    for arg in "$@"; do [[ "$arg" != --wrap=* ]] || sh -c "${arg#--wrap=}"; done ;;
+  squeue) record "$@"; echo PENDING ;;
   srun)
     record "$@"
     # the environment srun gives the task on a node (tests: a node id other than the batch host's)
@@ -394,7 +399,7 @@ class Stubbed:
         stub = tmp_path / "stub"
         stub.write_text(STUB)
         stub.chmod(0o755)
-        for name in ("uv", "python3", "srun", "scontrol", "pkill"):
+        for name in ("uv", "python3", "srun", "scontrol", "pkill", "sbatch", "squeue"):
             (self.bin / name).symlink_to(stub)
         (self.repo / ".venv" / "bin" / "python").symlink_to(stub)
         render_to(self.repo, *render_args)
@@ -523,11 +528,17 @@ def test_sbatch_requeues_a_hung_run_without_the_stuck_host_at_most_max_hang_requ
     stub = Stubbed(tmp_path, "--set", "max_hang_requeues=1")
     proc = stub.run("train.sbatch", env={"STUB_HANG_HOST": "n2", "STUB_EXCLUDED": "n7"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert ["update", "JobId=12345", "ExcNodeList=n7,n2"] in stub.recorded("scontrol")
-    assert ["requeue", "12345"] in stub.recorded("scontrol")
+    # ExcNodeList changes only while the job is pending: requeued held, then the helper job (its --wrap run by
+    # the stub's sh, as sbatch would) waits for PENDING, sets the list and releases it.
+    (helper,) = stub.recorded("sbatch")
+    assert helper[:3] == ["--quiet", "--job-name=test-exclude", "--nodes=1"]
+    assert stub.recorded("squeue") == [["-h", "-j", "12345", "-o", "%T"]]
+    calls = stub.recorded("scontrol")
+    assert calls.index(["update", "JobId=12345", "ExcNodeList=n7,n2"]) < calls.index(["release", "12345"])
+    assert ["requeuehold", "12345"] in calls
     assert (
         "exit status 75: a rank on n2 stopped advancing (hang), requeueing job 12345 without n7,n2 (hang requeue 1 "
-        "of 1; resumes from the last checkpoint)"
+        "of 1; resumes from the last checkpoint; held until the helper job test-exclude sets that"
     ) in proc.stdout
     assert not list(stub.repo.glob("logs/.hang_hosts_*"))  # read once, then removed
     again = stub.run("train.sbatch", env={"STUB_HANG_HOST": "n3"})  # the requeued job hangs on another host
@@ -536,7 +547,7 @@ def test_sbatch_requeues_a_hung_run_without_the_stuck_host_at_most_max_hang_requ
         "stopped advancing (hang) after 1 hang requeues (max_hang_requeues 1): not requeueing" in again.stdout
     )
     assert again.stdout.rstrip().endswith("exit status 75")
-    assert sum(c[0] == "requeue" for c in stub.recorded("scontrol")) == 1
+    assert sum(c[0] == "requeuehold" for c in stub.recorded("scontrol")) == 1
 
 
 def test_sbatch_requeues_a_run_stopped_for_the_time_limit(tmp_path: Path) -> None:
