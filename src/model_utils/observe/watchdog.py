@@ -318,7 +318,12 @@ class Monitor:
         self._leave(verdict.frozen)
 
     def _leave(self, frozen: tuple[Beat, ...]) -> None:
-        """Exit HANG_EXIT, leaving no heartbeat behind (this rank's, and those of the frozen ranks torchrun ends)."""
+        """Exit HANG_EXIT, leaving no heartbeat behind (this rank's, and those of the frozen ranks it ends)."""
+        for beat in frozen:
+            # Their stacks are out. Continued, a frozen rank would wait in the collective it froze before (a
+            # save's barrier) and, taking SIGTERM as a stop request, hold the job for the launcher's 30-s close.
+            with contextlib.suppress(OSError):
+                os.kill(beat.pid, signal.SIGKILL)
         for path in [self.file, *(self.directory / f"rank-{b.rank}.json" for b in frozen)]:
             path.unlink(missing_ok=True)
         with contextlib.suppress(OSError):  # the others' files are theirs to remove

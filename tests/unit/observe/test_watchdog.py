@@ -130,6 +130,7 @@ def test_a_frozen_rank_is_named_prints_its_stacks_and_the_ranks_exit_75(
     # The frozen process's stacks, printed on DUMP_SIGNAL once continued: where it stood.
     assert "(most recent call first)" in child_err and "in frozen_here" in child_err, child_err
     assert not beats.exists()  # no heartbeat left behind: this rank's, nor the frozen one's
+    assert child.returncode == -signal.SIGKILL  # ended by the judge after its stacks, not left to the launcher
 
 
 def test_ranks_that_advance_make_no_verdict_and_leave_no_files(tmp_path: Path) -> None:
