@@ -97,6 +97,8 @@ class LaunchValues:
     signal_lead_s: int = 300
     # train.sbatch: requeues after a hang (exit status 75), each without the hosts of the ranks that stopped
     max_hang_requeues: int = 2
+    # train.sbatch: also drain those hosts (scontrol update NodeName=... State=DRAIN), where the user may (an operator)
+    drain_hung_nodes: bool = False
     max_steps: int | None = None
     checkpoint_freq: int | None = None
     dataset: str | None = None

@@ -541,6 +541,7 @@ def test_sbatch_requeues_a_hung_run_without_the_stuck_host_at_most_max_hang_requ
         "of 1; resumes from the last checkpoint; held until the helper job test-exclude sets that"
     ) in proc.stdout
     assert not list(stub.repo.glob("logs/.hang_hosts_*"))  # read once, then removed
+    assert not any(c[0] == "update" and c[1].startswith("NodeName=") for c in calls)  # no drain unless asked
     again = stub.run("train.sbatch", env={"STUB_HANG_HOST": "n3"})  # the requeued job hangs on another host
     assert again.returncode == 75, again.stdout + again.stderr
     assert (
@@ -548,6 +549,15 @@ def test_sbatch_requeues_a_hung_run_without_the_stuck_host_at_most_max_hang_requ
     )
     assert again.stdout.rstrip().endswith("exit status 75")
     assert sum(c[0] == "requeuehold" for c in stub.recorded("scontrol")) == 1
+
+
+def test_sbatch_drains_the_hung_host_when_allowed(tmp_path: Path) -> None:
+    stub = Stubbed(tmp_path, "--set", "drain_hung_nodes=true")
+    proc = stub.run("train.sbatch", env={"STUB_HANG_HOST": "n2"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    calls = stub.recorded("scontrol")
+    drain = ["update", "NodeName=n2", "State=DRAIN", "Reason=dskit: a rank hung in job 12345"]
+    assert calls.index(drain) < calls.index(["requeuehold", "12345"])
 
 
 def test_sbatch_requeues_a_run_stopped_for_the_time_limit(tmp_path: Path) -> None:
