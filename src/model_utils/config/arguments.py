@@ -398,7 +398,7 @@ class LoopArgs:
         default=300.0,
         metadata=_flag(
             "seconds without progress before the watchdog names the stuck rank, prints the stacks and ends the "
-            "job with exit status 75 (scaled up to 10 step times; 4x for checkpoints and validation); 0 = off "
+            "job with exit status 75 (scaled up to 10 step times; 4x for checkpoints, validation and samples); 0 = off "
             "(docs/hangs.md)"
         ),
     )

@@ -9,7 +9,7 @@ trace, comes before its own lines). The points, in the order a run meets them:
     on_start(state)                          once, before the first step (a resumed run too)
     per turn of the loop:
         on_phase(phase, step)                the loop enters a phase of `step`: data, decision (the kit's per-step
-                                             collective), validation, checkpoint (what a watchdog follows)
+                                             collective), validation, samples, checkpoint (what a watchdog follows)
         before_step(step)                    the step's data is fetched; the engine runs it next (phase compute)
         on_guard_event(event)                the spike guard skipped the step, saw a grad-norm spike, rolled back
         after_step(report)                   every turn: trained, discarded, rolled back or dropped
