@@ -398,8 +398,8 @@ class LoopArgs:
         default=300.0,
         metadata=_flag(
             "seconds without progress before the watchdog names the stuck rank, prints the stacks and ends the "
-            "job with exit status 75 (scaled up to 10 step times; 4x for checkpoints, validation and samples); 0 = off "
-            "(docs/hangs.md)"
+            "job with exit status 75 (scaled up to 10 step times; 4x for checkpoints, validation and samples); "
+            "0 = off (docs/hangs.md)"
         ),
     )
     straggler_every: int = field(
@@ -666,6 +666,8 @@ class LoraArgs:
 
 
 REPORT_TO = ("none", "tensorboard", "mlflow", "wandb")
+# Read only with --sample_prompts: given without it, an error; a run file leaves them null.
+SAMPLE_ONLY = ("sample_every", "sample_max_new_tokens")
 
 
 @dataclass(frozen=True)
@@ -799,7 +801,7 @@ class ReportArgs:
             raise ConfigError(
                 "--mlflow_parent_run_id is for MLflow: add --report_to mlflow or drop --mlflow_parent_run_id"
             )
-        for name in ("sample_every", "sample_max_new_tokens"):
+        for name in SAMPLE_ONLY:
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name} {getattr(self, name)} must be at least 1: fix: e.g. 500 and 32")
         if self.sample_prompts is not None and not self.sample_prompts.strip():
@@ -885,9 +887,7 @@ class TrainConfig:
                 f"{' and '.join(wsd_only)} apply to --lr_schedule wsd only, not {self.setting('lr_schedule')} "
                 f"{self.optim.lr_schedule}: set it to wsd or drop them"
             )
-        sampling = sorted(
-            self.setting(f) for f in ("sample_every", "sample_max_new_tokens") if f in self.explicit
-        )
+        sampling = sorted(self.setting(f) for f in SAMPLE_ONLY if f in self.explicit)
         if sampling and self.report.sample_prompts is None:
             raise ConfigError(
                 f"{' and '.join(sampling)} apply to samples, and no --sample_prompts is given: fix: give "
