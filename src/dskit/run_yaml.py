@@ -7,7 +7,8 @@ except the kit's default, which is left out so that CUDA ranks still choose it o
 A value is null where it is not given: the other member of a pair of which one decides (--epochs/--max_steps,
 --warmup_steps/--warmup_ratio, --validation_split/--validation_fraction), the WSD flags of another schedule,
 --fsdp_cpu_offload under deepspeed, the micro batch and accumulation when no batch flag is given (CUDA ranks
-then pick their default) and the spike guard flags its mode does not read (the mode that runs: off where DeepSpeed cannot discard a step).
+then pick their default), the spike guard flags its mode does not read (the mode that runs: off where DeepSpeed cannot
+discard a step) and the sample flags of a run without --sample_prompts.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from model_utils.config import deepspeed_file
 from model_utils.config import run_file as run_file_format
-from model_utils.config.arguments import ONE_OF, SECTIONS, GuardArgs, engine_only_flags
+from model_utils.config.arguments import ONE_OF, SAMPLE_ONLY, SECTIONS, GuardArgs, engine_only_flags
 from model_utils.observe import redact
 from model_utils.resolve.resolver import ResolvedRun
 
@@ -50,6 +51,9 @@ def run_file(run: ResolvedRun) -> dict[str, Any]:
             flat[flag][flag] = None
     for flag in engine_only_flags(cfg.optim.backend):
         flat[flag][flag] = None  # another engine's flag (--fsdp_cpu_offload under deepspeed): given, an error
+    if cfg.report.sample_prompts is None:
+        for flag in SAMPLE_ONLY:
+            flat[flag][flag] = None  # given without prompts: an error
     sections["guard"]["spike_guard"] = run.settings.spike_guard
     for flag in GuardArgs.unused_in(run.settings.spike_guard):
         flat[flag][flag] = None

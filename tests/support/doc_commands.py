@@ -186,6 +186,11 @@ COMMANDS: dict[str, Run | DryRun | CoveredBy | Uncovered] = {
         "tests/e2e/test_training_runs.py::test_train_singlenode_trains_the_embedded_default_and_resumes",
         "plot",
     ),
+    # docs/metrics-and-trackers.md: samples
+    "./train-singlenode.sh --sample_prompts examples/sample_prompts.jsonl --sample_every 500 --report_to tensorboard": CoveredBy(
+        "tests/e2e/test_validation.py::test_the_trainer_logs_and_records_its_validation_and_samples_the_same_under_every_engine",
+        "--sample_every",
+    ),
     # docs/metrics-and-trackers.md: W&B offline
     "WANDB_MODE=offline ./train-singlenode.sh --report_to tensorboard,wandb": CoveredBy(
         "tests/e2e/test_trainer.py::test_the_requeue_continues_the_same_wandb_run_with_the_same_metrics",

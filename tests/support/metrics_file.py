@@ -17,3 +17,18 @@ def tensorboard_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     acc = EventAccumulator(str(run_dir))
     acc.Reload()
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def tensorboard_texts(run_dir: Path, tag: str) -> dict[int, str]:
+    """The text a TensorBoard run holds under `tag` (add_text), by step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir), size_guidance={"tensors": 0})
+    acc.Reload()
+    return {e.step: e.tensor_proto.string_val[0].decode() for e in acc.Tensors(f"{tag}/text_summary")}
+
+
+def sample_records(path: Path) -> dict[int, dict]:
+    """The samples events (--sample_prompts) by step."""
+    records = map(json.loads, path.read_text().splitlines())
+    return {r["step"]: r for r in records if r.get("event") == "samples"}

@@ -1,9 +1,11 @@
-"""One validation of a freshly built Trainer, nothing trained (the weights are the seed's at any world size):
+"""One validation, and one round of samples when --sample_prompts is given, of a freshly built Trainer, nothing
+trained (the weights are the seed's at any world size and under any engine):
 
     torchrun --nproc_per_node=N tests/support/validation_loss.py OUT.json TRAINING_FLAGS...
 
-Rank 0 writes {"loss", "blocks", "total_blocks", "tokens"} to OUT.json: what a full pass
-(--validation_batches all) measures on N ranks, against the same pass on one rank (tests/e2e/test_validation.py).
+Rank 0 writes {"loss", "blocks", "total_blocks", "tokens", "samples"} to OUT.json: what a full pass
+(--validation_batches all) measures on N ranks, against the same pass on one rank, and the texts the samples
+observer generates (tests/e2e/test_validation.py).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 from model_utils.config.arguments import parse_args
 from model_utils.launch import distributed
 from model_utils.loop import trainer as training
+from model_utils.loop.observers.samples import Samples
 from model_utils.resolve import resolver
 
 
@@ -26,10 +29,12 @@ def main() -> None:
     trainer = training.Trainer(run, dist)
     try:
         validation = trainer.validate()
+        samplers = [o for o in trainer.hooks.observers if isinstance(o, Samples)]
+        samples = [text for sampler in samplers for text in sampler.generate()]
     finally:
         trainer.close()
     if dist.is_main:
-        out.write_text(json.dumps(dataclasses.asdict(validation)))
+        out.write_text(json.dumps({**dataclasses.asdict(validation), "samples": samples}))
 
 
 if __name__ == "__main__":

@@ -398,8 +398,8 @@ class LoopArgs:
         default=300.0,
         metadata=_flag(
             "seconds without progress before the watchdog names the stuck rank, prints the stacks and ends the "
-            "job with exit status 75 (scaled up to 10 step times; 4x for checkpoints and validation); 0 = off "
-            "(docs/hangs.md)"
+            "job with exit status 75 (scaled up to 10 step times; 4x for checkpoints, validation and samples); "
+            "0 = off (docs/hangs.md)"
         ),
     )
     straggler_every: int = field(
@@ -666,6 +666,8 @@ class LoraArgs:
 
 
 REPORT_TO = ("none", "tensorboard", "mlflow", "wandb")
+# Read only with --sample_prompts: given without it, an error; a run file leaves them null.
+SAMPLE_ONLY = ("sample_every", "sample_max_new_tokens")
 
 
 @dataclass(frozen=True)
@@ -723,6 +725,28 @@ class ReportArgs:
         ),
     )
 
+    sample_prompts: str | None = field(
+        default=None,
+        metadata=_flag(
+            "generate from these prompts every --sample_every steps (greedy, every rank taking part) and log the "
+            'texts: a file (.jsonl/.json: rows of text, {"prompt": text} or {"messages": [...]}, a '
+            "conversation rendered with the chat template; else one prompt per non-blank line) or a JSON list "
+            "(the run file: a report.sample_prompts list); default: no samples "
+            "(docs/metrics-and-trackers.md#samples)",
+            read=lambda value: value if isinstance(value, str) else json.dumps(value),
+        ),
+    )
+    sample_every: int = field(
+        default=500, metadata=_flag("optimizer steps between samples of --sample_prompts (and at the end)")
+    )
+    sample_max_new_tokens: int = field(
+        default=32,
+        metadata=_flag(
+            "tokens generated per prompt: always this many, so that every rank runs as many forwards (the log "
+            "shows them up to the first end-of-text)"
+        ),
+    )
+
     @property
     def trackers(self) -> tuple[str, ...]:
         """--report_to as the trackers it names, in its order; () for none."""
@@ -776,6 +800,13 @@ class ReportArgs:
         if self.mlflow_parent_run_id is not None and "mlflow" not in self.trackers:
             raise ConfigError(
                 "--mlflow_parent_run_id is for MLflow: add --report_to mlflow or drop --mlflow_parent_run_id"
+            )
+        for name in SAMPLE_ONLY:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name} {getattr(self, name)} must be at least 1: fix: e.g. 500 and 32")
+        if self.sample_prompts is not None and not self.sample_prompts.strip():
+            raise ConfigError(
+                "--sample_prompts is empty: fix: name a prompts file (or give the run file a list), or drop it"
             )
         if self.mlflow_parent_run_id is not None and not self.mlflow_parent_run_id.strip():
             raise ConfigError("--mlflow_parent_run_id is empty: give the parent run's id (32 hex characters)")
@@ -855,6 +886,12 @@ class TrainConfig:
             raise ConfigError(
                 f"{' and '.join(wsd_only)} apply to --lr_schedule wsd only, not {self.setting('lr_schedule')} "
                 f"{self.optim.lr_schedule}: set it to wsd or drop them"
+            )
+        sampling = sorted(self.setting(f) for f in SAMPLE_ONLY if f in self.explicit)
+        if sampling and self.report.sample_prompts is None:
+            raise ConfigError(
+                f"{' and '.join(sampling)} apply to samples, and no --sample_prompts is given: fix: give "
+                "--sample_prompts FILE or drop them"
             )
         given = sorted(self.setting(f) for f in GuardArgs.unused_in(self.guard.spike_guard) & self.explicit)
         if given:

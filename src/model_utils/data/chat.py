@@ -326,6 +326,19 @@ class ChatEncoder:
             raise RenderError(f"the chat template cannot render it ({first_line(e)})") from None
 
 
+def render_prompt(template: str, messages: list[dict], special_tokens: dict[str, Any]) -> str:
+    """A conversation as a prompt: rendered with the template's generation prompt, for the model to answer
+    (`--sample_prompts`); a ConfigError when the template cannot render it."""
+    special = {k: v for k, v in special_tokens.items() if isinstance(v, str)}
+    try:
+        return _render(template, [_clean(messages)], True, **special)[0]
+    except Exception as e:
+        raise ConfigError(
+            f"the chat template cannot render the conversation prompt ({first_line(e)}): fix the prompt, or pass "
+            "--chat_template with a template that renders it"
+        ) from None
+
+
 def _clean(messages: list[dict]) -> list[dict]:
     """Without the keys whose value is None, as apply_chat_template drops them (templates render "None")."""
     return [{k: v for k, v in m.items() if v is not None} for m in messages]

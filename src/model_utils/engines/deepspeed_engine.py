@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from model_utils.config.deepspeed_file import get
-from model_utils.engines import deepspeed_config, step_loss
+from model_utils.engines import deepspeed_config, generation, step_loss
 from model_utils.errors import ConfigError
 from model_utils.launch import startup
 from model_utils.model import kernels
@@ -229,6 +229,10 @@ class DeepSpeedEngine:
 
     def eval_loss(self, batch: Batch) -> float:
         return step_loss.eval_summed_loss(self._engine, batch)
+
+    def generate(self, prompts: list[tuple[int, ...]], new_tokens: int) -> list[list[int]]:
+        # Through the engine's forward: under ZeRO-3 its hooks gather each layer's weights on every rank.
+        return generation.greedy(self._engine, prompts, new_tokens, self._engine.device)
 
     def train(self) -> None:
         self._engine.train()

@@ -31,7 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-from model_utils.engines import step_loss
+from model_utils.engines import generation, step_loss
 from model_utils.errors import ConfigError, first_line
 from model_utils.optim import schedules
 from model_utils.optim.schedules import ScheduleSpec
@@ -123,6 +123,7 @@ class FsdpEngine:
         """`model`: sharded (shard()); `optim` and `schedule`: the run's resolved settings, the schedule over
         `total_steps`; `param_groups`: built from the sharded model."""
         self.module = model
+        self._device = device  # where the inputs go (with --fsdp_cpu_offload too: the layers compute there)
         self._optimizer = torch.optim.AdamW(
             param_groups,
             lr=optim.lr,
@@ -252,6 +253,10 @@ class FsdpEngine:
 
     def eval_loss(self, batch: Batch) -> float:
         return step_loss.eval_summed_loss(self.module, batch)
+
+    def generate(self, prompts: list[tuple[int, ...]], new_tokens: int) -> list[list[int]]:
+        # The sharded root's forward all-gathers each layer in turn: every rank runs every forward.
+        return generation.greedy(self.module, prompts, new_tokens, self._device)
 
     def train(self) -> None:
         self.module.train()

@@ -9,11 +9,13 @@ trace, comes before its own lines). The points, in the order a run meets them:
     on_start(state)                          once, before the first step (a resumed run too)
     per turn of the loop:
         on_phase(phase, step)                the loop enters a phase of `step`: data, decision (the kit's per-step
-                                             collective), validation, checkpoint (what a watchdog follows)
+                                             collective), validation, samples, checkpoint (what a watchdog follows)
         before_step(step)                    the step's data is fetched; the engine runs it next (phase compute)
         on_guard_event(event)                the spike guard skipped the step, saw a grad-norm spike, rolled back
         after_step(report)                   every turn: trained, discarded, rolled back or dropped
         after_validation(step, validation)   when validation was due: its loss and what it covered
+        evaluate(step, last)                 after a trained step: each observer whose evaluation_due names a
+                                             phase (the samples) runs it, the watchdog told of that phase first
         tags_in_use(tag) -> set[str]         rank 0, a checkpoint `tag` was saved: rotation spares these tags
         after_checkpoint_saved(saved)        after the rotation
     on_end(state, reason)                    the loop ended: done, preempted, walltime, diverged, or a Stop's reason
@@ -22,7 +24,7 @@ trace, comes before its own lines). The points, in the order a run meets them:
 Every rank meets every point but tags_in_use (an observer that writes does so on rank 0, as the reporter does);
 the collectives the loop needs are the Trainer's. Time an observer spends within a turn (before_step,
 on_guard_event, after_step) counts as training in the throughput unless it says otherwise (`Reporter.exclude`, as
-the profiler does for writing its trace); validation and checkpoint time is left out already.
+the profiler does for writing its trace); validation, evaluation and checkpoint time is left out already.
 
 The way back is typed: `after_step` and `after_validation` may return a `Stop`, which the loop honours like a
 preemption (every rank saves and stops after the same step: with one rank after this step; with several, after
@@ -137,6 +139,14 @@ class Observer:
     def after_validation(self, step: int, validation: Validation) -> Stop | None:
         return None
 
+    def evaluation_due(self, step: int, last: bool) -> str | None:
+        """The watchdog phase (observe/watchdog.py) of an evaluation this observer runs after trained step `step`
+        (`last`: the run's last), or None when it has none due. Every rank must answer alike."""
+        return None
+
+    def evaluate(self, step: int) -> None:
+        """Run the evaluation evaluation_due named, on every rank (a sharded model's forward needs them all)."""
+
     def tags_in_use(self, tag: str) -> set[str]:
         """Local checkpoint tags this observer still reads (an upload in flight), `tag` (just saved, not yet
         handed to after_checkpoint_saved) included if it will: checkpoint rotation does not delete them."""
@@ -185,6 +195,13 @@ class Hooks:
     def after_validation(self, step: int, validation: Validation) -> None:
         for observer in self.observers:
             self._asked(observer.after_validation(step, validation))
+
+    def evaluate(self, step: int, last: bool) -> None:
+        for observer in self.observers:
+            phase = observer.evaluation_due(step, last)
+            if phase is not None:
+                self.on_phase(phase, step)  # the watchdog allows an evaluation as long as a validation
+                observer.evaluate(step)
 
     def tags_in_use(self, tag: str) -> set[str]:
         return set().union(*(observer.tags_in_use(tag) for observer in self.observers))

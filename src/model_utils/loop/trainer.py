@@ -633,6 +633,8 @@ class Trainer:
         due = trained and (step % ckpt.checkpoint_freq == 0 or last)
         if trained and self.val_plans is not None and (step % loop.validation_freq == 0 or last):
             self.hooks.after_validation(step, self.validate())
+        if trained:
+            self.hooks.evaluate(step, last)  # the samples (loop/observers/samples.py)
         # The turn's collective decided (with several ranks, in the step; with one, here and now).
         agreed = self.agreement if self.agreement is not None else self._agree(None)
         self.agreement = None

@@ -184,6 +184,16 @@ class Reporter:
         self.metrics.write(record)
         self.tracker.log_metrics(step, {k: v for k, v in record.items() if k != "step"})
 
+    def log_samples(self, step: int, samples: list[tuple[str, str]], seconds: float) -> None:
+        """Generations from --sample_prompts: (prompt, text) each. Briefly in the log; whole in the metrics file
+        (a `samples` event) and the trackers' text."""
+        for line in step_line.samples_lines(step, samples, seconds):
+            print0(line)
+        listed = [{"prompt": prompt, "text": text} for prompt, text in samples]
+        self.metrics.write({"event": "samples", "step": step, "sample_s": seconds, "samples": listed})
+        self.tracker.log_samples(step, samples)
+        self.tracker.log_metrics(step, {"sample_s": seconds})
+
     def event(self, record: dict[str, Any]) -> None:
         """A record in the metrics file only (start, end, checkpoint)."""
         self.metrics.write(record)

@@ -162,6 +162,25 @@ def validation_line(record: dict[str, Any], max_steps: int) -> str:
     )
 
 
+SAMPLE_SHOWN = 60  # characters of a sample's prompt (its end) and text (its start) the log shows
+
+
+def samples_lines(step: int, samples: list[tuple[str, str]], seconds: float) -> list[str]:
+    """The samples in brief, one line each (the metrics file and the trackers have them whole); never a "Step
+    N/M |" line, which `parse` would read as a step record."""
+
+    def one_line(text: str) -> str:
+        return " ".join(text.split())
+
+    lines = [f"Samples at step {step}: {len(samples)} prompts in {seconds:.1f} s"]
+    for k, (prompt, text) in enumerate(samples, 1):
+        prompt, text = one_line(prompt), one_line(text)
+        shown_prompt = prompt if len(prompt) <= SAMPLE_SHOWN else "..." + prompt[-SAMPLE_SHOWN:]
+        shown_text = text if len(text) <= SAMPLE_SHOWN else text[:SAMPLE_SHOWN] + "..."
+        lines.append(f"  [{k}] {shown_prompt!r} -> {shown_text!r}")
+    return lines
+
+
 def resumed_line(path: Any, step: int, epoch: int, consumed: int, lr: float) -> str:
     return f"Resumed from {path} at step {step} (epoch {epoch}, block {consumed}, lr {lr:.2e})"
 

@@ -72,6 +72,7 @@ METRIC_NAMES: dict[str, str] = {
     "epoch": "progress/epoch",
     "consumed": "progress/consumed",
     "save_s": "checkpoint/save_s",
+    "sample_s": "samples/seconds",
     # DeepSpeed's wall-clock breakdown (deepspeed_engine.WALL_CLOCK_TIMERS), ms per optimizer step
     "ds_fwd_ms": "perf/ds_fwd_ms",
     "ds_bwd_ms": "perf/ds_bwd_ms",
@@ -79,6 +80,14 @@ METRIC_NAMES: dict[str, str] = {
     "ds_bwd_allreduce_ms": "perf/ds_bwd_allreduce_ms",
     "ds_step_ms": "perf/ds_step_ms",
 }
+SAMPLES_TAG = "samples"  # --sample_prompts' texts: TensorBoard's text tag, the W&B table's key
+
+
+def samples_file(step: int) -> str:
+    """The MLflow artifact that holds the samples of `step`."""
+    return f"samples/step_{step:08d}.md"
+
+
 # Record fields that are coordinates, not measurements.
 NOT_METRICS = frozenset({"step", "time"})
 # Old MLflow servers cap a param value at 500 characters (6000 today); configs rarely need more.
@@ -93,7 +102,21 @@ class Tracker(Protocol):
         """Keep a file with the run (the profiler trace); trackers without artifacts keep nothing."""
         ...
 
+    def log_samples(self, step: int, samples: list[tuple[str, str]]) -> None:
+        """Generations at `step`, (prompt, text) each, as text the tracker shows."""
+        ...
+
     def close(self) -> None: ...
+
+
+def samples_markdown(samples: list[tuple[str, str]]) -> str:
+    """The samples as a markdown table (TensorBoard's text tab, the MLflow artifact): one row each."""
+
+    def cell(text: str) -> str:
+        return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", "<br>") or " "
+
+    rows = [f"| {k} | {cell(prompt)} | {cell(text)} |" for k, (prompt, text) in enumerate(samples, 1)]
+    return "\n".join(["| # | prompt | sample |", "|---|---|---|", *rows])
 
 
 def scalar_items(metrics: dict[str, Any]) -> list[tuple[str, float]]:
@@ -117,6 +140,9 @@ class NoTracker:
         pass
 
     def log_artifact(self, path: Path, folder: str) -> None:
+        pass
+
+    def log_samples(self, step: int, samples: list[tuple[str, str]]) -> None:
         pass
 
     def close(self) -> None:
@@ -147,6 +173,10 @@ class TensorBoardTracker:
 
     def log_artifact(self, path: Path, folder: str) -> None:
         pass  # the file stays where it was written, next to the metrics file
+
+    def log_samples(self, step: int, samples: list[tuple[str, str]]) -> None:
+        self.writer.add_text(SAMPLES_TAG, samples_markdown(samples), global_step=step)
+        self.writer.flush()
 
     def close(self) -> None:
         self.writer.close()
@@ -183,6 +213,12 @@ class MlflowTracker:
         except Exception as err:
             warn0(f"MLflow: could not upload {path} ({first_line(err)}); it stays on disk")
 
+    def log_samples(self, step: int, samples: list[tuple[str, str]]) -> None:
+        try:
+            self.client.log_text(self.mlflow_run_id, samples_markdown(samples), samples_file(step))
+        except Exception as err:  # a store that fails now costs the samples' copy there, not the run
+            warn0(f"MLflow: could not keep the samples of step {step} ({first_line(err)})")
+
     def close(self) -> None:
         try:
             self.client.set_terminated(self.mlflow_run_id, status="FINISHED")
@@ -205,6 +241,15 @@ class WandbTracker:
         except Exception as err:
             warn0(f"W&B: could not keep {path} with the run ({first_line(err)}); it stays on disk")
 
+    def log_samples(self, step: int, samples: list[tuple[str, str]]) -> None:
+        import wandb
+
+        try:
+            table = wandb.Table(columns=["prompt", "sample"], data=[list(pair) for pair in samples])
+            self.run.log({SAMPLES_TAG: table}, step=step)
+        except Exception as err:
+            warn0(f"W&B: could not log the samples of step {step} ({first_line(err)})")
+
     def close(self) -> None:
         try:
             self.run.finish()
@@ -225,6 +270,10 @@ class Trackers:
     def log_artifact(self, path: Path, folder: str) -> None:
         for tracker in self.trackers:
             tracker.log_artifact(path, folder)
+
+    def log_samples(self, step: int, samples: list[tuple[str, str]]) -> None:
+        for tracker in self.trackers:
+            tracker.log_samples(step, samples)
 
     def close(self) -> None:
         for tracker in self.trackers:

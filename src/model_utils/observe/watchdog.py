@@ -11,7 +11,7 @@ never joins) or loops.
 
 The verdict (`judge`): a local rank whose heartbeat is older than --hang_timeout is frozen, whatever its phase;
 a rank's own progress older than its phase's allowance (`allowance`: --hang_timeout, or 10 measured steps when
-longer, and 4x that for checkpoints, validation and the first step) is a hang. Then every live rank prints its
+longer, and 4x that for checkpoints, validation, samples and the first step) is a hang. Then every live rank prints its
 Python stacks (faulthandler), the lowest live rank of the host has the stuck ranks print theirs (DUMP_SIGNAL,
 then SIGCONT so a stopped process can), writes one `error:` line naming the ranks that stopped advancing (frozen,
 or behind the others) with their host, phase and step (and that host to DSKIT_HANG_HOSTS_FILE: train.sbatch
@@ -46,10 +46,11 @@ HANG_EXIT = 75  # EX_TEMPFAIL: the job may succeed when run again (on other node
 DUMP_SIGNAL = signal.SIGUSR2  # faulthandler prints the rank's stacks on it, even when it holds the GIL
 # A step's phases in the order a turn meets them (`judge` orders ranks by step, then phase).
 DATA, COMPUTE, DECISION, VALIDATION, CHECKPOINT = "data", "compute", "decision", "validation", "checkpoint"
-PHASES = (DATA, COMPUTE, DECISION, VALIDATION, CHECKPOINT)
-LONG_PHASES = (VALIDATION, CHECKPOINT)
+SAMPLES = "samples"  # generating from --sample_prompts (loop/observers/samples.py)
+PHASES = (DATA, COMPUTE, DECISION, VALIDATION, SAMPLES, CHECKPOINT)
+LONG_PHASES = (VALIDATION, SAMPLES, CHECKPOINT)
 LONG_PHASE_FACTOR = (
-    4  # checkpoints, validation and the first step (compilation, warm-up) may take this x longer
+    4  # checkpoints, validation, samples and the first step (compilation, warm-up) may take this x longer
 )
 STEP_TIME_FACTOR = 10  # no step phase is judged stuck before this many median step times
 COLLECTIVE_MARGIN_S = 60  # the collectives time out this long after the longest allowance
@@ -65,7 +66,7 @@ def collective_timeout_s(hang_timeout: float) -> float:
 
 def allowance(hang_timeout: float, phase: str, step_median: float | None) -> float:
     """Seconds a rank may stay in `phase` without advancing: --hang_timeout, scaled up for slow steps (never
-    past the long phases'), and LONG_PHASE_FACTOR x it for checkpoints, validation and before a step was
+    past the long phases'), and LONG_PHASE_FACTOR x it for checkpoints, validation, samples and before a step was
     measured."""
     longest = LONG_PHASE_FACTOR * hang_timeout
     if phase in LONG_PHASES or step_median is None:

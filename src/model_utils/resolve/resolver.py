@@ -25,7 +25,7 @@ from model_utils import engines
 from model_utils.checkpoint import launch_record, protocol
 from model_utils.config import deepspeed_file
 from model_utils.config.arguments import AUTO, CUDA_GLOBAL_BATCH_TOKENS, PACKING_DOCUMENTS, TrainConfig
-from model_utils.data import block_cache, chat, mixture, sampler, token_shards
+from model_utils.data import block_cache, chat, mixture, prompts, sampler, token_shards
 from model_utils.data.documents import EMBEDDED
 from model_utils.data.packing import PackedBlocks
 from model_utils.data.rows import BlockSource
@@ -59,6 +59,8 @@ class ResolvedRun:
     # The content of the training data (token_shards.content_fingerprint), recorded in every checkpoint and
     # compared on resume (the trainer resets the data position of a resume onto other data with --new_data).
     data_fingerprint: str | None = None
+    # --sample_prompts, read and tokenized (data/prompts.py); () without samples.
+    sample_prompts: tuple[prompts.Prompt, ...] = ()
 
     @property
     def config(self) -> TrainConfig:
@@ -330,6 +332,17 @@ def _spike_guard_mode(cfg: TrainConfig, ts: TrainSettings) -> str:
     return "off"
 
 
+def _sample_prompts(cfg: TrainConfig, tokenizer: Any, seq_length: int) -> tuple[prompts.Prompt, ...]:
+    report = cfg.report
+    if report.sample_prompts is None:
+        return ()
+    template = chat.options(cfg.data, tokenizer, chat.TEXT)[
+        "template"
+    ]  # --chat_template, else the tokenizer's
+    given = prompts.read(report.sample_prompts)
+    return prompts.encode(given, tokenizer, template, seq_length, report.sample_max_new_tokens)
+
+
 def _blocks_or_error(
     dataset: token_shards.PreparedDataset, split: str, cfg: TrainConfig, seq_length: int
 ) -> BlockSource:
@@ -436,6 +449,7 @@ def _prepare(
     tokenizer = models.load_tokenizer(settings.source, cfg.model.tokenizer, settings.tokenizer)
     models.check_vocab(tokenizer, settings.model_config)
     tokenizer_name = cfg.model.tokenizer or settings.source.name
+    samples = _sample_prompts(cfg, tokenizer, settings.seq_length)
     seq = settings.seq_length
     train_blocks: BlockSource
     val_blocks: BlockSource | None
@@ -488,6 +502,7 @@ def _prepare(
         schedule_change,
         loads_schedule_state,
         data_fingerprint,
+        samples,
     )
     if run.layout is not None:
         print0(run.layout.describe())

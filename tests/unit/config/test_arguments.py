@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import json
 import re
 from pathlib import Path
 
@@ -209,6 +210,26 @@ def test_report_to_takes_several_trackers_and_wandb_project_only_with_wandb() ->
         parse_args(["--report_to", "tensorboard,wandb", "--tracking_uri", "http://h:5000"])
     with pytest.raises(ConfigError, match="'tensorbord' is not a tracker"):
         parse_args(["--report_to", "tensorbord"])
+
+
+def test_the_sample_flags_need_prompts_and_a_run_files_list_is_kept_as_json(tmp_path: Path) -> None:
+    report = parse_args(["--sample_prompts", "p.txt", "--sample_every", "100"]).report
+    assert (report.sample_prompts, report.sample_every, report.sample_max_new_tokens) == ("p.txt", 100, 32)
+    with pytest.raises(
+        ConfigError, match=r"^--sample_every and --sample_max_new_tokens apply to samples, .* fix"
+    ):
+        parse_args(["--sample_every", "100", "--sample_max_new_tokens", "8"])
+    with pytest.raises(ConfigError, match=r"^--sample_every 0 must be at least 1: fix"):
+        parse_args(["--sample_prompts", "p.txt", "--sample_every", "0"])
+    with pytest.raises(ConfigError, match=r"^--sample_prompts is empty: fix"):
+        parse_args(["--sample_prompts", " "])
+    run_file = tmp_path / "run.yaml"
+    run_file.write_text(
+        "report:\n  sample_prompts:\n    - Once upon a time\n    - {messages: [{role: user, content: Hi}]}\n"
+    )
+    given = parse_args(["--config", str(run_file)]).report.sample_prompts
+    assert given is not None
+    assert json.loads(given) == ["Once upon a time", {"messages": [{"role": "user", "content": "Hi"}]}]
 
 
 def test_the_hub_flags_need_a_repo_and_a_known_visibility() -> None:

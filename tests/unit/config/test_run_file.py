@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from dskit import cli
 from model_utils.config.arguments import parse_args
@@ -191,6 +192,27 @@ def test_config_as_yaml_feeds_back_unchanged(tmp_path: Path, capsys: pytest.Capt
     assert again["resolved"] == original["resolved"] and again["deepspeed"] == original["deepspeed"]
     assert cli.main(["config", "--config", path, "--format=yaml"]) == 0  # anywhere, either spelling
     assert capsys.readouterr().out == dumped  # a fixed point
+
+
+def test_the_sample_flags_feed_back_with_their_prompts_and_are_null_without(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    common = [
+        "--data_cache_dir",
+        str(tmp_path / "c"),
+        "--checkpoint_dir",
+        str(tmp_path / "ck"),
+        "--format",
+        "yaml",
+    ]
+    prompts = str(REPO / "examples" / "sample_prompts.jsonl")
+    assert cli.main(["config", "--sample_prompts", prompts, "--sample_every", "100", *common]) == 0
+    dumped = capsys.readouterr().out
+    report = parse_args(["--config", write(tmp_path / "with.yaml", dumped)]).report
+    assert (report.sample_prompts, report.sample_every, report.sample_max_new_tokens) == (prompts, 100, 32)
+    assert cli.main(["config", *common]) == 0
+    dumped = yaml.safe_load(capsys.readouterr().out)["report"]
+    assert dumped["sample_prompts"] is dumped["sample_every"] is dumped["sample_max_new_tokens"] is None
 
 
 @pytest.mark.parametrize("backend", ["deepspeed", "fsdp"])

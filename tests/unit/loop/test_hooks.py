@@ -12,6 +12,7 @@ from model_utils.loop import hooks
 from model_utils.loop.hooks import GuardEvent, Hooks, Observer, SavedCheckpoint, StepReport, Stop, Validation
 from model_utils.loop.spike_guard import Spike
 from model_utils.loop.state import TrainState
+from model_utils.observe import watchdog
 from support.observers import Recorder
 
 VALIDATION = Validation(loss=2.5, blocks=4, total_blocks=4, tokens=512)
@@ -91,3 +92,24 @@ def test_report_says_whether_an_update_was_applied_and_stands() -> None:
     assert rolled_back.applied and not rolled_back.trained
     for outcome in (hooks.DISCARDED, hooks.DROPPED):
         assert not report(1, outcome).applied and not report(1, outcome).trained
+
+
+def test_the_hooks_tell_the_watchdog_of_the_phase_before_the_evaluation_that_is_due() -> None:
+    calls: list[tuple[Any, ...]] = []
+
+    class Due(hooks.Observer):
+        def evaluation_due(self, step: int, last: bool) -> str | None:
+            return watchdog.SAMPLES if last else None
+
+        def evaluate(self, step: int) -> None:
+            calls.append(("evaluate", step))
+
+    class Phases(hooks.Observer):
+        def on_phase(self, phase: str, step: int) -> None:
+            calls.append(("on_phase", phase, step))
+
+    seam = hooks.Hooks([Phases(), Due()])
+    seam.evaluate(4, last=False)
+    assert calls == []
+    seam.evaluate(5, last=True)
+    assert calls == [("on_phase", watchdog.SAMPLES, 5), ("evaluate", 5)]

@@ -140,3 +140,30 @@ def test_with_one_rank_the_decision_is_taken_after_the_step_without_a_collective
     assert loop.consensus.calls == []  # the loss is this rank's own
     assert loop.after_step(trained=False) is None
     assert len(loop.consensus.calls) == 1  # a local decision (StepConsensus exchanges nothing with one rank)
+
+
+def test_an_evaluation_runs_after_a_trained_step_only_and_its_time_is_not_training() -> None:
+    import time
+
+    from model_utils.loop import hooks
+    from model_utils.observe import watchdog
+
+    evaluated: list[int] = []
+
+    class Slow(hooks.Observer):
+        def evaluation_due(self, step: int, last: bool) -> str | None:
+            return watchdog.SAMPLES
+
+        def evaluate(self, step: int) -> None:
+            evaluated.append(step)
+            time.sleep(0.05)
+
+    excluded: list[float] = []
+    loop = two_rank_loop()
+    loop.val_plans = None
+    loop.hooks = hooks.Hooks([Slow()])
+    loop.reporter = SimpleNamespace(exclude=excluded.append)
+    assert loop.after_step(trained=False) is None
+    assert evaluated == [] and excluded[-1] < 0.05
+    assert loop.after_step(trained=True) is None
+    assert evaluated == [7] and excluded[-1] >= 0.05  # left out of tokens/s and s/step, as validation is

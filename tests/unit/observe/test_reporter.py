@@ -12,7 +12,7 @@ import pytest
 from model_utils.config.arguments import parse_args
 from model_utils.launch import launch_env
 from model_utils.loop.state import TrainState
-from model_utils.observe import metrics
+from model_utils.observe import metrics, trackers
 from model_utils.observe.reporter import Reporter, metrics_path
 
 
@@ -45,3 +45,30 @@ def test_a_mixtures_shares_and_source_losses_reach_the_record_and_the_line(
     reporter.step_done(2.0, 63)
     plain = reporter.log_step(TrainState(step=2), 1e-3, 0.5, None)
     assert not any(key.startswith("share/") for key in plain)  # one dataset: no shares
+
+
+class Tracker(trackers.NoTracker):
+    def __init__(self) -> None:
+        self.logged: list[tuple[str, int, object]] = []
+
+    def log_samples(self, step: int, samples: list[tuple[str, str]]) -> None:
+        self.logged.append(("samples", step, samples))
+
+    def log_metrics(self, step: int, metrics: dict) -> None:
+        self.logged.append(("metrics", step, metrics))
+
+
+def test_samples_reach_the_log_the_metrics_file_and_the_tracker(tmp_path: Path, gloo_rank, capsys) -> None:
+    reporter = Reporter(parse_args([]), gloo_rank, 10, 64, 1e6, None)
+    reporter.metrics = metrics.MetricsFile(tmp_path / "m.jsonl")
+    reporter.tracker = tracker = Tracker()
+    reporter.log_samples(5, [("Once", " upon a time")], 0.5)
+    [record] = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert {k: v for k, v in record.items() if k != "time"} == {
+        "event": "samples",
+        "step": 5,
+        "sample_s": 0.5,
+        "samples": [{"prompt": "Once", "text": " upon a time"}],
+    }
+    assert tracker.logged == [("samples", 5, [("Once", " upon a time")]), ("metrics", 5, {"sample_s": 0.5})]
+    assert "  [1] 'Once' -> 'upon a time'" in capsys.readouterr().out

@@ -197,3 +197,14 @@ def test_a_mixtures_shares_and_per_source_losses_end_their_lines_and_the_rest_pa
     line = step_line.validation_line(validation, 8)
     assert line == "Step 4/8 | Validation Loss 2.5000 | Perplexity 12.18 | per source web 2.2500 code 3.0000"
     assert step_line.parse(line) == {"step": 4, "val_loss": 2.5, "val_ppl": 12.18}
+
+
+def test_samples_lines_are_brief_and_never_read_as_a_step_record() -> None:
+    long_prompt, long_text = "p" * 70 + " end", "start " + "t" * 80
+    lines = step_line.samples_lines(500, [("Once\nupon", " a  time"), (long_prompt, long_text)], 1.25)
+    assert lines == [
+        "Samples at step 500: 2 prompts in 1.2 s",
+        "  [1] 'Once upon' -> 'a time'",
+        f"  [2] '...{long_prompt[-60:]}' -> '{long_text[:60]}...'",
+    ]
+    assert step_line.parse_log("\n".join(lines)) == []

@@ -1,4 +1,5 @@
-"""`--report_to`: real TensorBoard event files and a real MLflow SQLite store, read back with their own readers.
+"""`--report_to`: real TensorBoard event files, a real MLflow SQLite store and W&B's offline run files, read back
+with their own readers (W&B's: support/wandb_offline.py); the metrics and the samples' text.
 
 A requeue is simulated in-process: open, log, close, then open again with the resume state the first open
 returned (what the trainer keeps in checkpoints), as a requeued job does.
@@ -6,6 +7,7 @@ returned (what the trainer keeps in checkpoints), as a requeued job does.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
@@ -24,10 +26,12 @@ from model_utils.observe.trackers import (
     check_parent_run,
     flatten_params,
     open_tracker,
+    samples_file,
+    samples_markdown,
     scalar_items,
     take_env_run_id,
 )
-from support.metrics_file import tensorboard_scalars
+from support.metrics_file import tensorboard_scalars, tensorboard_texts
 from support.wandb_offline import offline_runs
 
 RUN_ID = "tiny_qwen3-20261122-160000"
@@ -38,6 +42,9 @@ CONFIG = {
     "notes": "x" * 2000,
     "report": {"tracking_uri": "https://admin:pw@mlflow.example/", "hf_token": "hf_secret"},
 }
+
+# Generations of --sample_prompts, (prompt, text): what a tracker shows as text.
+SAMPLES = [("Once upon a time", " there was | a\nking"), ("The capital of France is", " Paris")]
 
 
 def record(step: int, offset: float = 0.0) -> dict:
@@ -116,6 +123,7 @@ def test_wandb_offline_with_tensorboard_requeue_continues_one_run_each(tmp_path,
     trace = tmp_path / "trace.json"
     trace.write_text("{}")
     tracker.log_artifact(trace, "profiler")
+    tracker.log_samples(3, SAMPLES)
     tracker.close()
     out = capsys.readouterr().out
     wandb_id = state["wandb"]["run_id"]
@@ -142,8 +150,24 @@ def test_wandb_offline_with_tensorboard_requeue_continues_one_run_each(tmp_path,
     assert first.config["optim"]["lr"] == 0.003 and "optim" not in second.config  # given once, at the start
     assert first.config["report"] == {"tracking_uri": "https://mlflow.example/", "hf_token": "***"}
     assert "trace.json" in first.files
+    # The samples: a W&B table at their step (its rows in the run's media file), the TensorBoard text tab.
+    table = {k.removeprefix("samples/"): v for k, v in first.history[3].items() if k.startswith("samples/")}
+    assert table["_type"] == "table-file" and table["nrows"] == 2
+    (table_file,) = first.dir.glob(f"files/{table['path']}")
+    assert json.loads(table_file.read_text())["data"] == [list(pair) for pair in SAMPLES]
+    assert tensorboard_texts(logs / "tensorboard" / RUN_ID, "samples") == {3: samples_markdown(SAMPLES)}
     # TensorBoard got the same steps in its one run dir.
     assert [s for s, _ in tensorboard_scalars(logs / "tensorboard" / RUN_ID)["train/loss"]] == [1, 2, 3, 4, 5]
+
+
+def test_samples_markdown_keeps_one_row_per_sample() -> None:
+    text = samples_markdown([("a | b", "line one\nline two"), ("", "x\\y")])
+    assert text.splitlines() == [
+        "| # | prompt | sample |",
+        "|---|---|---|",
+        "| 1 | a \\| b | line one<br>line two |",
+        "| 2 |   | x\\\\y |",
+    ]
 
 
 def test_wandb_online_without_a_key_or_a_bad_mode_is_one_line(tmp_path, monkeypatch):
@@ -255,6 +279,7 @@ def test_mlflow_requeue_continues_the_same_run(mlflow_store, capfd, recwarn):
     for step in (1, 2, 3):
         tracker.log_metrics(step, record(step))
     tracker.log_metrics(3, {"step": 3, "time": 1_790_000_003.0, "val_loss": 6.5})
+    tracker.log_samples(3, SAMPLES)
     tracker.close()
 
     started = time.perf_counter()
@@ -298,6 +323,8 @@ def test_mlflow_requeue_continues_the_same_run(mlflow_store, capfd, recwarn):
     assert params["report.tracking_uri"] == "https://mlflow.example/" and params["report.hf_token"] == "***"
     # Artifacts of the local store stay under the log dir, not in the working dir.
     assert experiment.artifact_location == (mlflow_store / "mlflow-artifacts").resolve().as_uri()
+    kept = client.download_artifacts(run.info.run_id, samples_file(3), str(mlflow_store / "downloaded"))
+    assert Path(kept).read_text() == samples_markdown(SAMPLES)
 
 
 def test_mlflow_resume_state_from_a_lost_store_starts_a_new_run(mlflow_store, capsys):

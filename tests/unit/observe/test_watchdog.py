@@ -24,6 +24,7 @@ def test_each_phase_may_take_its_allowance_and_the_collectives_wait_longer() -> 
     assert allowance(60, watchdog.COMPUTE, 20) == 200  # 10 slow steps
     assert allowance(60, watchdog.DATA, 1000) == 240  # never past the long phases'
     assert allowance(60, watchdog.CHECKPOINT, 0.5) == allowance(60, watchdog.VALIDATION, 0.5) == 240
+    assert allowance(60, watchdog.SAMPLES, 0.5) == 240  # generating takes many forwards
     assert allowance(60, watchdog.COMPUTE, None) == 240  # the first step: compilation, warm-up
     longest = max(allowance(60, phase, median) for phase in watchdog.PHASES for median in (None, 0.1, 1e6))
     assert collective_timeout_s(60) > longest + 10  # gloo/NCCL never time out before the watchdog decides

@@ -135,6 +135,18 @@ CASES = {
         lambda t: ["--profile_steps", "8:12", "--max_steps", "10"],
         "ends after the run's last step 10",
     ),
+    "sample prompts file missing": (
+        lambda t: ["--sample_prompts", str(t / "prompts.txt")],
+        "prompts.txt: cannot read it (No such file or directory): fix: name a prompts file",
+    ),
+    "sample prompts file empty": (
+        lambda t: ["--sample_prompts", str((t / "p.jsonl").write_text("\n") and t / "p.jsonl")],
+        "p.jsonl holds no prompts: fix: give at least one prompt, or drop --sample_prompts",
+    ),
+    "sample prompt too long": (
+        lambda t: ["--sample_prompts", '["Once upon a time"]', "--sample_max_new_tokens", "253"],
+        "prompt 1 has 4 tokens, and with --sample_max_new_tokens 253 it must fit the sequence length 256",
+    ),
     "unknown backend": (
         lambda t: ["--backend", "fsdp2"],
         "--backend 'fsdp2' is not a training engine: did you mean fsdp?",

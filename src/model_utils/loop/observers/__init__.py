@@ -13,6 +13,7 @@ from model_utils.loop.observers.ledger import Ledger
 from model_utils.loop.observers.profiler import Profiler
 from model_utils.loop.observers.reporting import Reporting
 from model_utils.loop.observers.s3_uploads import S3Uploads
+from model_utils.loop.observers.samples import Samples
 from model_utils.loop.observers.stragglers import Stragglers
 from model_utils.loop.observers.watchdog import Watchdog
 
@@ -27,6 +28,7 @@ def build(ctx: LoopContext) -> list[Observer]:
         GuardRecords(ctx.reporter),
         Stragglers.from_loop(ctx),
         Ledger.from_loop(ctx),
+        Samples.from_loop(ctx),
         Reporting.from_loop(ctx),
     ]
     return [observer for observer in found if observer is not None]
