@@ -327,13 +327,15 @@ def run_gate(
     started = time.perf_counter()
     host = socket.gethostname()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    # What the launcher started on this host (torchrun's; another launcher may not say: then not compared).
+    started_here = os.environ.get("LOCAL_WORLD_SIZE")
+    local_ranks = int(started_here) if started_here else None
     instance = ledger_file.instance_type()
     floor_row = THRESHOLDS.get(instance or "")
-    node = check_node(device.type, local_ranks, floor_row, run) if local_rank == 0 else None
+    node = check_node(device.type, local_ranks or 1, floor_row, run) if local_rank == 0 else None
     busbw = time_all_reduce(device, BUFFER_BYTES[device.type], world_size) if world_size > 1 else None
     mine = (host, local_ranks, node, time.perf_counter() - started)
-    gathered: list[tuple[str, int, NodeCheck | None, float]] = [mine]
+    gathered: list[tuple[str, int | None, NodeCheck | None, float]] = [mine]
     if world_size > 1:
         import torch
 
@@ -341,7 +343,7 @@ def run_gate(
         torch.distributed.all_gather_object(gathered, mine)
     nodes: dict[str, NodeCheck] = {}
     ranks_on: dict[str, int] = {}
-    expected_on: dict[str, int] = {}
+    expected_on: dict[str, int | None] = {}
     for h, expected, checked, _ in gathered:
         ranks_on[h] = ranks_on.get(h, 0) + 1
         expected_on[h] = expected
@@ -349,7 +351,7 @@ def run_gate(
         if checked is not None:
             nodes[h] = checked
     for h, count in ranks_on.items():  # the CPU subset's node check: every rank the launcher started is here
-        if count != expected_on[h]:
+        if expected_on[h] is not None and count != expected_on[h]:
             nodes[h].problems.append(f"{count} ranks joined, {expected_on[h]} started (LOCAL_WORLD_SIZE)")
     floor, source = busbw_floor(device.type, instance, len(nodes), min_busbw)
     seconds = max(s for *_, s in gathered)

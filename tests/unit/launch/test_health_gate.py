@@ -159,6 +159,23 @@ def test_a_slow_all_reduce_across_nodes_names_no_host() -> None:
     assert verdict.job_problem() is not None and "across 2 nodes reached 10 GB/s" in verdict.job_problem()
 
 
+def test_one_rank_from_a_launcher_that_does_not_say_how_many_it_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No LOCAL_WORLD_SIZE (a launcher other than torchrun): the rank count is not compared; one rank makes no
+    all-reduce. A CPU node runs no GPU probe."""
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.delenv("FI_PROVIDER", raising=False)
+    said: list[str] = []
+    verdict = health_gate.run_gate(
+        0, 1, torch.device("cpu"), None, said.append, said.append, run=lambda argv: None
+    )
+    assert verdict.failing() == [] and verdict.busbw is None
+    assert said == [
+        f"Health gate: 1 cpu rank on 1 node passed in {verdict.seconds:.2f} s per node: one rank: no all-reduce"
+    ]
+
+
 def _gate(rank: int, store: str, hosts_file: str, results: dict[tuple[int, str], object]) -> None:
     os.environ.update({"LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2"})
     os.environ[launch_env.HANG_HOSTS_FILE] = hosts_file
