@@ -34,7 +34,7 @@ def test_a_rank_slowed_by_a_fifth_is_named_within_100_steps(tmp_path: Path) -> N
     warnings = [line for line in out.splitlines() if "WARNING: Straggler:" in line]
     found = comparisons(tmp_path / "metrics.jsonl")
     # The node health gate ran before the first step: its CPU subset (launch/health_gate.py), one line.
-    (gate,) = [line for line in out.splitlines() if line.startswith("Health gate: ")]
+    (gate,) = [line.partition("| ")[2] for line in out.splitlines() if "| Health gate: " in line]
     assert (
         gate.startswith("Health gate: 2 cpu ranks on 1 node passed in ") and "(floor 0.02 GB/s, cpu)" in gate
     )

@@ -347,6 +347,7 @@ class Trainer:
             assert self.batches is not None
             # The next step's targets ride in this collective: its rows are read one step ahead (by now, usually).
             following = self.sampler.advance(self.state.position)
+            self.hooks.on_phase(watchdog.DATA, self.state.step + 1)  # a hung read is named as one
             fetch_started = time.perf_counter()
             targets = self.batches.targets_at(following)
             waited = time.perf_counter() - fetch_started
