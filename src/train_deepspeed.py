@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import partial
 
 from model_utils.config.arguments import parse_args
-from model_utils.errors import CheckpointSaveFailed, ConfigError, RunDiverged
+from model_utils.errors import CheckpointSaveFailed, ConfigError, NodeUnhealthy, RunDiverged
 from model_utils.launch import preemption
 from model_utils.observe.log import error_line, print0
 
@@ -29,6 +29,12 @@ def main(argv: list[str] | None = None) -> int:
         dist = distributed.init_distributed(
             watchdog.collective_timeout_s(hang_timeout) if hang_timeout else None
         )
+        if cfg.loop.health_gate == "on":  # before anything is loaded: a bad node costs seconds, not hours
+            from model_utils.launch import health_gate
+
+            health_gate.run_gate(
+                dist.rank, dist.world_size, dist.device, cfg.loop.health_min_busbw, print0, error_line
+            )
         decide_on_main = partial(distributed.decide_on_main, info=dist)
         # One run per checkpoint dir, taken before anything reads or writes it (a second run is refused here).
         with lease.held_on_main(cfg.checkpoint.checkpoint_dir, dist.is_main, decide_on_main):
@@ -45,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except CheckpointSaveFailed:
         return 3  # its line is out already
+    except NodeUnhealthy:
+        from model_utils.observe.watchdog import HANG_EXIT
+
+        return HANG_EXIT  # its lines are out; train.sbatch requeues without the node (docs/hangs.md)
     except RunDiverged as e:
         error_line(str(e))
         return 4

@@ -4,9 +4,11 @@
 
 Each rank times, over the same steps, interleaved so both see the same machine:
 
-- before: the spike guard's loss mean and the stop/save flags as two all-reduces (distributed.global_mean and
-  distributed.any_rank), as the loop made them before loop/consensus.py;
-- after: one StepConsensus.agree with the same loss and flags, carrying the straggler times every 20 steps;
+- before: the step's target count (engines/step_loss.step_targets, the loss divisor's all-reduce) and then one
+  StepConsensus.agree with the guard's loss and the stop/save flags: the two collectives a step made before the
+  consensus carried the next step's count;
+- after: one StepConsensus.agree with the same loss and flags and the next step's target count, the step handed
+  that count (step_targets(agreed=...): no collective); both carry the straggler times every 20 steps;
 - watch: what the watchdog and the straggler report add to a step on the training thread (four progress notes,
   with the watchdog's thread beating beside it, and the straggler window's bookkeeping).
 
@@ -32,7 +34,8 @@ STRAGGLER_EVERY = 20
 
 
 def _rank(rank: int, store: str, steps: int, beats: str, results: dict[int, dict[str, float]]) -> None:
-    from model_utils.launch import distributed
+    from model_utils.data.step_batches import Batch
+    from model_utils.engines import step_loss
     from model_utils.loop import consensus, stragglers
     from model_utils.observe import watchdog
 
@@ -43,17 +46,20 @@ def _rank(rank: int, store: str, steps: int, beats: str, results: dict[int, dict
     window = stragglers.StepTimes()
     loss = torch.tensor(2.0 + rank, dtype=torch.float64)
     flags = [False] * FLAGS
+    tokens = torch.ones(2, 64, dtype=torch.long)
+    micro_batches = [Batch(tokens, tokens, None, 128)]  # a micro-batch's labels, as step_targets counts them
     spent: dict[str, list[float]] = {"before": [], "after": [], "watch": []}
     for step in range(1, steps + 1):
         dist.barrier()  # each measurement starts with the ranks together, as a step's collective finds them
+        due = step % STRAGGLER_EVERY == 0
         started = time.perf_counter()
-        distributed.global_mean(loss)
-        distributed.any_rank(flags, torch.device("cpu"))
+        step_loss.step_targets(micro_batches)
+        agreeing.agree(loss, flags, window.take() if due else None)
         spent["before"].append(time.perf_counter() - started)
         dist.barrier()
         started = time.perf_counter()
-        due = step % STRAGGLER_EVERY == 0
-        agreeing.agree(loss, flags, window.take() if due else None)
+        step_loss.step_targets(micro_batches, agreed=256)
+        agreeing.agree(loss, flags, window.take() if due else None, targets=128)
         spent["after"].append(time.perf_counter() - started)
         started = time.perf_counter()
         for phase in (watchdog.DATA, watchdog.COMPUTE, watchdog.DECISION, watchdog.COMPUTE):
@@ -81,8 +87,8 @@ def main() -> None:
     for rank, spent in sorted(got.items()):
         before, after, watch = spent["before"], spent["after"], spent["watch"]
         print(
-            f"rank {rank}: decisions before {1e6 * before:.0f} us/step (2 all-reduces), after {1e6 * after:.0f} "
-            f"us/step (1): ratio {after / before:.2f}, {100 * (before - after) / args.step_s:.2f}% of a "
+            f"rank {rank}: target count + decisions before {1e6 * before:.0f} us/step (2 all-reduces), after "
+            f"{1e6 * after:.0f} us/step (1): ratio {after / before:.2f}, {100 * (before - after) / args.step_s:.2f}% of a "
             f"{args.step_s:g} s step saved; watchdog + straggler bookkeeping {1e6 * watch:.1f} us/step = "
             f"{100 * watch / args.step_s:.3f}% of the step"
         )

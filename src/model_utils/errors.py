@@ -23,6 +23,11 @@ class CheckpointSaveFailed(RuntimeError):
     is printed where it is raised (before any rank exits); exit status 3, on every rank together."""
 
 
+class NodeUnhealthy(RuntimeError):
+    """A node failed the health gate (launch/health_gate.py): its line is out and its host named to the launcher;
+    exit status 75 on every rank, the hang watchdog's, which train.sbatch requeues without that host."""
+
+
 def first_line(err: BaseException) -> str:
     """The first line of an exception's message (libraries raise multi-line ones), or its type's name."""
     text = str(err).strip()

@@ -107,3 +107,23 @@ def test_a_rank_frozen_in_a_checkpoint_save_is_named_in_its_phase(tmp_path: Path
     # it is a whole, verified checkpoint; else its staging dir is debris the next save removes.
     newest = protocol.newest_verified(tmp_path / "ckpt")
     assert newest is None or newest.tag == "tiny_qwen3-3steps"
+
+
+def test_a_node_that_fails_the_health_gate_is_named_before_any_step_and_the_ranks_end_75(
+    tmp_path: Path,
+) -> None:
+    """The health gate (launch/health_gate.py) in the rank's entry: a floor no node reaches fails this one, before
+    the model or data are loaded; one line names it, its host goes to the hosts file train.sbatch requeues without
+    (tests/unit/dskit/test_render.py holds that path), and every rank ends with the watchdog's status 75."""
+    from support.rank_pool import ENV, run_ranks
+
+    hosts = tmp_path / "hang_hosts"
+    flags = ["--max_steps", "2", "--checkpoint_dir", str(tmp_path / "ckpt"), "--health_min_busbw", "1e6"]
+    run = run_ranks(flags, cwd=tmp_path, env={**ENV, launch_env.HANG_HOSTS_FILE: str(hosts)})
+    out = run.stdout + run.stderr
+    assert run.exitcodes == [watchdog.HANG_EXIT] * 2, out[-4000:]
+    host = socket.gethostname()
+    assert f"error: health gate: node {host} failed: all-reduce bus bandwidth " in out, out[-4000:]
+    assert "below the floor of 1e+06 GB/s (--health_min_busbw) (exit status 75: requeue without it)" in out
+    assert hosts.read_text() == f"{host} failed the health gate\n"
+    assert "Step 1/" not in out and "Traceback" not in out and not (tmp_path / "ckpt").exists()

@@ -33,6 +33,12 @@ def test_a_rank_slowed_by_a_fifth_is_named_within_100_steps(tmp_path: Path) -> N
     out = train(flags(tmp_path, 100), tmp_path, env={**ENV, launch_env.SPIKE_FAULT: "slow@1+/1"})
     warnings = [line for line in out.splitlines() if "WARNING: Straggler:" in line]
     found = comparisons(tmp_path / "metrics.jsonl")
+    # The node health gate ran before the first step: its CPU subset (launch/health_gate.py), one line.
+    (gate,) = [line.partition("| ")[2] for line in out.splitlines() if "| Health gate: " in line]
+    assert (
+        gate.startswith("Health gate: 2 cpu ranks on 1 node passed in ") and "(floor 0.02 GB/s, cpu)" in gate
+    )
+    print(gate)
     print(f"busy ratios {[r['busy_ratio'] for r in found]}")
     assert [r["step"] for r in found] == [21, 41, 61, 81]  # turns 1-20 compared in turn 21's collective
     assert len(warnings) == 1 and "Straggler: rank 1 is " in warnings[0], (found, out[-3000:])
@@ -44,7 +50,8 @@ def test_a_rank_slowed_by_a_fifth_is_named_within_100_steps(tmp_path: Path) -> N
 
 
 def test_a_thousand_clean_steps_name_nobody(tmp_path: Path) -> None:
-    out = train(flags(tmp_path, 1000), tmp_path)
+    out = train([*flags(tmp_path, 1000), "--health_gate", "off"], tmp_path)
+    assert "Health gate" not in out
     found = comparisons(tmp_path / "metrics.jsonl")
     assert len(found) == 49  # at turns 21, 41, ..., 981
     print(f"clean run: largest spread {max(r['spread'] for r in found):.3f}")

@@ -56,10 +56,10 @@ def main() -> None:
         )
         return micro_batches
 
-    def killing_step(micro_batches, keep=None):
+    def killing_step(micro_batches, keep=None, targets=None):
         if trainer.state.step + 1 == kill_at:
             micro_batches = FirstMicroBatchOnly(micro_batches)
-        return train_step(micro_batches, keep)
+        return train_step(micro_batches, keep, targets)
 
     trainer.batches.at = recorded_fetch
     trainer.engine.train_step = killing_step

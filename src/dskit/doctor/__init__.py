@@ -16,13 +16,14 @@ from typing import Any
 
 from model_utils.config.arguments import TrainConfig, parse_args
 from model_utils.errors import ConfigError, ModelUnavailable, first_line
+from model_utils.observe.ledger_file import instance_type
 
 from .context import GpuProbe, LaunchContext, probe_gpus, ranks_per_node
 from .cuda import check_driver, check_gpus, check_toolkit, driver_verdict
 from .dataset import check_dataset
 from .environment import check_ops, check_uv
 from .memory import check_memory
-from .network import check_network, efa_devices, nccl_net_plugins
+from .network import check_health_gate, check_network, efa_devices, nccl_net_plugins
 from .report import Result, Status, _guarded, format_table, summary
 from .storage import check_disk
 
@@ -36,6 +37,7 @@ __all__ = [
     "check_disk",
     "check_driver",
     "check_gpus",
+    "check_health_gate",
     "check_memory",
     "check_network",
     "check_ops",
@@ -104,6 +106,7 @@ def diagnose(cfg: TrainConfig, ctx: LaunchContext) -> tuple[list[Result], Any]:
         _guarded("CUDA toolkit", lambda: check_toolkit(ctx, gpus, torch.version.cuda)),
         _guarded("GPUs", lambda: check_gpus(ctx, gpus)),
         _guarded("network (EFA)", lambda: check_network(ctx, on_gpus)),
+        _guarded("health gate", lambda: check_health_gate(cfg, ctx, on_gpus, instance_type())),
         _guarded("checkpoint disk", lambda: check_disk(cfg, n_params, half)),
         *(
             dataclasses.replace(_guarded(name, lambda data=data: check_dataset(data)), check=name)

@@ -10,12 +10,13 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from model_utils.config.arguments import TrainConfig
 from model_utils.errors import first_line
+from model_utils.launch.health_gate import INFINIBAND_SYSFS, efa_devices  # the ranks' gate looks there too
 
 from .context import LaunchContext, _run
 from .report import Result, Status
 
-INFINIBAND_SYSFS = Path("/sys/class/infiniband")  # where the sbatch launcher looks for EFA devices
 # Where AWS images (DLAMI, the EFA installer, ParallelCluster) put aws-ofi-nccl, NCCL's network plugin for EFA.
 NCCL_PLUGIN_DIRS = (
     "/opt/amazon/ofi-nccl/lib",
@@ -30,16 +31,6 @@ NCCL_PLUGIN_DIRS = (
     "/usr/lib64",
     "/usr/lib",
 )
-
-
-def efa_devices(sysfs: Path = INFINIBAND_SYSFS) -> list[str]:
-    """EFA devices as the sbatch launcher finds them: /sys/class/infiniband/*/device/driver -> .../efa."""
-    found = []
-    for dev in sorted(sysfs.glob("*")):
-        driver = dev / "device" / "driver"
-        if driver.exists() and driver.resolve().name == "efa":
-            found.append(dev.name)
-    return found
 
 
 def nccl_net_plugins() -> list[Path]:
@@ -115,4 +106,33 @@ def check_network(ctx: LaunchContext, uses_gpus: bool, sysfs: Path = INFINIBAND_
         )
     return Result(
         name, Status.WARN, f"EFA device {', '.join(devices)}, but {found}: NCCL falls back to TCP", install
+    )
+
+
+def check_health_gate(cfg: TrainConfig, ctx: LaunchContext, uses_gpus: bool, instance: str | None) -> Result:
+    """The health gate's floors for this launch (launch/health_gate.py): what the ranks will hold each node to."""
+    from model_utils.launch import health_gate
+
+    name = "health gate"
+    if cfg.loop.health_gate == "off":
+        return Result(name, Status.SKIP, "--health_gate off: no node checks before the first step")
+    device = "cuda" if uses_gpus else "cpu"
+    floor, source = health_gate.busbw_floor(device, instance, ctx.nodes, cfg.loop.health_min_busbw)
+    row = health_gate.THRESHOLDS.get(instance or "")
+    expects = (
+        f"{row.gpus} GPUs, {row.efa_devices} EFA devices where EFA is used; "
+        if uses_gpus and row is not None
+        else ""
+    )
+    if floor is None and source != "--health_min_busbw":
+        known = ", ".join(health_gate.THRESHOLDS)
+        return Result(
+            name,
+            Status.WARN,
+            f"{source}: the all-reduce is measured, not judged (the table of {health_gate.THRESHOLDS_DATE} has {known})",
+            "set --health_min_busbw GB/s (about half of this type's nccl-tests all_reduce_perf bus bandwidth)",
+        )
+    judged = "measured, not judged" if floor is None else f">= {floor:g} GB/s"
+    return Result(
+        name, Status.PASS, f"{expects}all-reduce bus bandwidth {judged} over {ctx.nodes} node(s) ({source})"
     )

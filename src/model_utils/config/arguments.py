@@ -416,7 +416,28 @@ class LoopArgs:
         ),
     )
 
+    health_gate: str = field(
+        default="on",
+        metadata=_flag(
+            "'on': before the first step every node checks its GPUs (nvidia-smi, DCGM, Xid errors), its EFA devices "
+            "and an all-reduce's bandwidth, and a failing node ends the job with exit status 75 (train.sbatch "
+            "requeues it without that node); 'off': no gate (docs/hangs.md)"
+        ),
+    )
+    health_min_busbw: float | None = field(
+        default=None,
+        metadata=_flag(
+            "the health gate's all-reduce bus bandwidth floor in GB/s, instead of the instance type's in the "
+            "kit's table (`dskit doctor` shows it); 0 = measure and report only"
+        ),
+    )
+
     def __post_init__(self) -> None:
+        _check_choice("health_gate", self.health_gate, ("on", "off"), "a health gate setting")
+        if self.health_min_busbw is not None and self.health_min_busbw < 0:
+            raise ConfigError(
+                f"--health_min_busbw {self.health_min_busbw} must be 0 (report only) or more GB/s, e.g. 100"
+            )
         for name in ("max_steps", "logging_freq", "validation_freq", "validation_batches"):
             if getattr(self, name) != ALL and getattr(self, name) < 1:
                 raise ConfigError(f"--{name} {getattr(self, name)} must be at least 1")

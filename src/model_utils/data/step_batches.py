@@ -119,6 +119,14 @@ class StepBatches:
         self._ahead = (following, self._worker.submit(self._gather_step, following))
         return [batch.to(self.device, non_blocking=self.pin) for batch in host]
 
+    def targets_at(self, position: DataPosition) -> int:
+        """This rank's targets in the step at `position` (counted on the host as its rows were read), waiting for
+        its gathering; the step after the last `at` is being gathered already, any other starts now (and `at`
+        then finds it ready)."""
+        if self._ahead is None or self._ahead[0] != position:
+            self._ahead = (position, self._worker.submit(self._gather_step, position))
+        return sum(batch.targets for batch in self._ahead[1].result())
+
     def close(self) -> None:
         self._worker.shutdown(wait=True, cancel_futures=True)
         self._ahead = None

@@ -76,7 +76,10 @@ class Engine(Protocol):
         ...
 
     def train_step(
-        self, micro_batches: list[Batch], keep: Callable[[torch.Tensor], bool] | None = None
+        self,
+        micro_batches: list[Batch],
+        keep: Callable[[torch.Tensor], bool] | None = None,
+        targets: int | None = None,
     ) -> tuple[torch.Tensor, bool]:
         """Forward and backward over every micro-batch, then one optimizer step (and lr step). The gradients are
         those of the step's loss over its tokens (step_loss.py): the summed token losses of all targets of all its
@@ -86,7 +89,10 @@ class Engine(Protocol):
 
         `keep`, given this rank's share once every micro-batch's forward has run and before the update, decides
         whether the step happens: False discards it (no change to weights, optimizer state, lr schedule or
-        optimizer_steps(); the data is consumed) and the engine trains on as if it never saw it."""
+        optimizer_steps(); the data is consumed) and the engine trains on as if it never saw it.
+
+        `targets`: the step's target count over all ranks when the caller's collective summed it already (the
+        trainer's per-step collective carries the next step's: loop/consensus.py); None: counted here."""
         ...
 
     def eval_loss(self, batch: Batch) -> float:

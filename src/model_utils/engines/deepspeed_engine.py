@@ -194,7 +194,10 @@ class DeepSpeedEngine:
         return engine
 
     def train_step(
-        self, micro_batches: list[Batch], keep: Callable[[torch.Tensor], bool] | None = None
+        self,
+        micro_batches: list[Batch],
+        keep: Callable[[torch.Tensor], bool] | None = None,
+        targets: int | None = None,
     ) -> tuple[torch.Tensor, bool]:
         losses = []
         applied = True
@@ -203,7 +206,9 @@ class DeepSpeedEngine:
         # the gradients over the ranks: the divisor gives both back (step_loss.py).
         accumulation = int(self._engine.gradient_accumulation_steps())  # what its backward divides by
         assert accumulation == len(micro_batches), (accumulation, len(micro_batches))
-        divisor = step_loss.loss_divisor(micro_batches, accumulation * step_loss.data_parallel_ranks())
+        divisor = step_loss.loss_divisor(
+            micro_batches, accumulation * step_loss.data_parallel_ranks(), targets
+        )
         for i, batch in enumerate(micro_batches):
             loss = step_loss.summed_loss(self._engine, batch, divisor)
             losses.append(loss.detach())

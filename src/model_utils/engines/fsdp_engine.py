@@ -209,13 +209,16 @@ class FsdpEngine:
             )
 
     def train_step(
-        self, micro_batches: list[Batch], keep: Callable[[torch.Tensor], bool] | None = None
+        self,
+        micro_batches: list[Batch],
+        keep: Callable[[torch.Tensor], bool] | None = None,
+        targets: int | None = None,
     ) -> tuple[torch.Tensor, bool]:
         losses = []
         applied = True
         last = len(micro_batches) - 1
         # FSDP2's reduce-scatter averages the gradients over the ranks: the divisor gives that back (step_loss.py).
-        divisor = step_loss.loss_divisor(micro_batches, step_loss.data_parallel_ranks())
+        divisor = step_loss.loss_divisor(micro_batches, step_loss.data_parallel_ranks(), targets)
         for i, batch in enumerate(micro_batches):
             # No reduce-scatter until the last micro-batch: FSDP2 accumulates the unsharded gradients meanwhile.
             self.module.set_requires_gradient_sync(i == last)

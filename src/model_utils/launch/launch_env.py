@@ -3,6 +3,8 @@ training ranks. One place, so a name cannot drift between the shell and Python."
 
 from __future__ import annotations
 
+import os
+
 LOG_FILE = "DSKIT_LOG_FILE"  # the run's log: the metrics file goes next to it
 STOP_REASON_FILE = "DSKIT_STOP_REASON_FILE"  # train.sbatch: why the ranks stopped early (it then requeues)
 # The first `error:` line (observe.log.error_line) of a rank on this host goes here too (the SageMaker entry
@@ -22,7 +24,8 @@ INSTANCE_TYPE = "DSKIT_INSTANCE_TYPE"
 CALLER_HF_HUB_OFFLINE = "DSKIT_CALLER_HF_HUB_OFFLINE"
 SINGLENODE_LOGGED = "DSKIT_SINGLENODE_LOGGED"  # train-singlenode.sh re-executed itself under its log tee
 FAULT_INJECT = "DSKIT_FAULT_INJECT"  # tests only: a rank SIGKILLs itself at a named point of a save
-# train.sbatch: the hosts whose ranks the hang watchdog found stuck, one a line (it requeues the job without them)
+# train.sbatch: the hosts to requeue the job without, one a line with why (name_bad_hosts): the hang watchdog's
+# stuck ranks' hosts, the health gate's failing nodes.
 HANG_HOSTS_FILE = "DSKIT_HANG_HOSTS_FILE"
 # The hang watchdog's heartbeat files of a host's ranks (observe/watchdog.py; default: under the temp dir).
 WATCHDOG_DIR = "DSKIT_WATCHDOG_DIR"
@@ -36,3 +39,13 @@ SAGEMAKER_CPU_RANKS = "DSKIT_SM_CPU_RANKS"
 SAGEMAKER_MASTER_PORT = "DSKIT_SM_MASTER_PORT"
 # Seconds from SIGTERM until the entry ends ranks that have not stopped (SageMaker's SIGKILL follows at 120 s).
 SAGEMAKER_STOP_GRACE = "DSKIT_SM_STOP_GRACE_S"
+
+
+def name_bad_hosts(hosts: list[str], why: str) -> None:
+    """Name `hosts` to train.sbatch, which requeues the job without them (on the ranks' exit status 75): a line
+    `HOST WHY` each, appended (a shared filesystem: every node's writer, one file). Nothing where the launcher set
+    no file (./train-singlenode.sh, a bare torchrun)."""
+    path = os.environ.get(HANG_HOSTS_FILE)
+    if path and hosts:
+        with open(path, "a") as f:
+            f.write("".join(f"{host} {why}\n" for host in sorted(set(hosts))))

@@ -87,6 +87,8 @@ class Trainer:
         self.spike: spike_guard.Spike | None = None  # what the guard saw in the last step's loss
         self.consensus = consensus.StepConsensus(dist.rank, dist.world_size, dist.device)
         self.agreement: consensus.Agreement | None = None  # this turn's, once its collective ran
+        # The next step's targets over all ranks, summed in this turn's collective: (its position, the count).
+        self.next_targets: tuple[DataPosition, int] | None = None
         self.step_times = stragglers.StepTimes()  # this rank's, until the collective carries them
         self.sampler = BlockSampler.of(
             run.train_blocks,
@@ -269,8 +271,12 @@ class Trainer:
         self.reporter.data_waited(self.data_wait_s)
         self.hooks.before_step(self.state.step + 1)
         self.guard.step_starting(position)
+        # The loss divisor, when the turn before agreed it (else the engine counts it in a collective of its own).
+        agreed = self.next_targets
+        self.next_targets = None
+        targets = agreed[1] if agreed is not None and agreed[0] == position else None
         # Always asked: the kit's per-step collective runs there, once the forwards have run (loop/consensus.py).
-        mean_loss, applied = self.engine.train_step(micro_batches, self._keep)
+        mean_loss, applied = self.engine.train_step(micro_batches, self._keep, targets)
         if self.fault is not None:
             self.fault.step_done()
         self.state.position = self.sampler.advance(position)
@@ -338,7 +344,19 @@ class Trainer:
         guarding = self.guard.active
         loss = None
         if self.dist.world_size > 1:
-            self.agreement = self._agree(mean_loss if guarding else None)
+            assert self.batches is not None
+            # The next step's targets ride in this collective: its rows are read one step ahead (by now, usually).
+            following = self.sampler.advance(self.state.position)
+            self.hooks.on_phase(watchdog.DATA, self.state.step + 1)  # a hung read is named as one
+            fetch_started = time.perf_counter()
+            targets = self.batches.targets_at(following)
+            waited = time.perf_counter() - fetch_started
+            self.data_wait_s += waited
+            if self.reporter is not None:
+                self.reporter.data_waited(waited)
+            self.agreement = self._agree(mean_loss if guarding else None, targets)
+            assert self.agreement.targets is not None
+            self.next_targets = (following, self.agreement.targets)
             self.hooks.on_phase(watchdog.COMPUTE, self.state.step + 1)
             loss = self.agreement.loss
         elif guarding:
@@ -350,14 +368,14 @@ class Trainer:
         self.spike = self.guard.judge_loss(self.state.step + 1, loss)
         return self.spike is None
 
-    def _agree(self, loss: torch.Tensor | None) -> consensus.Agreement:
-        """The turn's one collective: the loss given, the stop and save flags, and the ranks' step times when a
-        straggler window is full (loop/consensus.py)."""
+    def _agree(self, loss: torch.Tensor | None, targets: int | None = None) -> consensus.Agreement:
+        """The turn's one collective: the loss given, the stop and save flags, the next step's targets given, and
+        the ranks' step times when a straggler window is full (loop/consensus.py)."""
         self.hooks.on_phase(watchdog.DECISION, self.state.step + 1)
         every = self.cfg.loop.straggler_every
         due = self.dist.world_size > 1 and every > 0 and self.step_times.turns >= every
         times = self.step_times.take() if due else None
-        return self.consensus.agree(loss, self._decision_flags(), times)
+        return self.consensus.agree(loss, self._decision_flags(), times, targets)
 
     def _decision_flags(self) -> list[bool]:
         """This rank's say on stopping or saving after the turn: it was signalled (by Ctrl-C?), its clock says a

@@ -307,9 +307,8 @@ class Monitor:
             time.sleep(self.dump_wait_s)
         line = step_line.error_line(verdict.describe())
         _say(line)
-        if (hosts := os.environ.get(launch_env.HANG_HOSTS_FILE)) and verdict.stuck:
-            with open(hosts, "a") as f:  # each host's judge appends its own (a shared filesystem: one file)
-                f.write("".join(f"{host}\n" for host in sorted({b.host for b in verdict.stuck})))
+        # Each host's judge names its own stuck ranks' hosts.
+        launch_env.name_bad_hosts([b.host for b in verdict.stuck], "a rank stopped advancing (hang)")
         if path := os.environ.get(launch_env.ERROR_FILE):
             try:
                 with open(path, "x") as f:

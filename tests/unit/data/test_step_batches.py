@@ -127,6 +127,26 @@ def test_the_next_step_is_read_by_the_worker_while_this_one_trains() -> None:
     loader.close()
 
 
+def test_the_next_steps_targets_are_counted_from_the_rows_read_ahead_without_reading_them_again() -> None:
+    """What the trainer's per-step collective carries (loop/consensus.py): the targets of the step after this one,
+    from the worker's read; `at` then takes that read. A step not read ahead (a jump) is read once, then taken."""
+    blocks = RecordingBlocks(40)
+    sampler = BlockSampler(40, micro_batch=2, grad_accum=2, dp_rank=0, dp_world=1, seed=0)
+    loader = StepBatches(blocks, sampler, torch.device("cpu"))
+    first = DataPosition()
+    second = sampler.advance(first)
+    loader.at(first)
+    count = loader.targets_at(second)
+    assert count == sum(b.targets for b in loader.at(second)) == 4 * (SEQ - 1)  # 4 rows, all but their first
+    jump = sampler.advance(sampler.advance(sampler.advance(second)))
+    blocks.reads.clear()
+    assert loader.targets_at(jump) == 4 * (SEQ - 1)
+    loader.at(jump)
+    jump_rows = {tuple(r) for r in sampler.step_indices(jump).tolist()}
+    assert len([r for _, r in blocks.reads if r in jump_rows]) == 2  # its 2 micro-batches, each read once
+    loader.close()
+
+
 def test_a_failed_read_in_the_worker_surfaces_in_the_training_step() -> None:
     blocks = RecordingBlocks(40)
     sampler = BlockSampler(40, micro_batch=2, grad_accum=1, dp_rank=0, dp_world=1, seed=0)

@@ -341,7 +341,8 @@ record() {
 # A trainer that stopped early says why (trainer: DSKIT_STOP_REASON_FILE).
 stop_reason() {
   if [[ -n "${STUB_STOP_REASON-}" ]]; then echo "$STUB_STOP_REASON" >"$DSKIT_STOP_REASON_FILE"; fi
-  # A hang (observe/watchdog.py): the stuck ranks' host in DSKIT_HANG_HOSTS_FILE, the ranks' exit status 75.
+  # A hang (observe/watchdog.py) or a failed health gate (launch/health_gate.py): lines `HOST WHY` in
+  # DSKIT_HANG_HOSTS_FILE (launch_env.name_bad_hosts), the ranks' exit status 75.
   if [[ -n "${STUB_HANG_HOST-}" ]]; then echo "$STUB_HANG_HOST" >>"$DSKIT_HANG_HOSTS_FILE"; exit 75; fi
 }
 case "$name" in
@@ -526,7 +527,8 @@ def test_sbatch_requeues_a_hung_run_without_the_stuck_host_at_most_max_hang_requ
     """The watchdog ended the ranks (exit status 75) naming n2's: the job is requeued without n2, keeping the hosts
     excluded before; once max_hang_requeues are spent it ends with 75 and says why."""
     stub = Stubbed(tmp_path, "--set", "max_hang_requeues=1")
-    proc = stub.run("train.sbatch", env={"STUB_HANG_HOST": "n2", "STUB_EXCLUDED": "n7"})
+    hang = "a rank stopped advancing (hang)"
+    proc = stub.run("train.sbatch", env={"STUB_HANG_HOST": f"n2 {hang}", "STUB_EXCLUDED": "n7"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # ExcNodeList changes only while the job is pending: requeued held, then the helper job (its --wrap run by
     # the stub's sh, as sbatch would) waits for PENDING, sets the list and releases it.
@@ -537,15 +539,16 @@ def test_sbatch_requeues_a_hung_run_without_the_stuck_host_at_most_max_hang_requ
     assert calls.index(["update", "JobId=12345", "ExcNodeList=n7,n2"]) < calls.index(["release", "12345"])
     assert ["requeuehold", "12345"] in calls
     assert (
-        "exit status 75: a rank on n2 stopped advancing (hang), requeueing job 12345 without n7,n2 (hang requeue 1 "
+        "exit status 75: n2: a rank stopped advancing (hang), requeueing job 12345 without n7,n2 (hang requeue 1 "
         "of 1; resumes from the last checkpoint; held until the helper job test-exclude sets that"
     ) in proc.stdout
     assert not list(stub.repo.glob("logs/.hang_hosts_*"))  # read once, then removed
     assert not any(c[0] == "update" and c[1].startswith("NodeName=") for c in calls)  # no drain unless asked
-    again = stub.run("train.sbatch", env={"STUB_HANG_HOST": "n3"})  # the requeued job hangs on another host
+    again = stub.run("train.sbatch", env={"STUB_HANG_HOST": f"n3 {hang}"})  # the requeued job hangs elsewhere
     assert again.returncode == 75, again.stdout + again.stderr
     assert (
-        "stopped advancing (hang) after 1 hang requeues (max_hang_requeues 1): not requeueing" in again.stdout
+        "n3: a rank stopped advancing (hang) after 1 hang requeues (max_hang_requeues 1): not requeueing"
+        in again.stdout
     )
     assert again.stdout.rstrip().endswith("exit status 75")
     assert sum(c[0] == "requeuehold" for c in stub.recorded("scontrol")) == 1
@@ -553,11 +556,33 @@ def test_sbatch_requeues_a_hung_run_without_the_stuck_host_at_most_max_hang_requ
 
 def test_sbatch_drains_the_hung_host_when_allowed(tmp_path: Path) -> None:
     stub = Stubbed(tmp_path, "--set", "drain_hung_nodes=true")
-    proc = stub.run("train.sbatch", env={"STUB_HANG_HOST": "n2"})
+    proc = stub.run("train.sbatch", env={"STUB_HANG_HOST": "n2 a rank stopped advancing (hang)"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     calls = stub.recorded("scontrol")
-    drain = ["update", "NodeName=n2", "State=DRAIN", "Reason=dskit: a rank hung in job 12345"]
+    drain = [
+        "update",
+        "NodeName=n2",
+        "State=DRAIN",
+        "Reason=dskit: n2: a rank stopped advancing (hang) (job 12345)",
+    ]
     assert calls.index(drain) < calls.index(["requeuehold", "12345"])
+
+
+def test_sbatch_requeues_without_the_node_that_failed_the_health_gate(tmp_path: Path) -> None:
+    """The health gate's failing node (launch/health_gate.py: exit status 75, its host named with why) takes the
+    watchdog's path: requeued without it, the END line saying why; 75 without a named host is not requeued."""
+    stub = Stubbed(tmp_path)
+    proc = stub.run("train.sbatch", env={"STUB_HANG_HOST": "n2 failed the health gate"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert ["update", "JobId=12345", "ExcNodeList=n2"] in stub.recorded("scontrol")  # by the helper job
+    assert (
+        "exit status 75: n2: failed the health gate, requeueing job 12345 without n2 (hang requeue 1 of 2"
+        in (proc.stdout)
+    )
+    unnamed = Stubbed(tmp_path / "unnamed")
+    slow = unnamed.run("train.sbatch", env={"STUB_HANG_HOST": " "})  # a slow all-reduce across nodes: no host
+    assert slow.returncode == 75, slow.stdout + slow.stderr
+    assert not any(c[0] in ("requeue", "requeuehold") for c in unnamed.recorded("scontrol"))
 
 
 def test_sbatch_requeues_a_run_stopped_for_the_time_limit(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ tests/e2e/test_step_loss.py."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from model_utils.data.rows import Rows
@@ -49,6 +50,24 @@ def test_the_step_counts_every_target_of_every_micro_batch_on_every_rank(gloo_ra
         Source(Rows(np.zeros((1, 8), dtype=np.int64), np.zeros((1, 8), bool))), np.array([0]), False
     )
     assert float(step_loss.step_targets([nothing])) == 1.0  # no targets: loss 0, not 0/0
+
+
+def test_a_count_the_ranks_agreed_already_is_the_divisor_without_a_collective(monkeypatch) -> None:
+    """The trainer's per-step collective carried the step's targets (loop/consensus.py): the divisor is that
+    count, as the counted one would be (float32, at least 1), and no all-reduce is made."""
+    step = batches()
+
+    def no_collective(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise AssertionError("an all-reduce for a count the ranks agreed already")
+
+    monkeypatch.setattr(step_loss, "data_parallel_ranks", lambda: 2)
+    monkeypatch.setattr(torch.distributed, "all_reduce", no_collective)
+    agreed = step_loss.step_targets(step, agreed=30)
+    assert agreed.dtype == torch.float32 and float(agreed) == 30.0
+    assert float(step_loss.loss_divisor(step, 2, agreed=30)) == 15.0
+    assert float(step_loss.step_targets(step, agreed=0)) == 1.0
+    with pytest.raises(AssertionError, match="agreed already"):
+        step_loss.step_targets(step)  # without it: the step's own collective
 
 
 def test_a_micro_batch_loss_is_its_summed_token_losses_over_the_divisor() -> None:

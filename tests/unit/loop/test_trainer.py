@@ -66,12 +66,13 @@ class CountingConsensus:
     def __init__(self) -> None:
         self.calls: list[tuple[float | None, list[bool], object]] = []
 
-    def agree(self, loss, flags, times=None):  # type: ignore[no-untyped-def]
+    def agree(self, loss, flags, times=None, targets=None):  # type: ignore[no-untyped-def]
         from model_utils.loop.consensus import Agreement
 
-        self.calls.append((None if loss is None else float(loss), list(flags), times))
+        self.calls.append((None if loss is None else float(loss), list(flags), times, targets))
         rank_times = None if times is None else (times, times)
-        return Agreement(None if loss is None else float(loss), tuple(flags), rank_times, 0.001)
+        summed = None if targets is None else 2 * targets  # the other rank gave as many
+        return Agreement(None if loss is None else float(loss), tuple(flags), rank_times, 0.001, summed)
 
 
 def two_rank_loop(*flags: str) -> SimpleNamespace:
@@ -98,11 +99,23 @@ def two_rank_loop(*flags: str) -> SimpleNamespace:
         state=TrainState(step=7),
         max_steps=100,
         val_plan=None,
-        reporter=SimpleNamespace(exclude=lambda seconds: None),
+        reporter=SimpleNamespace(
+            exclude=lambda seconds: None, data_waited=lambda seconds: None, step_done=lambda *args: None
+        ),
         saved=[],
+        # Positions as numbers: each step's is the one before + 1; each holds 11 targets on this rank.
+        sampler=SimpleNamespace(advance=lambda position: position + 1),
+        batches=SimpleNamespace(
+            targets_at=lambda position: 11, at=lambda position: [SimpleNamespace(targets=11)]
+        ),
+        next_targets=None,
+        data_wait_s=0.0,
+        fault=None,
+        run=SimpleNamespace(tokens_per_step=64),
     )
+    loop.state.position = 0
     loop.save_checkpoint = lambda: loop.saved.append(loop.state.step)
-    for name in ("_keep", "_agree", "_decision_flags", "_walltime_plan", "after_step"):
+    for name in ("train_step", "_keep", "_agree", "_decision_flags", "_walltime_plan", "after_step"):
         setattr(loop, name, getattr(trainer.Trainer, name).__get__(loop))
     return loop
 
@@ -122,11 +135,55 @@ def test_with_two_ranks_each_step_makes_one_collective_for_the_loss_and_the_stop
     for _ in range(2):
         loop.step_times.add(0.01, 0.002, 0.05)
     loop._keep(torch.tensor(3.4, dtype=torch.float64))
-    loss, flags, times = loop.consensus.calls[-1]
+    loss, flags, times, _ = loop.consensus.calls[-1]
     assert loss == 3.4
     assert flags[0] is True and times is not None  # a straggler window of 2 turns rode along
     assert loop.after_step(trained=False) == "preempted" and len(loop.consensus.calls) == 2
     assert loop.saved == [7]
+
+
+class AgreedTargetsEngine:
+    """An engine's train_step as the trainer calls it: records the targets it is handed, asks keep."""
+
+    def __init__(self, loop: SimpleNamespace) -> None:
+        self.loop, self.handed = loop, []
+
+    def train_step(self, micro_batches, keep, targets=None):  # type: ignore[no-untyped-def]
+        import torch
+
+        self.handed.append(targets)
+        assert keep(torch.tensor(3.0, dtype=torch.float64))
+        return torch.tensor(3.0), True
+
+    def lr(self) -> float:
+        return 1e-3
+
+    def optimizer_steps(self) -> int:
+        return self.loop.state.step  # as many as the loop counted: every step here is applied
+
+    def skipped_steps(self) -> int:
+        return 0
+
+    def wall_clock_ms(self) -> dict:
+        return {}
+
+
+def test_the_step_collective_carries_the_next_steps_target_count_so_that_step_makes_none_of_its_own() -> None:
+    """engines/step_loss.py's divisor rides in the turn before's collective (loop/consensus.py): the first step
+    counts its own (targets None: the engine's collective), every following one is handed the sum the ranks
+    agreed; after a jump of the data (a rollback, the guard's skip) the step counts its own again."""
+    loop = two_rank_loop()
+    loop.hooks = SimpleNamespace(before_step=lambda step: None, on_phase=lambda phase, step: None, stop=None)
+    loop.guard = SimpleNamespace(active=False, step_starting=lambda position: None)
+    loop.engine = AgreedTargetsEngine(loop)
+    for _ in range(3):
+        assert loop.train_step()[0] == trainer.APPLIED
+    assert loop.engine.handed == [None, 22, 22]  # 11 on each of the two ranks
+    assert [call[3] for call in loop.consensus.calls] == [11, 11, 11]  # one collective a step, carrying them
+    assert loop.next_targets == (3, 22)
+    loop.state.position = 9  # a rollback: the agreed count is of a step that will not run next
+    loop.train_step()
+    assert loop.engine.handed[-1] is None and len(loop.consensus.calls) == 4
 
 
 def test_with_one_rank_the_decision_is_taken_after_the_step_without_a_collective() -> None:

@@ -123,15 +123,17 @@ def test_a_frozen_rank_is_named_prints_its_stacks_and_the_ranks_exit_75(
     )
     assert line in err, err
     assert (tmp_path / "error").read_text().startswith(line)
-    assert (
-        tmp_path / "hang_hosts"
-    ).read_text() == f"{socket.gethostname()}\n"  # train.sbatch requeues without it
+    # train.sbatch requeues without it, saying why
+    hosts = (tmp_path / "hang_hosts").read_text()
+    assert hosts == f"{socket.gethostname()} a rank stopped advancing (hang)\n"
     assert f"watchdog: rank 1 (pid {child.pid}) on {socket.gethostname()}, frozen in compute of step 3" in err
     assert "watchdog: rank 0 " in err and "(most recent call first)" in err  # this rank's own stacks
     # The frozen process's stacks, printed on DUMP_SIGNAL once continued: where it stood.
     assert "(most recent call first)" in child_err and "in frozen_here" in child_err, child_err
     assert not beats.exists()  # no heartbeat left behind: this rank's, nor the frozen one's
-    assert child.returncode == -signal.SIGKILL  # ended by the judge after its stacks, not left to the launcher
+    assert (
+        child.returncode == -signal.SIGKILL
+    )  # ended by the judge after its stacks, not left to the launcher
 
 
 def test_ranks_that_advance_make_no_verdict_and_leave_no_files(tmp_path: Path) -> None:

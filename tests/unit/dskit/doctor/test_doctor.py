@@ -111,6 +111,7 @@ def test_cpu_node_is_ready(cpu_node: Path, capsys: pytest.CaptureFixture[str]) -
         "CUDA toolkit": "SKIP",
         "GPUs": "PASS",
         "network (EFA)": "WARN",
+        "health gate": "PASS",
         "checkpoint disk": "PASS",
         "dataset": "PASS",
         "DeepSpeed ops": "PASS",
@@ -121,6 +122,7 @@ def test_cpu_node_is_ready(cpu_node: Path, capsys: pytest.CaptureFixture[str]) -
     assert "CUDA_VERSION=12.8 unused" in rows["CUDA toolkit"][1]
     assert "TCP sockets between the 2 nodes" in rows["network (EFA)"][1]
     assert "EFA=off" in rows["network (EFA)"][2]
+    assert rows["health gate"][1] == "all-reduce bus bandwidth >= 0.02 GB/s over 2 node(s) (cpu)"
     assert "4 checkpoints (3 kept + 1 being written)" in rows["checkpoint disk"][1]
     assert "needs ~" in rows["host RAM"][1] and "(2 nodes x 2 ranks)" in rows["host RAM"][1]
     assert not (cpu_node / "checkpoints").exists(), "the doctor created the checkpoint dir"
@@ -503,6 +505,31 @@ def test_efa_with_nccl_plugin_passes(fake_efa: Path, tmp_path: Path) -> None:
     assert "rdmap0s6" in result.found and "libnccl-net-ofi.so" in result.found
     # gloo on CPU ranks does not use NCCL's plugin
     assert doctor.check_network(context(efa="on"), uses_gpus=False, sysfs=fake_efa).status is Status.PASS
+
+
+def test_the_health_gate_row_shows_the_floor_the_ranks_will_hold_each_node_to() -> None:
+    """launch/health_gate.py's table for the instance type, across nodes or in one; the flag's floor; a type
+    the table lacks warns with the fix; --health_gate off skips."""
+    from model_utils.config.arguments import parse_args
+
+    cfg = parse_args([])
+    p5 = doctor.check_health_gate(cfg, context(), True, "p5.48xlarge")
+    assert p5.status is Status.PASS
+    assert p5.found == (
+        "8 GPUs, 32 EFA devices where EFA is used; all-reduce bus bandwidth >= 80 GB/s over 2 node(s) "
+        "(p5.48xlarge, 2026-11-26)"
+    )
+    assert (
+        ">= 200 GB/s over 1 node(s)"
+        in doctor.check_health_gate(cfg, context(nodes=1), True, "p5.48xlarge").found
+    )
+    unknown = doctor.check_health_gate(cfg, context(), True, None)
+    assert unknown.status is Status.WARN and "--health_min_busbw" in unknown.fix
+    assert "p4d.24xlarge" in unknown.found and "measured, not judged" in unknown.found
+    flagged = doctor.check_health_gate(parse_args(["--health_min_busbw", "50"]), context(), True, None)
+    assert flagged.status is Status.PASS and ">= 50 GB/s" in flagged.found
+    off = doctor.check_health_gate(parse_args(["--health_gate", "off"]), context(), True, "p5.48xlarge")
+    assert off.status is Status.SKIP
 
 
 def test_efa_modes_without_efa(tmp_path: Path) -> None:
