@@ -528,6 +528,8 @@ def test_sbatch_requeues_a_hung_run_without_the_stuck_host_at_most_max_hang_requ
     excluded before; once max_hang_requeues are spent it ends with 75 and says why."""
     stub = Stubbed(tmp_path, "--set", "max_hang_requeues=1")
     hang = "a rank stopped advancing (hang)"
+    (stub.repo / "logs").mkdir()  # an earlier job's count with this job's id (a reset cluster): not this job's
+    (stub.repo / "logs" / ".hang_requeues_12345").write_text("5\n")
     proc = stub.run("train.sbatch", env={"STUB_HANG_HOST": f"n2 {hang}", "STUB_EXCLUDED": "n7"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # ExcNodeList changes only while the job is pending: requeued held, then the helper job (its --wrap run by
@@ -544,7 +546,8 @@ def test_sbatch_requeues_a_hung_run_without_the_stuck_host_at_most_max_hang_requ
     ) in proc.stdout
     assert not list(stub.repo.glob("logs/.hang_hosts_*"))  # read once, then removed
     assert not any(c[0] == "update" and c[1].startswith("NodeName=") for c in calls)  # no drain unless asked
-    again = stub.run("train.sbatch", env={"STUB_HANG_HOST": f"n3 {hang}"})  # the requeued job hangs elsewhere
+    # the requeued job (SLURM_RESTART_COUNT 1) hangs elsewhere
+    again = stub.run("train.sbatch", env={"STUB_HANG_HOST": f"n3 {hang}", "SLURM_RESTART_COUNT": "1"})
     assert again.returncode == 75, again.stdout + again.stderr
     assert (
         "n3: a rank stopped advancing (hang) after 1 hang requeues (max_hang_requeues 1): not requeueing"
