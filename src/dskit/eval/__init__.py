@@ -223,16 +223,25 @@ class TrainingRun:
             config=config,
         )
 
+    @property
+    def log_dir(self) -> Path:
+        """The run's --report_dir (relative ones from the working dir, as the launchers ran it: the repo)."""
+        from model_utils.config.arguments import ReportArgs
+
+        return Path(self.report.get("report_dir") or ReportArgs().report_dir)
+
     def record(self, report_to: str, metrics: dict[str, float]) -> list[str]:
         """Log the results into the run's trackers at its step; returns where they went."""
+        from model_utils.config.arguments import ReportArgs
         from model_utils.observe import trackers
 
-        if report_to == "none" or not self.run_id:
+        names = ReportArgs(report_to=report_to).trackers
+        if not names or not self.run_id:
             return []
         tracker, state = trackers.open_tracker(
             report_to,
             run_id=self.run_id,
-            log_dir=Path(self.report.get("report_dir") or "logs"),
+            log_dir=self.log_dir,
             config=self.config,
             tracking_uri=self.report.get("tracking_uri"),
             resume_state=self.tracker_state or None,
@@ -244,16 +253,13 @@ class TrainingRun:
             tracker.log_metrics(self.step, {"time": time.time(), **metrics})
         finally:
             tracker.close()
-        where = []
-        for name in report_to.split(","):
-            entry = state.get(name) or {}
-            if name == "tensorboard":
-                where.append(
-                    f"tensorboard {Path(self.report.get('report_dir') or 'logs') / 'tensorboard' / entry['run']}"
-                )
-            elif name in ("mlflow", "wandb"):
-                where.append(f"{name} {entry['run_id']}")
-        return where
+        # the TensorBoard run dir, the MLflow and W&B run ids, as the tracker state names them
+        return [
+            f"tensorboard {self.log_dir / 'tensorboard' / state[name]['run']}"
+            if name == "tensorboard"
+            else f"{name} {state[name]['run_id']}"
+            for name in names
+        ]
 
 
 # --- the evaluation ------------------------------------------------------------------------------------------
@@ -323,6 +329,8 @@ def evaluate(
         recorded = run.record(trackers_of_run, tracker_record(metrics))
         if recorded:
             on_line(f"recorded at step {run.step} of run {run.run_id}: {'; '.join(recorded)}")
+        elif report_to == "none":
+            on_line("not recorded in a tracker (--report_to none)")
         else:
             on_line(f"not recorded in a tracker: run {run.run_id or '?'} trained with --report_to none")
     return EvalResult(
