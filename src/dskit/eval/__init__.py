@@ -33,6 +33,7 @@ from typing import Any
 from model_utils.errors import CommandParser, ConfigError, first_line
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
+LM_EVAL = "lm_eval"  # the module: in the `eval` dependency group, not a requirement of a training interpreter
 METRIC_PREFIX = "eval"
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 
@@ -69,6 +70,18 @@ class EvalResult:
 
 def is_model_dir(path: Path) -> bool:
     return (path / "config.json").is_file()
+
+
+def check_lm_eval() -> None:
+    import importlib.util
+    import sys
+
+    if importlib.util.find_spec(LM_EVAL) is None:
+        raise ConfigError(
+            f"lm-eval (lm-evaluation-harness) is not installed in {sys.executable}: `uv sync --frozen` installs it "
+            "into the kit's .venv (the eval dependency group); into another interpreter: pip install lm-eval at "
+            "uv.lock's version"
+        )
 
 
 def check_model(path: Path) -> None:
@@ -282,6 +295,7 @@ def evaluate(
     "none": nowhere). Bad input raises ConfigError before anything is exported."""
     started = time.monotonic()
     path = Path(model)
+    check_lm_eval()
     check_model(path)
     if dtype not in DTYPES:
         raise ConfigError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")

@@ -134,6 +134,17 @@ def test_bad_input_is_one_line_and_writes_nothing(
     assert not out.exists() and not (tmp_path / "x").exists() and sorted(tiny_model_dir.iterdir()) == before
 
 
+def test_an_interpreter_without_lm_eval_is_told_how_to_get_it(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A container's DSKIT_PYTHON: the training needs no lm-eval (dskit.env.python_env does not ask for it).
+    monkeypatch.setattr(dskit_eval, "LM_EVAL", "lm_eval_not_installed")
+    assert cli.main(["eval", str(tiny_model_dir), "--tasks", "dskit_tiny_mc"]) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert err.startswith("error: lm-eval (lm-evaluation-harness) is not installed in ")
+    assert "`uv sync --frozen` installs it" in err
+
+
 def test_an_unknown_task_name_says_what_names_are_taken(
     tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
