@@ -47,14 +47,14 @@ def shipped_tasks() -> dict[str, Path]:
 class EvalResult:
     """What `dskit eval` (and `dskit.api.evaluate`) hands back; to_dict() is JSON."""
 
-    model: str  # the model dir lm-eval loaded (an export kept only with --export_dir)
+    # the export dir given or kept (--export_dir), else the checkpoint given (its export is removed)
+    model: str
     checkpoint: str | None  # the tag evaluated, when a checkpoint was given
     step: int | None  # its optimizer step: the step the trackers record the results at
     metrics: dict[str, dict[str, float]]  # task -> metric -> value (metric "acc"; "acc_stderr", ...)
     samples: dict[str, int]  # task -> items evaluated
-    recorded: list[
-        str
-    ]  # where the results went: "tensorboard <run dir>", "mlflow <run id>", "wandb <run id>"
+    # where the results went: "tensorboard <run dir>", "mlflow <run id>", "wandb <run id>"
+    recorded: list[str]
     seconds: float
 
     def to_dict(self) -> dict[str, Any]:
