@@ -6,7 +6,9 @@ ONE node that calls the launcher once and gets back a serialisable result).
                                                      to the `training` logger at INFO (conf/logging.yml shows
                                                      it), the result as a dict (step, losses, checkpoint,
                                                      metrics file, MLflow run, exported model)
-    summarize(training)             -> summary       what a downstream node would use
+    evaluate(training, params)      -> evaluation    dskit.api.evaluate: lm-eval on the final checkpoint (the
+                                                     shipped task), its results into the training's MLflow run
+    summarize(training, evaluation) -> summary       what a downstream node would use
 """
 
 from __future__ import annotations
@@ -53,12 +55,20 @@ def train(run_file: str, params: dict[str, Any]) -> dict[str, Any]:
     return result.to_dict()
 
 
-def summarize(training: dict[str, Any]) -> dict[str, Any]:
+def evaluate(training: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    result = api.evaluate(
+        training["checkpoint"], params["eval_tasks"], on_line=training_log.info, env=params.get("env")
+    )
+    return result.to_dict()
+
+
+def summarize(training: dict[str, Any], evaluation: dict[str, Any]) -> dict[str, Any]:
     return {
         "steps": training["final_step"],
         "validation_perplexity": math.exp(training["validation_loss"]),
         "model": training["exported"],
         "mlflow_run_id": training["mlflow_run_id"],
+        "eval": evaluation["metrics"],  # task -> metric -> value
     }
 
 
@@ -67,6 +77,7 @@ def create_pipeline() -> Pipeline:
         [
             node(write_run_file, "params:training", "run_file", name="write_run_file"),
             node(train, ["run_file", "params:training"], "training", name="train"),
-            node(summarize, "training", "summary", name="summarize"),
+            node(evaluate, ["training", "params:training"], "evaluation", name="evaluate"),
+            node(summarize, ["training", "evaluation"], "summary", name="summarize"),
         ]
     )

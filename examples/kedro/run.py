@@ -42,6 +42,7 @@ def main() -> int:
         "dataset": "embedded",
         "seq_length": 128,
         "max_steps": args.max_steps,
+        "eval_tasks": ["dskit_tiny_mc"],
         "env": {"JOB_NAME": args.job_name},
     }
     parent = None

@@ -4,6 +4,8 @@ training and gets back a small, serialisable result.
     from dskit import api
     result = api.train("configs/pretrain-default.yaml", flags=["--max_steps", "20"])
     result.final_step, result.validation_loss, result.checkpoint      # result.to_dict() is JSON
+    scores = api.evaluate(result.checkpoint, ["dskit_tiny_mc"])       # lm-eval, into the run's trackers
+    scores.metrics["dskit_tiny_mc"]["acc"]                            # scores.to_dict() is JSON
 
 It runs the launcher once as a subprocess, as a person would (`./train-singlenode.sh [NODE]`, or `sbatch
 train.sbatch` with `slurm=True`, then waits for the job), streams its log line by line to `on_line`, and reads
@@ -12,21 +14,27 @@ and the files it names: the last step, the last train and validation losses, the
 file, the MLflow run. A failed run raises `TrainingFailed` with the kit's own one-line message. Nothing of the
 training runtime is imported into the calling process: the orchestrator keeps its own imports and its own
 MLflow run (pass its id as `mlflow_parent_run_id`, and the training logs into a child of it).
+
+`evaluate` runs `dskit eval` the same way (a subprocess: lm-eval and torch stay out of the caller) and returns
+its `EvalResult`; a checkpoint's results land in the training run's trackers (its MLflow child run, ...).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dskit.eval import EvalResult
 from model_utils.observe import step_line
 from model_utils.repo import REPO_ROOT
 
@@ -42,6 +50,10 @@ POLL_SECONDS = 2.0
 
 class TrainingFailed(RuntimeError):
     """The run ended with a non-zero status; the message is the kit's one-line error, or where to look."""
+
+
+class EvaluationFailed(RuntimeError):
+    """`dskit eval` ended with a non-zero status; the message is its one-line error, or its last lines."""
 
 
 @dataclass(frozen=True)
@@ -189,13 +201,13 @@ def _result(lines: list[str], seconds: float, root: Path) -> TrainResult:
     )
 
 
-def _error(lines: list[str], status: int) -> str:
+def _error(lines: list[str], status: int, what: str = "training") -> str:
     for line in reversed(lines):
         message = step_line.parse_error(line)
         if message is not None:
             return message
     tail = " | ".join(lines[-3:]) if lines else "no output"
-    return f"training exited with status {status}: {tail}"
+    return f"{what} exited with status {status}: {tail}"
 
 
 def train(
@@ -272,3 +284,43 @@ def train(
             )
         result = dataclasses.replace(result, exported=str(export_dir))
     return result
+
+
+def evaluate(
+    model: str | os.PathLike[str],
+    tasks: Sequence[str],
+    *,
+    flags: Sequence[str] = (),
+    on_line: Callable[[str], None] | None = print,
+    env: dict[str, str] | None = None,
+    repo: str | os.PathLike[str] = REPO_ROOT,
+) -> EvalResult:
+    """`dskit eval MODEL --tasks TASKS [FLAGS]` and its result: `model` a checkpoint dir (its newest verified tag),
+    a tag dir (e.g. TrainResult.checkpoint) or an exported model dir; `tasks` shipped task names, lm-eval task
+    YAML files or lm-eval task names; `flags` dskit eval's others (--limit, --batch_size, --report_to, ...).
+    Each output line goes to `on_line` as it comes; a failure raises EvaluationFailed with the one-line error."""
+    root = Path(repo)
+    with tempfile.TemporaryDirectory(prefix="dskit-api-eval-") as scratch:
+        output = Path(scratch) / "result.json"
+        command = [sys.executable, "-m", "dskit.cli", "eval", str(model), "--tasks", ",".join(tasks), *flags]
+        command += ["--output", str(output)]
+        proc = subprocess.Popen(
+            command,
+            cwd=root,
+            env={**os.environ, **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        assert proc.stdout is not None
+        lines: list[str] = []
+        try:
+            for line in proc.stdout:
+                lines.append(line.rstrip("\n"))
+                if on_line is not None:
+                    on_line(lines[-1])
+        finally:
+            status = proc.wait()
+        if status != 0:
+            raise EvaluationFailed(_error(lines, status, "dskit eval"))
+        return EvalResult.from_dict(json.loads(output.read_text()))

@@ -135,11 +135,16 @@ COMMANDS = {
     ),
     "render": (
         _render,
-        "write train.sbatch, train-singlenode.sh and prepare-data.sbatch from templates/ (--values FILE, --set k=v)",
+        "write train.sbatch, train-singlenode.sh, prepare-data.sbatch and eval.sbatch from templates/ (--values FILE, "
+        "--set k=v)",
     ),
     "export": (
         _module_main("export"),
         "write a checkpoint as a Hugging Face model dir (CHECKPOINT[/TAG] OUT_DIR)",
+    ),
+    "eval": (
+        _module_main("eval"),
+        "evaluate a checkpoint or export on lm-evaluation-harness tasks, into the run's trackers (MODEL --tasks ...)",
     ),
     "estimate": (
         _module_main("estimate"),

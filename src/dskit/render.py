@@ -1,5 +1,5 @@
-"""`dskit render`: write train.sbatch, train-singlenode.sh and prepare-data.sbatch from templates/ and one set of
-launch values.
+"""`dskit render`: write train.sbatch, train-singlenode.sh, prepare-data.sbatch and eval.sbatch from templates/ and
+one set of launch values.
 
 Values come from the defaults in `LaunchValues`, then an optional values file (YAML or TOML), then
 `--set key=value` overrides. Every value that reaches the shell goes through the `sq` filter (shlex.quote), and
@@ -34,8 +34,10 @@ TEMPLATE_DIR = REPO_ROOT / "templates"
 SCRIPTS = {"train.sbatch": "train.sbatch.j2", "train-singlenode.sh": "train-singlenode.sh.j2"}
 # The SLURM array job that tokenizes a dataset on CPU nodes (`dskit prepare-data`) for the launchers to train on.
 DATA_SCRIPTS = {"prepare-data.sbatch": "prepare-data.sbatch.j2"}
+# The downstream evaluation job (`dskit eval`) that a training job chains with --dependency=afterok.
+EVAL_SCRIPTS = {"eval.sbatch": "eval.sbatch.j2"}
 # Everything `dskit render` writes.
-RENDERED = {**SCRIPTS, **DATA_SCRIPTS}
+RENDERED = {**SCRIPTS, **DATA_SCRIPTS, **EVAL_SCRIPTS}
 REGENERATE = ".venv/bin/dskit render [--values FILE] [--set key=value ...]"
 
 # Values written into #SBATCH lines are parsed by sbatch, not by a shell: keep them to characters that need no
@@ -117,6 +119,11 @@ class LaunchValues:
     prepare_tokenizer: str | None = None  # None: the model's tokenizer
     # more prepare-data flags, as shell words, e.g. "--unit_mb 64 --text_field content"
     prepare_args: str | None = None
+    # eval.sbatch, the downstream evaluation job (`dskit eval`, one node, one GPU with gres): what it evaluates by
+    # default (the training's --checkpoint_dir: its newest verified tag) and on which lm-eval tasks
+    eval_checkpoint: str = "checkpoints"
+    eval_tasks: str = "dskit_tiny_mc"
+    eval_time_limit: str | None = None
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -142,7 +149,7 @@ class LaunchValues:
             value = getattr(self, name)
             if value is not None and not _SLURM_LIST.fullmatch(value):
                 raise ConfigError(f"{name} {value!r} must be letters, digits, '.', '_', '-' or ','")
-        for name in ("time_limit", "prepare_time_limit"):
+        for name in ("time_limit", "prepare_time_limit", "eval_time_limit"):
             value = getattr(self, name)
             if value is not None and not _TIME.fullmatch(value):
                 raise ConfigError(
@@ -195,7 +202,14 @@ class LaunchValues:
             value = getattr(self, name)
             if value is not None and not value.strip():
                 raise ConfigError(f"{name} is empty: give a value or leave the key out")
-        for name in ("prepare_dataset", "prepared_dir", "prepare_tokenizer", "prepare_args"):
+        for name in (
+            "prepare_dataset",
+            "prepared_dir",
+            "prepare_tokenizer",
+            "prepare_args",
+            "eval_checkpoint",
+            "eval_tasks",
+        ):
             value = getattr(self, name)
             if value is not None and not value.strip():
                 raise ConfigError(f"{name} is empty: give a value or leave the key out")
@@ -422,8 +436,8 @@ def build_parser() -> argparse.ArgumentParser:
     keys = ", ".join(f"{n} (default {FIELDS[n].default!r})" for n in FIELDS if n != "env")
     parser = CommandParser(
         prog="dskit render",
-        description="Write train.sbatch, train-singlenode.sh and prepare-data.sbatch from templates/ and launch "
-        "values.",
+        description="Write train.sbatch, train-singlenode.sh, prepare-data.sbatch and eval.sbatch from templates/ "
+        "and launch values.",
         epilog=f"keys: {keys}, env.NAME (extra environment for the ranks)",
     )
     parser.add_argument(

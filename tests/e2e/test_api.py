@@ -1,5 +1,6 @@
-"""dskit.api.train as a pipeline node: the Kedro example end to end (SequentialRunner, one whole launch, the
-exported model, a child MLflow run of the orchestrator's), and a failed launch as the kit's one-line message."""
+"""dskit.api.train and dskit.api.evaluate as pipeline nodes: the Kedro example end to end (SequentialRunner, one
+whole launch, the exported model, a child MLflow run of the orchestrator's that the evaluation records into too),
+and a failed launch or evaluation as the kit's one-line message."""
 
 from __future__ import annotations
 
@@ -62,6 +63,11 @@ def test_kedro_example_trains_as_one_node_and_returns_a_serialisable_result(tmp_
     child = client.get_run(summary["mlflow_run_id"])
     assert child.data.tags["mlflow.parentRunId"] == summary["parent_run_id"] != summary["mlflow_run_id"]
     assert [m.step for m in client.get_metric_history(child.info.run_id, "train/loss")][-1] == 10
+    # The evaluate node: lm-eval on the final checkpoint, its results in the same child run at the same step.
+    acc = summary["eval"]["dskit_tiny_mc"]["acc"]
+    assert 0 <= acc <= 1 and "Completed node: evaluate" in proc.stdout + proc.stderr
+    eval_history = client.get_metric_history(child.info.run_id, "eval/dskit_tiny_mc/acc")
+    assert [(m.step, m.value) for m in eval_history] == [(10, acc)]
     print(f"Kedro example, 10 steps: {seconds:.1f} s")
 
 
@@ -75,6 +81,9 @@ def test_api_result_and_a_failed_launch(tmp_path: Path) -> None:
         assert any("unknown flag --max_step" in line for line in lines)  # streamed as it came
     finally:
         cleanup_logs(job)
+    with pytest.raises(api.EvaluationFailed) as failed:
+        api.evaluate(tmp_path / "nope", ["dskit_tiny_mc"], on_line=None)
+    assert str(failed.value).startswith(f"{tmp_path / 'nope'} does not exist: pass a run's checkpoint dir")
     result = api._result(
         [
             "2026-11-23 10:00:00 | Run tiny_qwen3-1: metrics to logs/x.metrics.jsonl",

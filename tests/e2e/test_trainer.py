@@ -17,6 +17,7 @@ import math
 import os
 import pty
 import select
+import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -238,6 +239,35 @@ def test_tensorboard_run_is_continued(requeued: Requeued) -> None:
     assert losses[2] == pytest.approx(first_loss)
 
 
+def test_dskit_eval_of_the_final_checkpoint_lands_in_its_tensorboard_run(
+    requeued: Requeued, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`dskit eval CHECKPOINT_DIR` (lm-eval on the shipped task, offline): the newest tag exported and evaluated,
+    the results in the run's own TensorBoard run at the tag's step. --report_to tensorboard leaves out the run's
+    W&B (test_the_requeue_continues_the_same_wandb_run_with_the_same_metrics counts its attempts)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from dskit import cli
+    from dskit.eval import EvalResult
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    out = requeued.tmp / "eval.json"
+    argv = ["eval", str(requeued.tmp / "ckpt"), "--tasks", "dskit_tiny_mc", "--report_to", "tensorboard"]
+    assert cli.main([*argv, "--output", str(out)]) == 0
+    result = EvalResult.from_dict(json.loads(out.read_text()))
+    run_dir = requeued.tmp / "logs" / "tensorboard" / requeued.first_state.run_id
+    assert result.step == 8 and result.checkpoint == str(requeued.tmp / "ckpt" / "tiny_qwen3-8steps")
+    assert result.recorded == [f"tensorboard {run_dir}"] and result.samples == {"dskit_tiny_mc": 40}
+    assert [p.name for p in (requeued.tmp / "logs" / "tensorboard").iterdir()] == [run_dir.name]
+    events = EventAccumulator(str(run_dir)).Reload()
+    for metric in ("acc", "acc_norm"):
+        (logged,) = events.Scalars(f"eval/dskit_tiny_mc/{metric}")
+        assert logged.step == 8 and logged.value == pytest.approx(result.metrics["dskit_tiny_mc"][metric])
+    assert f"recorded at step 8 of run {requeued.first_state.run_id}: tensorboard" in capsys.readouterr().out
+    assert not list(Path(tempfile.gettempdir()).glob("dskit-eval-*"))  # the temporary export is gone
+
+
 @dataclass(frozen=True)
 class NestedRun:
     tmp: Path
@@ -316,6 +346,29 @@ def test_nested_mlflow_child_run_is_continued_by_the_requeued_job(nested: Nested
     assert [m.step for m in ppl] == [1, 2, 3, 4] and all(m.value > 1 for m in ppl)
     assert [m.step for m in client.get_metric_history(child, "val/ppl")] == [4]
     assert [m.step for m in client.get_metric_history(child, "perf/ds_fwd_ms")] == [1, 2, 3, 4]
+
+
+def test_dskit_eval_records_into_the_runs_own_mlflow_run(nested: NestedRun, monkeypatch) -> None:
+    """With no --report_to, the run's own trackers: its MLflow child run gets eval/<task>/<metric> at the tag's
+    step, and no other run is made."""
+    from mlflow.tracking import MlflowClient
+
+    from dskit.eval import evaluate
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    lines: list[str] = []
+    result = evaluate(nested.tmp / "ckpt", ["dskit_tiny_mc"], on_line=lines.append)
+    child = nested.second_state.tracker_state["mlflow"]["run_id"]
+    assert result.step == 4 and result.recorded == [f"mlflow {child}"]
+    client = MlflowClient(tracking_uri=f"sqlite:///{nested.tmp / 'logs' / 'mlflow.db'}")
+    assert sorted(r.info.run_id for r in client.search_runs([nested.experiment_id])) == sorted(
+        [nested.parent, child]
+    )
+    history = client.get_metric_history(child, "eval/dskit_tiny_mc/acc")
+    assert [(m.step, m.value) for m in history] == [(4, result.metrics["dskit_tiny_mc"]["acc"])]
+    assert client.get_run(child).info.status == "FINISHED"
+    assert lines[-1] == f"recorded at step 4 of run {nested.first_state.run_id}: mlflow {child}"
 
 
 def test_perplexity_and_wall_clock_breakdown_in_the_metrics_file(nested: NestedRun) -> None:

@@ -344,6 +344,15 @@ COMMANDS: dict[str, Run | DryRun | CoveredBy | Uncovered] = {
     ".venv/bin/dskit plot first-hour": CoveredBy(
         "tests/e2e/test_trainer.py::test_two_local_launches_of_a_named_run_are_one_run", "plot"
     ),
+    # README.md and docs/evaluation.md: dskit eval
+    ".venv/bin/dskit eval checkpoints/ --tasks dskit_tiny_mc": CoveredBy(
+        "tests/e2e/test_trainer.py::test_dskit_eval_of_the_final_checkpoint_lands_in_its_tensorboard_run",
+        "dskit_tiny_mc",
+    ),
+    "jid=$(sbatch --parsable train.sbatch)": DryRun(_SLURM, "bash -n train.sbatch"),
+    "sbatch --dependency=afterok:$jid --kill-on-invalid-dep=yes eval.sbatch": CoveredBy(
+        "tests/unit/dskit/test_render.py::test_eval_job_evaluates_the_checkpoint_on_the_tasks", "eval.sbatch"
+    ),
     # docs/pipelines.md
     ".venv/bin/python examples/kedro/run.py --work_dir /tmp/kedro-run --max_steps 20 --mlflow": CoveredBy(
         "tests/e2e/test_api.py::test_kedro_example_trains_as_one_node_and_returns_a_serialisable_result",

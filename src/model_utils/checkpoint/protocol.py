@@ -469,6 +469,16 @@ def has_local_copy(target: ResumeTarget) -> bool:
     return (target.path / file_manifest.MANIFEST).is_file()
 
 
+def read_train_state(tag_dir: Path) -> dict[str, Any]:
+    """The train state a tag holds (step, run id, tracker runs), read without an engine; a ConfigError when the
+    tag is not a dskit checkpoint."""
+    engine_type = _engine_type(tag_dir)
+    client_state = engine_type.read_client_state(tag_dir) if engine_type is not None else {}
+    if CLIENT_KEY not in client_state:
+        raise ConfigError(f"checkpoint {tag_dir} holds no dskit train state: pass a tag of a dskit run")
+    return client_state[CLIENT_KEY]["train_state"]
+
+
 def load(
     engine: Engine, target: ResumeTarget, rank: int, weights_only: bool, universal: bool = False
 ) -> dict[str, Any]:

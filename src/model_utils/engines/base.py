@@ -179,6 +179,12 @@ class Engine(Protocol):
         ...
 
     @staticmethod
+    def read_client_state(tag_dir: Path) -> dict[str, Any]:
+        """The client state `save` kept in the tag (dskit's train state), read in this one process without an
+        engine or its weights (dskit eval: the run's tracker)."""
+        ...
+
+    @staticmethod
     def read_full_state_dict(tag_dir: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """The tag's full (unsharded) weights in `dtype`, read in this one process with no process group, whatever
         world size wrote them (dskit export); a ConfigError when they cannot be read."""

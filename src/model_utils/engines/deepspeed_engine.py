@@ -404,6 +404,13 @@ class DeepSpeedEngine:
             )
 
     @staticmethod
+    def read_client_state(tag_dir: Path) -> dict[str, Any]:
+        # Every ZeRO stage writes the client state into each model-states file; memory-mapped, so a ZeRO-0/1/2
+        # file's 16-bit weights are not read.
+        states = sorted(tag_dir.glob(MODEL_STATES_GLOB))
+        return torch.load(states[0], map_location="cpu", weights_only=False, mmap=True) if states else {}
+
+    @staticmethod
     def read_full_state_dict(tag_dir: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """The consolidated fp32 masters (DeepSpeed's zero_to_fp32 over the optimizer shards, any stage), each
         materialised and cast one tensor at a time, in this one process (memory: dskit/export.py)."""

@@ -383,6 +383,11 @@ class FsdpEngine:
             )
 
     @staticmethod
+    def read_client_state(tag_dir: Path) -> dict[str, Any]:
+        state_file = tag_dir / STATE_FILE
+        return torch.load(state_file, weights_only=False)["client_state"] if state_file.is_file() else {}
+
+    @staticmethod
     def read_full_state_dict(tag_dir: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """The tag's weights: DCP's shards read into full tensors in this one process (no process group:
         `no_dist`), whatever world size wrote them. The shards hold the fp32 masters; each is cast after reading."""

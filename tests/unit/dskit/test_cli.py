@@ -97,6 +97,7 @@ def _help_forms() -> list[tuple[list[str], str, list[str]]]:
     import argparse
 
     from dskit import bench, cost, estimate, export, plot, prepare_data, render, sagemaker
+    from dskit import eval as dskit_eval
     from dskit.bench import data_bench, gpu_check
     from dskit.env import wheelhouse
     from model_utils.config import arguments
@@ -119,6 +120,7 @@ def _help_forms() -> list[tuple[list[str], str, list[str]]]:
         (["preflight"], "dskit preflight", ["dskit doctor --help", *see_config]),
         (["render"], "dskit render", options(render.build_parser())),
         (["export"], "dskit export", options(export.build_parser())),
+        (["eval"], "dskit eval", options(dskit_eval.build_parser())),
         (["estimate"], "dskit estimate", options(estimate.build_parser())),
         (["doctor"], "dskit doctor", see_config),
         (["plot"], "dskit plot", options(plot.build_parser())),

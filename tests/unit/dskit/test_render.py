@@ -238,6 +238,8 @@ BAD_INPUT = {
     "cpu partition with shell": (["--set", "prepare_partition=cpu;x"], "prepare_partition 'cpu;x' must be"),
     "bad prepare time": (["--set", "prepare_time_limit=1h"], "prepare_time_limit '1h' is not a SLURM time"),
     "empty prepared dir": (["--set", "prepared_dir= "], "prepared_dir is empty"),
+    "bad eval time": (["--set", "eval_time_limit=2h"], "eval_time_limit '2h' is not a SLURM time"),
+    "empty eval tasks": (["--set", "eval_tasks= "], "eval_tasks is empty"),
     "unbalanced prepare_args": (
         ["--set", "prepare_args=--text_field 'x"],
         'prepare_args "--text_field \'x" is not valid shell words',
@@ -982,6 +984,100 @@ def test_prepare_data_hostile_values_are_inert(tmp_path: Path) -> None:
     for flag in ("--dataset", "--model", "--tokenizer", "--text_field", "--"):
         assert call[call.index(flag) + 1] == hostile, flag
     assert f"ENV NCCL_HOSTILE={hostile}" in call
+
+
+# --- eval.sbatch, against stub commands ------------------------------------------------------------------
+
+
+def eval_call(stub: Stubbed) -> list[str]:
+    """The arguments of the one `python -m dskit.cli eval` the script ran."""
+    (call,) = [
+        c for c in stub.recorded("python") + stub.recorded("python3") if c[:3] == ["-m", "dskit.cli", "eval"]
+    ]
+    return call[3:]
+
+
+def test_eval_values_render_into_the_eval_job(tmp_path: Path) -> None:
+    (tmp_path / "p5.yaml").write_text(
+        P5_YAML + "eval_time_limit: '1:00:00'\neval_tasks: hellaswag,arc_easy\n"
+    )
+    values = render.resolve_values(
+        str(tmp_path / "p5.yaml"), ["gres=true", "eval_checkpoint=/fsx/ckpt/run-1"]
+    )
+    text = render.render_scripts(values)["eval.sbatch"]
+    for line in [
+        "#SBATCH --job-name=qwen3-8b-pretrain-eval",
+        "#SBATCH --nodes=1",
+        "#SBATCH --gpus-per-node=1",  # one GPU evaluates; the training's 8 per node are not asked for
+        "#SBATCH --partition=p5",
+        "#SBATCH --account=ml-team",
+        "#SBATCH --time=1:00:00",
+        "default_checkpoint=/fsx/ckpt/run-1",
+        "default_eval_tasks=hellaswag,arc_easy",
+        "export NCCL_DEBUG=INFO",
+        "--container-image='nvcr.io#nvidia/pytorch:25.01-py3'",
+        # how a training job chains it
+        "#   sbatch --dependency=afterok:$jid --kill-on-invalid-dep=yes eval.sbatch",
+    ]:
+        assert line in text, line
+    assert "#SBATCH --exclusive" not in text and "#SBATCH --time=2-00:00:00" not in text
+    defaults = (REPO / "eval.sbatch").read_text()
+    for line in ["default_checkpoint=checkpoints", "default_eval_tasks=dskit_tiny_mc"]:
+        assert line in defaults, line
+    assert "#SBATCH --gpus-per-node" not in defaults and "#SBATCH --time" not in defaults
+
+
+def test_eval_job_evaluates_the_checkpoint_on_the_tasks(tmp_path: Path) -> None:
+    stub = Stubbed(tmp_path, "--set", "eval_tasks=dskit_tiny_mc", "--set", "env.NCCL_HOSTILE=/fsx/hf")
+    proc = stub.run("eval.sbatch")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # The rendered defaults: the training's checkpoint dir, after `--`.
+    assert eval_call(stub) == ["--tasks", "dskit_tiny_mc", "--", "checkpoints"]
+    assert ["sync", "--frozen", "--quiet", "--compile-bytecode"] in stub.recorded("uv")
+    assert proc.stdout.startswith("START ") and "checkpoints on dskit_tiny_mc" in proc.stdout
+    assert proc.stdout.rstrip().endswith("exit status 0")
+    # A first argument names the checkpoint, the rest are dskit eval's flags; EVAL_TASKS overrides the tasks.
+    proc = stub.run("eval.sbatch", "/fsx/ckpt/tag-8", "--limit", "5", env={"EVAL_TASKS": "a.yaml,hellaswag"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    calls = [c[3:] for c in stub.recorded("python") if c[:3] == ["-m", "dskit.cli", "eval"]]
+    assert calls[-1] == ["--tasks", "a.yaml,hellaswag", "--limit", "5", "--", "/fsx/ckpt/tag-8"]
+    (env_call,) = [c for c in stub.recorded("python", with_env=True) if "--limit" in c]
+    assert "ENV NCCL_HOSTILE=/fsx/hf" in env_call  # the launch values' extra environment
+    # Only flags: the checkpoint stays CHECKPOINT's.
+    proc = stub.run("eval.sbatch", "--limit", "5", env={"CHECKPOINT": "/fsx/other"})
+    calls = [c[3:] for c in stub.recorded("python") if c[:3] == ["-m", "dskit.cli", "eval"]]
+    assert calls[-1] == ["--tasks", "dskit_tiny_mc", "--limit", "5", "--", "/fsx/other"]
+
+
+def test_eval_job_status_is_dskit_evals(tmp_path: Path) -> None:
+    stub = Stubbed(tmp_path)
+    (stub.repo / ".venv" / "bin" / "python").unlink()
+    (stub.repo / ".venv" / "bin" / "python").write_text("#!/usr/bin/env bash\nexit 2\n")
+    (stub.repo / ".venv" / "bin" / "python").chmod(0o755)
+    proc = stub.run("eval.sbatch")
+    assert proc.returncode == 2
+    assert re.search(r"^END .* exit status 2$", proc.stdout, re.MULTILINE), proc.stdout
+
+
+def test_eval_job_in_a_container(tmp_path: Path) -> None:
+    stub = Stubbed(tmp_path, "--set", "container_image=img#x:1")
+    proc = stub.run("eval.sbatch", "ck")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert stub.recorded("uv") == []  # the image holds the environment
+    (srun,) = stub.recorded("srun")
+    assert srun[:2] == ["--ntasks=1", "--container-image=img#x:1"]
+    assert eval_call(stub) == ["--tasks", "dskit_tiny_mc", "--", "ck"]
+
+
+def test_eval_job_hostile_values_are_inert(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    hostile = HOSTILE.format(marker=marker)
+    stub = Stubbed(tmp_path, "--set", f"eval_tasks={hostile}", "--set", f"eval_checkpoint={hostile}")
+    text = (stub.repo / "eval.sbatch").read_text()
+    proc = stub.run("eval.sbatch")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not marker.exists(), f"a rendered value ran a command:\n{text}"
+    assert eval_call(stub) == ["--tasks", hostile, "--", hostile]
 
 
 # --- launcher: accelerate, HyperPod, GRES, against stub commands ------------------------------------------
