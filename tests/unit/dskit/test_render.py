@@ -530,7 +530,8 @@ def test_sbatch_requeues_a_hung_run_without_the_stuck_host_at_most_max_hang_requ
     excluded before; once max_hang_requeues are spent it ends with 75 and says why."""
     stub = Stubbed(tmp_path, "--set", "max_hang_requeues=1")
     hang = "a rank stopped advancing (hang)"
-    (stub.repo / "logs").mkdir()  # an earlier job's count with this job's id (a reset cluster): not this job's
+    # an earlier job's count with this job's id (a reset cluster): not this job's
+    (stub.repo / "logs").mkdir()
     (stub.repo / "logs" / ".hang_requeues_12345").write_text("5\n")
     proc = stub.run("train.sbatch", env={"STUB_HANG_HOST": f"n2 {hang}", "STUB_EXCLUDED": "n7"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
