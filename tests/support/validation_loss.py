@@ -2,8 +2,9 @@
 
     torchrun --nproc_per_node=N tests/support/validation_loss.py OUT.json TRAINING_FLAGS...
 
-Rank 0 writes {"loss", "blocks", "total_blocks", "tokens"} to OUT.json: what a full pass
-(--validation_batches all) measures on N ranks, against the same pass on one rank (tests/e2e/test_validation.py).
+Rank 0 writes the metrics.Validation as JSON to OUT.json ({"score": {"nats", "targets", "bytes"}, "blocks",
+"total_blocks", "seconds", "sources"}): what a full pass (--validation_batches all) measures on N ranks, against a
+plain forward over the same blocks in the test (tests/e2e/test_validation.py).
 """
 
 from __future__ import annotations
