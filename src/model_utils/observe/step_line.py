@@ -5,7 +5,7 @@ without its metrics file with the same table. `dskit.api` reads a finished run f
 checkpoints saved, the metrics file and run name, the MLflow run, and the one-line error of a failed run.
 
     Step 10/100 | Loss 7.1234 | lr 3.00e-03 | grad_norm 1.23 | tokens/s 2600 (1300/device) | trained tokens/s 2500 | ... | ETA 0:00:42
-    Step 40/40 | Validation Loss 5.2213 | Perplexity 185.17 | bits/byte 2.0345 | 16 of 1,777 blocks (32,752 target tokens) | took 2.3 s
+    Step 40/40 | Validation Loss 5.2213 | Perplexity 185.17 | bits/byte 1.9325 | 16 of 1,777 blocks (32,752 target tokens) | took 2.3 s
 
 A parser finds its line after rank 0's timestamp (`2026-11-23 12:00:00 | <line>`) or at the start of a line.
 """

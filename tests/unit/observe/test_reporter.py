@@ -13,7 +13,7 @@ import pytest
 from model_utils.config.arguments import parse_args
 from model_utils.launch import launch_env
 from model_utils.loop.state import TrainState
-from model_utils.observe import metrics
+from model_utils.observe import metrics, trackers
 from model_utils.observe.reporter import Reporter, metrics_path
 
 
@@ -26,12 +26,21 @@ def test_metrics_file_location(monkeypatch: pytest.MonkeyPatch) -> None:
     assert metrics_path("m.jsonl", "logs", "run") == Path("m.jsonl")
 
 
-def test_a_mixtures_shares_and_source_losses_reach_the_record_and_the_line(
+class RecordingTracker:
+    def __init__(self) -> None:
+        self.points: list[tuple[int, dict]] = []
+
+    def log_metrics(self, step: int, values: dict) -> None:
+        self.points.append((step, values))
+
+
+def test_a_mixtures_shares_and_source_scores_reach_the_record_the_line_and_the_tracker(
     tmp_path: Path, gloo_rank, capsys
 ) -> None:
     cfg = parse_args(["--metrics_file", str(tmp_path / "m.jsonl")])
     reporter = Reporter(cfg, gloo_rank, 10, 64, 1e6, None)
     reporter.metrics = metrics.MetricsFile(tmp_path / "m.jsonl")
+    reporter.tracker = tracker = RecordingTracker()  # type: ignore[assignment]
     reporter.step_done(2.0, 63)
     record = reporter.log_step(TrainState(step=1), 1e-3, 0.5, None, {"web": 0.75, "code": 0.25})
     assert (record["share/web"], record["share/code"]) == (0.75, 0.25)
@@ -57,6 +66,21 @@ def test_a_mixtures_shares_and_source_losses_reach_the_record_and_the_line(
     assert (
         val["val_bpb/web"] == pytest.approx(200.0 / (math.log(2) * 250)) and val["val_bpb/code"] is None
     )  # NaN
+    # The tracker gets the validation record's numbers (a NaN is left out there), under val/ and per source.
+    step, tracked = tracker.points[-1]
+    assert step == 1 and set(tracked) == set(val) - {"step", "time"} and math.isnan(tracked["val_bpb/code"])
+    assert all(tracked[k] == v for k, v in val.items() if k not in ("step", "time", "val_bpb/code"))
+    names = dict(trackers.scalar_items(tracked))
+    assert {
+        "val/loss",
+        "val/ppl",
+        "val/bpb",
+        "val/tokens",
+        "val/seconds",
+        "val_bpb/web",
+        "val_tokens/code",
+    } <= set(names)
+    assert "val_bpb/code" not in names
     out = capsys.readouterr().out
     assert "| shares web 75.0% code 25.0% |" in out
     assert (
