@@ -493,10 +493,9 @@ class Trainer:
         for _, first, plan in plans:
             loss_sum, targets, text_bytes = 0.0, 0, 0
             for indices, weight in zip(plan.batches, plan.weights, strict=True):
-                batch = self._val_batch(first + indices)  # on the host
-                loss = self.engine.eval_loss(
-                    batch.to(self.dist.device)
-                )  # every rank runs it: ZeRO-3/FSDP gather
+                batch = self._val_batch(first + indices)  # on the host, where its text bytes are counted
+                # Every rank runs it, counted or not: ZeRO-3/FSDP gather the weights in each forward.
+                loss = self.engine.eval_loss(batch.to(self.dist.device))
                 if weight:  # 0: a repeated batch that keeps the ranks' forwards in step, not counted
                     loss_sum += loss
                     targets += batch.targets
