@@ -4,7 +4,8 @@ same blocks with the same masks in this process, under ZeRO-2 (with LoRA, on mas
 ZeRO-3 and FSDP (2 ranks of the rank pool, nothing trained: the seed's or the base model's weights, which LoRA's
 zero-initialised adapters leave as they are); and the real Trainer in this process logs what a validation covered
 and took and records it in the metrics file. The sharding and the line alone: tests/unit/data/test_sampler.py,
-tests/unit/observe/test_step_line.py; the byte table against decoding: tests/unit/data/test_token_bytes.py."""
+tests/unit/observe/test_step_line.py; the byte table against decoding: tests/unit/data/test_token_bytes.py. And
+a validation dataset too small for one batch per rank is refused naming it and its fix."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import torch
 
 from model_utils.config.arguments import parse_args
 from model_utils.data import token_bytes
+from model_utils.errors import ConfigError
+from model_utils.loop import trainer as training
 from model_utils.model.models import build_model
 from model_utils.observe import step_line
 from model_utils.resolve import resolver
@@ -132,3 +135,22 @@ def test_the_trainer_logs_and_records_what_its_validation_covered_and_took(
     assert parsed["val_loss"] == pytest.approx(record["val_loss"], abs=5e-5)
     assert parsed["val_bpb"] == pytest.approx(record["val_bpb"], abs=5e-5)
     assert parsed["val_s"] == pytest.approx(record["val_s"], abs=0.05)
+
+
+def test_a_validation_dataset_smaller_than_one_batch_per_rank_is_named_with_its_fix(
+    tmp_path: Path, single_rank
+) -> None:
+    """Not the training file, nor --validation_fraction, which a separate validation dataset does not use (#29)."""
+    validation = tmp_path / "val.jsonl"
+    validation.write_text(json.dumps({"text": "Tom and Ben built a nest out of blocks. " * 12}) + "\n")
+    cfg = parse_args(["--max_steps", "3", "--seq_length", "32", "--micro_batch_size", "64",
+                      "--validation_dataset", str(validation), "--metrics_file", "none",
+                      "--data_cache_dir", str(tmp_path / "cache"), "--checkpoint_dir", str(tmp_path / "ck")])  # fmt: skip
+    run = resolver.prepare(cfg, world_size=1)
+    with pytest.raises(ConfigError) as raised:  # refused before any engine is built
+        training.Trainer(run, single_rank)
+    assert str(raised.value) == (
+        f"validation data of --validation_dataset {validation} has 3 blocks, fewer than micro batch 64 x 1 ranks: "
+        "fix: lower --micro_batch_size, or give --validation_dataset more text, use a smaller --seq_length, or "
+        "leave it out to hold out --validation_fraction of the training data"
+    )
