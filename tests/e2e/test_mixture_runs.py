@@ -73,7 +73,12 @@ def test_a_killed_mixture_run_resumed_on_another_world_size_reads_the_same_sampl
     assert {round(records[8]["share/stories"] + records[8]["share/lists"], 9)} == {1.0}
     validations = [json.loads(line) for line in (tmp_path / "straight.jsonl").read_text().splitlines()]
     validations = [r for r in validations if "val_loss" in r]
-    assert validations and all({"val_loss/stories", "val_loss/lists"} <= set(r) for r in validations)
+    per_source = {
+        f"{key}/{name}"
+        for key in ("val_loss", "val_ppl", "val_bpb", "val_tokens")
+        for name in ("stories", "lists")
+    }
+    assert validations and all(per_source <= set(r) for r in validations)
 
     killed = tmp_path / "killed"
     killed.mkdir()
@@ -100,8 +105,8 @@ def test_a_killed_mixture_run_resumed_on_another_world_size_reads_the_same_sampl
 
 def test_each_sources_validation_loss_is_its_own_datasets_and_the_overall_covers_all(tmp_path: Path) -> None:
     """A full validation pass of the mixture on 2 ranks, nothing trained (the seed's weights at any world size):
-    each source's loss equals a one-rank pass over that source alone as the run's only dataset, and the overall
-    loss is their mean weighted by validation tokens."""
+    each source's summed loss, target tokens and text bytes (its loss, perplexity and bits per byte) equal a
+    one-rank pass over that source alone as the run's only dataset, and the overall score covers both."""
     write_jsonl(
         tmp_path / "stories.jsonl", [f"Story {i}: the fox ran " + "far " * (i % 9) for i in range(300)]
     )
@@ -113,17 +118,20 @@ def test_each_sources_validation_loss_is_its_own_datasets_and_the_overall_covers
     mixed = [*flags(tmp_path, "ckpt", 2, "m.jsonl"), "--validation_batches", "all"]
     train([str(tmp_path / "mixed.json"), *mixed], script=script)
     whole = json.loads((tmp_path / "mixed.json").read_text())
-    losses = dict(whole["sources"])
-    assert set(losses) == {"stories", "lists"}
-    tokens = {}
+    scores = dict(whole["sources"])  # name -> {"nats", "targets", "bytes"}
+    assert set(scores) == {"stories", "lists"}
     for name, own in (("stories", []), ("lists", ["--validation_fraction", "0.1"])):
         alone = [*flags(tmp_path, "ckpt", 1, "m.jsonl"), "--validation_batches", "all", *own]
         at = alone.index("--sources")
         alone[at : at + 2] = ["--dataset", str(tmp_path / f"{name}.jsonl")]
         train([str(tmp_path / f"{name}.json"), *alone], script=script, nproc=1)
         single = json.loads((tmp_path / f"{name}.json").read_text())
-        assert single["sources"] == [] and single["loss"] == pytest.approx(losses[name], rel=1e-5), name
-        tokens[name] = single["tokens"]
-    assert whole["tokens"] == sum(tokens.values()) and whole["blocks"] == whole["total_blocks"]
-    weighted = sum(losses[n] * tokens[n] for n in tokens) / sum(tokens.values())
-    assert whole["loss"] == pytest.approx(weighted, rel=1e-6)
+        assert single["sources"] == [], name
+        score = single["score"]  # its loss, perplexity and bits per byte follow from these
+        assert (score["targets"], score["bytes"]) == (scores[name]["targets"], scores[name]["bytes"]), name
+        assert score["nats"] == pytest.approx(scores[name]["nats"], rel=1e-5), name
+    overall = whole["score"]
+    assert whole["blocks"] == whole["total_blocks"]
+    assert overall["targets"] == sum(s["targets"] for s in scores.values())
+    assert overall["bytes"] == sum(s["bytes"] for s in scores.values())
+    assert overall["nats"] == pytest.approx(sum(s["nats"] for s in scores.values()), rel=1e-12)

@@ -3,9 +3,10 @@ trained (the weights are the seed's at any world size and under any engine):
 
     torchrun --nproc_per_node=N tests/support/validation_loss.py OUT.json TRAINING_FLAGS...
 
-Rank 0 writes {"loss", "blocks", "total_blocks", "tokens", "samples"} to OUT.json: what a full pass
-(--validation_batches all) measures on N ranks, against the same pass on one rank, and the texts the samples
-observer generates (tests/e2e/test_validation.py).
+Rank 0 writes the metrics.Validation as JSON to OUT.json ({"score": {"nats", "targets", "bytes"}, "blocks",
+"total_blocks", "seconds", "sources"}), and the texts the samples observer generates ("samples"): what a full
+pass (--validation_batches all) measures on N ranks, against a plain forward over the same blocks in the test
+(tests/e2e/test_validation.py).
 """
 
 from __future__ import annotations

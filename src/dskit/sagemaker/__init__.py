@@ -89,6 +89,7 @@ METRIC_DEFINITIONS = [
         ("train:mfu_percent", "MFU"),
         ("validation:loss", "Validation Loss"),
         ("validation:perplexity", "Perplexity"),
+        ("validation:bits_per_byte", "bits/byte"),
     )
 ]
 

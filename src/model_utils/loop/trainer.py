@@ -20,7 +20,7 @@ import torch
 from model_utils import engines
 from model_utils.checkpoint import launch_record, protocol
 from model_utils.config.arguments import ALL
-from model_utils.data import mixture, step_batches
+from model_utils.data import mixture, step_batches, token_bytes
 from model_utils.data.sampler import BlockSampler, DataPosition, ValidationPlan, validation_plan
 from model_utils.engines.base import Engine
 from model_utils.errors import ConfigError, RunDiverged
@@ -35,7 +35,7 @@ from model_utils.observe import metrics, run_name, step_line, watchdog
 from model_utils.observe.log import print0, warn0
 from model_utils.observe.reporter import Reporter
 from model_utils.optim import param_groups
-from model_utils.resolve.resolver import ResolvedRun, check_resume
+from model_utils.resolve.resolver import ResolvedRun, check_resume, split_origin
 
 # What became of a step's data (Trainer.train_step); an applied one then stands or is rolled back (hooks.py).
 APPLIED, DISCARDED, DROPPED = "applied", hooks.DISCARDED, hooks.DROPPED
@@ -101,6 +101,8 @@ class Trainer:
         assert self.sampler.steps_per_epoch == run.steps_per_epoch, "one owner of steps per epoch: preflight"
         try:
             self.val_plans = self._validation_plans()
+            # The UTF-8 bytes each token id stands for, for validation's bits per byte: built once (a few us per id).
+            self.token_bytes = None if self.val_plans is None else token_bytes.byte_lengths(run.tokenizer)
             self.engine, self.decay_groups = create_engine(run, dist)
             self.fault = faults.FaultInjector.from_env(self.engine.module, dist.rank)
             self.flops_per_token = metrics.flops_per_token(run.model_config, run.seq_length, self.cfg.lora)
@@ -149,10 +151,15 @@ class Trainer:
                 count, None if batches == ALL else batches, mb, self.dist.rank, self.dist.world_size
             )
             if plan.blocks == 0:
-                which = "validation data" if name is None else f"validation data of source {name}"
+                which, fix = split_origin(self.cfg.data, "validation")
+                if name is not None:
+                    which, fix = (
+                        f"validation data of source {name}",
+                        "raise its validation_fraction or set it to 0",
+                    )
                 raise ConfigError(
                     f"{which} has {count} blocks, fewer than micro batch {mb} x {self.dist.world_size} ranks: "
-                    "raise --validation_fraction or set it to 0"
+                    f"fix: lower --micro_batch_size, or {fix}"
                 )
             plans.append((name, first, plan))
         return plans
@@ -492,43 +499,46 @@ class Trainer:
     def validate(self) -> metrics.Validation:
         """The loss of the planned validation blocks: a mean over their target tokens on all ranks, so a full
         pass gives the loss of the whole set whatever the world size; and of each source of a mixture apart
-        (the overall loss: over every source's blocks read)."""
-        plans = self.val_plans
-        assert plans is not None
+        (the overall loss: over every source's blocks read). With it the bytes of text those targets decode to,
+        for bits per byte."""
+        plans, byte_lengths = self.val_plans, self.token_bytes
+        assert plans is not None and byte_lengths is not None
+        started = time.perf_counter()
         self.hooks.on_phase(watchdog.VALIDATION, self.state.step)
         self.engine.eval()
         # Summed token losses in float64: the order of batches and ranks does not round it.
         sums: list[float] = []
         for _, first, plan in plans:
-            loss_sum, targets = 0.0, 0
+            loss_sum, targets, text_bytes = 0.0, 0, 0
             for indices, weight in zip(plan.batches, plan.weights, strict=True):
-                batch = self._val_batch(first + indices)
-                loss = self.engine.eval_loss(batch)  # every rank runs it: ZeRO-3/FSDP gather
+                batch = self._val_batch(first + indices)  # on the host, where its text bytes are counted
+                # Every rank runs it, counted or not: ZeRO-3/FSDP gather the weights in each forward.
+                loss = self.engine.eval_loss(batch.to(self.dist.device))
                 if weight:  # 0: a repeated batch that keeps the ranks' forwards in step, not counted
                     loss_sum += loss
                     targets += batch.targets
-            sums += [loss_sum, float(targets)]
+                    labels = batch.labels[batch.labels != step_batches.IGNORE_INDEX].numpy()
+                    text_bytes += int(byte_lengths[labels].sum())
+            sums += [loss_sum, float(targets), float(text_bytes)]
         self.engine.train()
         totals = all_reduce_sum(sums, self.dist.device)  # one collective for every source
-        losses, tokens = totals[0::2], totals[1::2]
-        covered = sum(plan.blocks for _, _, plan in plans)
+        scores = [
+            metrics.Score(nats, int(targets), int(text_bytes))
+            for nats, targets, text_bytes in zip(totals[0::3], totals[1::3], totals[2::3], strict=True)
+        ]
         return metrics.Validation(
-            loss=sum(losses) / max(sum(tokens), 1.0),
-            blocks=covered,
+            score=metrics.Score.combined(scores),
+            blocks=sum(plan.blocks for _, _, plan in plans),
             total_blocks=sum(plan.total_blocks for _, _, plan in plans),
-            tokens=covered * self.run.seq_length,
+            seconds=time.perf_counter() - started,
             sources=tuple(
-                (name, loss / max(count, 1.0))
-                for (name, _, _), loss, count in zip(plans, losses, tokens, strict=True)
-                if name is not None
+                (name, score) for (name, _, _), score in zip(plans, scores, strict=True) if name is not None
             ),
         )
 
     def _val_batch(self, indices: np.ndarray) -> step_batches.Batch:
         assert self.run.val_blocks is not None
-        return step_batches.gather(self.run.val_blocks, indices, pin=False, flatten=self.flatten).to(
-            self.dist.device
-        )
+        return step_batches.gather(self.run.val_blocks, indices, pin=False, flatten=self.flatten)
 
     def save_checkpoint(self) -> None:
         self.hooks.on_phase(watchdog.CHECKPOINT, self.state.step)

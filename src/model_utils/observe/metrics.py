@@ -22,15 +22,57 @@ import torch
 GIB = 1024**3
 
 
+def perplexity(loss: float) -> float:
+    """exp of a mean loss in nats, capped so that a diverged loss stays a number."""
+    return math.exp(min(loss, 50.0))
+
+
+@dataclass(frozen=True)
+class Score:
+    """What a validation measured over some target tokens: their summed loss in nats, how many there were, and the
+    UTF-8 bytes of text they decode to (data/token_bytes.py)."""
+
+    nats: float
+    targets: int
+    bytes: int
+
+    @classmethod
+    def combined(cls, scores: list[Score]) -> Score:
+        """One score over the target tokens of all of `scores` (a mixture's sources)."""
+        return cls(sum(s.nats for s in scores), sum(s.targets for s in scores), sum(s.bytes for s in scores))
+
+    @property
+    def loss(self) -> float:
+        return self.nats / max(self.targets, 1)
+
+    @property
+    def perplexity(self) -> float:
+        return perplexity(self.loss)
+
+    @property
+    def bits_per_byte(self) -> float:
+        """Bits per byte of text: comparable across tokenizers, where loss and perplexity per token are not."""
+        return self.nats / (math.log(2) * self.bytes) if self.bytes else float("nan")
+
+
 @dataclass(frozen=True)
 class Validation:
-    """One validation, the same on every rank: the loss over the blocks it read, and how many it read."""
+    """One validation, the same on every rank: what it measured over the blocks it read, how many it read, and
+    how long it took."""
 
-    loss: float  # the token-weighted mean over every block read, on all ranks
+    score: Score  # over every target token of the blocks read, on all ranks
     blocks: int  # validation blocks read, over all ranks
     total_blocks: int  # validation blocks there are (--validation_batches all reads each once)
-    tokens: int  # tokens in the blocks read
-    sources: tuple[tuple[str, float], ...] = ()  # a mixture's: each source's loss over its own blocks read
+    seconds: float  # its wall time (rank 0's, which ends with the collective every rank takes part in)
+    sources: tuple[tuple[str, Score], ...] = ()  # a mixture's: each source's over its own blocks read
+
+    @property
+    def loss(self) -> float:
+        return self.score.loss
+
+    @property
+    def targets(self) -> int:
+        return self.score.targets
 
     @property
     def full(self) -> bool:

@@ -31,6 +31,27 @@ def metrics_path(setting: str, report_dir: str, run_id: str) -> Path | None:
     return Path(report_dir) / f"{run_id}.metrics.jsonl"
 
 
+def validation_record(validation: metrics.Validation) -> dict[str, Any]:
+    """A validation's metrics record (without its step): the overall score, what it covered and what it took,
+    and a mixture's score of each source (step_line.SOURCE_KEYS)."""
+    score = validation.score
+    record: dict[str, Any] = {
+        "val_loss": score.loss,
+        "val_ppl": score.perplexity,
+        "val_bpb": score.bits_per_byte,
+        "val_blocks": validation.blocks,
+        "val_total_blocks": validation.total_blocks,
+        "val_tokens": score.targets,
+        "val_s": validation.seconds,
+    }
+    for name, part in validation.sources:
+        values = (part.loss, part.perplexity, part.bits_per_byte, part.targets)
+        record.update(
+            {f"{key}/{name}": value for key, value in zip(step_line.SOURCE_KEYS, values, strict=True)}
+        )
+    return record
+
+
 class Reporter:
     def __init__(
         self,
@@ -150,7 +171,7 @@ class Reporter:
             "epoch": state.position.epoch,
             "consumed": state.position.consumed,
             "eta_s": (self.max_steps - state.step) * step_time,
-            "ppl": math.exp(min(loss, 50.0)),  # of the interval's mean loss, as val_ppl is of val_loss
+            "ppl": metrics.perplexity(loss),  # of the interval's mean loss, as val_ppl is of val_loss
         }
         record.update({f"{step_line.SHARE}{name}": share for name, share in (data_shares or {}).items()})
         # DeepSpeed's wall-clock breakdown (rank 0's), per optimizer step: e.g. ds_fwd_ms, ds_step_ms.
@@ -170,16 +191,7 @@ class Reporter:
         progress0(step, self.max_steps, f"loss {loss:.4f} | ETA {eta_text}")
 
     def log_validation(self, step: int, validation: metrics.Validation) -> None:
-        loss = validation.loss
-        record = {
-            "step": step,
-            "val_loss": loss,
-            "val_ppl": math.exp(min(loss, 50.0)),
-            "val_blocks": validation.blocks,
-            "val_total_blocks": validation.total_blocks,
-            "val_tokens": validation.tokens,
-            **{f"{step_line.SOURCE_VAL_LOSS}{name}": loss for name, loss in validation.sources},
-        }
+        record = {"step": step, **validation_record(validation)}
         print0(step_line.validation_line(record, self.max_steps))
         self.metrics.write(record)
         self.tracker.log_metrics(step, {k: v for k, v in record.items() if k != "step"})

@@ -5,7 +5,7 @@ without its metrics file with the same table. `dskit.api` reads a finished run f
 checkpoints saved, the metrics file and run name, the MLflow run, and the one-line error of a failed run.
 
     Step 10/100 | Loss 7.1234 | lr 3.00e-03 | grad_norm 1.23 | tokens/s 2600 (1300/device) | trained tokens/s 2500 | ... | ETA 0:00:42
-    Step 40/40 | Validation Loss 5.2213 | Perplexity 185.17 | 16 of 1,777 blocks (32,768 tokens)
+    Step 40/40 | Validation Loss 5.2213 | Perplexity 185.17 | bits/byte 1.9325 | 16 of 1,777 blocks (32,752 target tokens) | took 2.3 s
 
 A parser finds its line after rank 0's timestamp (`2026-11-23 12:00:00 | <line>`) or at the start of a line.
 """
@@ -86,10 +86,16 @@ STEP_FIELDS: tuple[Field, ...] = (
 VALIDATION_FIELDS: tuple[Field, ...] = (
     Field("Validation Loss", ("val_loss",), (".4f",)),
     Field("Perplexity", ("val_ppl",), (".2f",)),
-    # What the loss covered: a few batches per rank, or all of the validation blocks (--validation_batches all).
+    Field("bits/byte", ("val_bpb",), (".4f",)),
+    # What the loss covered: a few batches per rank, or all of the validation blocks (--validation_batches all),
+    # and the target tokens of those blocks (masked and padded tokens are not scored).
     Field(
-        "", ("val_blocks", "val_total_blocks", "val_tokens"), (",", ",", ","), "{} of {} blocks ({} tokens)"
+        "",
+        ("val_blocks", "val_total_blocks", "val_tokens"),
+        (",", ",", ","),
+        "{} of {} blocks ({} target tokens)",
     ),
+    Field("took", ("val_s",), (".1f",), "{} s"),
 )
 _PATTERNS: tuple[tuple[Field, re.Pattern[str]], ...] = tuple(
     (f, f.pattern()) for f in (*STEP_FIELDS, *VALIDATION_FIELDS)
@@ -134,8 +140,10 @@ def _line(record: dict[str, Any], max_steps: int, fields: tuple[Field, ...], tai
 
 
 # A mixture's keys, one per source (data/mixture.py): the realised token share of the data read, in the step
-# record ("share/web"); each source's validation loss, in the validation record ("val_loss/web").
-SHARE, SOURCE_VAL_LOSS = "share/", "val_loss/"
+# record ("share/web"); each source's validation loss, perplexity, bits per byte and target tokens, in the
+# validation record ("val_loss/web", "val_ppl/web", "val_bpb/web", "val_tokens/web").
+SHARE = "share/"
+SOURCE_KEYS = ("val_loss", "val_ppl", "val_bpb", "val_tokens")
 
 
 def _per_source(record: dict[str, Any], prefix: str, label: str, template: str) -> list[str]:
@@ -156,10 +164,13 @@ def step_line(record: dict[str, Any], max_steps: int, time_left: float | None = 
 
 
 def validation_line(record: dict[str, Any], max_steps: int) -> str:
-    """The validation line; a mixture's loss of each source at the end."""
-    return _line(
-        record, max_steps, VALIDATION_FIELDS, _per_source(record, SOURCE_VAL_LOSS, "per source", "{:.4f}")
-    )
+    """The validation line; a mixture's score of each source at the end."""
+    names = [key.split("/", 1)[1] for key in record if key.startswith("val_loss/")]
+    parts = []
+    for name in names:
+        loss, ppl, bpb, tokens = (record.get(f"{key}/{name}") for key in SOURCE_KEYS)
+        parts.append(f"{name} {loss:.4f} ppl {ppl:.2f} bits/byte {bpb:.4f} ({tokens:,} target tokens)")
+    return _line(record, max_steps, VALIDATION_FIELDS, ["per source " + ", ".join(parts)] if parts else [])
 
 
 SAMPLE_SHOWN = 60  # characters of a sample's prompt (its end) and text (its start) the log shows

@@ -54,6 +54,8 @@ METRIC_NAMES: dict[str, str] = {
     "skipped_steps": "train/skipped_steps",
     "val_loss": "val/loss",
     "val_ppl": "val/ppl",
+    "val_bpb": "val/bpb",
+    "val_s": "val/seconds",
     "val_blocks": "val/blocks",
     "val_total_blocks": "val/total_blocks",
     "val_tokens": "val/tokens",

@@ -350,16 +350,32 @@ def _blocks_or_error(
     if isinstance(blocks, PackedBlocks):  # documents packed whole: how full the blocks are, what was cut
         print0(f"Data: {split}: {blocks.stats.line(seq_length)}")
     if len(blocks) == 0:
-        hint = (
-            "raise --validation_fraction, or set it to 0 to skip validation"
-            if split == "validation"
-            else ("use more data or a smaller --seq_length")
-        )
+        which, fix = split_origin(cfg.data, split)
         raise ConfigError(
-            f"{split} data of {cfg.data.dataset} has {dataset.tokens(split)} tokens, fewer than one block of "
-            f"{seq_length}: {hint}"
+            f"{which} has {dataset.tokens(split)} tokens, fewer than one block of {seq_length}: fix: {fix}"
         )
     return blocks
+
+
+def split_origin(data: Any, split: str) -> tuple[str, str]:
+    """Where a split's documents came from (the flag that named them), and how to give it more."""
+    if split != "validation":
+        return f"{split} data of {data.dataset}", "use more data or a smaller --seq_length"
+    if data.validation_dataset is not None:
+        return (
+            f"validation data of --validation_dataset {data.validation_dataset}",
+            "give --validation_dataset more text, use a smaller --seq_length, or leave it out to hold out "
+            "--validation_fraction of the training data",
+        )
+    if data.validation_split is not None:
+        return (
+            f"validation split {data.validation_split} of {data.dataset}",
+            "name a larger --validation_split or use a smaller --seq_length",
+        )
+    return (
+        f"validation data held out of {data.dataset} (--validation_fraction {data.validation_fraction})",
+        "raise --validation_fraction, or set it to 0 to skip validation",
+    )
 
 
 def _select_resume(cfg: TrainConfig) -> protocol.ResumeTarget | None:

@@ -123,7 +123,7 @@ def test_s3_source_is_read_object_by_object(tmp_path: Path, tokenizer, s3) -> No
         ),
         (
             lambda p: DataArgs(dataset=str(write_jsonl(p / "d.jsonl", ["one " * 1000]))),
-            "validation data of .* fewer than one block",
+            "validation data held out of .*d.jsonl \\(--validation_fraction 0.02\\) has 0 tokens, fewer than one block",
         ),
     ],
 )

@@ -13,9 +13,10 @@ from model_utils.loop.hooks import GuardEvent, Hooks, Observer, SavedCheckpoint,
 from model_utils.loop.spike_guard import Spike
 from model_utils.loop.state import TrainState
 from model_utils.observe import watchdog
+from model_utils.observe.metrics import Score
 from support.observers import Recorder
 
-VALIDATION = Validation(loss=2.5, blocks=4, total_blocks=4, tokens=512)
+VALIDATION = Validation(Score(2.5 * 508, 508, 2032), blocks=4, total_blocks=4, seconds=0.25)
 
 
 def report(step: int, outcome: str = hooks.TRAINED) -> StepReport:

@@ -5,6 +5,7 @@ The log line <-> record round trip: test_step_line.py; the reporter in a real ru
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -25,23 +26,67 @@ def test_metrics_file_location(monkeypatch: pytest.MonkeyPatch) -> None:
     assert metrics_path("m.jsonl", "logs", "run") == Path("m.jsonl")
 
 
-def test_a_mixtures_shares_and_source_losses_reach_the_record_and_the_line(
+class RecordingTracker:
+    def __init__(self) -> None:
+        self.points: list[tuple[int, dict]] = []
+
+    def log_metrics(self, step: int, values: dict) -> None:
+        self.points.append((step, values))
+
+
+def test_a_mixtures_shares_and_source_scores_reach_the_record_the_line_and_the_tracker(
     tmp_path: Path, gloo_rank, capsys
 ) -> None:
     cfg = parse_args(["--metrics_file", str(tmp_path / "m.jsonl")])
     reporter = Reporter(cfg, gloo_rank, 10, 64, 1e6, None)
     reporter.metrics = metrics.MetricsFile(tmp_path / "m.jsonl")
+    reporter.tracker = tracker = RecordingTracker()  # type: ignore[assignment]
     reporter.step_done(2.0, 63)
     record = reporter.log_step(TrainState(step=1), 1e-3, 0.5, None, {"web": 0.75, "code": 0.25})
     assert (record["share/web"], record["share/code"]) == (0.75, 0.25)
-    reporter.log_validation(1, metrics.Validation(2.5, 4, 8, 256, sources=(("web", 2.0), ("code", 4.0))))
-    written = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
-    assert written[0]["share/code"] == 0.25 and (written[1]["val_loss/web"], written[1]["val_loss/code"]) == (
-        2.0,
-        4.0,
+    web, code = (
+        metrics.Score(200.0, 100, 250),
+        metrics.Score(400.0, 100, 0),
+    )  # code: no text bytes (all special)
+    reporter.log_validation(
+        1,
+        metrics.Validation(
+            metrics.Score.combined([web, code]), 4, 8, 1.25, sources=(("web", web), ("code", code))
+        ),
     )
+    written = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert written[0]["share/code"] == 0.25
+    val = written[1]
+    assert (val["val_loss"], val["val_tokens"], val["val_s"]) == (3.0, 200, 1.25)
+    assert val["val_bpb"] == pytest.approx(600.0 / (math.log(2) * 250))
+    assert (val["val_loss/web"], val["val_tokens/web"], val["val_loss/code"]) == (2.0, 100, 4.0)
+    assert val["val_ppl/web"] == pytest.approx(math.exp(2.0)) and val["val_ppl/code"] == pytest.approx(
+        math.exp(4.0)
+    )
+    assert (
+        val["val_bpb/web"] == pytest.approx(200.0 / (math.log(2) * 250)) and val["val_bpb/code"] is None
+    )  # NaN
+    # The tracker gets the validation record's numbers (a NaN is left out there), under val/ and per source.
+    step, tracked = tracker.points[-1]
+    assert step == 1 and set(tracked) == set(val) - {"step", "time"} and math.isnan(tracked["val_bpb/code"])
+    assert all(tracked[k] == v for k, v in val.items() if k not in ("step", "time", "val_bpb/code"))
+    names = dict(trackers.scalar_items(tracked))
+    assert {
+        "val/loss",
+        "val/ppl",
+        "val/bpb",
+        "val/tokens",
+        "val/seconds",
+        "val_bpb/web",
+        "val_tokens/code",
+    } <= set(names)
+    assert "val_bpb/code" not in names
     out = capsys.readouterr().out
-    assert "| shares web 75.0% code 25.0% |" in out and "| per source web 2.0000 code 4.0000" in out
+    assert "| shares web 75.0% code 25.0% |" in out
+    assert (
+        "| 4 of 8 blocks (200 target tokens) | took 1.2 s | per source web 2.0000 ppl 7.39 bits/byte 1.1542"
+        in out
+    )
     reporter.step_done(2.0, 63)
     plain = reporter.log_step(TrainState(step=2), 1e-3, 0.5, None)
     assert not any(key.startswith("share/") for key in plain)  # one dataset: no shares

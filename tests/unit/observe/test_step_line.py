@@ -145,19 +145,20 @@ def test_error_line_round_trips() -> None:
     assert step_line.parse_error(STAMP + "WARNING: retry after error: timed out") is None
 
 
-def test_the_validation_line_says_what_it_covered_and_reads_back_as_counts() -> None:
-    record = {"step": 40, "val_loss": 5.2213, "val_ppl": 185.17, "val_blocks": 16, "val_total_blocks": 1777,
-              "val_tokens": 32768}  # fmt: skip
+def test_the_validation_line_says_what_it_covered_and_took_and_reads_back_as_counts() -> None:
+    record = {"step": 40, "val_loss": 5.2213, "val_ppl": 185.17, "val_bpb": 2.0345, "val_blocks": 16,
+              "val_total_blocks": 1777, "val_tokens": 32752, "val_s": 2.3}  # fmt: skip
     line = step_line.validation_line(record, 40)
-    assert (
-        line == "Step 40/40 | Validation Loss 5.2213 | Perplexity 185.17 | 16 of 1,777 blocks (32,768 tokens)"
+    assert line == (
+        "Step 40/40 | Validation Loss 5.2213 | Perplexity 185.17 | bits/byte 2.0345 | "
+        "16 of 1,777 blocks (32,752 target tokens) | took 2.3 s"
     )
     parsed = step_line.parse("2026-11-26 12:00:00 | " + line)
     assert parsed == record
     assert all(type(parsed[k]) is int for k in ("val_blocks", "val_total_blocks", "val_tokens"))
-    full = step_line.validation_line({**record, "val_blocks": 1777, "val_tokens": 3_639_296}, 40)
-    assert full.endswith("| 1,777 of 1,777 blocks (3,639,296 tokens)")
-    assert step_line.parse(full) == {**record, "val_blocks": 1777, "val_tokens": 3_639_296}
+    full = step_line.validation_line({**record, "val_blocks": 1777, "val_tokens": 3_637_519}, 40)
+    assert full.endswith("| 1,777 of 1,777 blocks (3,637,519 target tokens) | took 2.3 s")
+    assert step_line.parse(full) == {**record, "val_blocks": 1777, "val_tokens": 3_637_519}
 
 
 def test_metric_regexes_capture_each_number_of_a_rendered_line() -> None:
@@ -169,7 +170,7 @@ def test_metric_regexes_capture_each_number_of_a_rendered_line() -> None:
               "tokens_per_s_per_device": 617.0, "mfu": 0.125, "eta_s": 10}  # fmt: skip
     line = "2026-11-26 12:00:00 | " + step_line.step_line(record, 10)
     val = "2026-11-26 12:00:00 | " + step_line.validation_line(
-        {"step": 3, "val_loss": 2.25, "val_ppl": 9.49}, 10
+        {"step": 3, "val_loss": 2.25, "val_ppl": 9.49, "val_bpb": 1.0625, "val_s": 0.5}, 10
     )
     read = {
         label: re.findall(step_line.metric_regex(label), line)
@@ -185,6 +186,7 @@ def test_metric_regexes_capture_each_number_of_a_rendered_line() -> None:
     assert re.findall(step_line.metric_regex("Loss"), val) == []
     assert re.findall(step_line.metric_regex("Validation Loss"), val) == ["2.2500"]
     assert re.findall(step_line.metric_regex("Perplexity"), val) == ["9.49"]
+    assert re.findall(step_line.metric_regex("bits/byte"), val) == ["1.0625"]
 
 
 def test_a_mixtures_shares_and_per_source_losses_end_their_lines_and_the_rest_parses_back() -> None:
@@ -193,9 +195,15 @@ def test_a_mixtures_shares_and_per_source_losses_end_their_lines_and_the_rest_pa
     assert line.endswith("| s/step 0.500 | shares web 70.1% code 29.9% | ETA 1:02:05")
     parsed = step_line.parse(line)
     assert parsed is not None and parsed["loss"] == pytest.approx(7.1235) and "share/web" not in parsed
-    validation = {"step": 4, "val_loss": 2.5, "val_ppl": 12.18, "val_loss/web": 2.25, "val_loss/code": 3.0}
+    validation = {"step": 4, "val_loss": 2.5, "val_ppl": 12.18,
+                  "val_loss/web": 2.25, "val_ppl/web": 9.49, "val_bpb/web": 1.0, "val_tokens/web": 1200,
+                  "val_loss/code": 3.0, "val_ppl/code": 20.09, "val_bpb/code": 1.5, "val_tokens/code": 800}  # fmt: skip
     line = step_line.validation_line(validation, 8)
-    assert line == "Step 4/8 | Validation Loss 2.5000 | Perplexity 12.18 | per source web 2.2500 code 3.0000"
+    assert line == (
+        "Step 4/8 | Validation Loss 2.5000 | Perplexity 12.18 | per source "
+        "web 2.2500 ppl 9.49 bits/byte 1.0000 (1,200 target tokens), "
+        "code 3.0000 ppl 20.09 bits/byte 1.5000 (800 target tokens)"
+    )
     assert step_line.parse(line) == {"step": 4, "val_loss": 2.5, "val_ppl": 12.18}
 
 

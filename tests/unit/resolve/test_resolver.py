@@ -90,6 +90,25 @@ CASES = {
         lambda t: ["--dataset", jsonl(t / "d.jsonl", [{"text": "hi"}] * 3), "--validation_fraction", "0"],
         "fewer than one block",
     ),
+    # The validation data's own name and fix, not the training file's (#29).
+    "an empty validation dataset": (
+        lambda t: [
+            "--dataset",
+            jsonl(t / "train.jsonl", [{"text": "hello " * 4000}]),
+            "--validation_dataset",
+            jsonl(t / "val.jsonl", [{"text": ""}]),
+        ],
+        "error: validation data of --validation_dataset {t}/val.jsonl has 0 tokens, fewer than one block of",
+    ),
+    "a held-out fraction under one block": (
+        lambda t: [
+            "--dataset",
+            jsonl(t / "train.jsonl", [{"text": "hello " * 400}] * 3),
+            "--validation_fraction",
+            "0.01",
+        ],
+        "validation data held out of {t}/train.jsonl (--validation_fraction 0.01) has 0 tokens",
+    ),
     "invalid json config": (
         lambda t: ["--deepspeed_config", str((t / "ds.json").write_text("{") and t / "ds.json")],
         "not valid JSON",
@@ -257,7 +276,7 @@ def test_bad_input(case: str, tmp_path: Path, capsys, monkeypatch) -> None:
     assert cli.main(["prepare", "--data_cache_dir", str(tmp_path / "cache"), *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
-    assert err[0].startswith("error: ") and message in err[0], err[0]
+    assert err[0].startswith("error: ") and message.replace("{t}", str(tmp_path)) in err[0], err[0]
     after = snapshot(tmp_path)
     assert {k: v for k, v in after.items() if "/cache/" not in k} == before  # nothing on disk touched
 

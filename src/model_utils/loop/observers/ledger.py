@@ -112,7 +112,7 @@ class Ledger(Observer):
             "validation",
             step=step,
             seconds=time.time() - self._last_turn_end,
-            tokens=validation.tokens,
+            tokens=validation.targets,
             loss=validation.loss,
         )
         return None

@@ -315,7 +315,8 @@ def test_access_denied_is_one_line(s3_denied, tmp_path: Path, capsys: pytest.Cap
 def test_metric_definitions_scrape_the_trainers_lines() -> None:
     record = {
         "step": 12, "loss": 2.34567, "lr": 3e-4, "grad_norm": 0.5, "tokens_per_s": 4096.0,
-        "tokens_per_s_per_device": 512.0, "mfu": 0.41, "val_loss": 2.5, "val_ppl": 12.18, "eta_s": 42.0,
+        "tokens_per_s_per_device": 512.0, "mfu": 0.41, "val_loss": 2.5, "val_ppl": 12.18, "val_bpb": 1.25,
+        "eta_s": 42.0,
     }  # fmt: skip
     text = step_line.step_line(record, 100) + "\n" + step_line.validation_line(record, 100)
     found = {}
@@ -326,6 +327,7 @@ def test_metric_definitions_scrape_the_trainers_lines() -> None:
     assert found == {
         "train:loss": 2.3457, "train:lr": 3e-4, "train:grad_norm": 0.5, "train:tokens_per_s": 4096.0,
         "train:mfu_percent": 41.0, "validation:loss": 2.5, "validation:perplexity": 12.18,
+        "validation:bits_per_byte": 1.25,
     }  # fmt: skip
 
 

@@ -15,7 +15,7 @@ from model_utils.data.sampler import DataPosition
 from model_utils.loop.hooks import DISCARDED, TRAINED, GuardEvent, Rollback, SavedCheckpoint, StepReport
 from model_utils.loop.observers import ledger
 from model_utils.loop.state import TrainState
-from model_utils.observe.metrics import Validation
+from model_utils.observe.metrics import Score, Validation
 
 
 def report(step: int, outcome: str = TRAINED, seconds: float = 0.01) -> StepReport:
@@ -33,7 +33,7 @@ def test_a_run_writes_start_steps_validation_checkpoint_rollback_end_and_closed(
     book.after_step(report(1))
     book.after_step(report(2, DISCARDED))  # its step is retried: the trained run stays 1..2
     book.after_step(report(2))
-    book.after_validation(2, Validation(loss=1.0, blocks=4, total_blocks=4, tokens=128))
+    book.after_validation(2, Validation(Score(128.0, 128, 512), blocks=4, total_blocks=4, seconds=0.5))
     book.after_checkpoint_saved(SavedCheckpoint(2, "t-2steps", tmp_path, 0.25))
     back = Rollback(
         from_step=3, tag="t-2steps", reason="spikes", skip_from=DataPosition(), skip_to=DataPosition()

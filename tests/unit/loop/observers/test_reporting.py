@@ -17,9 +17,9 @@ from model_utils.loop import hooks
 from model_utils.loop.hooks import SavedCheckpoint, StepReport
 from model_utils.loop.observers.reporting import Reporting
 from model_utils.loop.state import TrainState
-from model_utils.observe.metrics import Validation
+from model_utils.observe.metrics import Score, Validation
 
-VALIDATION = Validation(loss=2.25, blocks=16, total_blocks=1777, tokens=32768)
+VALIDATION = Validation(Score(2.25 * 32752, 32752, 131008), blocks=16, total_blocks=1777, seconds=2.5)
 
 
 class Reporter:
