@@ -38,7 +38,7 @@ from model_utils.model import models
 # The training flags that say what to prepare; the rest of a training config does not apply here.
 DATA_FLAGS = ("dataset", "dataset_config_name", "local_dataset", "text_field", "train_split")
 DATA_FLAGS += ("validation_split", "validation_dataset", "validation_fraction")
-DATA_FLAGS += ("data_format", "chat_template", "train_on_prompt")
+DATA_FLAGS += ("data_format", "chat_template", "train_on_prompt", "enable_thinking")
 
 
 def default_num_proc() -> int:

@@ -114,7 +114,17 @@ def test_bench_on_gpu(tmp_path: Path, single_rank, monkeypatch: pytest.MonkeyPat
     assert os.environ.get("TORCH_EXTENSIONS_DIR")  # set for DeepSpeed's JIT builds
 
 
-TABLE_FIELDS = ("procs", "units", "wall s", "tokenize s", "tokens/s", "tokens/s/proc", "speed-up")
+TABLE_FIELDS = (
+    "procs",
+    "units",
+    "wall s",
+    "tokenize s",
+    "tokens/s",
+    "tokens/s/proc",
+    "CPU s",
+    "tokens/CPU s",
+)
+TABLE_FIELDS += ("speed-up",)
 TABLE_FIELDS += ("peak RSS tree GiB", "peak RSS proc GiB", "disk MB", "shards")
 
 
@@ -158,6 +168,9 @@ def test_data_bench_prepares_reads_and_compares(tmp_path: Path, capsys: pytest.C
         assert r["tokens_per_s_per_proc"] == pytest.approx(r["tokens_per_s"] / min(r["procs"], r["units"]))
         assert r["peak_rss_tree_gib"] >= r["peak_rss_process_gib"] > 0 and r["rss_samples"] >= 1
         assert r["disk_mb"] * 2**20 >= 2 * r["tokens"]  # uint16 tokens (a 2048-token vocabulary), plus JSON
+        # Per core: the CPU of the command and its workers, less what they had used when the plan was written.
+        assert r["cpu_s"] > r["startup_cpu_s"] > 0
+        assert r["tokens_per_cpu_s"] == pytest.approx(r["tokens"] / (r["cpu_s"] - r["startup_cpu_s"]))
     assert runs[0]["speedup"] == 1.0
     assert runs[1]["speedup"] == pytest.approx(runs[1]["tokens_per_s"] / runs[0]["tokens_per_s"])
 

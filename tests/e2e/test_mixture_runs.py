@@ -1,7 +1,8 @@
-"""A weighted mixture trained by the real Trainer on real ranks (gloo, FSDP on CPU; the data order is the sampler's
-and the mixture's, the same under either engine): a run killed mid-accumulation and resumed on another world size
-with the same global batch reads exactly the samples of the uninterrupted run; the log and the metrics file carry
-the planned and realised shares and each source's validation loss."""
+"""A weighted mixture trained by the real Trainer on real ranks (gloo on CPU; the data order is the sampler's and the
+mixture's, the same under either engine): a run killed mid-accumulation and resumed on another world size with the
+same global batch reads exactly the samples of the uninterrupted run (FSDP's), under FSDP and under DeepSpeed (its
+checkpoint resharded through convert_universal); the log and the metrics file carry the planned and realised shares
+and each source's validation loss."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.e2e
 SCRIPT = REPO / "tests" / "support" / "mixture_samples.py"
 
 
-def flags(tmp: Path, ckpt: str, ranks: int, metrics: str) -> list[str]:
+def flags(tmp: Path, ckpt: str, ranks: int, metrics: str, backend: str = "fsdp") -> list[str]:
     sources = [
         {"name": "stories", "dataset": str(tmp / "stories.jsonl"), "share": 0.7},
         {
@@ -32,7 +33,7 @@ def flags(tmp: Path, ckpt: str, ranks: int, metrics: str) -> list[str]:
         },
     ]
     return [
-        "--backend", "fsdp", "--sources", json.dumps(sources), "--seq_length", "32",
+        "--backend", backend, "--sources", json.dumps(sources), "--seq_length", "32",
         "--max_steps", "8", "--logging_freq", "2", "--checkpoint_freq", "4", "--validation_freq", "4",
         "--validation_batches", "2", "--micro_batch_size", "1", "--gradient_accumulation_steps", str(4 // ranks),
         "--data_cache_dir", str(tmp / "cache"), "--checkpoint_dir", str(tmp / ckpt),
@@ -54,7 +55,11 @@ def samples(out: Path, ranks: int) -> dict[int, tuple[dict, list[int], list[str]
     return steps
 
 
-def test_a_killed_mixture_run_resumed_on_another_world_size_reads_the_same_samples(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, dict]:
+    """The data and the uninterrupted FSDP run on 2 ranks, once for every resumed run: (the data dir, its samples
+    per step, its metrics records per step)."""
+    tmp_path = tmp_path_factory.mktemp("mixture")
     write_jsonl(
         tmp_path / "stories.jsonl", [f"Story {i}: the fox ran " + "far " * (i % 9) for i in range(300)]
     )
@@ -79,26 +84,38 @@ def test_a_killed_mixture_run_resumed_on_another_world_size_reads_the_same_sampl
         for name in ("stories", "lists")
     }
     assert validations and all(per_source <= set(r) for r in validations)
+    return tmp_path, full, records
 
-    killed = tmp_path / "killed"
+
+@pytest.mark.parametrize("backend", ["fsdp", "deepspeed"])
+def test_a_killed_mixture_run_resumed_on_another_world_size_reads_the_same_samples(
+    backend: str, uninterrupted: tuple[Path, dict, dict]
+) -> None:
+    tmp_path, full, records = uninterrupted
+    killed = tmp_path / f"killed-{backend}"
     killed.mkdir()
-    crashed = run_ranks([str(killed), "6", *flags(tmp_path, "ckpt-killed", 2, "killed.jsonl")], script=SCRIPT)
+    ckpt = f"ckpt-killed-{backend}"
+    crashed = run_ranks(
+        [str(killed), "6", *flags(tmp_path, ckpt, 2, f"killed-{backend}.jsonl", backend)], script=SCRIPT
+    )
     assert crashed.returncode != 0 and "killed after the first micro-batch of the step" in crashed.stderr
     assert sorted(samples(killed, 2)) == list(range(1, 7))  # step 6 was read, then killed mid-accumulation
-    assert (tmp_path / "ckpt-killed" / "tiny_qwen3-4steps").is_dir()
-    assert not (tmp_path / "ckpt-killed" / "tiny_qwen3-6steps").exists()
+    assert (tmp_path / ckpt / "tiny_qwen3-4steps").is_dir()
+    assert not (tmp_path / ckpt / "tiny_qwen3-6steps").exists()
 
-    resumed = tmp_path / "resumed"
+    resumed = tmp_path / f"resumed-{backend}"
     resumed.mkdir()
     out = train(
-        [str(resumed), "0", *flags(tmp_path, "ckpt-killed", 1, "resumed.jsonl")], script=SCRIPT, nproc=1
+        [str(resumed), "0", *flags(tmp_path, ckpt, 1, f"resumed-{backend}.jsonl", backend)],
+        script=SCRIPT,
+        nproc=1,
     )
     assert "world size changed from 2 to 1" in out and "at step 4 (epoch 0, block 16" in out
     again = samples(resumed, 1)
     assert sorted(again) == [5, 6, 7, 8]
     for step, seen in again.items():
         assert seen == full[step], step  # the same positions, block ids and tokens, in the same order
-    resumed_records = step_records(tmp_path / "resumed.jsonl")
+    resumed_records = step_records(tmp_path / f"resumed-{backend}.jsonl")
     for step in (6, 8):
         assert resumed_records[step]["share/lists"] == records[step]["share/lists"]
 

@@ -1,8 +1,9 @@
 """The loss over the step's tokens, through both engines: one optimizer step over the same 8 rows, whose targets
 differ in number by an order of magnitude, laid out as micro batch 8 x accumulation 1, 1 x 8 and 2 ranks x 4,
-gives the loss and the gradients of the token mean over all 8 rows (fp32, within 1e-5). A mean of per-micro-batch
-means would not: the last check shows how far it lands. The ranks are the rank pool's (tests/support/rank_pool.py);
-what a rank runs: tests/support/step_gradients.py."""
+gives the loss and the gradients of the token mean over all 8 rows (fp32, within 1e-5); DeepSpeed's layouts at
+ZeRO stages 0 (8 x 1), 2 (1 x 8, 2 ranks x 4) and 3 (2 ranks x 4), whose gradients are reduced and partitioned
+differently. A mean of per-micro-batch means would not: the last check shows how far it lands. The ranks are the
+rank pool's (tests/support/rank_pool.py); what a rank runs: tests/support/step_gradients.py."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ pytestmark = pytest.mark.e2e
 
 SCRIPT = Path(__file__).resolve().parents[1] / "support" / "step_gradients.py"
 LAYOUTS = {"8x1": (1, 8, 1), "1x8": (1, 1, 8), "2 ranks x 4": (2, 1, 4)}  # ranks, micro batch, accumulation
+# DeepSpeed's ZeRO stages per layout: the stage changes how the gradients are reduced, accumulated and partitioned
+# (stage 0: the module's own; 2: reduce-scattered into partitioned buffers; 3: the parameters partitioned too).
+ZERO_STAGES = {"8x1": (0,), "1x8": (2,), "2 ranks x 4": (2, 3)}
 
 
 def reference() -> tuple[float, dict[str, torch.Tensor]]:
@@ -34,10 +38,10 @@ def reference() -> tuple[float, dict[str, torch.Tensor]]:
     return float(loss.detach()), grads
 
 
-def engine_step(engine: str, layout: str, tmp_path: Path) -> dict:
+def engine_step(engine: str, layout: str, tmp_path: Path, zero_stage: int = 0) -> dict:
     ranks, micro, accumulation = LAYOUTS[layout]
-    out = tmp_path / f"{engine}-{layout.replace(' ', '')}.pt"
-    succeeded(run_ranks([engine, micro, accumulation, out], script=SCRIPT, nproc=ranks))
+    out = tmp_path / f"{engine}-{layout.replace(' ', '')}-zero{zero_stage}.pt"
+    succeeded(run_ranks([engine, micro, accumulation, out, zero_stage], script=SCRIPT, nproc=ranks))
     return torch.load(out, weights_only=False)
 
 
@@ -45,13 +49,15 @@ def engine_step(engine: str, layout: str, tmp_path: Path) -> dict:
 def test_every_layout_trains_the_token_mean_of_the_step(engine: str, tmp_path: Path) -> None:
     want_loss, want_grads = reference()
     for layout in LAYOUTS:
-        got = engine_step(engine, layout, tmp_path)
-        assert got["loss"] == pytest.approx(want_loss, abs=1e-5), layout
-        assert set(got["grads"]) == set(want_grads), layout
-        for name, grad in want_grads.items():
-            torch.testing.assert_close(
-                got["grads"][name], grad, atol=1e-5, rtol=1e-5, msg=f"{layout}: {name}"
-            )
+        for stage in ZERO_STAGES[layout] if engine == "deepspeed" else (0,):
+            where = f"{layout}, ZeRO-{stage}" if engine == "deepspeed" else layout
+            got = engine_step(engine, layout, tmp_path, stage)
+            assert got["loss"] == pytest.approx(want_loss, abs=1e-5), where
+            assert set(got["grads"]) == set(want_grads), where
+            for name, grad in want_grads.items():
+                torch.testing.assert_close(
+                    got["grads"][name], grad, atol=1e-5, rtol=1e-5, msg=f"{where}: {name}"
+                )
 
 
 def test_a_mean_of_micro_batch_means_would_differ_here() -> None:

@@ -1,12 +1,14 @@
 """One optimizer step of an engine on fixed rows with targets of very different lengths: its reported loss and the
 gradients its optimizer is given, for the loss-over-the-step's-tokens checks (tests/e2e/test_step_loss.py).
 
-    python tests/support/step_gradients.py ENGINE MICRO_BATCH ACCUMULATION OUT.pt   (under torchrun or run_ranks)
+    python tests/support/step_gradients.py ENGINE MICRO_BATCH ACCUMULATION OUT.pt [ZERO_STAGE]   (under torchrun
+    or run_ranks)
 
 The ROWS rows are dealt to the ranks in order (rank r: rows r*mb*acc ... ), each rank's cut into ACCUMULATION
-micro-batches of MICRO_BATCH rows; every layout of 8 rows covers the same step. fp32 throughout: DeepSpeed at ZeRO
-stage 0 (its gradients are then the module's own, averaged over the ranks), FSDP2 with fp32 parameters. Rank 0
-saves {"loss": the mean of the ranks' reported shares, "grads": {name: full gradient}} to OUT.pt.
+micro-batches of MICRO_BATCH rows; every layout of 8 rows covers the same step. fp32 throughout: DeepSpeed at
+ZERO_STAGE (default 0; at 1-3 the gradients the optimizer steps with are partitioned, and gathered whole with
+deepspeed.utils.safe_get_full_grad), FSDP2 with fp32 parameters. Rank 0 saves {"loss": the mean of the ranks'
+reported shares, "grads": {name: full gradient}} to OUT.pt.
 """
 
 from __future__ import annotations
@@ -74,13 +76,21 @@ class NoSchedule:
         return None
 
 
-def capture(optimizer: Any, module: torch.nn.Module, into: dict[str, torch.Tensor]) -> None:
-    """Record the gradients the optimizer steps with (full tensors: FSDP's shards gathered, every rank)."""
+def capture(
+    optimizer: Any, module: torch.nn.Module, into: dict[str, torch.Tensor], zero_stage: int = 0
+) -> None:
+    """Record the gradients the optimizer steps with (full tensors: FSDP's or ZeRO's partitions gathered, every
+    rank: the gathering is a collective)."""
     step = optimizer.step
 
     def recording_step(*args: Any, **kwargs: Any) -> Any:
         for name, param in module.named_parameters():
-            grad = param.grad
+            if zero_stage:
+                from deepspeed.utils import safe_get_full_grad
+
+                grad = safe_get_full_grad(param)
+            else:
+                grad = param.grad
             if grad is not None:
                 full = grad.full_tensor() if hasattr(grad, "full_tensor") else grad
                 into[name.removeprefix("module.")] = full.detach().clone().float()
@@ -91,6 +101,7 @@ def capture(optimizer: Any, module: torch.nn.Module, into: dict[str, torch.Tenso
 
 def main() -> None:
     engine_name, micro, accumulation, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
+    zero_stage = int(sys.argv[5]) if len(sys.argv) > 5 else 0
     dist = distributed.init_distributed()
     assert micro * accumulation * dist.world_size == ROWS, "a layout of the step's 8 rows"
     model = tiny_model()
@@ -111,11 +122,11 @@ def main() -> None:
             "train_micro_batch_size_per_gpu": micro,
             "gradient_accumulation_steps": accumulation,
             "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
-            "zero_optimization": {"stage": 0},
+            "zero_optimization": {"stage": zero_stage},
             "gradient_clipping": 0.0,
         }
         engine = DeepSpeedEngine(model, ds)
-        capture(engine._engine.optimizer, engine.module, grads)
+        capture(engine._engine.optimizer, engine.module, grads, zero_stage)
     engine.train()
     share, applied = engine.train_step(micro_batches(dist.rank, micro, accumulation))
     assert applied

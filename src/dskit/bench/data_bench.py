@@ -4,7 +4,10 @@ trainer's need.
 Preparation: each process count prepares SOURCE into a fresh directory in its own child process, the command a
 user runs (`python -m dskit.cli prepare-data`), while a thread samples the resident memory of the child and
 every process under it. Tokens come from the manifest; the tokenizing time is from the plan file's write to the
-manifest's (what grows with the data), the wall time is the whole command (start-up included). The shards'
+manifest's (what grows with the data), the wall time is the whole command (start-up included). The CPU seconds
+are the command's and its workers' (getrusage of the children), less those its processes had used when the plan
+file appeared (the start-up, sampled with the memory): tokens per CPU second are tokens/s per core that other work
+on a shared machine does not dilute. The shards'
 checksums must be the same at every process count: the parallel preparation is only correct if it writes the
 stream one process writes.
 
@@ -32,6 +35,7 @@ import hashlib
 import json
 import math
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -221,11 +225,13 @@ def make_corpus(path: Path, megabytes: int) -> dict[str, Any]:
 class TreeMemory:
     """Samples the RSS of a process and all its descendants: the peak of their sum at one sample, and the
     peak of the largest one. RSS counts shared pages (libraries, the page cache of mapped files) in every
-    process that maps them, so the sum is an upper bound of what the tree holds."""
+    process that maps them, so the sum is an upper bound of what the tree holds. With `mark`, also the CPU
+    seconds the tree had used at the first sample that finds that file (None until then)."""
 
-    def __init__(self, pid: int, every: float = SAMPLE_EVERY_S) -> None:
-        self.pid, self.every = pid, every
+    def __init__(self, pid: int, every: float = SAMPLE_EVERY_S, mark: Path | None = None) -> None:
+        self.pid, self.every, self.mark = pid, every, mark
         self.peak_tree = self.peak_process = self.samples = 0
+        self.cpu_at_mark: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dskit-rss", daemon=True)
 
@@ -249,12 +255,19 @@ class TreeMemory:
             tree = [root, *root.children(recursive=True)]
         except psutil.Error:  # gone: nothing to sample
             return
-        sizes = []
+        # Looked for before the CPU is read: the CPU then includes all the work done before the file was written.
+        marked = self.cpu_at_mark is None and self.mark is not None and self.mark.exists()
+        sizes, cpu = [], 0.0
         for process in tree:
             try:
                 sizes.append(process.memory_info().rss)
+                if marked:
+                    times = process.cpu_times()
+                    cpu += times.user + times.system
             except psutil.Error:  # exited between the listing and the read
                 continue
+        if marked:
+            self.cpu_at_mark = cpu
         if sizes:
             self.samples += 1
             self.peak_tree = max(self.peak_tree, sum(sizes))
@@ -277,6 +290,9 @@ class PrepRun:
     rss_samples: int
     disk_mb: float
     shards_digest: str  # of the manifest's shard checksums: equal digests, identical shards
+    cpu_s: float = 0.0  # the whole command's CPU seconds, its worker processes' included
+    startup_cpu_s: float | None = None  # of those, the ones used when the plan file appeared (None: not seen)
+    tokens_per_cpu_s: float | None = None  # over cpu_s - startup_cpu_s
     speedup: float | None = None
 
 
@@ -316,6 +332,7 @@ def shards_digest(manifest: dict[str, Any]) -> str:
 def run_prepare(ns: argparse.Namespace, procs: int, out: Path, log: Path) -> PrepRun:
     """One preparation in a child process, its process tree's memory sampled while it runs."""
     with log.open("wb") as output:
+        used_before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         child = subprocess.Popen(
             _prepare_command(ns, out, procs),
@@ -323,9 +340,11 @@ def run_prepare(ns: argparse.Namespace, procs: int, out: Path, log: Path) -> Pre
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
         )
-        with TreeMemory(child.pid) as memory:
+        with TreeMemory(child.pid, mark=out / token_shards.PLAN) as memory:
             code = child.wait()
         wall = time.perf_counter() - started
+        used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = used.ru_utime - used_before.ru_utime + used.ru_stime - used_before.ru_stime
     if code != 0 or token_shards.state(out) != "prepared":
         lines = log.read_text(errors="replace").strip().splitlines()
         said = [line.removeprefix("error: ") for line in lines if line.startswith("error: ")]
@@ -358,6 +377,11 @@ def run_prepare(ns: argparse.Namespace, procs: int, out: Path, log: Path) -> Pre
         rss_samples=memory.samples,
         disk_mb=sum(p.stat().st_size for p in out.rglob("*") if p.is_file()) / MB,
         shards_digest=shards_digest(manifest),
+        cpu_s=cpu,
+        startup_cpu_s=memory.cpu_at_mark,
+        tokens_per_cpu_s=None
+        if memory.cpu_at_mark is None or cpu <= memory.cpu_at_mark
+        else tokens / (cpu - memory.cpu_at_mark),
     )
 
 
@@ -600,6 +624,8 @@ def format_prep_table(runs: list[PrepRun]) -> str:
         "tokens",
         "tokens/s",
         "tokens/s/proc",
+        "CPU s",
+        "tokens/CPU s",
         "speed-up",
         "peak RSS tree GiB",
         "peak RSS proc GiB",
@@ -617,6 +643,8 @@ def format_prep_table(runs: list[PrepRun]) -> str:
                 f"{r.tokens:,}",
                 f"{r.tokens_per_s:,.0f}",
                 f"{r.tokens_per_s_per_proc:,.0f}",
+                f"{r.cpu_s:.1f}",
+                "-" if r.tokens_per_cpu_s is None else f"{r.tokens_per_cpu_s:,.0f}",
                 "-" if r.speedup is None else f"{r.speedup:.2f}x",
                 f"{r.peak_rss_tree_gib:.2f}",
                 f"{r.peak_rss_process_gib:.2f}",
@@ -755,7 +783,9 @@ def main(argv: list[str]) -> int:
     print(format_prep_table(runs))
     print(
         "tokens/s: over the tokenizing (plan written -> manifest written), without the start-up; per proc: per "
-        "process with a unit to work on;\nspeed-up: vs the fewest processes; RSS: sampled every "
+        "process with a unit to work on;\nCPU s: the command's processes together; tokens/CPU s: over "
+        "CPU s less those used when the plan was written (the start-up): per core, on a shared machine too;\n"
+        "speed-up: vs the fewest processes; RSS: sampled every "
         f"{SAMPLE_EVERY_S:g} s, shared pages counted in each process (tree: the sum at one sample)"
     )
     if any(r.procs > r.units for r in runs):

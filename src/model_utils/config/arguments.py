@@ -164,6 +164,13 @@ class DataArgs:
         default=False,
         metadata=_flag("train on every token of a conversation or prompt, not only on the answers"),
     )
+    enable_thinking: bool | None = field(
+        default=None,
+        metadata=_flag(
+            "passed to a chat template that reads it (Qwen3): false renders non-thinking mode, the empty "
+            "<think></think> in the prompt; default: the template's own"
+        ),
+    )
     train_split: str = field(default="train", metadata=_flag("split to train on"))
     validation_split: str | None = field(
         default=None, metadata=_flag("split holding validation data; default: hold out --validation_fraction")

@@ -102,7 +102,7 @@ def _cache_key(record: dict[str, Any]) -> str:
 # one of the latter with a prepared dir would be silently ignored. (--local_dataset true may point at one.)
 _PREPARATION_FLAGS = ("dataset_config_name", "local_dataset", "text_field", "train_split")
 _PREPARATION_FLAGS += ("validation_split", "validation_dataset", "validation_fraction")
-_PREPARATION_FLAGS += ("data_format", "chat_template", "train_on_prompt")
+_PREPARATION_FLAGS += ("data_format", "chat_template", "train_on_prompt", "enable_thinking")
 _FIXED_AT_PREPARATION = (*(f for f in _PREPARATION_FLAGS if f != "local_dataset"), "unprepared_limit_mb")
 
 

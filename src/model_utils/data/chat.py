@@ -1,9 +1,10 @@
 """Prompt/completion and conversation rows as token ids with one flag byte per token: whether it is trained on
 (TRAINED: the completion; the assistant turns) and whether a document starts there (DOC_START).
 
-Conversations are rendered by transformers' own chat-template renderer (the one `apply_chat_template` calls, with
-the tokenizer's special tokens) and tokenized like `apply_chat_template(tokenize=True)` does (the rendered text,
-no special tokens added). The assistant tokens are found the way `return_assistant_tokens_mask` finds them: from
+Conversations are rendered as transformers' own chat-template renderer (the one `apply_chat_template` calls, with
+the tokenizer's special tokens) renders them, in its sandboxed environment with two exact shortcuts (Renderer),
+and tokenized like `apply_chat_template(tokenize=True)` does (the rendered text, no special tokens added), in
+batches. The assistant tokens are found the way `return_assistant_tokens_mask` finds them: from
 character spans of the rendered text, each marking the tokens from the one holding its first character to the
 one holding its last. The spans come from the template's `{% generation %}` tags where it has them; else from
 rendering the conversation up to each assistant turn (with the generation prompt) and through it: what the turn
@@ -16,6 +17,7 @@ prompt's tokens are those the prompt alone and prompt + completion share (comple
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +37,9 @@ TEXT = "text"
 # Rows with nothing to train on (no assistant turn) are counted; more than this share of a unit's stops it.
 UNTRAINED_LIMIT = 0.01
 TOKENIZER_TEMPLATE = "the tokenizer's"
+# The plan's "chat" entry's variables for the template (apply_chat_template's **kwargs), present only when given,
+# so a preparation without them keeps its record (and its cache key) as it was.
+TEMPLATE_KWARGS = "template_kwargs"
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
@@ -67,13 +72,21 @@ def options(data: Any, tokenizer: Any, data_format: str) -> dict[str, Any]:
     special = {
         k: v for k, v in (getattr(tokenizer, "special_tokens_map", None) or {}).items() if isinstance(v, str)
     }
-    return {
+    chat = {
         "template": template or None,
         "template_from": source,
         "template_fingerprint": hashlib.sha256((template or "").encode()).hexdigest()[:16],
         "special_tokens": special,
         "train_on_prompt": bool(data.train_on_prompt),
     }
+    if data.enable_thinking is not None:
+        if "enable_thinking" not in (template or ""):  # it would change nothing: not a silent no-op
+            raise ConfigError(
+                f"--enable_thinking {str(data.enable_thinking).lower()}: the chat template ({source}) does not read "
+                "enable_thinking (Qwen3's does): drop it, or pass --chat_template with a template that reads it"
+            )
+        chat[TEMPLATE_KWARGS] = {"enable_thinking": bool(data.enable_thinking)}
+    return chat
 
 
 # --- rendering ------------------------------------------------------------------------------------------
@@ -83,15 +96,83 @@ class RenderError(Exception):
     """A row the template cannot render, or renders inconsistently: the message says which turn and why."""
 
 
-def _render(
-    template: str, conversations: list[list[dict]], generation_prompt: bool, **kwargs: Any
-) -> list[str]:
-    from transformers.utils.chat_template_utils import render_jinja_template
+_DICT_ATTRIBUTES = frozenset(dir(dict))
 
-    rendered, _ = render_jinja_template(
-        conversations=conversations, chat_template=template, add_generation_prompt=generation_prompt, **kwargs
+
+def _quickened(environment: Any) -> None:
+    """Two shortcuts for the sandboxed environment a renderer compiles its template in, each giving exactly what
+    jinja's own method gives (jinja2.sandbox), where most of a render's time went:
+    - `is_safe_attribute` decided once per (type, attribute name): for ImmutableSandboxedEnvironment the check
+      depends on nothing else (is_internal_attribute, modifies_known_mutable look at the type and the name);
+    - `getattr` on a plain dict (`message.role`) looks the key up at once: jinja tries the attribute first, and a
+      dict instance has only its class's attributes, so any other name reaches the key lookup anyway.
+    Another environment class is left as it is."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    if type(environment) is not ImmutableSandboxedEnvironment:
+        return
+    check, sandboxed_getattr, undefined = (
+        environment.is_safe_attribute,
+        environment.getattr,
+        environment.undefined,
     )
-    return rendered
+    decided: dict[tuple[type, str], bool] = {}
+
+    def is_safe_attribute(obj: Any, attr: str, value: Any) -> bool:
+        key = (type(obj), attr)
+        safe = decided.get(key)
+        if safe is None:
+            safe = decided[key] = check(obj, attr, value)
+        return safe
+
+    def getattr_(obj: Any, attribute: str) -> Any:
+        if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
+            try:
+                return obj[attribute]
+            except KeyError:
+                return undefined(obj=obj, name=attribute)
+        return sandboxed_getattr(obj, attribute)
+
+    environment.is_safe_attribute = is_safe_attribute
+    environment.getattr = getattr_
+
+
+class Renderer:
+    """One chat template with fixed variables (the special tokens, enable_thinking), rendering prefixes of a
+    conversation as transformers' render_jinja_template renders each: the template compiled in its sandboxed
+    environment (an overlay of it, with _quickened's shortcuts), the messages and variables made plain data, the
+    reasoning fields aliased. The messages are converted once per conversation, not once per prefix."""
+
+    def __init__(self, template: str, variables: dict[str, Any]) -> None:
+        from transformers.utils import chat_template_utils
+
+        environment = chat_template_utils._compile_jinja_template(template).environment.overlay()
+        _quickened(environment)
+        self.compiled = environment.from_string(template)
+        self.variables = chat_template_utils._plain_template_data(variables)
+        self._plain = chat_template_utils._plain_template_data
+        self._aliased = chat_template_utils._alias_reasoning_fields
+
+    def render(self, messages: list[dict], prefixes: list[tuple[int, bool]]) -> list[str]:
+        """The first n messages rendered, with the generation prompt or not, for each (n, generation_prompt)."""
+        chat = self._aliased(self._plain(messages))
+        return [
+            self.compiled.render(
+                messages=chat[:n], tools=None, documents=None, add_generation_prompt=prompt, **self.variables
+            )
+            for n, prompt in prefixes
+        ]
+
+
+_renderers: dict[str, Renderer] = {}
+
+
+def renderer(template: str, variables: dict[str, Any]) -> Renderer:
+    """One per process, template and variables: compiling a template takes a while, a worker renders many rows."""
+    key = hashlib.sha256(f"{template}|{json.dumps(variables, sort_keys=True)}".encode()).hexdigest()
+    if key not in _renderers:
+        _renderers[key] = Renderer(template, variables)
+    return _renderers[key]
 
 
 def _common_prefix(a: str, b: str) -> int:
@@ -137,20 +218,18 @@ def assistant_spans(
             return rendered[0], [tuple(span) for span in indices[0]]
         assistant = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
         last = assistant[-1:] == [len(messages) - 1]  # then its "through" rendering is the full one
-        rendered = _render(
-            template,
-            [messages, *(messages[: i + 1] for i in (assistant[:-1] if last else assistant))],
-            False,
-            **options,
-        )
-        full, throughs = rendered[0], rendered[1:] + rendered[:1] * last
-        prompts = _render(template, [messages[:i] for i in assistant if i > 0], True, **options)
+        throughs = [(i + 1, False) for i in (assistant[:-1] if last else assistant)]
+        prompts = [(i, True) for i in assistant if i > 0]
+        rendered = renderer(template, options).render(messages, [(len(messages), False), *throughs, *prompts])
+        full = rendered[0]
+        throughs_text = rendered[1 : 1 + len(throughs)] + rendered[:1] * last
+        prompts_text = rendered[1 + len(throughs) :]
     except Exception as e:  # jinja's errors and the template's own raise_exception
         raise RenderError(f"the chat template cannot render it ({first_line(e)})") from None
     if assistant and assistant[0] == 0:
-        prompts.insert(0, "")
+        prompts_text.insert(0, "")
     spans = []
-    for turn, prompt, through in zip(assistant, prompts, throughs, strict=True):
+    for turn, prompt, through in zip(assistant, prompts_text, throughs_text, strict=True):
         start = _aligned(prompt, full)
         end = _aligned(through, full)
         if end <= start:
@@ -237,7 +316,9 @@ class ChatEncoder:
         self.format = data_format
         self.template = chat["template"]
         self.template_from = chat["template_from"]
-        self.special_tokens = chat["special_tokens"]
+        # What the template is rendered with: the special tokens and the plan's variables (enable_thinking).
+        self.template_vars = {**chat["special_tokens"], **chat.get(TEMPLATE_KWARGS, {})}
+        self.eos_text = chat["special_tokens"].get("eos_token", "")
         self.train_on_prompt = chat["train_on_prompt"]
 
     def encode(self, rows: list[Any], where: Callable[[int], str]) -> Encoded:
@@ -295,11 +376,11 @@ class ChatEncoder:
         if self.format == MESSAGES:
             if self.train_on_prompt:
                 return self._full(row), [], None
-            text, spans = assistant_spans(self.template, row, self.special_tokens)
+            text, spans = assistant_spans(self.template, row, self.template_vars)
             return text, spans, None
         prompt, completion = row["prompt"], row["completion"]
         if isinstance(prompt, str):
-            eos = self.special_tokens.get("eos_token", "")
+            eos = self.eos_text
             full = prompt + completion
             # TRL appends the EOS to the completion (tokenized with it); ours is appended as an id below.
             if eos and full.endswith(eos):
@@ -308,7 +389,9 @@ class ChatEncoder:
         if self.template is None:
             raise RenderError("its prompt is a conversation and the tokenizer has no chat template")
         try:
-            prompt_text = _render(self.template, [_clean(prompt)], True, **self.special_tokens)[0]
+            prompt_text = renderer(self.template, self.template_vars).render(
+                _clean(prompt), [(len(prompt), True)]
+            )[0]
         except Exception as e:
             raise RenderError(f"the chat template cannot render its prompt ({first_line(e)})") from None
         return (
@@ -321,7 +404,9 @@ class ChatEncoder:
         if self.template is None:
             raise RenderError("it is a conversation and the tokenizer has no chat template")
         try:
-            return _render(self.template, [_clean(messages)], False, **self.special_tokens)[0]
+            return renderer(self.template, self.template_vars).render(
+                _clean(messages), [(len(messages), False)]
+            )[0]
         except Exception as e:
             raise RenderError(f"the chat template cannot render it ({first_line(e)})") from None
 
@@ -331,7 +416,7 @@ def render_prompt(template: str, messages: list[dict], special_tokens: dict[str,
     (`--sample_prompts`); a ConfigError when the template cannot render it."""
     special = {k: v for k, v in special_tokens.items() if isinstance(v, str)}
     try:
-        return _render(template, [_clean(messages)], True, **special)[0]
+        return renderer(template, special).render(_clean(messages), [(len(messages), True)])[0]
     except Exception as e:
         raise ConfigError(
             f"the chat template cannot render the conversation prompt ({first_line(e)}): fix the prompt, or pass "

@@ -471,7 +471,9 @@ def rows_record(data: Any, source: Plan, tokenizer: Any, say: Callable[[str], No
     if said:
         say(f"Data: {data.dataset}: {said}")
     if data_format == chat.TEXT:
-        given = [f"--{flag}" for flag in ("chat_template", "train_on_prompt") if getattr(data, flag)]
+        set_ = {"chat_template": data.chat_template is not None, "train_on_prompt": data.train_on_prompt}
+        set_["enable_thinking"] = data.enable_thinking is not None
+        given = [f"--{flag}" for flag, is_set in set_.items() if is_set]
         if given:  # they would change nothing: every token of a text is trained on, no template renders it
             raise ConfigError(
                 f"{' and '.join(given)} {'apply' if len(given) > 1 else 'applies'} to prompt/completion and "
@@ -693,6 +695,8 @@ def prepare_command(path: Path, record: dict[str, Any]) -> str:
             args += ["--chat_template", record["chat"]["template_from"]]
         if record["chat"]["train_on_prompt"]:
             args += ["--train_on_prompt", "true"]
+        for name, value in record["chat"].get(chat.TEMPLATE_KWARGS, {}).items():
+            args += [f"--{name}", str(value).lower()]
     if record.get("max_tokens") is not None:
         args += ["--max_tokens", str(record["max_tokens"])]
     if record.get("unit_mb") is not None:

@@ -20,9 +20,12 @@ def _encoder(tokenizer, data_format: str, **data) -> chat.ChatEncoder:
     return chat.ChatEncoder(spec.json, spec.eos_id, spec.dtype, data_format, options)
 
 
-def _ours(tokenizer, rows: list, data_format: str = chat.MESSAGES) -> list[tuple[list[int], list[int]]]:
-    """Each row's ids and trained flags, without the EOS appended to end the document when the template did not."""
-    encoded = _encoder(tokenizer, data_format).encode(rows, lambda i: f"row {i}")
+def _ours(
+    tokenizer, rows: list, data_format: str = chat.MESSAGES, **data
+) -> list[tuple[list[int], list[int]]]:
+    """Each row's ids and trained flags (DataArgs(**data)'s options), with the EOS appended to end the document
+    where the template did not."""
+    encoded = _encoder(tokenizer, data_format, **data).encode(rows, lambda i: f"row {i}")
     out = []
     for ids, flags in zip(encoded.ids, encoded.flags, strict=True):
         ids, trained = ids.tolist(), ((flags & chat.TRAINED) != 0).astype(int).tolist()
@@ -87,37 +90,57 @@ def test_assistant_masks_equal_trls(family: str, tmp_path) -> None:
     assert compared >= 3
 
 
-def test_stock_qwen3_masks_equal_its_tagged_rendering_in_both_thinking_modes(tmp_path) -> None:
+@pytest.mark.parametrize("enable_thinking", [None, True, False])
+def test_stock_qwen3_masks_equal_its_tagged_rendering_in_both_thinking_modes(
+    enable_thinking, tmp_path
+) -> None:
     """Multi-turn Qwen3, which TRL renders differently: the stock rendering with generation tags (qwen3_tagged)
-    through transformers' return_assistant_tokens_mask. In non-thinking mode the empty <think> block is part of
-    the generation prompt (the model is given it), so it is not trained on; everything else is the same."""
+    through transformers' return_assistant_tokens_mask, the mode chosen by --enable_thinking (default: the
+    template's, thinking). In non-thinking mode the empty <think> block is part of the generation prompt (the model
+    is given it), so it is not trained on; everything else is the same."""
     tokenizer = chat_tokenizer(FAMILIES["qwen3"], tmp_path / "tok")
     tagged = template_text("qwen3_tagged.jinja")
-    special = {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
-    for kwargs in ({}, {"enable_thinking": False}):
-        for messages in conversations("qwen3"):
-            reference = tokenizer.apply_chat_template(
-                messages, return_dict=True, return_assistant_tokens_mask=True, chat_template=tagged, **kwargs
-            )
-            text, spans = chat.assistant_spans(tokenizer.chat_template, messages, special, **kwargs)
-            encoding = tokenizer.backend_tokenizer.encode(text, add_special_tokens=False)
-            assert encoding.ids == reference["input_ids"]
-            trained = np.zeros(len(encoding.ids), int)
-            for start, end in spans:
-                trained[encoding.char_to_token(start) : encoding.char_to_token(end - 1) + 1] = 1
-            expected = np.array(reference["assistant_masks"])
-            if (
-                kwargs
-                and messages[-1].get("reasoning_content") is None
-                and "<think>" not in messages[-1]["content"]
-            ):
-                at = text.rindex(EMPTY_THINK)
-                first, last = encoding.char_to_token(at), encoding.char_to_token(at + len(EMPTY_THINK) - 1)
-                assert expected[first : last + 1].all()  # trained on by the tagged template, the prompt here
-                expected[first : last + 1] = 0
-            if kwargs and "<think>" in text[spans[-1][0] - 8 : spans[-1][0]]:
-                continue  # reasoning given in non-thinking mode: its "<think>\n" reads as the prompt's
-            assert trained.tolist() == expected.tolist(), text
+    kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+    chats = conversations("qwen3")
+    ours = _ours(tokenizer, chats, enable_thinking=enable_thinking)
+    empty_thinks = 0
+    for messages, mine in zip(chats, ours, strict=True):
+        reference = tokenizer.apply_chat_template(
+            messages, return_dict=True, return_assistant_tokens_mask=True, chat_template=tagged, **kwargs
+        )
+        ids, trained = _without_appended_eos(mine, reference["input_ids"])
+        assert ids == reference["input_ids"]
+        text = tokenizer.decode(ids)
+        encoding = tokenizer.backend_tokenizer.encode(text, add_special_tokens=False)
+        expected = np.array(reference["assistant_masks"])
+        last = messages[-1]
+        if (
+            enable_thinking is False
+            and last.get("reasoning_content") is None
+            and "<think>" not in last["content"]
+        ):
+            at = text.rindex(EMPTY_THINK)
+            first, end = encoding.char_to_token(at), encoding.char_to_token(at + len(EMPTY_THINK) - 1) + 1
+            assert expected[first:end].all()  # trained on by the tagged template, the prompt here
+            assert not any(trained[first:end])
+            expected[first:end] = 0
+            empty_thinks += 1
+        if enable_thinking is False and last.get("reasoning_content") is not None:
+            continue  # reasoning given in non-thinking mode: its "<think>\n" reads as the prompt's
+        assert trained == expected.tolist(), text
+    assert empty_thinks == (5 if enable_thinking is False else 0)
+
+
+def test_enable_thinking_is_refused_where_it_would_change_nothing(tmp_path) -> None:
+    tokenizer = chat_tokenizer(FAMILIES["llama3_1"], tmp_path / "tok")
+    with pytest.raises(
+        ConfigError, match=r"^--enable_thinking false: the chat template \(the tokenizer's\) does not"
+    ):
+        chat.options(DataArgs(enable_thinking=False), tokenizer, chat.MESSAGES)
+    qwen3 = chat_tokenizer(FAMILIES["qwen3"], tmp_path / "qwen3")
+    assert "template_kwargs" not in chat.options(DataArgs(), qwen3, chat.MESSAGES)  # records as before
+    given = chat.options(DataArgs(enable_thinking=False), qwen3, chat.MESSAGES)
+    assert given["template_kwargs"] == {"enable_thinking": False}
 
 
 EMPTY_THINK = "<think>\n\n</think>\n\n"
@@ -220,3 +243,79 @@ def test_auto_decides_by_the_first_rows_columns() -> None:
         ("prompt", "completion"),
     )
     assert chat.decide_format(DataArgs(data_format="text"), {"messages": []})[:2] == ("text", "text")
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama3_1", "mistral", "gemma3"])
+def test_the_renderer_renders_every_prefix_as_transformers_does(family: str) -> None:
+    """chat.Renderer (one conversion per conversation, the quickened sandbox) against render_jinja_template, the
+    renderer of apply_chat_template: every prefix, with and without the generation prompt, stock and tagged."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    spec = FAMILIES[family]
+    variables = {"bos_token": spec.bos or "", "eos_token": spec.eos}
+    modes = [{}, {"enable_thinking": False}] if family == "qwen3" else [{}]
+    for name in (spec.template, spec.tagged):
+        template = template_text(name)
+        for mode in modes:
+            renderer = chat.renderer(template, {**variables, **mode})
+            for messages in conversations(family):
+                prefixes = [(n, prompt) for n in range(1, len(messages) + 1) for prompt in (False, True)]
+                ours = renderer.render(messages, prefixes)
+                for (n, prompt), text in zip(prefixes, ours, strict=True):
+                    try:
+                        reference = render_jinja_template(
+                            conversations=[messages[:n]],
+                            chat_template=template,
+                            add_generation_prompt=prompt,
+                            **variables,
+                            **mode,
+                        )[0][0]
+                    except Exception:  # e.g. Mistral's alternation check on a prefix ending with a user turn
+                        continue
+                    assert text == reference, (name, mode, n, prompt)
+
+
+HOSTILE = [
+    "{{ messages.append(1) }}",  # mutating a list
+    "{{ messages[0].__class__.__mro__ }}",  # reaching the class hierarchy
+    # a dict's method before its key, a key, a missing key
+    "{% for m in messages %}{{ m.items is callable }}|{{ m.role }}|{{ m.nothing }}|{{ m.get('content') }}{% endfor %}",
+    "{{ ''.__class__ }}{{ namespace(a=1).a }}{{ 'x'.upper() }}",
+    "{{ messages[0].content.format('x') }}{{ messages[0].content.format('{0.__class__}', 1) }}",
+]
+
+
+@pytest.mark.parametrize("template", HOSTILE)
+def test_the_quickened_sandbox_allows_and_refuses_what_jinjas_does(template: str) -> None:
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    messages = [{"role": "user", "content": "hi {0}"}, {"role": "assistant", "content": "yo"}]
+    try:
+        expected: object = render_jinja_template(conversations=[messages], chat_template=template)[0][0]
+    except Exception as e:
+        expected = (type(e), str(e))
+    try:
+        got: object = chat.renderer(template, {}).render(messages, [(2, False)])[0]
+    except Exception as e:
+        got = (type(e), str(e))
+    assert got == expected
+
+
+def test_the_sandbox_decides_each_attribute_of_a_type_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Most of a render's time was jinja's attribute check, made for every attribute read of every message: the
+    renderer's sandbox makes it once per (type, name), however many conversations it renders."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    checked: list[tuple[type, str]] = []
+    check = ImmutableSandboxedEnvironment.is_safe_attribute
+
+    def counted(self, obj, attr, value):
+        checked.append((type(obj), attr))
+        return check(self, obj, attr, value)
+
+    monkeypatch.setattr(ImmutableSandboxedEnvironment, "is_safe_attribute", counted)
+    monkeypatch.setattr(chat, "_renderers", {})
+    renderer = chat.renderer(template_text("qwen3.jinja"), {"eos_token": "<|im_end|>"})
+    for messages in conversations("qwen3") * 20:
+        renderer.render(messages, [(len(messages), False), (1, True)])
+    assert checked and len(checked) == len(set(checked))

@@ -121,6 +121,17 @@ def test_changed_chat_options_prepare_anew_and_are_refused_for_a_prepared_dir(tm
     assert prep(tmp_path / "p", *args) == 0
     with pytest.raises(ConfigError, match=r"differs in: chat"):
         prep(tmp_path / "p", *args, "--train_on_prompt", "true")
+    with pytest.raises(ConfigError, match=r"differs in: chat"):
+        prep(tmp_path / "p", *args, "--enable_thinking", "false")
+    assert prep(tmp_path / "no-think", *args, "--enable_thinking", "false") == 0
+    record = json.loads((tmp_path / "no-think" / token_shards.PLAN).read_text())
+    assert record["chat"]["template_kwargs"] == {"enable_thinking": False}
+    assert "--enable_thinking false" in token_shards.prepare_command(tmp_path / "no-think", record)
+    _, thinking = _all_rows(token_shards.open_prepared(tmp_path / "p"), "train", 128)
+    _, plain = _all_rows(token_shards.open_prepared(tmp_path / "no-think"), "train", 128)
+    # Non-thinking mode: the empty <think></think> of each last turn moves from the trained answer to the prompt.
+    assert plain.targets.sum() < thinking.targets.sum()
+    assert plain.tokens.size == thinking.tokens.size
 
 
 def test_a_bad_row_stops_the_preparation_in_one_line_leaving_nothing_finished(tmp_path: Path, qwen3) -> None:
@@ -202,14 +213,22 @@ def test_prompt_completion_parquet_and_the_text_record_unchanged(tmp_path: Path,
             DataArgs(dataset=str(text), data_cache_dir=str(tmp_path / "c"), chat_template="t.jinja"),
             tokenizer,
         )
+    with pytest.raises(
+        ConfigError, match=r"^--enable_thinking applies to prompt/completion and conversation"
+    ):
+        run_data(
+            DataArgs(dataset=str(text), data_cache_dir=str(tmp_path / "c"), enable_thinking=False), tokenizer
+        )
 
 
 def test_the_data_flags_are_run_file_keys(tmp_path: Path) -> None:
     path = tmp_path / "run.yaml"
-    path.write_text("data: {data_format: messages, chat_template: t.jinja, train_on_prompt: true}\n")
+    path.write_text(
+        "data: {data_format: messages, chat_template: t.jinja, train_on_prompt: true, enable_thinking: false}\n"
+    )
     values = run_file.load(str(path), SECTIONS).values
     assert values["data_format"] == "messages" and values["chat_template"] == "t.jinja"
-    assert values["train_on_prompt"] is True
+    assert values["train_on_prompt"] is True and values["enable_thinking"] is False
     with pytest.raises(ConfigError, match="--data_format 'chat' is not one of"):
         DataArgs(data_format="chat")
 
