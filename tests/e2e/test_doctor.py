@@ -33,6 +33,7 @@ def test_the_real_doctor_stops_a_real_launcher(tmp_path: Path) -> None:
         "#!/usr/bin/env bash\n"
         'if [[ "$3" == preflight ]]; then exec ' + sys.executable + ' "$@"; fi\n'
         'if [[ "$1 $2" == "-m dskit.env.python_env" ]]; then echo "0 3.11.7 2.6.0 none 0.19.8"; exit 0; fi\n'
+        'if [[ "$1 $2" == "-m dskit.env.lock_stamp" ]]; then exit 0; fi\n'
         'printf "%s\\0" "$@" >"$CALLS/$(date +%s%N)"\n',
     )
     executable(bin_dir / "uv", NOOP)

@@ -408,9 +408,7 @@ def test_close_after_a_failed_step_ends_the_tracker_and_the_worker(
     assert decays == [0.1, 0.0], decays
     closed = []
     monkeypatch.setattr(trainer.reporter.tracker, "close", lambda: closed.append("tracker"))
-    monkeypatch.setattr(
-        trainer.engine, "train_step", lambda batches, keep=None: (_ for _ in ()).throw(RuntimeError("boom"))
-    )
+    monkeypatch.setattr(trainer.engine, "train_step", lambda *_: (_ for _ in ()).throw(RuntimeError("boom")))
     with pytest.raises(RuntimeError, match="boom"):
         try:
             trainer.fit()

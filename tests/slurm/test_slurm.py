@@ -336,6 +336,33 @@ def test_a_hung_rank_requeues_the_job_without_its_node_and_it_resumes(
     subprocess.run(["scancel", job.id], check=True)
 
 
+def test_a_node_failing_the_health_gate_is_excluded_before_any_step(cluster, tmp_path: Path, timing) -> None:
+    """A 1-node job whose all-reduce cannot meet --health_min_busbw: its node is named before the first step and
+    the job requeued without it; the requeued run, on the other node, fails the same way and, its one requeue
+    (max_hang_requeues 1) spent, ends with 75 saying why (issue #28)."""
+    job = Job(
+        tmp_path, "--max_steps", "5", "--health_min_busbw", "1000000",
+        values={"nodes": 1, "cpu_ranks_per_node": 2, "max_hang_requeues": 1},
+    )  # fmt: skip
+    state = job.wait_done(timeout=400)
+    timing("health-gate test job (two gated attempts, one requeue)", time.monotonic() - job.started)
+    log = job.text()
+    assert state == "FAILED", log[-4000:]
+    first, second = log.split("SLURM_RESTART_COUNT=1", 1)
+    failed = re.search(r"^error: health gate: node (node\d) failed: all-reduce bus bandwidth", first, re.M)
+    assert failed, first[-4000:]
+    node = failed.group(1)
+    other = {"node1": "node2", "node2": "node1"}[node]
+    assert f"requeueing job {job.id} without {node} (hang requeue 1 of 1" in first, first[-3000:]
+    assert f"Node {other} (SLURM_NODEID=0)" in second and f"health gate: node {other} failed" in second, (
+        second
+    )
+    assert job_field(job.id, "ExcNodeList") == node
+    assert "| Step " not in log  # stopped before any step, both times
+    assert "after 1 hang requeues (max_hang_requeues 1): not requeueing" in second
+    assert re.search(r"^END .* exit status 75$", second, re.M), second[-2000:]
+
+
 def job_records(job_id: str) -> list[dict[str, str]]:
     """`scontrol show job` of a job, one dict per record (an array job has one per task once they are split)."""
     out = subprocess.run(

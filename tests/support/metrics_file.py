@@ -12,11 +12,16 @@ def step_records(path: Path) -> dict[int, dict]:
 
 
 def tensorboard_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Each scalar's (step, value)s by step, as TensorBoard plots them. The accumulator reads a run dir's event files
+    in name order, and two writers' files named in the same second order by a per-process counter (9 after 10)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(run_dir))
     acc.Reload()
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    return {
+        tag: sorted(((e.step, e.value) for e in acc.Scalars(tag)), key=lambda point: point[0])
+        for tag in acc.Tags()["scalars"]
+    }
 
 
 def tensorboard_texts(run_dir: Path, tag: str) -> dict[int, str]:

@@ -334,28 +334,31 @@ def run_gate(
     floor_row = THRESHOLDS.get(instance or "")
     node = check_node(device.type, local_ranks or 1, floor_row, run) if local_rank == 0 else None
     busbw = time_all_reduce(device, BUFFER_BYTES[device.type], world_size) if world_size > 1 else None
-    mine = (host, local_ranks, node, time.perf_counter() - started)
-    gathered: list[tuple[str, int | None, NodeCheck | None, float]] = [mine]
+    # A node is a launcher's group of ranks (torchrun's GROUP_RANK), on its host: two nodes may share one host
+    # (a test's two SageMaker instances on one machine), whose names are the same.
+    where = (host, os.environ.get("GROUP_RANK", "0"))
+    mine = (where, local_ranks, node, time.perf_counter() - started)
+    gathered: list[tuple[tuple[str, str], int | None, NodeCheck | None, float]] = [mine]
     if world_size > 1:
         import torch
 
         gathered = [mine] * world_size
         torch.distributed.all_gather_object(gathered, mine)
-    nodes: dict[str, NodeCheck] = {}
-    ranks_on: dict[str, int] = {}
-    expected_on: dict[str, int | None] = {}
-    for h, expected, checked, _ in gathered:
-        ranks_on[h] = ranks_on.get(h, 0) + 1
-        expected_on[h] = expected
-        nodes.setdefault(h, NodeCheck(h))
+    nodes: dict[tuple[str, str], NodeCheck] = {}
+    ranks_on: dict[tuple[str, str], int] = {}
+    expected_on: dict[tuple[str, str], int | None] = {}
+    for w, expected, checked, _ in gathered:
+        ranks_on[w] = ranks_on.get(w, 0) + 1
+        expected_on[w] = expected
+        nodes.setdefault(w, NodeCheck(w[0]))
         if checked is not None:
-            nodes[h] = checked
-    for h, count in ranks_on.items():  # the CPU subset's node check: every rank the launcher started is here
-        if expected_on[h] is not None and count != expected_on[h]:
-            nodes[h].problems.append(f"{count} ranks joined, {expected_on[h]} started (LOCAL_WORLD_SIZE)")
+            nodes[w] = checked
+    for w, count in ranks_on.items():  # the CPU subset's node check: every rank the launcher started is here
+        if expected_on[w] is not None and count != expected_on[w]:
+            nodes[w].problems.append(f"{count} ranks joined, {expected_on[w]} started (LOCAL_WORLD_SIZE)")
     floor, source = busbw_floor(device.type, instance, len(nodes), min_busbw)
     seconds = max(s for *_, s in gathered)
-    verdict = judge(sorted(nodes.values(), key=lambda n: n.host), busbw, floor, source, seconds)
+    verdict = judge([nodes[w] for w in sorted(nodes)], busbw, floor, source, seconds)
     failing = verdict.failing()
     job_problem = verdict.job_problem()
     if not failing and job_problem is None:

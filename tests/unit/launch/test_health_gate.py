@@ -194,6 +194,10 @@ def _gate(rank: int, store: str, hosts_file: str, results: dict[tuple[int, str],
             except NodeUnhealthy as e:
                 results[(rank, case)] = (str(e), list(said))
             said.clear()
+        # two nodes of one rank each on one host (a test's two SageMaker instances): told apart by GROUP_RANK
+        os.environ.update({"LOCAL_WORLD_SIZE": "1", "GROUP_RANK": str(rank)})
+        two = health_gate.run_gate(rank, 2, cpu, None, said.append, said.append)
+        results[(rank, "two nodes")] = (len(two.nodes), list(said))
     finally:
         dist.destroy_process_group()
 
@@ -228,5 +232,7 @@ def test_the_cpu_subset_on_two_real_ranks(tmp_path: Path) -> None:
             message
             == f"health gate: node {host} failed: 2 ranks joined, 3 started (LOCAL_WORLD_SIZE) (exit status 75: requeue without it)"
         )
+    nodes, said = got[(0, "two nodes")]
+    assert nodes == 2 and said[0].startswith("Health gate: 2 cpu ranks on 2 nodes passed in "), said
     # rank 0 named the host to the launcher, once per failure
     assert hosts_file.read_text() == f"{host} failed the health gate\n" * 2
