@@ -35,8 +35,12 @@ env:
 
 # DeepSpeed compiles its CPU ops on first use (~1-2 min each); do it once here, not inside a timed test.
 # Through the same set-up as training (model_utils.model.kernels.prepare_jit_env: extensions dir, TORCH_CUDA_ARCH_LIST).
+# One process per op, side by side: each compiles on one core (torch's file lock is per op).
+WARM_OPS := ShareMemCommBuilder CPUAdamBuilder
 warm: env
-	$(PY) -c "from model_utils.model import kernels; kernels.warm_deepspeed_ops(['ShareMemCommBuilder', 'CPUAdamBuilder'])"
+	@pids=(); for op in $(WARM_OPS); do \
+	  $(PY) -c "from model_utils.model import kernels; kernels.warm_deepspeed_ops(['$$op'])" & pids+=($$!); \
+	done; status=0; for pid in "$${pids[@]}"; do wait "$$pid" || status=$$?; done; exit "$$status"
 
 lint: env
 	.venv/bin/ruff format --check src tests examples tools

@@ -43,9 +43,9 @@ from model_utils.observe import ledger_file
 if TYPE_CHECKING:  # torch is imported where the gate runs: `dskit doctor` reads the table without it
     import torch
 
-# When the floors below were last checked against published nccl-tests all_reduce_perf figures of each type
-# (bus bandwidth at 256 MiB, the gate's CUDA buffer): each floor is about half of what a healthy type reaches, so a
-# busy node passes and a broken link (a lane down, TCP instead of EFA) does not.
+# When the floors below were set: about half of the nccl-tests all_reduce_perf bus bandwidths (256 MiB, the gate's
+# CUDA buffer) commonly reported for each type, so a busy node passes and a broken link (a lane down, TCP instead
+# of EFA) does not. Written from those reports, not measured on the instances (docs/hangs.md).
 THRESHOLDS_DATE = "2026-11-26"
 
 
