@@ -12,14 +12,15 @@ def step_records(path: Path) -> dict[int, dict]:
 
 
 def tensorboard_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """Each scalar's (step, value)s by step, as TensorBoard plots them. The accumulator reads a run dir's event files
-    in name order, and two writers' files named in the same second order by a per-process counter (9 after 10)."""
+    """Each scalar's (step, value)s in the order they were written. The accumulator reads a run dir's event files in
+    name order, and two writers' files named in the same second order by a per-process counter (9 after 10): so by
+    wall time (a stable sort: one file's events are in order already)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(run_dir))
     acc.Reload()
     return {
-        tag: sorted(((e.step, e.value) for e in acc.Scalars(tag)), key=lambda point: point[0])
+        tag: [(e.step, e.value) for e in sorted(acc.Scalars(tag), key=lambda event: event.wall_time)]
         for tag in acc.Tags()["scalars"]
     }
 
