@@ -21,7 +21,6 @@ advancing, and the status is HANG_EXIT (75), which a launcher may requeue on (do
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import socket
@@ -121,10 +120,9 @@ def _ledger_exit(pointer: Path, status: int) -> None:
 
 
 if __name__ == "__main__":
+    from model_utils.launch import process_exit
+
     code = main(sys.argv[1:])
     # Without the interpreter's teardown of torch (~0.6 s on a loaded 2-core machine): torchrun has cleaned up
     # after itself, and the ledger's exit record is then the attempt's end to within the shell's own exit.
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    process_exit.exit_now(code)

@@ -444,6 +444,13 @@ class Stubbed:
             cmd, cwd = [str(self.repo / script), *args], self.repo.parent
         return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=60)
 
+    def python_exits(self, status: int) -> None:
+        """The run's interpreter fails every command with `status` (what a script then passes on)."""
+        python = self.repo / ".venv" / "bin" / "python"
+        python.unlink()
+        python.write_text(f"#!/usr/bin/env bash\nexit {status}\n")
+        python.chmod(0o755)
+
     def recorded(self, name: str, with_env: bool = False) -> list[list[str]]:
         """Each call of command `name`: its arguments (then `ENV NAME=value` entries, with_env)."""
         out = []
@@ -940,9 +947,7 @@ def test_prepare_data_status_and_manifest_line(tmp_path: Path) -> None:
     proc = stub.run("prepare-data.sbatch")
     assert "Prepared data/prepared: train on it with DATASET=data/prepared" in proc.stdout
     # prepare-data's own failure is the task's status (afterok then never starts the training job)
-    (stub.repo / ".venv" / "bin" / "python").unlink()
-    (stub.repo / ".venv" / "bin" / "python").write_text("#!/usr/bin/env bash\nexit 2\n")
-    (stub.repo / ".venv" / "bin" / "python").chmod(0o755)
+    stub.python_exits(2)
     proc = stub.run("prepare-data.sbatch")
     assert proc.returncode == 2
     assert re.search(r"^END .* exit status 2$", proc.stdout, re.MULTILINE), proc.stdout
@@ -1052,9 +1057,7 @@ def test_eval_job_evaluates_the_checkpoint_on_the_tasks(tmp_path: Path) -> None:
 
 def test_eval_job_status_is_dskit_evals(tmp_path: Path) -> None:
     stub = Stubbed(tmp_path)
-    (stub.repo / ".venv" / "bin" / "python").unlink()
-    (stub.repo / ".venv" / "bin" / "python").write_text("#!/usr/bin/env bash\nexit 2\n")
-    (stub.repo / ".venv" / "bin" / "python").chmod(0o755)
+    stub.python_exits(2)
     proc = stub.run("eval.sbatch")
     assert proc.returncode == 2
     assert re.search(r"^END .* exit status 2$", proc.stdout, re.MULTILINE), proc.stdout
