@@ -6,6 +6,8 @@
 - `moto_endpoint`, `s3`, `denied_server`, `s3_denied`: a real S3 API (moto server) on loopback, and
   `no_secret_in_output` (tests/support/s3_server.py).
 - Tests marked `gpu` are skipped, with the reason, where torch sees no CUDA GPU (one hook, not a skipif each).
+- Under `make test`, every test holds the tiers' shared lock and a test marked `quiet` an exclusive one
+  (tests/support/tier_lock.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Iterator
 import pytest
 
 from support import rank_pool as pool
+from support import tier_lock
 from support.s3_server import (  # noqa: F401  (fixtures)
     denied_server,
     moto_endpoint,
@@ -37,6 +40,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("gpu"):
             item.add_marker(skip)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[object]:
+    with tier_lock.holding(quiet=item.get_closest_marker("quiet") is not None):
+        return (yield)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -7,6 +7,9 @@ tier (everything else). The main tier reports live; the launchers tier's report 
 
     python tools/test_tiers.py [PYTEST ARGS...]      # the args go to both tiers (e.g. -x, -k EXPR, paths)
 
+Tests marked `quiet` (they compare ranks' timings on one machine) run while the other tier pauses between two
+of its tests: both tiers get DSKIT_TEST_TIER_LOCK (tests/support/tier_lock.py).
+
 Exit status: 0 when both tiers pass, else the first non-zero one.
 """
 
@@ -37,12 +40,14 @@ def main(args: list[str]) -> int:
     log = REPO / ".cache" / "test-tier-launchers.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
+    env = {**os.environ, "DSKIT_TEST_TIER_LOCK": str(REPO / ".cache" / "test-tiers.lock")}
     with log.open("w") as out:
         # Its own process group, so an interrupted run ends all of its processes; no cache plugin, whose end-of-run
         # write would race the main tier's.
         launchers = subprocess.Popen(
             [*_pytest(LAUNCHERS, args), "-p", "no:cacheprovider"],
             cwd=REPO,
+            env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -52,7 +57,7 @@ def main(args: list[str]) -> int:
     watcher.start()
     try:
         print(f"tier launchers ({LAUNCHERS}): running beside this one, reported at the end", flush=True)
-        main_status = subprocess.run(_pytest(f"not ({LAUNCHERS})", args), cwd=REPO).returncode
+        main_status = subprocess.run(_pytest(f"not ({LAUNCHERS})", args), cwd=REPO, env=env).returncode
         main_seconds = time.monotonic() - started
         watcher.join()
     except BaseException:

@@ -73,8 +73,9 @@ def test_a_rank_frozen_in_a_step_is_named_with_its_stack_and_the_job_ends_75(tmp
     print(f"frozen in a step: exit {seconds:.1f} s after the SIGSTOP (--hang_timeout {HANG_TIMEOUT})")
     assert said[3] in (watchdog.DATA, watchdog.COMPUTE, watchdog.DECISION), said[0]
     assert HANG_TIMEOUT <= int(said[5]) <= HANG_TIMEOUT + 2, said[0]
-    # The stuck rank's own stack shows where it stood: in the step, not in the watchdog.
-    assert re.search(r"in (train_step|turn|_keep)", frozen_stack(output, int(said[1]))), output[-6000:]
+    # The stuck rank's own stack shows where it stood: in the training loop, not in the watchdog (the SIGSTOP lands
+    # anywhere in a turn: in the step, or in its observers after the step was logged).
+    assert re.search(r"line \d+ in fit$", frozen_stack(output, int(said[1])), re.M), output[-6000:]
     assert seconds < HANG_TIMEOUT + 15, f"{seconds:.0f} s from the freeze to the exit"
 
 

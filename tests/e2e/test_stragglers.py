@@ -12,7 +12,7 @@ import pytest
 from model_utils.launch import launch_env
 from support.rank_pool import ENV, train
 
-pytestmark = [pytest.mark.e2e]
+pytestmark = [pytest.mark.e2e, pytest.mark.quiet]
 
 
 def flags(tmp_path: Path, steps: int) -> list[str]:
