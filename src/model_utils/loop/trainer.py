@@ -568,6 +568,16 @@ class Trainer:
         self.last_save_time = time.monotonic()
 
     def fit(self) -> TrainState:
+        self.start()
+        train_started = time.perf_counter()
+        reason = None
+        while self.state.step < self.max_steps and reason is None:
+            reason = self.advance()
+        self.finish(reason or "done", time.perf_counter() - train_started)
+        return self.state
+
+    def start(self) -> None:
+        """What the loop does once before its first turn: the announcements and the observers' start."""
         assert self.reporter is not None
         run = self.run
         print0(
@@ -581,18 +591,20 @@ class Trainer:
         self.engine.train()
         if self.state.step >= self.max_steps:
             print0(f"Nothing to train: already at step {self.state.step} of {self.max_steps}")
-        train_started = time.perf_counter()
         self.reporter.restart_clock()
-        reason = None
-        while self.state.step < self.max_steps and reason is None:
-            report = self.turn()
-            self.hooks.after_step(report)
-            reason = self.after_step(report.trained)
-        reason = reason or "done"
+
+    def advance(self) -> str | None:
+        """One turn of the loop with everything after it (observers, validation, checkpoint): why the ranks agreed
+        to stop after it, or None."""
+        report = self.turn()
+        self.hooks.after_step(report)
+        return self.after_step(report.trained)
+
+    def finish(self, reason: str, train_s: float) -> None:
+        assert self.reporter is not None
         self.hooks.on_end(self.state, reason)  # uploads finish, then the end record
         self.reporter.close()  # the progress bar goes before the closing lines
-        self._announce_end(reason, time.perf_counter() - train_started)
-        return self.state
+        self._announce_end(reason, train_s)
 
     def close(self) -> None:
         """Stop the batch worker, close the observers, end the tracker's run and release the engine: on success
