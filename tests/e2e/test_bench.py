@@ -88,7 +88,8 @@ def test_bench_measures_the_spike_guard_interleaved_once_its_window_is_full(
     tmp_path: Path, single_rank, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    assert cli.main(["bench", "--guard_overhead", "--steps", "4", "--seq_length", "32"]) == 0
+    argv = ["bench", "--guard_overhead", "--spike_window", "8", "--steps", "4", "--seq_length", "32"]
+    assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "variant" not in out  # no table: this mode measures the guard alone
     found = re.search(

@@ -57,7 +57,7 @@ GPU_SEQ_LENGTH = 2048
 DEFAULT_CONFIG = "deepspeed/ds_config.json"
 # (timed steps, warm-up steps) by device: enough on a GPU to average out the noise, few on CPU so CI stays fast.
 STEPS = {"cuda": (20, 5), "cpu": (3, 1)}
-GUARD_WINDOW = GuardArgs().spike_window  # --guard_overhead: the steps before the guard judges
+GUARD_WINDOW = GuardArgs().spike_window  # --guard_overhead: the steps before the guard judges, by default
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="instead of the rows: the spike guard's cost per step in one kit run of the first config, the guard "
         "switched off and on step by step (so drift and noise hit both alike) once its window is full",
+    )
+    p.add_argument(
+        "--spike_window",
+        type=int,
+        help="with --guard_overhead: the guard's window (training's --spike_window), the steps trained before it "
+        f"judges and the timing starts (default {GUARD_WINDOW})",
     )
     p.add_argument(
         "--packing_overhead",
@@ -531,7 +537,7 @@ def packing_overhead(
 def _training_flags(ns: argparse.Namespace, model: str, config: str, checkpoint_dir: str) -> list[str]:
     steps = ns.steps + ns.warmup_steps
     if ns.guard_overhead:  # the window fills, then off and on alternate
-        steps = GUARD_WINDOW + ns.warmup_steps + 2 * ns.steps
+        steps = (ns.spike_window or GUARD_WINDOW) + ns.warmup_steps + 2 * ns.steps
     if ns.packing_overhead:  # stream and documents alternate
         steps = ns.warmup_steps + 2 * ns.steps
     flags = [
@@ -549,7 +555,7 @@ def _training_flags(ns: argparse.Namespace, model: str, config: str, checkpoint_
     if ns.peak_tflops is not None:
         flags += ["--peak_tflops", str(ns.peak_tflops)]
     if ns.guard_overhead:  # judging from the window's filling, not after the guard's longer warm-up
-        flags += ["--spike_warmup_steps", "0"]
+        flags += ["--spike_warmup_steps", "0", "--spike_window", str(ns.spike_window or GUARD_WINDOW)]
     return flags
 
 
@@ -605,6 +611,8 @@ def main(argv: list[str]) -> int:
     ns.steps = default_steps if ns.steps is None else ns.steps
     ns.warmup_steps = default_warmup if ns.warmup_steps is None else ns.warmup_steps
     references = reference_modes(ns.reference, device_type)
+    if ns.spike_window is not None and not ns.guard_overhead:
+        raise ConfigError("--spike_window sets the guard's window for --guard_overhead: add that, or drop it")
     if ns.steps < 1 or ns.warmup_steps < 1:
         raise ConfigError(
             "--steps and --warmup_steps must be at least 1 (the first step compiles and warms up)"

@@ -19,6 +19,10 @@ def test_bench_bad_flags_are_one_line(capsys: pytest.CaptureFixture[str]) -> Non
         == "error: --steps and --warmup_steps must be at least 1 (the first step compiles and warms up)"
     )
     assert errors[1].startswith("error: unrecognized arguments: --stepz 3") and len(errors) == 2
+    assert cli.main(["bench", "--spike_window", "8"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: --spike_window sets the guard's window for --guard_overhead: add that, or drop it"
+    ]
     assert cli.main(["bench", "--reference", "compiled,jit"]) == 2
     assert cli.main(["bench", "--reference", "eager,eager"]) == 2
     assert capsys.readouterr().err.splitlines() == [
@@ -86,6 +90,9 @@ def test_the_guard_overhead_run_judges_from_the_windows_filling_not_after_the_gu
         cfg.guard.spike_warmup_steps == 0
         and cfg.loop.max_steps == bench.GUARD_WINDOW + ns.warmup_steps + 2 * ns.steps
     )
+    small = bench.build_parser().parse_args(["--guard_overhead", "--spike_window", "8", "--steps", "3", "--warmup_steps", "1"])
+    cfg = parse_args(bench._training_flags(small, bench.CPU_MODEL, bench.DEFAULT_CONFIG, str(tmp_path)))
+    assert cfg.guard.spike_window == 8 and cfg.loop.max_steps == 8 + small.warmup_steps + 2 * 3
     plain = parse_args(
         bench._training_flags(
             bench.build_parser().parse_args(["--steps", "3", "--warmup_steps", "1"]),
