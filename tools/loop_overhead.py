@@ -14,11 +14,11 @@ Each rank builds both from one resolved run of the training flags (default: the 
 
 Blocks of --block steps alternate, the minimal loop's first and last (reference, kit, reference, ..., reference:
 --rounds kit blocks), so the machine's drift falls on both; each kit block is compared with the mean of the two
-reference blocks around it (--with_collective: the minimal loop makes a blocking all-reduce like the kit's per-step
-consensus, which takes its part out of the ratio). CPU is the process's (every thread: the kit's prefetch and watchdog threads count
-against it). It prints each rank's CPU and wall per step and the ratios (median over the rounds); --profile N adds
-rank 0's N functions of most own time in each (cProfile: the main thread only, and slower, so the ratios of a
-profiled run are not the figures).
+reference blocks around it. --with_collective: the minimal loop also makes one blocking all-reduce before its last
+backward, as the kit's per-step consensus does, which takes that part out of the ratio. CPU is the process's
+(every thread: the kit's prefetch and watchdog threads count against it). It prints each rank's CPU and wall per
+step and the ratios (median over the rounds); --profile N adds rank 0's N costliest functions of each (cProfile
+with the training thread's CPU clock, and slower, so a profiled run's ratios are not the figures).
 """
 
 from __future__ import annotations
