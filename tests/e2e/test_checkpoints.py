@@ -358,7 +358,6 @@ def test_a_resume_with_another_max_steps_keeps_the_warmup_and_says_the_lr_it_cha
 
 
 @pytest.mark.e2e
-@pytest.mark.launcher  # torchrun as a subprocess: beside the main tier
 def test_a_second_launch_into_a_live_runs_checkpoint_dir_is_refused_in_one_line(tmp_path: Path) -> None:
     """Two launches (2 CPU ranks of the tiny default model: the first through torchrun, which Ctrl-C stops, the
     second from the rank pool) into one --checkpoint_dir: the second is refused before its ranks train, naming the first's host and pid, and touches nothing; the first trains on, and

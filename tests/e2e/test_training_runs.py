@@ -110,7 +110,6 @@ def test_a_signal_to_one_rank_stops_all_ranks_at_one_step_with_a_checkpoint(
     )  # continued, none repeated or skipped
 
 
-@pytest.mark.launcher  # drives ./train-singlenode.sh: beside the main tier
 def test_train_singlenode_trains_the_embedded_default_and_resumes(tmp_path: Path) -> None:
     """./train-singlenode.sh with only a private checkpoint dir: the embedded default, end to end."""
     logs_before = set((REPO / "logs").glob("*.out"))
