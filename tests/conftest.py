@@ -7,7 +7,7 @@
   `no_secret_in_output` (tests/support/s3_server.py).
 - Tests marked `gpu` are skipped, with the reason, where torch sees no CUDA GPU (one hook, not a skipif each).
 - Under `make test`, every test holds the tiers' shared lock and a test marked `quiet` an exclusive one
-  (tests/support/tier_lock.py).
+  (tests/support/tier_lock.py); the quiet tests run first.
 """
 
 from __future__ import annotations
@@ -30,6 +30,9 @@ from support.s3_server import (  # noqa: F401  (fixtures)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Quiet tests first: at the start the other tier is still collecting, so neither tier waits for the other's
+    # running test (tests/support/tier_lock.py). A stable sort keeps the order within each group.
+    items.sort(key=lambda item: item.get_closest_marker("quiet") is None)
     if not any(item.get_closest_marker("gpu") for item in items):
         return
     import torch
