@@ -122,7 +122,10 @@ def test_a_node_that_fails_the_health_gate_is_named_before_any_step_and_the_rank
     flags = ["--max_steps", "2", "--checkpoint_dir", str(tmp_path / "ckpt"), "--health_min_busbw", "1e6"]
     run = run_ranks(flags, cwd=tmp_path, env={**ENV, launch_env.HANG_HOSTS_FILE: str(hosts)})
     out = run.stdout + run.stderr
-    assert run.exitcodes == [watchdog.HANG_EXIT] * 2, out[-4000:]
+    # Every rank ends with 75; the first to exit makes torchrun end the other (SIGTERM), which may come first. The
+    # job's status is the first failure's: 75.
+    assert watchdog.HANG_EXIT in run.exitcodes, out[-4000:]
+    assert set(run.exitcodes) <= {watchdog.HANG_EXIT, -signal.SIGTERM}, (run.exitcodes, out[-4000:])
     host = socket.gethostname()
     assert f"error: health gate: node {host} failed: all-reduce bus bandwidth " in out, out[-4000:]
     assert "below the floor of 1e+06 GB/s (--health_min_busbw) (exit status 75: requeue without it)" in out

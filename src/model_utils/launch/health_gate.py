@@ -371,4 +371,10 @@ def run_gate(
         for line in lines[1:]:
             say(f"error: {line}")
         launch_env.name_bad_hosts([n.host for n in failing], "failed the health gate")
+    if world_size > 1:
+        import torch
+
+        # No rank leaves before rank 0 has said it and named the hosts: torchrun ends the others (SIGTERM) once the
+        # first rank exits, which could cut rank 0's report. The group works: the verdict came through it.
+        torch.distributed.barrier()
     raise NodeUnhealthy(lines[0])

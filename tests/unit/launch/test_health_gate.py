@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -186,6 +187,14 @@ def _gate(rank: int, store: str, hosts_file: str, results: dict[tuple[int, str],
         passed = health_gate.run_gate(rank, 2, cpu, None, said.append, said.append)
         results[(rank, "pass")] = (passed.busbw, passed.seconds, list(said))
         said.clear()
+        name_bad_hosts = launch_env.name_bad_hosts
+
+        def slow_to_name(*args: object) -> None:  # rank 0 names the hosts late: no rank may leave before
+            time.sleep(0.5)
+            name_bad_hosts(*args)
+            results[(rank, "named at")] = time.time()
+
+        launch_env.name_bad_hosts = slow_to_name  # type: ignore[assignment]
         for case, floor, local_ranks in (("slow", 1e6, "2"), ("missing rank", None, "3")):
             os.environ["LOCAL_WORLD_SIZE"] = local_ranks
             try:
@@ -193,7 +202,9 @@ def _gate(rank: int, store: str, hosts_file: str, results: dict[tuple[int, str],
                 results[(rank, case)] = "passed"
             except NodeUnhealthy as e:
                 results[(rank, case)] = (str(e), list(said))
+                results[(rank, f"{case} raised at")] = time.time()
             said.clear()
+        launch_env.name_bad_hosts = name_bad_hosts
         # two nodes of one rank each on one host (a test's two SageMaker instances): told apart by GROUP_RANK
         os.environ.update({"LOCAL_WORLD_SIZE": "1", "GROUP_RANK": str(rank)})
         two = health_gate.run_gate(rank, 2, cpu, None, said.append, said.append)
@@ -234,5 +245,7 @@ def test_the_cpu_subset_on_two_real_ranks(tmp_path: Path) -> None:
         )
     nodes, said = got[(0, "two nodes")]
     assert nodes == 2 and said[0].startswith("Health gate: 2 cpu ranks on 2 nodes passed in "), said
-    # rank 0 named the host to the launcher, once per failure
+    # rank 0 named the host to the launcher, once per failure, before any rank left the gate (torchrun ends the
+    # other ranks once one exits)
     assert hosts_file.read_text() == f"{host} failed the health gate\n" * 2
+    assert got[(1, "missing rank raised at")] >= got[(0, "named at")]
