@@ -1,7 +1,7 @@
 """Real 2-rank DeepSpeed runs on CPU (gloo, ZeRO-2, CPU Adam, bf16).
 
-The runs are the rank pool's (support/rank_pool.py) except where the launcher is what is tested: the signal to
-one torchrun worker, and ./train-singlenode.sh.
+The runs are the rank pool's (support/rank_pool.py) except where the launcher is what is tested:
+./train-singlenode.sh.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import torch
 from dskit import cost
 from support.hub_server import HubStandIn
 from support.metrics_file import step_records
-from support.rank_pool import train
+from support.rank_pool import run_ranks, train
 from support.reference_runs import Reference
-from support.torchrun import ENV, REPO, torchrun_cmd
+from support.torchrun import ENV, REPO
 
 pytestmark = pytest.mark.e2e
 
@@ -76,27 +76,24 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(deepspeed_reference:
 def test_a_signal_to_one_rank_stops_all_ranks_at_one_step_with_a_checkpoint(
     backend: str, tmp_path: Path, data_cache: Path
 ) -> None:
-    """Preemption is the trainer's, whichever engine trains."""
+    """Preemption is the trainer's, whichever engine trains: SIGUSR1 to one rank (rank 1) stops both."""
     ckpt = tmp_path / "ck"
     args = [
         "--max_steps", "12", "--logging_freq", "1", "--checkpoint_freq", "100", "--validation_freq", "100",
         "--seq_length", "64", "--data_cache_dir", str(data_cache), "--checkpoint_dir", str(ckpt),
         "--metrics_file", str(tmp_path / "m.jsonl"), "--backend", backend,
     ]  # fmt: skip
-    log = (tmp_path / "run.log").open("w")
-    proc = subprocess.Popen(torchrun_cmd(args), cwd=tmp_path, env=ENV, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.time() + 400
-    while "Step 2/12" not in (tmp_path / "run.log").read_text():
-        assert proc.poll() is None and time.time() < deadline, (tmp_path / "run.log").read_text()[-3000:]
-        time.sleep(0.2)
-    # Only one worker gets the signal (torchrun's workers run as `python -u .../train_deepspeed.py`).
-    workers = subprocess.run(
-        ["pgrep", "-f", "--", f"-u {REPO}/src/train_deepspeed.py .*{ckpt}"], capture_output=True, text=True
-    ).stdout.split()
-    assert len(workers) == 2, workers
-    os.kill(int(workers[-1]), signal.SIGUSR1)
-    assert proc.wait(timeout=300) == 0
-    out = (tmp_path / "run.log").read_text()
+
+    def signal_rank_1_at_step_2(pids: list[int], stdout: Path) -> None:
+        deadline = time.monotonic() + 300
+        while "Step 2/12" not in (stdout.read_text() if stdout.exists() else ""):
+            assert time.monotonic() < deadline, "no step 2 in 300 s"
+            time.sleep(0.1)
+        os.kill(pids[1], signal.SIGUSR1)
+
+    run = run_ranks(args, cwd=tmp_path, while_running=signal_rank_1_at_step_2)
+    out = run.stdout + run.stderr
+    assert run.exitcodes == [0, 0], (run.exitcodes, out[-3000:])
     assert "Preempted: stop requested by" in out
     stopped = int(out.split("saved at step ")[1].split()[0])
     assert 2 <= stopped < 12

@@ -4,7 +4,8 @@
 returncode, stdout and stderr of all ranks; plus `exitcodes`, each rank's own status). Use it wherever the
 launcher is not what a test is about; a test of the launcher, of what a fresh rank imports or prints, or of
 signals sent through torchrun keeps the real launch (support/torchrun.py). `train` is support.torchrun.train's
-counterpart. How a rank is set up and ends: support/rank_server.py; tests/e2e/test_rank_pool.py holds the pool to
+counterpart; `while_running` acts on a run's ranks while they run (e.g. signals one when its output says so). How
+a rank is set up and ends: support/rank_server.py; tests/e2e/test_rank_pool.py holds the pool to
 torchrun.
 
 One server per pytest session and import environment, started on first use and ended by the session fixture
@@ -24,7 +25,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -142,8 +145,11 @@ class RankPool:
         cwd: Path = REPO,
         env: dict[str, str] | None = None,
         timeout: int = 600,
+        while_running: Callable[[list[int], Path], None] | None = None,
     ) -> RankRun:
-        """The finished run, whatever its exit status (crash tests expect failures): run_torchrun's contract."""
+        """The finished run, whatever its exit status (crash tests expect failures): run_torchrun's contract.
+        `while_running(pids, stdout_path)`: called in a thread once the ranks are forked (e.g. to signal a rank when
+        its output says so); it must return by the time the ranks end, and what it raises is raised here."""
         env = dict(env or ENV)
         server = self.server(env)
         with tempfile.TemporaryDirectory(prefix="ranks-") as tmp:
@@ -160,6 +166,18 @@ class RankPool:
                 }
             )
             pids = server.receive(60)["pids"]
+            failed: list[BaseException] = []
+            watcher = None
+            if while_running is not None:
+
+                def watch() -> None:
+                    try:
+                        while_running(pids, out)
+                    except BaseException as e:  # raised in the caller's thread, after the run
+                        failed.append(e)
+
+                watcher = threading.Thread(target=watch, daemon=True)
+                watcher.start()
             try:
                 exitcodes = server.receive(timeout)["exitcodes"]
             except BaseException as e:  # a timeout, or the session interrupted: no rank outlives its run
@@ -172,6 +190,10 @@ class RankPool:
                         [str(script), *args], timeout, _read(out), _read(err)
                     ) from None
                 raise
+            if watcher is not None:
+                watcher.join(5)
+                if failed:
+                    raise failed[0]
             return RankRun([str(script), *map(str, args)], exitcodes, _read(out), _read(err))
 
     def close(self) -> None:
