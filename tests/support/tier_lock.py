@@ -17,11 +17,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 LOCK_ENV = "DSKIT_TEST_TIER_LOCK"
+# Taken out of the environment when the session starts (conftest imports this): a pytest a test starts (dskit
+# gpu-check's) must not queue for the lock its parent's test holds.
+_PATH = os.environ.pop(LOCK_ENV, None)
 
 
 @contextlib.contextmanager
 def holding(quiet: bool) -> Iterator[None]:
-    path = os.environ.get(LOCK_ENV)
+    path = _PATH or os.environ.get(LOCK_ENV)
     if not path:
         yield
         return
