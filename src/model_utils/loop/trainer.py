@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 import numpy as np
 import torch
@@ -36,6 +37,8 @@ from model_utils.observe.log import print0, warn0
 from model_utils.observe.reporter import Reporter
 from model_utils.optim import param_groups
 from model_utils.resolve.resolver import ResolvedRun, check_resume, split_origin
+
+T = TypeVar("T")
 
 # What became of a step's data (Trainer.train_step); an applied one then stands or is rolled back (hooks.py).
 APPLIED, DISCARDED, DROPPED = "applied", hooks.DISCARDED, hooks.DROPPED
@@ -267,15 +270,14 @@ class Trainer:
         """One optimizer step over this step's micro-batches: APPLIED and the loss, or DISCARDED (the spike
         guard saw the loss spike: no update) or DROPPED (a test fault) and NaN. The data is consumed either way."""
         assert self.reporter is not None and self.batches is not None
+        batches = self.batches
+        self.data_wait_s = 0.0
         self.step_lr = self.engine.lr()  # the lr this step runs at (the engine advances it after the step)
         position = self.state.position
         if self.fault is not None and self.fault.draw() == "drop":
             self.state.position = self.sampler.advance(position)
             return DROPPED, float("nan")
-        fetch_started = time.perf_counter()
-        micro_batches = self.batches.at(position)
-        self.data_wait_s = time.perf_counter() - fetch_started
-        self.reporter.data_waited(self.data_wait_s)
+        micro_batches = self._waited_for(lambda: batches.at(position))
         self.hooks.before_step(self.state.step + 1)
         self.guard.step_starting(position)
         # The loss divisor, when the turn before agreed it (else the engine counts it in a collective of its own).
@@ -301,6 +303,16 @@ class Trainer:
         self.reporter.step_done(loss, trained, self.engine.wall_clock_ms())
         return APPLIED, loss
 
+    def _waited_for(self, read: Callable[[], T]) -> T:
+        """A read of the data, its time added to the turn's data wait and told to the reporter."""
+        started = time.perf_counter()
+        got = read()
+        waited = time.perf_counter() - started
+        self.data_wait_s += waited
+        if self.reporter is not None:
+            self.reporter.data_waited(waited)
+        return got
+
     def turn(self) -> hooks.StepReport:
         """One turn of the loop: data a rollback ruled out is passed over, then one step is trained and judged
         by the spike guard. Returns what it did (its observers get it from `fit`)."""
@@ -309,7 +321,6 @@ class Trainer:
         self.skip_guarded_data()
         step = self.state.step + 1
         self.hooks.on_phase(watchdog.DATA, step)
-        self.data_wait_s = 0.0
         outcome, loss = self.train_step()
         if self.agreement is None and self.dist.world_size > 1:  # a dropped step: the engine did not ask
             self.agreement = self._agree(None)
@@ -351,16 +362,12 @@ class Trainer:
         guarding = self.guard.active
         loss = None
         if self.dist.world_size > 1:
-            assert self.batches is not None
+            batches = self.batches
+            assert batches is not None
             # The next step's targets ride in this collective: its rows are read one step ahead (by now, usually).
             following = self.sampler.advance(self.state.position)
             self.hooks.on_phase(watchdog.DATA, self.state.step + 1)  # a hung read is named as one
-            fetch_started = time.perf_counter()
-            targets = self.batches.targets_at(following)
-            waited = time.perf_counter() - fetch_started
-            self.data_wait_s += waited
-            if self.reporter is not None:
-                self.reporter.data_waited(waited)
+            targets = self._waited_for(lambda: batches.targets_at(following))
             self.agreement = self._agree(mean_loss if guarding else None, targets)
             assert self.agreement.targets is not None
             self.next_targets = (following, self.agreement.targets)

@@ -115,7 +115,15 @@ def two_rank_loop(*flags: str) -> SimpleNamespace:
     )
     loop.state.position = 0
     loop.save_checkpoint = lambda: loop.saved.append(loop.state.step)
-    for name in ("train_step", "_keep", "_agree", "_decision_flags", "_walltime_plan", "after_step"):
+    for name in (
+        "train_step",
+        "_waited_for",
+        "_keep",
+        "_agree",
+        "_decision_flags",
+        "_walltime_plan",
+        "after_step",
+    ):
         setattr(loop, name, getattr(trainer.Trainer, name).__get__(loop))
     return loop
 
