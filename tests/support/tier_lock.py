@@ -24,7 +24,7 @@ _PATH = os.environ.pop(LOCK_ENV, None)
 
 @contextlib.contextmanager
 def holding(quiet: bool) -> Iterator[None]:
-    path = _PATH or os.environ.get(LOCK_ENV)
+    path = _PATH
     if not path:
         yield
         return

@@ -536,8 +536,9 @@ def packing_overhead(
 
 def _training_flags(ns: argparse.Namespace, model: str, config: str, checkpoint_dir: str) -> list[str]:
     steps = ns.steps + ns.warmup_steps
+    window = ns.spike_window or GUARD_WINDOW
     if ns.guard_overhead:  # the window fills, then off and on alternate
-        steps = (ns.spike_window or GUARD_WINDOW) + ns.warmup_steps + 2 * ns.steps
+        steps = window + ns.warmup_steps + 2 * ns.steps
     if ns.packing_overhead:  # stream and documents alternate
         steps = ns.warmup_steps + 2 * ns.steps
     flags = [
@@ -555,7 +556,7 @@ def _training_flags(ns: argparse.Namespace, model: str, config: str, checkpoint_
     if ns.peak_tflops is not None:
         flags += ["--peak_tflops", str(ns.peak_tflops)]
     if ns.guard_overhead:  # judging from the window's filling, not after the guard's longer warm-up
-        flags += ["--spike_warmup_steps", "0", "--spike_window", str(ns.spike_window or GUARD_WINDOW)]
+        flags += ["--spike_warmup_steps", "0", "--spike_window", str(window)]
     return flags
 
 
