@@ -10,22 +10,28 @@ one holding its last. The spans come from the template's `{% generation %}` tags
 rendering the conversation up to each assistant turn (with the generation prompt) and through it: what the turn
 adds to the full rendering is its span. Turns a template renders differently once later turns follow (stock
 Qwen3 drops an earlier turn's `<think>` block) are aligned on the part of the turn the full rendering keeps, so
-the span is always a span of the text that is trained on. Prompt/completion rows follow TRL's SFTTrainer: the
+the span is always a span of the text that is trained on. Those renders are made once per shape of conversation
+(its roles) with placeholder contents, and each conversation is rendered once, whole (Renderer.spans): where that
+equals the placeholders' rendering with its contents filled in, the spans are the filled renders'. Contents the
+template looks into are rendered in full. Prompt/completion rows follow TRL's SFTTrainer: the
 prompt's tokens are those the prompt alone and prompt + completion share (completion_only_loss).
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import BuiltinMethodType, MethodType
 from typing import Any
 
 import numpy as np
 
+from model_utils.data.token_spans import TokenSpans
 from model_utils.errors import ConfigError, first_line
 
 TRAINED = 1
@@ -97,23 +103,29 @@ class RenderError(Exception):
 
 
 _DICT_ATTRIBUTES = frozenset(dir(dict))
+_STR_FORMATS = ("format", "format_map")
 
 
 def _quickened(environment: Any) -> None:
-    """Two shortcuts for the sandboxed environment a renderer compiles its template in, each giving exactly what
+    """Shortcuts for the sandboxed environment a renderer compiles its template in, each giving exactly what
     jinja's own method gives (jinja2.sandbox), where most of a render's time went:
     - `is_safe_attribute` decided once per (type, attribute name): for ImmutableSandboxedEnvironment the check
       depends on nothing else (is_internal_attribute, modifies_known_mutable look at the type and the name);
     - `getattr` on a plain dict (`message.role`) looks the key up at once: jinja tries the attribute first, and a
-      dict instance has only its class's attributes, so any other name reaches the key lookup anyway.
+      dict instance has only its class's attributes, so any other name reaches the key lookup anyway;
+    - `getattr` once (type, name) is decided safe (`content.startswith`, `loop.last`): jinja's path would return
+      the value itself but for a str's `format` and `format_map` (wrapped), which keep jinja's own path, as does a
+      method of another type (it might be one of those);
+    - `call` of a str's method: jinja's is_safe_callable looks for attributes a builtin method does not have.
     Another environment class is left as it is."""
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     if type(environment) is not ImmutableSandboxedEnvironment:
         return
-    check, sandboxed_getattr, undefined = (
+    check, sandboxed_getattr, sandboxed_call, undefined = (
         environment.is_safe_attribute,
         environment.getattr,
+        environment.call,
         environment.undefined,
     )
     decided: dict[tuple[type, str], bool] = {}
@@ -126,53 +138,36 @@ def _quickened(environment: Any) -> None:
         return safe
 
     def getattr_(obj: Any, attribute: str) -> Any:
-        if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
+        kind = type(obj)
+        if kind is dict and attribute not in _DICT_ATTRIBUTES:
             try:
                 return obj[attribute]
             except KeyError:
                 return undefined(obj=obj, name=attribute)
+        if decided.get((kind, attribute)):
+            try:
+                value = getattr(obj, attribute)
+            except AttributeError:
+                return sandboxed_getattr(obj, attribute)
+            if kind is str and attribute not in _STR_FORMATS:
+                return value
+            if not isinstance(
+                value, (MethodType, BuiltinMethodType)
+            ):  # jinja wraps only str's format methods
+                return value
         return sandboxed_getattr(obj, attribute)
+
+    def call(context: Any, obj: Any, *args: Any, **kwargs: Any) -> Any:
+        if type(obj) is BuiltinMethodType and type(obj.__self__) is str:
+            # as context.call calls it: without the loop's and block's variables (for pass_context callables)
+            kwargs.pop("_block_vars", None)
+            kwargs.pop("_loop_vars", None)
+            return obj(*args, **kwargs)  # a str's method raises no StopIteration (context.call's one catch)
+        return sandboxed_call(context, obj, *args, **kwargs)
 
     environment.is_safe_attribute = is_safe_attribute
     environment.getattr = getattr_
-
-
-class Renderer:
-    """One chat template with fixed variables (the special tokens, enable_thinking), rendering prefixes of a
-    conversation as transformers' render_jinja_template renders each: the template compiled in its sandboxed
-    environment (an overlay of it, with _quickened's shortcuts), the messages and variables made plain data, the
-    reasoning fields aliased. The messages are converted once per conversation, not once per prefix."""
-
-    def __init__(self, template: str, variables: dict[str, Any]) -> None:
-        from transformers.utils import chat_template_utils
-
-        environment = chat_template_utils._compile_jinja_template(template).environment.overlay()
-        _quickened(environment)
-        self.compiled = environment.from_string(template)
-        self.variables = chat_template_utils._plain_template_data(variables)
-        self._plain = chat_template_utils._plain_template_data
-        self._aliased = chat_template_utils._alias_reasoning_fields
-
-    def render(self, messages: list[dict], prefixes: list[tuple[int, bool]]) -> list[str]:
-        """The first n messages rendered, with the generation prompt or not, for each (n, generation_prompt)."""
-        chat = self._aliased(self._plain(messages))
-        return [
-            self.compiled.render(
-                messages=chat[:n], tools=None, documents=None, add_generation_prompt=prompt, **self.variables
-            )
-            for n, prompt in prefixes
-        ]
-
-
-_renderers: dict[str, Renderer] = {}
-
-
-def renderer(template: str, variables: dict[str, Any]) -> Renderer:
-    """One per process, template and variables: compiling a template takes a while, a worker renders many rows."""
-    key = hashlib.sha256(f"{template}|{json.dumps(variables, sort_keys=True)}".encode()).hexdigest()
-    if key not in _renderers:
-        _renderers[key] = Renderer(template, variables)
-    return _renderers[key]
+    environment.call = call
 
 
 def _common_prefix(a: str, b: str) -> int:
@@ -194,11 +189,18 @@ def _aligned(partial: str, full: str) -> int:
     longest tail of `partial` that `full` continues there. A template may render a message differently once
     later ones follow: stock Qwen3 drops an earlier assistant turn's <think> block, Mistral's puts the system
     message in the last user turn only; the part of `partial` that `full` keeps is what counts."""
+    if full.startswith(partial):  # most templates only append
+        return len(partial)
     common = _common_prefix(partial, full)
     tail = partial[common:]
-    for skip in range(len(tail)):
+    if common == len(full):
+        return common
+    # The longest tail of `tail` that `full` continues with: one starting with full's next character.
+    skip = tail.find(full[common])
+    while skip != -1:
         if full.startswith(tail[skip:], common):
             return common + len(tail) - skip
+        skip = tail.find(full[common], skip + 1)
     return common
 
 
@@ -210,26 +212,257 @@ def assistant_spans(
 
     messages = _clean(messages)
     options = {**special_tokens, **kwargs}
-    try:
-        if has_generation_tags(template):
+    if has_generation_tags(template):
+        try:
             rendered, indices = render_jinja_template(
                 conversations=[messages], chat_template=template, return_assistant_tokens_mask=True, **options
             )
-            return rendered[0], [tuple(span) for span in indices[0]]
+        except Exception as e:  # jinja's errors and the template's own raise_exception
+            raise RenderError(f"the chat template cannot render it ({first_line(e)})") from None
+        return rendered[0], [tuple(span) for span in indices[0]]
+    return renderer(template, options).spans(messages)
+
+
+class _Skeleton:
+    """The renderings a conversation's spans come from (whole, through and up to each assistant turn), of one
+    shape's placeholder conversation: each text as its literal pieces between the messages' contents."""
+
+    def __init__(self, renders: tuple[str, list[str], list[str]]) -> None:
+        self.full, self.throughs, self.prompts = (
+            _pieces(renders[0]),
+            [_pieces(t) for t in renders[1]],
+            [_pieces(t) for t in renders[2]],
+        )
+
+    def fill(self, contents: list[str]) -> tuple[str, list[str], list[str]]:
+        return (
+            _filled(self.full, contents),
+            [_filled(t, contents) for t in self.throughs],
+            [_filled(t, contents) for t in self.prompts],
+        )
+
+
+def _placeholder(k: int) -> str:
+    return f"\ue000{k}\ue001"  # private-use characters: in no template, in no real text
+
+
+_PLACEHOLDER = re.compile("\ue000(\\d+)\ue001")
+
+
+def _pieces(text: str) -> tuple[list[str], list[int]]:
+    parts = _PLACEHOLDER.split(text)
+    return parts[::2], [int(k) for k in parts[1::2]]
+
+
+def _filled(pieces: tuple[list[str], list[int]], contents: list[str]) -> str:
+    literals, slots = pieces
+    out = [literals[0]]
+    for slot, literal in zip(slots, literals[1:], strict=True):
+        out += (contents[slot], literal)
+    return "".join(out)
+
+
+class _ContentGuard:
+    """Which contents a template treats as it treats a placeholder, read from its syntax tree: it may trim or
+    strip a content (the placeholder has no such ends), find a text in it, split it at one, compare it with one.
+    A content with none of those ends, texts or equals renders as the placeholder renders, the content in its
+    place. What the template strips, finds or compares a message's fields with is in these sets whatever it
+    applies them to: a safe excess."""
+
+    def __init__(self, environment: Any, template: str) -> None:
+        from jinja2 import nodes
+
+        self.inside: set[str] = set()  # a content holding one is rendered by its own renders
+        self.equal: set[str] = set()  # a content equal to (or inside) one
+        self.ends = set(" \t\n\r\x0b\x0c")  # a content starting or ending with one
+        tree = environment.parse(template)
+
+        def texts(exprs: Any) -> list[str]:
+            return [e.value for e in exprs if isinstance(e, nodes.Const) and isinstance(e.value, str)]
+
+        for call in tree.find_all(nodes.Call):
+            if isinstance(call.node, nodes.Getattr):
+                if call.node.attr in ("strip", "lstrip", "rstrip"):
+                    self.ends.update("".join(texts(call.args)))
+                else:
+                    self.inside.update(texts(call.args))
+        for compare in tree.find_all(nodes.Compare):
+            left = texts([compare.expr])
+            for op in compare.ops:
+                (self.inside if op.op in ("in", "notin") else self.equal).update(left)
+                self.equal.update(texts([op.expr]))
+                left = texts([op.expr])
+        for applied in tree.find_all((nodes.Filter, nodes.Test)):
+            (self.inside if applied.name == "replace" else self.equal).update(texts(applied.args))
+        self.inside.discard("")
+        # One search per content: the texts looked for, and a placeholder's characters (in no real content).
+        searched = sorted(self.inside | {"\ue000", "\ue001"}, key=len, reverse=True)
+        self._inside_or_placeholder = re.compile("|".join(map(re.escape, searched)))
+        self._longest_equal = max(map(len, self.equal), default=0)
+
+    def passes(self, content: Any) -> bool:
+        """A real content: as the template treats its placeholder, and holding no placeholder's characters."""
+        return (
+            type(content) is str
+            and bool(content)
+            and content[0] not in self.ends
+            and content[-1] not in self.ends
+            and self._inside_or_placeholder.search(content) is None
+            and not self._inside_equal(content)
+        )
+
+    def opaque(self, content: str) -> bool:
+        """A placeholder: as the template treats any content without those ends and texts."""
+        return (
+            bool(content)
+            and content[0] not in self.ends
+            and content[-1] not in self.ends
+            and not any(text in content for text in self.inside)
+            and not self._inside_equal(content)
+        )
+
+    def _inside_equal(self, content: str) -> bool:
+        return len(content) <= self._longest_equal and any(content in text for text in self.equal)
+
+
+# Per shape, this many conversations are also rendered prefix by prefix and their spans compared: a template
+# the guard misjudges is then rendered so for every conversation after.
+CHECKED_PER_SHAPE = 2
+# A shape whose first this many conversations all render otherwise than filled is rendered prefix by prefix.
+MISSES_PER_SHAPE = 4
+MAX_SHAPES = 4096
+
+
+class Renderer:
+    """One chat template with fixed variables (the special tokens, enable_thinking), rendering prefixes of a
+    conversation as transformers' render_jinja_template renders each: the template compiled in its sandboxed
+    environment (an overlay of it, with _quickened's shortcuts), the messages and variables made plain data, the
+    reasoning fields aliased. The messages are converted once per conversation, not once per prefix.
+
+    Spans come from renderings of a conversation up to and through each assistant turn; those are the same for
+    every conversation of one shape (its roles, messages holding only role and a content the template treats
+    as opaque: _ContentGuard) but for the contents, so they are rendered once per shape with placeholders, and a
+    conversation of that shape is rendered once, whole: equal to the placeholders' filled with its contents, its
+    spans are those of the filled renderings (else rendered prefix by prefix)."""
+
+    def __init__(self, template: str, variables: dict[str, Any]) -> None:
+        from transformers.utils import chat_template_utils
+
+        environment = chat_template_utils._compile_jinja_template(template).environment.overlay()
+        _quickened(environment)
+        self.compiled = environment.from_string(template)
+        self.variables = chat_template_utils._plain_template_data(variables)
+        self._plain = chat_template_utils._plain_template_data
+        self._aliased = chat_template_utils._alias_reasoning_fields
+        self.guard = _ContentGuard(environment, template)
+        self.skeletons: dict[tuple[str, ...], _Skeleton | None] = {}
+        self.checked: dict[tuple[str, ...], int] = {}  # conversations checked against their own renders
+        # conversations whose whole rendering was not the filled one
+        self.missed: dict[tuple[str, ...], int] = {}
+        self.by_shape = True
+
+    def render(
+        self, messages: list[dict], prefixes: list[tuple[int, bool]], plain: bool = False
+    ) -> list[str]:
+        """The first n messages rendered, with the generation prompt or not, for each (n, generation_prompt).
+        `plain`: the messages hold only str roles and contents, which transformers' conversion would copy as they
+        are (no rich objects to make inert, no reasoning field to alias)."""
+        chat = messages if plain else self._aliased(self._plain(messages))
+        return [
+            self.compiled.render(
+                messages=chat[:n], tools=None, documents=None, add_generation_prompt=prompt, **self.variables
+            )
+            for n, prompt in prefixes
+        ]
+
+    def spans(self, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+        """The conversation (no None values) rendered, and its assistant turns' character spans."""
         assistant = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+        shape = self._shape(messages)
+        skeleton = self._skeleton(shape, assistant) if shape else None
+        if skeleton is not None:
+            contents = [m["content"] for m in messages]
+            full = self._rendered(messages, [(len(messages), False)], plain=True)[0]
+            filled = skeleton.fill(contents)
+            if filled[0] != full:
+                self.missed[shape] = missed = self.missed.get(shape, 0) + 1
+                if missed >= MISSES_PER_SHAPE and not self.checked.get(shape):
+                    self.skeletons[shape] = None  # the template renders such contents otherwise: no shortcut
+                return full, _aligned_spans(assistant, *self._renders(messages, assistant, full))
+            spans = _aligned_spans(assistant, *filled)
+            checked = self.checked.get(shape, 0)
+            if checked >= CHECKED_PER_SHAPE:
+                return full, spans
+            self.checked[shape] = checked + 1
+            exact = _aligned_spans(assistant, *self._renders(messages, assistant, full))
+            if exact != spans:
+                self.by_shape = False  # the guard misjudged this template: every prefix rendered from now on
+            return full, exact
+        return (renders := self._renders(messages, assistant))[0], _aligned_spans(assistant, *renders)
+
+    def _shape(self, messages: list[dict]) -> tuple[str, ...] | None:
+        if not self.by_shape:
+            return None
+        for m in messages:
+            if len(m) != 2 or type(m.get("role")) is not str or not self.guard.passes(m.get("content")):
+                return None
+        return tuple(m["role"] for m in messages)
+
+    def _skeleton(self, shape: tuple[str, ...], assistant: list[int]) -> _Skeleton | None:
+        if shape not in self.skeletons:
+            if len(self.skeletons) >= MAX_SHAPES:
+                return None
+            placeholders = [{"role": role, "content": _placeholder(k)} for k, role in enumerate(shape)]
+            try:
+                if not all(self.guard.opaque(m["content"]) for m in placeholders):
+                    raise RenderError("the template looks inside a placeholder")
+                self.skeletons[shape] = _Skeleton(self._renders(placeholders, assistant))
+            except RenderError:  # then the conversation's own renders (and errors) decide
+                self.skeletons[shape] = None
+        return self.skeletons[shape]
+
+    def _renders(
+        self, messages: list[dict], assistant: list[int], full: str | None = None
+    ) -> tuple[str, list[str], list[str]]:
+        """The whole rendering (unless given), and those through and up to each assistant turn."""
         last = assistant[-1:] == [len(messages) - 1]  # then its "through" rendering is the full one
         throughs = [(i + 1, False) for i in (assistant[:-1] if last else assistant)]
         prompts = [(i, True) for i in assistant if i > 0]
-        rendered = renderer(template, options).render(messages, [(len(messages), False), *throughs, *prompts])
-        full = rendered[0]
-        throughs_text = rendered[1 : 1 + len(throughs)] + rendered[:1] * last
+        whole = [] if full is not None else [(len(messages), False)]
+        rendered = self._rendered(messages, [*whole, *throughs, *prompts])
+        if full is None:
+            full = rendered.pop(0)
+        rendered.insert(0, full)
         prompts_text = rendered[1 + len(throughs) :]
-    except Exception as e:  # jinja's errors and the template's own raise_exception
-        raise RenderError(f"the chat template cannot render it ({first_line(e)})") from None
-    if assistant and assistant[0] == 0:
-        prompts_text.insert(0, "")
+        if assistant and assistant[0] == 0:
+            prompts_text.insert(0, "")
+        return full, rendered[1 : 1 + len(throughs)] + rendered[:1] * last, prompts_text
+
+    def _rendered(
+        self, messages: list[dict], prefixes: list[tuple[int, bool]], plain: bool = False
+    ) -> list[str]:
+        try:
+            return self.render(messages, prefixes, plain)
+        except Exception as e:  # jinja's errors and the template's own raise_exception
+            raise RenderError(f"the chat template cannot render it ({first_line(e)})") from None
+
+
+_renderers: dict[str, Renderer] = {}
+
+
+def renderer(template: str, variables: dict[str, Any]) -> Renderer:
+    """One per process, template and variables: compiling a template takes a while, a worker renders many rows."""
+    key = hashlib.sha256(f"{template}|{json.dumps(variables, sort_keys=True)}".encode()).hexdigest()
+    if key not in _renderers:
+        _renderers[key] = Renderer(template, variables)
+    return _renderers[key]
+
+
+def _aligned_spans(
+    assistant: list[int], full: str, throughs: list[str], prompts: list[str]
+) -> list[tuple[int, int]]:
     spans = []
-    for turn, prompt, through in zip(assistant, prompts_text, throughs_text, strict=True):
+    for turn, prompt, through in zip(assistant, prompts, throughs, strict=True):
         start = _aligned(prompt, full)
         end = _aligned(through, full)
         if end <= start:
@@ -238,7 +471,7 @@ def assistant_spans(
                 "it has no token to train on"
             )
         spans.append((start, end))
-    return full, spans
+    return spans
 
 
 # --- checking rows --------------------------------------------------------------------------------------
@@ -311,6 +544,7 @@ class ChatEncoder:
         from tokenizers import Tokenizer
 
         self.tokenizer = Tokenizer.from_str(tokenizer_json)
+        self.token_spans = TokenSpans(tokenizer_json, self.tokenizer)
         self.eos = eos_id
         self.dtype = np.dtype(dtype)
         self.format = data_format
@@ -320,6 +554,13 @@ class ChatEncoder:
         self.template_vars = {**chat["special_tokens"], **chat.get(TEMPLATE_KWARGS, {})}
         self.eos_text = chat["special_tokens"].get("eos_token", "")
         self.train_on_prompt = chat["train_on_prompt"]
+        self.tagged = self.template is not None and has_generation_tags(self.template)
+        self._renderer: Renderer | None = None
+
+    def renderer(self) -> Renderer:
+        if self._renderer is None:  # looked up once, not per row (its key hashes the template)
+            self._renderer = renderer(self.template, self.template_vars)
+        return self._renderer
 
     def encode(self, rows: list[Any], where: Callable[[int], str]) -> Encoded:
         """`where(i)` names row i of the batch (file and row) for a bad row's one line."""
@@ -340,43 +581,70 @@ class ChatEncoder:
             texts.append(text)
             spans.append(row_spans)
             prompt_ids.append(prompt)
-        encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
+        # Without offsets where the ids alone place the spans (token_spans.py); a row they cannot place is
+        # tokenized again with them.
+        offsets = not self.token_spans.usable and any(spans)
+        encode = self.tokenizer.encode_batch if offsets else self.tokenizer.encode_batch_fast
+        encodings = encode(texts, add_special_tokens=False)
         ids, flags, untrained = [], [], 0
-        for row, encoding, row_spans, prompt in zip(rows, encodings, spans, prompt_ids, strict=True):
-            tokens = list(encoding.ids)
-            mask = np.zeros(len(tokens) + 1, np.uint8)
+        for text, row, encoding, row_spans, prompt in zip(
+            texts, rows, encodings, spans, prompt_ids, strict=True
+        ):
+            tokens = encoding.ids  # a new list at each read
+            n = len(tokens)
+            document = np.fromiter(itertools.chain(tokens, (self.eos,)), self.dtype, n + 1)  # EOS appended
+            mask = np.zeros(n + 1, np.uint8)
             if self.train_on_prompt:
                 mask[:] = TRAINED
             elif prompt is not None:  # prompt/completion: after the tokens the prompt alone shares
                 mask[_common_ids(prompt, tokens) :] = TRAINED
-            else:
-                for start, end in row_spans:
-                    first = encoding.char_to_token(start)
-                    last = encoding.char_to_token(end - 1)
+            elif row_spans:
+                for first, last in self._token_spans(
+                    text, document[:n], row_spans, encoding if offsets else None
+                ):
                     if first is None:
                         continue
-                    mask[first : (last + 1 if last is not None else len(tokens))] = TRAINED
-            if tokens and tokens[-1] == self.eos:
-                mask = mask[:-1]  # the template ended the document with EOS itself
+                    mask[first : (last + 1 if last is not None else n)] = TRAINED
+            if n and tokens[-1] == self.eos:
+                document, mask = document[:n], mask[:n]  # the template ended the document with EOS itself
             else:
                 # EOS ends every document, as in the text stream. Plain prompt/completion: trained (TRL appends it
                 # to the completion); a template ends its turns itself, so after a rendered one it is not.
                 plain = self.format == PROMPT_COMPLETION and isinstance(row["prompt"], str)
                 mask[-1] = TRAINED if self.train_on_prompt or plain else 0
-                tokens = [*tokens, self.eos]
             mask[0] = DOC_START  # nothing in the document predicts its first token
             if not (mask[1:] & TRAINED).any():
                 untrained += 1
-            ids.append(np.asarray(tokens, dtype=self.dtype))
+            ids.append(document)
             flags.append(mask)
         return Encoded(ids, flags, untrained)
+
+    def _token_spans(
+        self, text: str, tokens: np.ndarray, spans: list[tuple[int, int]], encoding: Any
+    ) -> list[tuple[int | None, int | None]]:
+        """The tokens holding each span's first and last characters, as `return_assistant_tokens_mask` finds
+        them (char_to_token); `encoding` has the offsets, or None."""
+        positions = [p for start, end in spans for p in (start, end - 1)]
+        at: list[int | None] | None = (
+            None if encoding else self.token_spans.tokens_at(text, tokens, positions)
+        )
+        if at is None:
+            if encoding is None:
+                encoding = self.tokenizer.encode(text, add_special_tokens=False)
+            at = [encoding.char_to_token(p) for p in positions]
+        return list(zip(at[::2], at[1::2], strict=True))
 
     def _render(self, row: Any) -> tuple[str, list[tuple[int, int]], list[int] | None]:
         """The text to tokenize, the assistant spans (conversations), the prompt's ids (prompt/completion)."""
         if self.format == MESSAGES:
             if self.train_on_prompt:
                 return self._full(row), [], None
-            text, spans = assistant_spans(self.template, row, self.template_vars)
+            if self.tagged:
+                text, spans = assistant_spans(self.template, row, self.template_vars)
+            elif self.template is None:
+                raise RenderError("it is a conversation and the tokenizer has no chat template")
+            else:
+                text, spans = self.renderer().spans(_clean(row))
             return text, spans, None
         prompt, completion = row["prompt"], row["completion"]
         if isinstance(prompt, str):
@@ -389,9 +657,7 @@ class ChatEncoder:
         if self.template is None:
             raise RenderError("its prompt is a conversation and the tokenizer has no chat template")
         try:
-            prompt_text = renderer(self.template, self.template_vars).render(
-                _clean(prompt), [(len(prompt), True)]
-            )[0]
+            prompt_text = self.renderer().render(_clean(prompt), [(len(prompt), True)])[0]
         except Exception as e:
             raise RenderError(f"the chat template cannot render its prompt ({first_line(e)})") from None
         return (
@@ -404,9 +670,7 @@ class ChatEncoder:
         if self.template is None:
             raise RenderError("it is a conversation and the tokenizer has no chat template")
         try:
-            return renderer(self.template, self.template_vars).render(
-                _clean(messages), [(len(messages), False)]
-            )[0]
+            return self.renderer().render(_clean(messages), [(len(messages), False)])[0]
         except Exception as e:
             raise RenderError(f"the chat template cannot render it ({first_line(e)})") from None
 

@@ -478,10 +478,12 @@ def _size(value: Any) -> int:
     if isinstance(value, str):
         return len(value)
     if isinstance(value, dict):
-        return sum(_size(v) for v in value.values())
-    if isinstance(value, list):
-        return sum(_size(v) for v in value)
-    return 0
+        value = value.values()
+    elif not isinstance(value, list):
+        return 0
+    return sum(
+        len(v) if type(v) is str else _size(v) for v in value
+    )  # a message's fields without a call each
 
 
 def _bounded(batches: Iterator[tuple[list[Any], int]]) -> Iterator[tuple[list[Any], int]]:

@@ -4,6 +4,8 @@ from the stock templates (no generation tags) by the prefix-render comparison; a
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 
@@ -282,6 +284,9 @@ HOSTILE = [
     "{% for m in messages %}{{ m.items is callable }}|{{ m.role }}|{{ m.nothing }}|{{ m.get('content') }}{% endfor %}",
     "{{ ''.__class__ }}{{ namespace(a=1).a }}{{ 'x'.upper() }}",
     "{{ messages[0].content.format('x') }}{{ messages[0].content.format('{0.__class__}', 1) }}",
+    # a str's methods, again once decided (and the unsafe ones each time)
+    "{% for i in range(3) %}{{ 'a,b'.split(',') }}{{ 'q'.startswith('q') }}{{ 'x'.__len__() }}{{ 'y'.format_map }}"
+    "{% endfor %}",
 ]
 
 
@@ -319,3 +324,82 @@ def test_the_sandbox_decides_each_attribute_of_a_type_once(monkeypatch: pytest.M
     for messages in conversations("qwen3") * 20:
         renderer.render(messages, [(len(messages), False), (1, True)])
     assert checked and len(checked) == len(set(checked))
+
+
+# Contents a template may render otherwise than a placeholder: ends it trims, its own markers, a role's name, a
+# placeholder's characters; each must take the renders of its own conversation.
+TRICKY_CONTENTS = [
+    "  padded  ",
+    "line\n",
+    "<think>\nSeven is odd.\n</think>\n\nYes.",
+    "<tool_response>42</tool_response>",
+    "user",
+    "\ue0001\ue001",
+]
+
+
+def _generated_conversations(rng: random.Random, count: int) -> list[list[dict]]:
+    """Alternating turns (as Mistral's and Gemma's templates require), an optional system message first, words of
+    the module's doc; one content in twenty tricky."""
+    words = __doc__.split()
+
+    def content() -> str:
+        if rng.random() < 0.05:
+            return rng.choice(TRICKY_CONTENTS)
+        return " ".join(rng.choice(words) for _ in range(rng.randint(1, 30)))
+
+    chats = []
+    for _ in range(count):
+        messages = [{"role": "system", "content": content()}] if rng.random() < 0.3 else []
+        for _ in range(rng.randint(1, 3)):
+            messages += [{"role": "user", "content": content()}, {"role": "assistant", "content": content()}]
+        chats.append(messages)
+    return chats
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama3_1", "mistral", "gemma3"])
+def test_spans_by_shape_equal_the_spans_of_every_prefix_rendered(family: str) -> None:
+    """The renderer renders one placeholder conversation per shape (its roles) and each conversation once, whole:
+    its text and spans equal those of rendering it prefix by prefix, for ordinary and tricky contents (and the
+    suite's conversations: reasoning fields, whitespace); and it renders far less."""
+    spec = FAMILIES[family]
+    template = template_text(spec.template)
+    variables = {"bos_token": spec.bos or "", "eos_token": spec.eos}
+    rng = random.Random(0)
+    chats = [chat._clean(m) for m in conversations(family) + _generated_conversations(rng, 300)]
+    by_shape, every_prefix = chat.Renderer(template, variables), chat.Renderer(template, variables)
+    every_prefix.by_shape = False
+    rendered = {"by_shape": 0, "every_prefix": 0}
+    for name, ours in (("by_shape", by_shape), ("every_prefix", every_prefix)):
+        render = ours.render
+
+        def counted(messages, prefixes, plain=False, *, render=render, name=name):
+            rendered[name] += len(prefixes)
+            return render(messages, prefixes, plain)
+
+        ours.render = counted
+    for messages in chats:
+        assert by_shape.spans(messages) == every_prefix.spans(messages), messages
+    assert by_shape.by_shape  # no conversation's check disagreed
+    assert rendered["by_shape"] < 0.5 * rendered["every_prefix"], rendered
+
+
+def test_a_content_the_template_looks_into_takes_its_own_renders() -> None:
+    """A template whose generation prompt depends on what the last message holds ('#'), which its whole rendering
+    does not show: a conversation holding '#' after its shape's checked ones gets the spans of its own renders
+    (the answer from after "A:"), not the placeholders' (from after "A")."""
+    template = (
+        "{%- for m in messages %}{{ (m.role[0] | upper) ~ (':' if m.role == 'assistant' else '=') ~ m.content ~ '\\n' }}"
+        "{%- endfor %}{%- if add_generation_prompt %}{{ 'A:' if '#' in messages[-1].content else 'A' }}{%- endif %}"
+    )
+    renderer = chat.Renderer(template, {})
+
+    def trained(content: str) -> list[str]:
+        full, spans = renderer.spans(
+            [{"role": "user", "content": content}, {"role": "assistant", "content": "yes"}]
+        )
+        assert full == f"U={content}\nA:yes\n"
+        return [full[start:end] for start, end in spans]
+
+    assert [trained(f"q{k}") for k in range(3)] == [[":yes\n"]] * 3  # two checked, one by its shape
+    assert trained("q#") == ["yes\n"]

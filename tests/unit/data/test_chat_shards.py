@@ -280,3 +280,26 @@ def test_an_array_of_two_tasks_prepares_the_same_masks_as_one_process(tmp_path: 
     assert prep(array, *args, "--task_index", "1", "--num_tasks", "2") == 0
     one, both = token_shards.open_prepared(tmp_path / "one"), token_shards.open_prepared(array)
     assert one.manifest["units"] > 2 and both.manifest["shards"] == one.manifest["shards"]
+
+
+def test_the_bench_pair_holds_one_conversations_contents_as_text(tmp_path: Path) -> None:
+    """tools/chat_bench_data.py (docs/data.md's conversations-against-text figures): each text row is its
+    conversation's contents, the turns alternate after an optional system message, each turn in the asked range."""
+    import subprocess
+    import sys
+
+    tool = Path(__file__).parents[3] / "tools" / "chat_bench_data.py"
+    subprocess.run(
+        [sys.executable, str(tool), str(tmp_path), "--rows", "50", "--turn_chars", "20,60"], check=True
+    )
+    chats = [json.loads(line)["messages"] for line in (tmp_path / "chats.jsonl").read_text().splitlines()]
+    texts = [json.loads(line)["text"] for line in (tmp_path / "text.jsonl").read_text().splitlines()]
+    assert len(chats) == len(texts) == 50
+    for messages, text in zip(chats, texts, strict=True):
+        assert text == "\n".join(m["content"] for m in messages)
+        turns = messages[1:] if messages[0]["role"] == "system" else messages
+        assert [m["role"] for m in turns] == ["user", "assistant"] * (len(turns) // 2) and 1 <= len(
+            turns
+        ) // 2 <= 3
+        # words are added until the turn is long enough: without its last word it was not yet
+        assert all(len(m["content"]) >= 20 and len(m["content"].rpartition(" ")[0]) < 60 for m in turns)
