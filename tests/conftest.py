@@ -7,7 +7,7 @@
   `no_secret_in_output` (tests/support/s3_server.py).
 - Tests marked `gpu` are skipped, with the reason, where torch sees no CUDA GPU (one hook, not a skipif each).
 - Under `make test`, every test holds the tiers' shared lock and a test marked `quiet` an exclusive one
-  (tests/support/tier_lock.py); the quiet tests run first.
+  (tests/support/tier_lock.py); the quiet tests run first; torch computes on one thread in the pytest process.
 """
 
 from __future__ import annotations
@@ -27,6 +27,16 @@ from support.s3_server import (  # noqa: F401  (fixtures)
     s3,
     s3_denied,
 )
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if tier_lock.side_by_side():
+        # Beside the other tier both cores are busy: torch's second thread in this process (its in-process models)
+        # mostly spins waiting for a core. Measured on a torch-heavy file beside two busy cores: 14 CPU-s with one
+        # thread, 18 with two, and a quarter less wall time. The ranks have one thread each already (torchrun's).
+        import torch
+
+        torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

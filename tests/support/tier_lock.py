@@ -22,6 +22,11 @@ LOCK_ENV = "DSKIT_TEST_TIER_LOCK"
 _PATH = os.environ.pop(LOCK_ENV, None)
 
 
+def side_by_side() -> bool:
+    """Whether this session runs beside the other tier (under `make test`)."""
+    return bool(_PATH)
+
+
 @contextlib.contextmanager
 def holding(quiet: bool) -> Iterator[None]:
     path = _PATH

@@ -160,3 +160,33 @@ def test_a_launcher_that_hangs_or_logs_no_last_step_fails(tmp_path: Path) -> Non
     diverged.write_text("".join(json.dumps(r) + "\n" for r in records))
     check, _ = gpu_check.launcher_check(gpu_check.StepResult(0, 30.0, ""), diverged, 60)
     assert (check.status, check.reason) == ("fail", "the loss is not finite at steps [5]")
+
+
+def test_the_pytest_step_collects_the_files_of_every_gpu_test(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The step hands pytest only the test files that mark tests gpu (collecting the whole suite cost most of it):
+    those hold every gpu test this session collected (under `make test`, the whole main tier), and the scan finds
+    the mark however it is written."""
+    files = set(gpu_check.gpu_test_files(REPO))
+    marked = {
+        str(Path(item.path).relative_to(REPO))
+        for item in request.session.items
+        if item.get_closest_marker("gpu")
+    }
+    assert marked <= files and "tests/e2e/test_bench.py" in files
+    mark = "pytest.mark." + "gpu"  # not spelled out here: this file has no gpu test for the scan to find
+    forms = {
+        "test_decorated.py": f"@{mark}\ndef test_a(): pass\n",
+        "test_module.py": f"pytestmark = [{mark}]\n",
+        "test_param.py": f"CASES = [pytest.param(1, marks={mark})]\n",
+        "test_none.py": "def test_gpus_counted(): pass  # pytest.mark.gpuless is another mark\n",
+    }
+    (tmp_path / "tests" / "unit").mkdir(parents=True)
+    for name, text in forms.items():
+        (tmp_path / "tests" / "unit" / name).write_text(text)
+    assert gpu_check.gpu_test_files(tmp_path) == [
+        "tests/unit/test_decorated.py",
+        "tests/unit/test_module.py",
+        "tests/unit/test_param.py",
+    ]
