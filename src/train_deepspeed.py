@@ -12,7 +12,7 @@ from functools import partial
 from model_utils.config.arguments import parse_args
 from model_utils.errors import CheckpointSaveFailed, ConfigError, NodeUnhealthy, RunDiverged
 from model_utils.launch import preemption
-from model_utils.observe.log import error_line, print0
+from model_utils.observe.log import error_line, let_rank0_print, print0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
                 trainer.close()
     except ConfigError as e:
         error_line(str(e))
+        let_rank0_print()
         return 2
     except CheckpointSaveFailed:
         return 3  # its line is out already
@@ -57,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         return HANG_EXIT  # its lines are out; train.sbatch requeues without the node (docs/hangs.md)
     except RunDiverged as e:
         error_line(str(e))
+        let_rank0_print()
         return 4
     print0("Training finished")
     return 0

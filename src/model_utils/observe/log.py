@@ -92,6 +92,18 @@ def error_line(message: str) -> None:
             pass  # written already (first wins), or unwritable: the line is in the log
 
 
+# How long a rank other than 0 waits after an error every rank raised (let_rank0_print).
+LINGER_S = 10.0
+
+
+def let_rank0_print() -> None:
+    """After an error every rank raises alike (a flag, a config), which rank 0 alone prints: a rank that ended
+    first would have the launcher end rank 0 (torchrun's close: SIGTERM to the others) before its line is out.
+    So the other ranks wait, until the launcher ends them once rank 0 has ended, or LINGER_S."""
+    if _rank() != 0:
+        time.sleep(LINGER_S)
+
+
 def progress0(step: int, total: int, detail: str, width: int = 30) -> None:
     """Redraw the progress bar on rank 0's terminal, if any: `[#####.....] 40/100 (40%) <detail>`."""
     if _rank() != 0:
