@@ -151,9 +151,8 @@ def _quickened(environment: Any) -> None:
                 return sandboxed_getattr(obj, attribute)
             if kind is str and attribute not in _STR_FORMATS:
                 return value
-            if not isinstance(
-                value, (MethodType, BuiltinMethodType)
-            ):  # jinja wraps only str's format methods
+            # jinja wraps only str's format methods, which another type's method might be
+            if not isinstance(value, (MethodType, BuiltinMethodType)):
                 return value
         return sandboxed_getattr(obj, attribute)
 

@@ -481,9 +481,8 @@ def _size(value: Any) -> int:
         value = value.values()
     elif not isinstance(value, list):
         return 0
-    return sum(
-        len(v) if type(v) is str else _size(v) for v in value
-    )  # a message's fields without a call each
+    # A message's str fields without a call each.
+    return sum(len(v) if type(v) is str else _size(v) for v in value)
 
 
 def _bounded(batches: Iterator[tuple[list[Any], int]]) -> Iterator[tuple[list[Any], int]]:

@@ -2,8 +2,8 @@
 their text byte for byte (byte-level BPE: Qwen, Llama 3, GPT-2), so the text is tokenized without offsets (about
 a third of the tokenizer's time, measured on conversations).
 
-Each id stands for a fixed number of the text's UTF-8 bytes (a vocabulary token one per character, an added token
-its literal), so the tokens' cumulative byte counts place every byte. The answer is `Encoding.char_to_token`'s
+Each id stands for a fixed number of the text's UTF-8 bytes (a vocabulary token one per character of its
+byte-level string, an added token its literal's), so the tokens' cumulative byte counts place every byte. The answer is `Encoding.char_to_token`'s
 where that is certain, and None (the caller asks the offsets) elsewhere:
 - the counts must add up to the text's bytes (a prefix space, a stripping added token, a normalizer that changed
   the text: they do not) and the text must be as the normalizer leaves it (none, or NFC on NFC text);
@@ -36,12 +36,12 @@ class TokenSpans:
         vocab: dict[str, int] = tokenizer.get_vocab(with_added_tokens=False)
         added = tokenizer.get_added_tokens_decoder()
         self.lengths = np.zeros(max([*vocab.values(), *added, -1]) + 1, np.int64)
-        alphabet = byte_level_alphabet()
-        for token, token_id in vocab.items():
-            if not all(ch in alphabet for ch in token):
-                self.usable = False  # a token that is not byte-level: this vocabulary is not what it seemed
-                return
-            self.lengths[token_id] = len(token)
+        if not set("".join(vocab)) <= byte_level_alphabet():
+            self.usable = False  # a token that is not byte-level: this vocabulary is not what it seemed
+            return
+        self.lengths[np.fromiter(vocab.values(), np.int64, len(vocab))] = np.fromiter(
+            map(len, vocab), np.int64, len(vocab)
+        )  # one byte per character of a byte-level token's string
         for token_id, token in added.items():
             self.lengths[token_id] = len(token.content.encode("utf-8"))
 
