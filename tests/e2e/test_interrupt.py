@@ -72,6 +72,13 @@ def test_usr1_to_the_pid_the_log_names_while_the_ranks_start_saves_and_stops(tmp
     job = f"usr1-test-{os.getpid()}"
 
     def usr1_from_the_log(group: int) -> None:
+        # tee writes the launcher's output here before it writes the log file: on a busy machine the line can be
+        # read here a moment before the file holds it (a person reading the log reads the file itself).
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(
+            "kill -USR1 " in log.read_text(errors="replace") for log in (REPO / "logs").glob(f"{job}_*.out")
+        ):
+            time.sleep(0.05)
         subprocess.run(
             ["bash", "-c", f"kill -USR1 \"$(grep -ho 'kill -USR1 [0-9]*' logs/{job}_*.out | tail -1 | cut -d' ' -f3)\""],
             cwd=REPO, check=True, timeout=30,
