@@ -103,6 +103,12 @@ class _Standing:
     def steps(self) -> int:
         return sum(last - first + 1 for first, last, _, _ in self.runs)
 
+    def reach(self, step: int, attempt: int) -> None:
+        """Steps up to `step` stand: those no steps record reached are `attempt`'s, their time unknown."""
+        reached = max((last for _, last, _, _ in self.runs), default=0)
+        if step > reached:
+            self.runs.append((reached + 1, step, 0.0, attempt))
+
     def seconds_by_attempt(self) -> dict[int, float]:
         out: dict[int, float] = {}
         for first, last, per_step, attempt in self.runs:
@@ -147,6 +153,10 @@ def account(records: list[dict[str, Any]]) -> Account:
             )
             attempts[-1].seconds["startup"] = float("nan")  # set by the attempt's first steps record
             take_back(attempts[-1].start_step, "restarts")
+            if len(attempts) > 1:
+                # A resume proves its checkpoint's steps trained: the attempt before may have ended after that save
+                # and before its next steps record. Those steps stand; their time stays in that attempt's "other".
+                standing.reach(attempts[-1].start_step, len(attempts) - 2)
             continue
         if not attempts:
             raise ConfigError(f"ledger record {event!r} before any start record: the ledger is damaged")

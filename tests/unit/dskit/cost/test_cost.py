@@ -58,6 +58,25 @@ def test_each_attempt_splits_its_wall_time_by_cause_and_repeated_steps_are_the_f
     assert [a.queue_s for a in acct.attempts] == [100.0, 63.0]  # the requeue waited from the first's end
 
 
+def test_steps_a_resume_proves_trained_stand_though_the_attempt_ended_before_recording_them() -> None:
+    """Attempt 1 saved at step 15 and was killed before its steps record for 11-15: attempt 2 resumes at 15, so
+    those steps stand (the run trained 20), their time in attempt 1's "other" (no record says how long)."""
+    records = [
+        start(1000.0),
+        steps(1030.0, 1, 10, 10.0, started=1020.0),
+        {"event": "checkpoint", "t": 1040.0, "step": 15, "seconds": 3.0},
+        start(1100.0, step=15),
+        steps(1130.0, 16, 20, 5.0, started=1125.0),
+        {"event": "end", "t": 1131.0, "step": 20, "reason": "done"},
+    ]
+    acct = cost.account(records)
+    first, second = acct.attempts
+    assert acct.trained_steps == 20 and acct.tokens == 20_000
+    assert first.seconds["productive"] == 10.0 and first.seconds["restarts"] == 0.0
+    assert first.seconds["other"] == pytest.approx(first.wall_s - 20.0 - 10.0 - 3.0)
+    assert second.seconds["productive"] == 5.0
+
+
 def test_a_rollback_takes_the_steps_after_its_checkpoint_back() -> None:
     records = [
         start(0.0),
