@@ -294,34 +294,29 @@ class _ContentGuard:
         for applied in tree.find_all((nodes.Filter, nodes.Test)):
             (self.inside if applied.name == "replace" else self.equal).update(texts(applied.args))
         self.inside.discard("")
-        # One search per content: the texts looked for, and a placeholder's characters (in no real content).
-        searched = sorted(self.inside | {"\ue000", "\ue001"}, key=len, reverse=True)
-        self._inside_or_placeholder = re.compile("|".join(map(re.escape, searched)))
+        # One search per content for the texts looked for (None: there are none).
+        searched = sorted(self.inside, key=len, reverse=True)
+        self._searched = re.compile("|".join(map(re.escape, searched))) if searched else None
         self._longest_equal = max(map(len, self.equal), default=0)
 
     def passes(self, content: Any) -> bool:
         """A real content: as the template treats its placeholder, and holding no placeholder's characters."""
         return (
             type(content) is str
-            and bool(content)
-            and content[0] not in self.ends
-            and content[-1] not in self.ends
-            and self._inside_or_placeholder.search(content) is None
-            and not self._inside_equal(content)
+            and "\ue000" not in content
+            and "\ue001" not in content
+            and self.opaque(content)
         )
 
     def opaque(self, content: str) -> bool:
-        """A placeholder: as the template treats any content without those ends and texts."""
+        """As the template treats any content without those ends and texts (a placeholder is one)."""
         return (
             bool(content)
             and content[0] not in self.ends
             and content[-1] not in self.ends
-            and not any(text in content for text in self.inside)
-            and not self._inside_equal(content)
+            and (self._searched is None or self._searched.search(content) is None)
+            and not (len(content) <= self._longest_equal and any(content in text for text in self.equal))
         )
-
-    def _inside_equal(self, content: str) -> bool:
-        return len(content) <= self._longest_equal and any(content in text for text in self.equal)
 
 
 # Per shape, this many conversations are also rendered prefix by prefix and their spans compared: a template

@@ -3,12 +3,12 @@ their text byte for byte (byte-level BPE: Qwen, Llama 3, GPT-2), so the text is 
 a third of the tokenizer's time, measured on conversations).
 
 Each id stands for a fixed number of the text's UTF-8 bytes (a vocabulary token one per character of its
-byte-level string, an added token its literal's), so the tokens' cumulative byte counts place every byte. The answer is `Encoding.char_to_token`'s
-where that is certain, and None (the caller asks the offsets) elsewhere:
+byte-level string, an added token its literal's), so the tokens' cumulative byte counts place every byte. The
+answer is `Encoding.char_to_token`'s where that is certain, and None (the caller asks the offsets) elsewhere:
 - the counts must add up to the text's bytes (a prefix space, a stripping added token, a normalizer that changed
   the text: they do not) and the text must be as the normalizer leaves it (none, or NFC on NFC text);
-- each character asked about must be ASCII and not a space: a character split across tokens belongs to several, and
-  byte-level offsets leave a token's leading and trailing spaces out of it (`trim_offsets`).
+- each character asked about must be ASCII and not a space: a character split across tokens belongs to several,
+  and byte-level offsets leave a token's leading and trailing spaces out of it (`trim_offsets`).
 """
 
 from __future__ import annotations
