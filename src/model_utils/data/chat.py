@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from model_utils.data.template_proof import TemplateProof
 from model_utils.data.token_spans import TokenSpans
 from model_utils.errors import ConfigError, first_line
 
@@ -226,12 +227,18 @@ class _Skeleton:
     """The renderings a conversation's spans come from (whole, through and up to each assistant turn), of one
     shape's placeholder conversation: each text as its literal pieces between the messages' contents."""
 
-    def __init__(self, renders: tuple[str, list[str], list[str]]) -> None:
+    def __init__(self, renders: tuple[str, list[str], list[str]], proven: bool) -> None:
         self.full, self.throughs, self.prompts = (
             _pieces(renders[0]),
             [_pieces(t) for t in renders[1]],
             [_pieces(t) for t in renders[2]],
         )
+        self.proven = proven  # template_proof: every conversation of the shape renders as these, filled
+        # Where each through and prompt rendering is, piece by piece, the start of the whole one (most templates
+        # only append), its end in the whole is its length, whatever the contents: the spans without the texts.
+        starts = [_start_of(t, self.full) for t in self.prompts]
+        ends = [_start_of(t, self.full) for t in self.throughs]
+        self._lengths = None if None in starts or None in ends else list(zip(starts, ends, strict=True))
 
     def fill(self, contents: list[str]) -> tuple[str, list[str], list[str]]:
         return (
@@ -239,6 +246,38 @@ class _Skeleton:
             [_filled(t, contents) for t in self.throughs],
             [_filled(t, contents) for t in self.prompts],
         )
+
+    def spans(self, assistant: list[int], contents: list[str]) -> tuple[str, list[tuple[int, int]]]:
+        """The whole rendering filled, and the spans _aligned_spans finds in the filled renderings."""
+        if self._lengths is None:
+            return (filled := self.fill(contents))[0], _aligned_spans(assistant, *filled)
+        sizes = [len(c) for c in contents]
+        spans = []
+        for turn, ((start, start_slots), (end, end_slots)) in zip(assistant, self._lengths, strict=True):
+            start += sum([sizes[k] for k in start_slots])
+            end += sum([sizes[k] for k in end_slots])
+            if end <= start:
+                raise _nothing_to_train(turn)
+            spans.append((start, end))
+        return _filled(self.full, contents), spans
+
+
+def _start_of(
+    partial: tuple[list[str], list[int]], whole: tuple[list[str], list[int]]
+) -> tuple[int, list[int]] | None:
+    """The length of `partial` filled (its literals' length, and its slots) where it is, piece by piece, the
+    start of `whole`: every filling of it then starts every filling of `whole` the same way. Else None."""
+    literals, slots = partial
+    whole_literals, whole_slots = whole
+    k = len(slots)
+    if (
+        k > len(whole_slots)
+        or slots != whole_slots[:k]
+        or literals[:k] != whole_literals[:k]
+        or not whole_literals[k].startswith(literals[k])
+    ):
+        return None
+    return sum(map(len, literals)), slots
 
 
 def _placeholder(k: int) -> str:
@@ -261,11 +300,14 @@ def _filled(pieces: tuple[list[str], list[int]], contents: list[str]) -> str:
     return "".join(out)
 
 
+_SPACES = frozenset(c for c in map(chr, range(0x3001)) if c.isspace())  # U+3000 is the last
+
+
 class _ContentGuard:
     """Which contents a template treats as it treats a placeholder, read from its syntax tree: it may trim or
     strip a content (the placeholder has no such ends), find a text in it, split it at one, compare it with one.
     A content with none of those ends, texts or equals renders as the placeholder renders, the content in its
-    place. What the template strips, finds or compares a message's fields with is in these sets whatever it
+    place (template_proof checks each step a template takes with a content against these sets). What the template strips, finds or compares a message's fields with is in these sets whatever it
     applies them to: a safe excess."""
 
     def __init__(self, environment: Any, template: str) -> None:
@@ -292,20 +334,28 @@ class _ContentGuard:
                 self.equal.update(texts([op.expr]))
                 left = texts([op.expr])
         for applied in tree.find_all((nodes.Filter, nodes.Test)):
-            (self.inside if applied.name == "replace" else self.equal).update(texts(applied.args))
+            if applied.name == "trim":
+                self.ends.update("".join(texts(applied.args)))
+            else:
+                (self.inside if applied.name == "replace" else self.equal).update(texts(applied.args))
         self.inside.discard("")
-        # One search per content for the texts looked for (None: there are none).
+        self.ends.update(_SPACES)  # what strip() strips: any Unicode space, not only the ASCII ones
+        # One search per content for the texts looked for, and one that also finds a placeholder's characters.
         searched = sorted(self.inside, key=len, reverse=True)
         self._searched = re.compile("|".join(map(re.escape, searched))) if searched else None
+        self._searched_real = re.compile("|".join(["[\ue000\ue001]", *map(re.escape, searched)])).search
         self._longest_equal = max(map(len, self.equal), default=0)
 
     def passes(self, content: Any) -> bool:
         """A real content: as the template treats its placeholder, and holding no placeholder's characters."""
+        ends = self.ends
         return (
             type(content) is str
-            and "\ue000" not in content
-            and "\ue001" not in content
-            and self.opaque(content)
+            and bool(content)
+            and content[0] not in ends
+            and content[-1] not in ends
+            and self._searched_real(content) is None
+            and not (len(content) <= self._longest_equal and any(content in text for text in self.equal))
         )
 
     def opaque(self, content: str) -> bool:
@@ -335,16 +385,21 @@ class Renderer:
 
     Spans come from renderings of a conversation up to and through each assistant turn; those are the same for
     every conversation of one shape (its roles, messages holding only role and a content the template treats
-    as opaque: _ContentGuard) but for the contents, so they are rendered once per shape with placeholders, and a
-    conversation of that shape is rendered once, whole: equal to the placeholders' filled with its contents, its
-    spans are those of the filled renderings (else rendered prefix by prefix)."""
+    as opaque: _ContentGuard) but for the contents, so they are rendered once per shape with placeholders. Where
+    template_proof proves the template outputs such contents verbatim, a conversation of that shape is not
+    rendered at all: its text and spans are the placeholders' filled with its contents. Else it is rendered once,
+    whole: equal to the placeholders' filled, its spans are those of the filled renderings (else rendered prefix
+    by prefix). The first conversations of each shape are rendered prefix by prefix too, a check of both."""
 
     def __init__(self, template: str, variables: dict[str, Any]) -> None:
         from transformers.utils import chat_template_utils
 
-        environment = chat_template_utils._compile_jinja_template(template).environment.overlay()
+        self._template = template
+        self._environment = chat_template_utils._compile_jinja_template(template).environment
+        environment = self._environment.overlay()
         _quickened(environment)
         self.compiled = environment.from_string(template)
+        self._proof: TemplateProof | None = None
         self.variables = chat_template_utils._plain_template_data(variables)
         self._plain = chat_template_utils._plain_template_data
         self._aliased = chat_template_utils._alias_reasoning_fields
@@ -375,32 +430,36 @@ class Renderer:
         shape = self._shape(messages)
         skeleton = self._skeleton(shape, assistant) if shape else None
         if skeleton is not None:
-            contents = [m["content"] for m in messages]
-            full = self._rendered(messages, [(len(messages), False)], plain=True)[0]
-            filled = skeleton.fill(contents)
-            if filled[0] != full:
-                self.missed[shape] = missed = self.missed.get(shape, 0) + 1
-                if missed >= MISSES_PER_SHAPE and not self.checked.get(shape):
-                    self.skeletons[shape] = None  # the template renders such contents otherwise: no shortcut
-                return full, _aligned_spans(assistant, *self._renders(messages, assistant, full))
-            spans = _aligned_spans(assistant, *filled)
+            filled, spans = skeleton.spans(assistant, [m["content"] for m in messages])
+            if skeleton.proven:
+                full = filled
+            else:
+                full = self._rendered(messages, [(len(messages), False)], plain=True)[0]
+                if filled != full:
+                    self.missed[shape] = missed = self.missed.get(shape, 0) + 1
+                    if missed >= MISSES_PER_SHAPE and not self.checked.get(shape):
+                        # the template renders such contents otherwise: no shortcut
+                        self.skeletons[shape] = None
+                    return full, _aligned_spans(assistant, *self._renders(messages, assistant, full))
             checked = self.checked.get(shape, 0)
             if checked >= CHECKED_PER_SHAPE:
                 return full, spans
             self.checked[shape] = checked + 1
-            exact = _aligned_spans(assistant, *self._renders(messages, assistant, full))
-            if exact != spans:
-                self.by_shape = False  # the guard misjudged this template: every prefix rendered from now on
-            return full, exact
+            exact = self._renders(messages, assistant, None if skeleton.proven else full)
+            exact_spans = _aligned_spans(assistant, *exact)
+            if exact[0] != full or exact_spans != spans:
+                self.by_shape = False  # the guard or the proof misjudged this template: every prefix rendered
+            return exact[0], exact_spans
         return (renders := self._renders(messages, assistant))[0], _aligned_spans(assistant, *renders)
 
     def _shape(self, messages: list[dict]) -> tuple[str, ...] | None:
         if not self.by_shape:
             return None
+        passes = self.guard.passes
         for m in messages:
-            if len(m) != 2 or type(m.get("role")) is not str or not self.guard.passes(m.get("content")):
+            if len(m) != 2 or type(m.get("role")) is not str or not passes(m.get("content")):
                 return None
-        return tuple(m["role"] for m in messages)
+        return tuple([m["role"] for m in messages])
 
     def _skeleton(self, shape: tuple[str, ...], assistant: list[int]) -> _Skeleton | None:
         if shape not in self.skeletons:
@@ -410,20 +469,45 @@ class Renderer:
             try:
                 if not all(self.guard.opaque(m["content"]) for m in placeholders):
                     raise RenderError("the template looks inside a placeholder")
-                self.skeletons[shape] = _Skeleton(self._renders(placeholders, assistant))
+                renders = self._renders(placeholders, assistant)
+                self.skeletons[shape] = _Skeleton(renders, self._proven(shape, assistant, renders))
             except RenderError:  # then the conversation's own renders (and errors) decide
                 self.skeletons[shape] = None
         return self.skeletons[shape]
 
+    def _proven(
+        self, shape: tuple[str, ...], assistant: list[int], renders: tuple[str, list[str], list[str]]
+    ) -> bool:
+        """Whether the shape's renderings are proven to be every such conversation's, filled (template_proof)."""
+        if self._proof is None:
+            self._proof = TemplateProof(self._environment, self._template, self.guard)
+        proof = self._proof
+        placeholders = [{"role": role, "content": _placeholder(k)} for k, role in enumerate(shape)]
+
+        def tracked(messages: list[dict], prefixes: list[tuple[int, bool]]) -> list[str]:
+            rendered = proof.render(shape, [m["content"] for m in messages], prefixes, self.variables)
+            if rendered is None:
+                raise RenderError(f"not proven: {proof.unproven}")
+            return rendered
+
+        try:
+            return self._renders(placeholders, assistant, render=tracked) == renders
+        except RenderError:
+            return False
+
     def _renders(
-        self, messages: list[dict], assistant: list[int], full: str | None = None
+        self,
+        messages: list[dict],
+        assistant: list[int],
+        full: str | None = None,
+        render: Callable[[list[dict], list[tuple[int, bool]]], list[str]] | None = None,
     ) -> tuple[str, list[str], list[str]]:
         """The whole rendering (unless given), and those through and up to each assistant turn."""
         last = assistant[-1:] == [len(messages) - 1]  # then its "through" rendering is the full one
         throughs = [(i + 1, False) for i in (assistant[:-1] if last else assistant)]
         prompts = [(i, True) for i in assistant if i > 0]
         whole = [] if full is not None else [(len(messages), False)]
-        rendered = self._rendered(messages, [*whole, *throughs, *prompts])
+        rendered = (render or self._rendered)(messages, [*whole, *throughs, *prompts])
         if full is None:
             full = rendered.pop(0)
         rendered.insert(0, full)
@@ -460,12 +544,16 @@ def _aligned_spans(
         start = _aligned(prompt, full)
         end = _aligned(through, full)
         if end <= start:
-            raise RenderError(
-                f"the chat template renders assistant message {turn} as nothing beyond its generation prompt, so "
-                "it has no token to train on"
-            )
+            raise _nothing_to_train(turn)
         spans.append((start, end))
     return spans
+
+
+def _nothing_to_train(turn: int) -> RenderError:
+    return RenderError(
+        f"the chat template renders assistant message {turn} as nothing beyond its generation prompt, so it has "
+        "no token to train on"
+    )
 
 
 # --- checking rows --------------------------------------------------------------------------------------
@@ -489,7 +577,7 @@ def check_messages(messages: Any) -> str | None:
             return f"message {k} ({role}) has no 'content'"
         if content is not None and not isinstance(content, str):
             return f"message {k} ({role}) has {type(content).__name__} content, not text"
-        if role == "assistant" and not tool_call and not content.strip():
+        if role == "assistant" and not tool_call and (not content or content.isspace()):
             return f"message {k} is an empty assistant turn"
     return None
 
@@ -580,26 +668,24 @@ class ChatEncoder:
         offsets = not self.token_spans.usable and any(spans)
         encode = self.tokenizer.encode_batch if offsets else self.tokenizer.encode_batch_fast
         encodings = encode(texts, add_special_tokens=False)
+        eos, dtype = self.eos, self.dtype
+        documents = [np.fromiter(itertools.chain(e.ids, (eos,)), dtype, len(e) + 1) for e in encodings]  # EOS
+        at = self._token_spans(texts, documents, spans, encodings if offsets else None)
         ids, flags, untrained = [], [], 0
-        for text, row, encoding, row_spans, prompt in zip(
-            texts, rows, encodings, spans, prompt_ids, strict=True
+        for row, encoding, document, row_at, prompt in zip(
+            rows, encodings, documents, at, prompt_ids, strict=True
         ):
-            tokens = encoding.ids  # a new list at each read
-            n = len(tokens)
-            document = np.fromiter(itertools.chain(tokens, (self.eos,)), self.dtype, n + 1)  # EOS appended
+            n = len(document) - 1
             mask = np.zeros(n + 1, np.uint8)
             if self.train_on_prompt:
                 mask[:] = TRAINED
             elif prompt is not None:  # prompt/completion: after the tokens the prompt alone shares
-                mask[_common_ids(prompt, tokens) :] = TRAINED
-            elif row_spans:
-                for first, last in self._token_spans(
-                    text, document[:n], row_spans, encoding if offsets else None
-                ):
-                    if first is None:
-                        continue
-                    mask[first : (last + 1 if last is not None else n)] = TRAINED
-            if n and tokens[-1] == self.eos:
+                mask[_common_ids(prompt, encoding.ids) :] = TRAINED
+            else:
+                for first, last in row_at:
+                    if first is not None:
+                        mask[first : (last + 1 if last is not None else n)] = TRAINED
+            if n and document[n - 1] == eos:
                 document, mask = document[:n], mask[:n]  # the template ended the document with EOS itself
             else:
                 # EOS ends every document, as in the text stream. Plain prompt/completion: trained (TRL appends it
@@ -607,26 +693,42 @@ class ChatEncoder:
                 plain = self.format == PROMPT_COMPLETION and isinstance(row["prompt"], str)
                 mask[-1] = TRAINED if self.train_on_prompt or plain else 0
             mask[0] = DOC_START  # nothing in the document predicts its first token
-            if not (mask[1:] & TRAINED).any():
+            if not mask[1:].any():  # past the first, a flag is TRAINED or nothing
                 untrained += 1
             ids.append(document)
             flags.append(mask)
         return Encoded(ids, flags, untrained)
 
     def _token_spans(
-        self, text: str, tokens: np.ndarray, spans: list[tuple[int, int]], encoding: Any
-    ) -> list[tuple[int | None, int | None]]:
-        """The tokens holding each span's first and last characters, as `return_assistant_tokens_mask` finds
-        them (char_to_token); `encoding` has the offsets, or None."""
-        positions = [p for start, end in spans for p in (start, end - 1)]
-        at: list[int | None] | None = (
-            None if encoding else self.token_spans.tokens_at(text, tokens, positions)
-        )
-        if at is None:
-            if encoding is None:
-                encoding = self.tokenizer.encode(text, add_special_tokens=False)
-            at = [encoding.char_to_token(p) for p in positions]
-        return list(zip(at[::2], at[1::2], strict=True))
+        self,
+        texts: list[str],
+        documents: list[np.ndarray],
+        spans: list[list[tuple[int, int]]],
+        encodings: Any,
+    ) -> list[list[tuple[int | None, int | None]]]:
+        """Per row, the tokens holding each span's first and last characters, as `return_assistant_tokens_mask`
+        finds them (char_to_token); `encodings` have the offsets, or None: then the ids place them where they can
+        (token_spans.py), and a row they cannot place is tokenized again with offsets."""
+        if self.train_on_prompt or not any(spans):
+            return [[] for _ in texts]
+        positions = [[p for start, end in row for p in (start, end - 1)] for row in spans]
+        at: list[list[int | None] | None] = [None] * len(texts)
+        if encodings is None:
+            rows = [k for k, row in enumerate(spans) if row]
+            found = self.token_spans.tokens_at_many(
+                [texts[k] for k in rows], [documents[k][:-1] for k in rows], [positions[k] for k in rows]
+            )
+            for k, row_at in zip(rows, found, strict=True):
+                at[k] = row_at
+        out: list[list[tuple[int | None, int | None]]] = []
+        for k, row_at in enumerate(at):
+            if row_at is None and spans[k]:
+                encoding = (
+                    encodings[k] if encodings else self.tokenizer.encode(texts[k], add_special_tokens=False)
+                )
+                row_at = [encoding.char_to_token(p) for p in positions[k]]
+            out.append(list(zip(row_at[::2], row_at[1::2], strict=True)) if row_at else [])
+        return out
 
     def _render(self, row: Any) -> tuple[str, list[tuple[int, int]], list[int] | None]:
         """The text to tokenize, the assistant spans (conversations), the prompt's ids (prompt/completion)."""
@@ -684,6 +786,8 @@ def render_prompt(template: str, messages: list[dict], special_tokens: dict[str,
 
 def _clean(messages: list[dict]) -> list[dict]:
     """Without the keys whose value is None, as apply_chat_template drops them (templates render "None")."""
+    if all(None not in m.values() for m in messages):
+        return messages  # most conversations: nothing to drop, nothing copied
     return [{k: v for k, v in m.items() if v is not None} for m in messages]
 
 

@@ -481,8 +481,16 @@ def _size(value: Any) -> int:
         value = value.values()
     elif not isinstance(value, list):
         return 0
-    # A message's str fields without a call each.
-    return sum(len(v) if type(v) is str else _size(v) for v in value)
+    total = 0
+    for v in value:
+        if type(v) is str:
+            total += len(v)
+        elif type(v) is dict:  # a message: its str fields without a call each
+            for field in v.values():
+                total += len(field) if type(field) is str else _size(field)
+        else:
+            total += _size(v)
+    return total
 
 
 def _bounded(batches: Iterator[tuple[list[Any], int]]) -> Iterator[tuple[list[Any], int]]:

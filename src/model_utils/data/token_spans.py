@@ -48,8 +48,49 @@ class TokenSpans:
     def tokens_at(self, text: str, ids: Sequence[int], positions: list[int]) -> list[int] | None:
         """The index of the token holding each character position of `text` (tokenized to `ids`), or None where
         the offsets must answer."""
-        if not self.usable or not len(ids):
-            return None
+        return self.tokens_at_many([text], [np.asarray(ids)], [positions])[0]
+
+    def tokens_at_many(
+        self, texts: list[str], ids: list[np.ndarray], positions: list[list[int]]
+    ) -> list[list[int] | None]:
+        """tokens_at for many texts at once: the byte counts of all their tokens added up in one pass, and every
+        position looked up in one search (a text's own calls cost more than its tokens, for short ones)."""
+        if not self.usable:
+            return [None] * len(texts)
+        sizes = np.fromiter(map(len, ids), np.int64, len(ids))
+        if not len(sizes) or not sizes.sum():
+            return [None] * len(texts)
+        ends = np.cumsum(self.lengths[np.concatenate(ids)])  # every token's byte end, texts one after another
+        first_token = np.cumsum(sizes) - sizes
+        # each text's first byte and its bytes as its ids spell them, in the texts one after another
+        before = np.where(first_token > 0, ends[np.maximum(first_token - 1, 0)], 0)
+        spelled_bytes = np.where(sizes > 0, ends[np.maximum(first_token + sizes - 1, 0)], before) - before
+        queries: list[int] = []  # byte positions in all the texts one after another
+        asked: list[tuple[int, int] | None] = []
+        totals = np.zeros(len(texts), np.int64)
+        for k, (text, at) in enumerate(zip(texts, positions, strict=True)):
+            placed = self._bytes_at(text, at) if sizes[k] else None
+            if placed is None:
+                asked.append(None)
+                continue
+            byte_at, totals[k] = placed
+            base = int(before[k])
+            asked.append((len(queries), len(byte_at)))
+            queries += [base + b for b in byte_at]
+        spelled = spelled_bytes == totals  # the ids spell each text byte for byte
+        found = np.searchsorted(ends, queries, side="right").tolist() if queries else []
+        out: list[list[int] | None] = []
+        for k, where in enumerate(asked):
+            if where is None or not spelled[k]:
+                out.append(None)
+                continue
+            offset, count = where
+            first = int(first_token[k])
+            out.append([t - first for t in found[offset : offset + count]])
+        return out
+
+    def _bytes_at(self, text: str, positions: list[int]) -> tuple[list[int], int] | None:
+        """Each position's byte offset in `text` and the text's bytes, or None where the ids cannot answer."""
         ascii_text = text.isascii()
         if not ascii_text and self.nfc and not unicodedata.is_normalized("NFC", text):
             return None
@@ -57,19 +98,15 @@ class TokenSpans:
             ch = text[p]
             if ch == " " or not ch.isascii():
                 return None
-        ends = np.cumsum(self.lengths[np.asarray(ids)])
         if ascii_text:
-            at, total = positions, len(text)
-        else:  # each position's byte offset, the text encoded once, piece by piece
-            offsets, total, last = {}, 0, 0
-            for p in sorted(set(positions)):
-                total += len(text[last:p].encode("utf-8"))
-                offsets[p], last = total, p
-            total += len(text[last:].encode("utf-8"))
-            at = [offsets[p] for p in positions]
-        if ends[-1] != total:
-            return None
-        return np.searchsorted(ends, at, side="right").tolist()
+            return positions, len(text)
+        # each position's byte offset, the text encoded once, piece by piece
+        offsets, total, last = {}, 0, 0
+        for p in sorted(set(positions)):
+            total += len(text[last:p].encode("utf-8"))
+            offsets[p], last = total, p
+        total += len(text[last:].encode("utf-8"))
+        return [offsets[p] for p in positions], total
 
 
 def _byte_level(pre_tokenizer: dict | None) -> bool:
