@@ -234,11 +234,10 @@ class _Skeleton:
             [_pieces(t) for t in renders[2]],
         )
         self.proven = proven  # template_proof: every conversation of the shape renders as these, filled
-        # Where each through and prompt rendering is, piece by piece, the start of the whole one (most templates
-        # only append), its end in the whole is its length, whatever the contents: the spans without the texts.
-        starts = [_start_of(t, self.full) for t in self.prompts]
-        ends = [_start_of(t, self.full) for t in self.throughs]
-        self._lengths = None if None in starts or None in ends else list(zip(starts, ends, strict=True))
+        self._bounds = [
+            (_Bound(prompt, self.full), _Bound(through, self.full))
+            for prompt, through in zip(self.prompts, self.throughs, strict=True)
+        ]
 
     def fill(self, contents: list[str]) -> tuple[str, list[str], list[str]]:
         return (
@@ -249,35 +248,55 @@ class _Skeleton:
 
     def spans(self, assistant: list[int], contents: list[str]) -> tuple[str, list[tuple[int, int]]]:
         """The whole rendering filled, and the spans _aligned_spans finds in the filled renderings."""
-        if self._lengths is None:
-            return (filled := self.fill(contents))[0], _aligned_spans(assistant, *filled)
         sizes = [len(c) for c in contents]
         spans = []
-        for turn, ((start, start_slots), (end, end_slots)) in zip(assistant, self._lengths, strict=True):
-            start += sum([sizes[k] for k in start_slots])
-            end += sum([sizes[k] for k in end_slots])
-            if end <= start:
+        for turn, (start, end) in zip(assistant, self._bounds, strict=True):
+            first, stop = start.end(contents, sizes), end.end(contents, sizes)
+            if stop <= first:
                 raise _nothing_to_train(turn)
-            spans.append((start, end))
+            spans.append((first, stop))
         return _filled(self.full, contents), spans
 
 
-def _start_of(
-    partial: tuple[list[str], list[int]], whole: tuple[list[str], list[int]]
-) -> tuple[int, list[int]] | None:
-    """The length of `partial` filled (its literals' length, and its slots) where it is, piece by piece, the
-    start of `whole`: every filling of it then starts every filling of `whole` the same way. Else None."""
-    literals, slots = partial
-    whole_literals, whole_slots = whole
-    k = len(slots)
-    if (
-        k > len(whole_slots)
-        or slots != whole_slots[:k]
-        or literals[:k] != whole_literals[:k]
-        or not whole_literals[k].startswith(literals[k])
-    ):
-        return None
-    return sum(map(len, literals)), slots
+class _Bound:
+    """Where a partial rendering (up to or through an assistant turn) ends in the whole one, filled, as _aligned
+    finds it, from the pieces: where the two are the same piece by piece, so are their fillings, and only the
+    rest is compared. A partial that the whole continues piece by piece (most templates only append) ends at its
+    length, whatever the contents."""
+
+    def __init__(self, partial: tuple[list[str], list[int]], whole: tuple[list[str], list[int]]) -> None:
+        literals, slots = partial
+        whole_literals, whole_slots = whole
+        same = 0  # pieces before this one are the same in both
+        while (
+            same < len(slots)
+            and same < len(whole_slots)
+            and literals[same] == whole_literals[same]
+            and slots[same] == whole_slots[same]
+        ):
+            same += 1
+        self.appended = same == len(slots) and whole_literals[same].startswith(literals[same])
+        cut = len(slots) if self.appended else same
+        self.literal_chars, self.slots = sum(map(len, literals[:cut])), slots[:cut]
+        if self.appended:
+            self.literal_chars += len(literals[cut])
+        self.rest = (literals[same:], slots[same:])
+        self.whole_rest = (whole_literals[same:], whole_slots[same:])
+
+    def end(self, contents: list[str], sizes: list[int]) -> int:
+        before = self.literal_chars + sum([sizes[k] for k in self.slots])
+        if self.appended:
+            return before
+        rest = _filled(self.rest, contents)
+        # _aligned reads the whole one no further than the partial one's length
+        literals, slots = self.whole_rest
+        parts, size = [literals[0]], len(literals[0])
+        for slot, literal in zip(slots, literals[1:], strict=True):
+            if size >= len(rest):
+                break
+            parts += (contents[slot], literal)
+            size += sizes[slot] + len(literal)
+        return before + _aligned(rest, "".join(parts)[: len(rest)])
 
 
 def _placeholder(k: int) -> str:
@@ -340,22 +359,19 @@ class _ContentGuard:
                 (self.inside if applied.name == "replace" else self.equal).update(texts(applied.args))
         self.inside.discard("")
         self.ends.update(_SPACES)  # what strip() strips: any Unicode space, not only the ASCII ones
-        # One search per content for the texts looked for, and one that also finds a placeholder's characters.
+        # One search per content for the texts looked for (None: there are none); literals only, which re finds
+        # far faster than a pattern with a character class in it.
         searched = sorted(self.inside, key=len, reverse=True)
         self._searched = re.compile("|".join(map(re.escape, searched))) if searched else None
-        self._searched_real = re.compile("|".join(["[\ue000\ue001]", *map(re.escape, searched)])).search
         self._longest_equal = max(map(len, self.equal), default=0)
 
     def passes(self, content: Any) -> bool:
         """A real content: as the template treats its placeholder, and holding no placeholder's characters."""
-        ends = self.ends
         return (
             type(content) is str
-            and bool(content)
-            and content[0] not in ends
-            and content[-1] not in ends
-            and self._searched_real(content) is None
-            and not (len(content) <= self._longest_equal and any(content in text for text in self.equal))
+            and "\ue000" not in content
+            and "\ue001" not in content
+            and self.opaque(content)
         )
 
     def opaque(self, content: str) -> bool:

@@ -56,6 +56,7 @@ _TYPE_TESTS = frozenset(
         "escaped",
     )
 )
+_CONTENT_METHODS = frozenset(("strip", "lstrip", "rstrip", "startswith", "endswith", "split"))
 _EQUALITY_TESTS = {"eq": "eq", "equalto": "eq", "==": "eq", "ne": "ne", "!=": "ne"}
 _PYTHON_OPS = {
     "eq": lambda a, b: a == b,
@@ -274,14 +275,7 @@ class TemplateProof:
 
         def getattr_(obj: Any, attribute: str) -> Any:
             if isinstance(obj, Content):
-                if obj.whole and attribute in (
-                    "strip",
-                    "lstrip",
-                    "rstrip",
-                    "startswith",
-                    "endswith",
-                    "split",
-                ):
+                if obj.whole and attribute in _CONTENT_METHODS:
                     return _GuardedMethod(obj, attribute)
                 raise _refuse(f"content.{attribute}")
             if isinstance(obj, Message):
@@ -337,13 +331,12 @@ class TemplateProof:
         tracked.tests = {name: self._test(name, f) for name, f in environment.tests.items()}
         self.compiled = tracked.from_string(template)
         namespace = self.compiled.root_render_func.__globals__
-        namespace["str_join"] = namespace["markup_join"] = (
-            _join  # `~` (autoescape is off: markup_join unused)
-        )
+        # `~` (markup_join only under autoescape, which a template cannot turn on here: no modifier nodes)
+        namespace["str_join"] = namespace["markup_join"] = _join
 
     def render(
         self, roles: tuple[str, ...], contents: list[str], prefixes: list[tuple[int, bool]], variables: dict
-    ):
+    ) -> list[str] | None:
         """The placeholder conversation rendered for each (n, generation_prompt), and None where some step is
         not proven (then why in `self.unproven`)."""
         global _run

@@ -327,7 +327,8 @@ def test_the_sandbox_decides_each_attribute_of_a_type_once(monkeypatch: pytest.M
 
 
 # Contents a template may render otherwise than a placeholder: ends it trims, its own markers, a role's name, a
-# placeholder's characters; each must take the renders of its own conversation.
+# placeholder's characters; each must take the renders of its own conversation. And contents that start as the
+# template's own text does.
 TRICKY_CONTENTS = [
     "  padded  ",
     "line\n",
@@ -335,6 +336,8 @@ TRICKY_CONTENTS = [
     "<tool_response>42</tool_response>",
     "user",
     "\ue0001\ue001",
+    "<thin ice>",  # what a template's own text begins with: the partial and whole renderings agree a while longer
+    "<b>bold</b>",
 ]
 
 
