@@ -11,11 +11,12 @@ from functools import partial
 
 from model_utils.config.arguments import parse_args
 from model_utils.errors import CheckpointSaveFailed, ConfigError, NodeUnhealthy, RunDiverged
-from model_utils.launch import preemption
+from model_utils.launch import preemption, startup
 from model_utils.observe.log import error_line, let_rank0_print, print0
 
 
 def main(argv: list[str] | None = None) -> int:
+    startup.fewer_full_collections()  # before the heavy imports below (launch/startup.py)
     preemption.install()  # a Ctrl-C or USR1 during start-up is a stop request too, not a traceback
     try:
         cfg = parse_args(argv)

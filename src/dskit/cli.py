@@ -192,6 +192,9 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from model_utils.launch import startup
+
+    startup.fewer_full_collections()  # before a command's imports (launch/startup.py)
     # Dispatch by hand: training flags after the command pass through verbatim to the strict training parser.
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):

@@ -662,6 +662,9 @@ def run(contract: Contract) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from model_utils.launch import startup
+
+    startup.fewer_full_collections()  # before the imports of a training job (launch/startup.py)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv:
         print(__doc__)

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import importlib
 import io
 import logging
@@ -67,6 +68,19 @@ class DropMessages(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return self.pattern.fullmatch(record.getMessage()) is None
+
+
+def fewer_full_collections() -> None:
+    """CPython's collector walks every object at a full collection. A kit process's imports (torch,
+    transformers, DeepSpeed) make about 400,000 that live to its end, and as many that die young: 6 full
+    collections during the imports alone, 0.65 of their 4 CPU-s. A full collection a hundredth as often (the
+    young generations as before, which collect most cycles): about none during the imports, and rarely after.
+    Called first by every entry point (a rank, `dskit`, the SageMaker entry)."""
+    young, middle, _ = gc.get_threshold()
+    gc.set_threshold(young, middle, FULL_COLLECTION_EVERY)
+
+
+FULL_COLLECTION_EVERY = 1000  # collections of the middle generation (CPython's default: 10)
 
 
 def import_deepspeed() -> ModuleType:
