@@ -1,13 +1,16 @@
 """DeepSpeed's start-up without the work dskit never uses: a compile deferred to the first call; the entry points'
-collector setting. The fresh-process checks (no MLflow import, one CPU probe per process, nothing a rank does not use): tests/e2e/test_startup.py."""
+collector setting. The fresh-process checks (no MLflow import, one CPU probe per process, nothing a rank does not
+use): tests/e2e/test_startup.py."""
 
 from __future__ import annotations
 
-import gc
+import os
+import subprocess
+import sys
 
 import pytest
 
-from model_utils.launch import startup
+from model_utils.repo import REPO_ROOT
 
 
 def test_lazy_compile_compiles_on_the_first_call_only(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -30,33 +33,38 @@ def test_lazy_compile_compiles_on_the_first_call_only(monkeypatch: pytest.Monkey
     assert calls == [{}, {"dynamic": False}]  # once per function, with its options
 
 
-def _full_collections_while_building(objects: int) -> int:
-    """Full collections while `objects` long-lived containers are made (as imports make modules' objects)."""
-    full = 0
+# A fresh process (as an entry point starts one: few objects yet) builds as many long-lived objects as the kit's
+# imports make, with CPython's default thresholds, then with the entry points' setting.
+FULL_COLLECTIONS = """
+import gc, sys
+from model_utils.launch import startup
 
-    def count(phase: str, info: dict) -> None:
+def full_collections_while_building(objects):
+    full = 0
+    def count(phase, info):
         nonlocal full
         full += phase == "start" and info["generation"] == 2
-
     gc.collect()
     gc.callbacks.append(count)
-    try:
-        kept = [[i] for i in range(objects)]  # lists stay tracked (a dict of ints is untracked)
-    finally:
-        gc.callbacks.remove(count)
-    assert len(kept) == objects
+    kept = [[i] for i in range(objects)]  # lists stay tracked (a dict of ints is untracked)
+    gc.callbacks.remove(count)
     return full
+
+gc.set_threshold(700, 10, 10)  # CPython's defaults
+default = full_collections_while_building(400_000)
+startup.fewer_full_collections()
+print(default, full_collections_while_building(400_000), *gc.get_threshold()[:2])
+"""
 
 
 def test_an_entry_point_makes_full_collections_rare() -> None:
-    """A process building as many long-lived objects as the kit's imports make: CPython's defaults walk them all
-    in several full collections, the entry points' setting in none."""
-    threshold = gc.get_threshold()
-    try:
-        gc.set_threshold(700, 10, 10)  # CPython's defaults
-        assert _full_collections_while_building(400_000) >= 3
-        startup.fewer_full_collections()
-        assert gc.get_threshold()[:2] == (700, 10)  # the young generations as they were
-        assert _full_collections_while_building(400_000) == 0
-    finally:
-        gc.set_threshold(*threshold)
+    """CPython's defaults walk the objects in several full collections, the entry points' setting in none, the
+    young generations as they were."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src")}
+    out = subprocess.run(
+        [sys.executable, "-c", FULL_COLLECTIONS], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    default, ours, young, middle = map(int, out.split())
+    assert default >= 3, out
+    assert ours == 0, out
+    assert (young, middle) == (700, 10)
