@@ -373,7 +373,11 @@ def write_unit(
 def _older_objects_frozen() -> Iterator[None]:
     """What the process holds by now (the imports' objects: hundreds of thousands) kept out of the cyclic
     collector, which walked all of it at every full collection (up to a sixth of a conversation preparation's
-    time); given back after, so that the collection at the process's exit sees it all (extension modules check)."""
+    time); given back after, so that the collection at the process's exit sees it all (extension modules check).
+    Where something froze objects before (a forking server), they stay as they were."""
+    if gc.get_freeze_count():
+        yield
+        return
     gc.freeze()
     try:
         yield

@@ -6,6 +6,7 @@ the command: tests/unit/dskit/test_prepare_data.py."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import re
@@ -328,3 +329,29 @@ def test_disk_full_writing_the_manifest_or_the_plan_is_one_line_and_leaves_no_te
         filler.unlink()
         assert prep(out, *args) == 0
         assert token_shards.state(out) == "prepared"
+
+
+@pytest.mark.parametrize("frozen_before", [False, True])
+def test_a_unit_is_written_with_the_older_objects_out_of_the_collector(
+    frozen_before: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process's objects are frozen while a unit is tokenized and given back after (an exception too); what a
+    forking server froze before stays frozen."""
+    seen: list[int] = []
+
+    def unit(*args: object) -> dict:
+        seen.append(gc.get_freeze_count())
+        raise RuntimeError("the unit failed")
+
+    monkeypatch.setattr(token_shards, "_write_text_unit", unit)
+    gc.unfreeze()
+    if frozen_before:
+        gc.freeze()
+    before = gc.get_freeze_count()
+    try:
+        with pytest.raises(RuntimeError):
+            token_shards.write_unit(Path("unused"), 0, {"data_format": "text"}, None)  # type: ignore[arg-type]
+        assert seen[0] > 0
+        assert gc.get_freeze_count() == before
+    finally:
+        gc.unfreeze()
