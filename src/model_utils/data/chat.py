@@ -228,23 +228,13 @@ class _Skeleton:
     shape's placeholder conversation: each text as its literal pieces between the messages' contents."""
 
     def __init__(self, renders: tuple[str, list[str], list[str]], proven: bool) -> None:
-        self.full, self.throughs, self.prompts = (
-            _pieces(renders[0]),
-            [_pieces(t) for t in renders[1]],
-            [_pieces(t) for t in renders[2]],
-        )
+        full, throughs, prompts = renders
+        self.full = _pieces(full)
         self.proven = proven  # template_proof: every conversation of the shape renders as these, filled
         self._bounds = [
-            (_Bound(prompt, self.full), _Bound(through, self.full))
-            for prompt, through in zip(self.prompts, self.throughs, strict=True)
+            (_Bound(_pieces(prompt), self.full), _Bound(_pieces(through), self.full))
+            for prompt, through in zip(prompts, throughs, strict=True)
         ]
-
-    def fill(self, contents: list[str]) -> tuple[str, list[str], list[str]]:
-        return (
-            _filled(self.full, contents),
-            [_filled(t, contents) for t in self.throughs],
-            [_filled(t, contents) for t in self.prompts],
-        )
 
     def spans(self, assistant: list[int], contents: list[str]) -> tuple[str, list[tuple[int, int]]]:
         """The whole rendering filled, and the spans _aligned_spans finds in the filled renderings."""

@@ -21,6 +21,7 @@ includes, imports and inheritance turn a rendering into text the template may th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 _BLOCKED_NODES = (
@@ -120,36 +121,39 @@ def _refusing(name: str) -> Any:
     return refuse
 
 
-_STR_REFUSED = [n for n in dir(str) if not n.startswith("__")] + [
-    "__len__",
-    "__iter__",
-    "__getitem__",
-    "__hash__",
-    "__eq__",
-    "__ne__",
-    "__lt__",
-    "__le__",
-    "__gt__",
-    "__ge__",
-    "__contains__",
-    "__add__",
-    "__radd__",
-    "__mul__",
-    "__rmul__",
-    "__mod__",
-    "__rmod__",
-    "__format__",
-    "__repr__",
-    "__int__",
-    "__float__",
-    "__complex__",
-    "__index__",
-    "__reduce__",
-    "__reduce_ex__",
-    "__getnewargs__",
-]
-for _name in _STR_REFUSED:
-    setattr(Content, _name, _refusing(_name))
+# What reads a value whole: comparing, printing, formatting, pickling it.
+_WHOLE_VALUE = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__repr__", "__format__")
+_PICKLING = ("__reduce__", "__reduce_ex__")
+
+
+def _refuse_all(cls: type, dunders: tuple[str, ...]) -> None:
+    """Every public method of `cls`'s builtin base refuses, and these dunders."""
+    base = cls.__bases__[0]
+    for name in [n for n in dir(base) if not n.startswith("__")] + [*dunders, *_WHOLE_VALUE, *_PICKLING]:
+        setattr(cls, name, _refusing(name))
+
+
+_refuse_all(
+    Content,
+    (
+        "__len__",
+        "__iter__",
+        "__getitem__",
+        "__hash__",
+        "__contains__",
+        "__add__",
+        "__radd__",
+        "__mul__",
+        "__rmul__",
+        "__mod__",
+        "__rmod__",
+        "__int__",
+        "__float__",
+        "__complex__",
+        "__index__",
+        "__getnewargs__",
+    ),
+)
 
 
 class Message(dict):
@@ -160,24 +164,7 @@ class Message(dict):
         return True
 
 
-for _name in [n for n in dir(dict) if not n.startswith("__")] + [
-    "__iter__",
-    "__eq__",
-    "__ne__",
-    "__lt__",
-    "__le__",
-    "__gt__",
-    "__ge__",
-    "__repr__",
-    "__str__",
-    "__format__",
-    "__or__",
-    "__ror__",
-    "__reversed__",
-    "__reduce__",
-    "__reduce_ex__",
-]:
-    setattr(Message, _name, _refusing(_name))
+_refuse_all(Message, ("__iter__", "__str__", "__or__", "__ror__", "__reversed__"))
 
 
 class Messages(list):
@@ -188,26 +175,9 @@ class Messages(list):
         return Messages(item) if isinstance(index, slice) else item
 
 
-for _name in [n for n in dir(list) if not n.startswith("__")] + [
-    "__contains__",
-    "__eq__",
-    "__ne__",
-    "__lt__",
-    "__le__",
-    "__gt__",
-    "__ge__",
-    "__repr__",
-    "__str__",
-    "__format__",
-    "__add__",
-    "__radd__",
-    "__mul__",
-    "__rmul__",
-    "__reversed__",
-    "__reduce__",
-    "__reduce_ex__",
-]:
-    setattr(Messages, _name, _refusing(_name))
+_refuse_all(
+    Messages, ("__contains__", "__str__", "__add__", "__radd__", "__mul__", "__rmul__", "__reversed__")
+)
 
 _TRACKED: tuple[type, ...] = (Content, Message, Messages)
 
@@ -456,15 +426,9 @@ class TemplateProof:
         raise _refuse("`in` with a content, a message or the message list")
 
     def _filter(self, name: str, function: Any) -> Any:
-        def tracked_filter(*args: Any, **kwargs: Any) -> Any:
-            values = args[1:] if getattr(function, "jinja_pass_arg", None) is not None else args
-            if not (_holds_tracked(values) or _holds_tracked(kwargs)):
-                return function(*args, **kwargs)
-            return self._tracked_filter(name, values[0], values[1:], kwargs)
-
-        if hasattr(function, "jinja_pass_arg"):
-            tracked_filter.jinja_pass_arg = function.jinja_pass_arg  # type: ignore[attr-defined]
-        return tracked_filter
+        return _tracking(
+            function, lambda passed, values, kwargs: self._tracked_filter(name, values[0], values[1:], kwargs)
+        )
 
     def _tracked_filter(self, name: str, value: Any, args: tuple, kwargs: dict) -> Any:
         if _holds_tracked(args) or _holds_tracked(kwargs):
@@ -514,20 +478,31 @@ class TemplateProof:
         return _Selected(keep)
 
     def _test(self, name: str, function: Any) -> Any:
-        def tracked_test(*args: Any, **kwargs: Any) -> Any:
-            values = args[1:] if getattr(function, "jinja_pass_arg", None) is not None else args
-            if not (_holds_tracked(values) or _holds_tracked(kwargs)):
-                return function(*args, **kwargs)
+        def tracked_test(passed: tuple, values: tuple, kwargs: dict) -> Any:
             value, rest = values[0], values[1:]
             if name in _TYPE_TESTS and not rest and not kwargs:
-                return function(*args[: len(args) - len(values)], _stand_in(value))  # a test of the type only
+                return function(*passed, _stand_in(value))  # a test of the type only
             if name in _EQUALITY_TESTS and len(rest) == 1 and not kwargs:
                 return self._compare_one(value, _EQUALITY_TESTS[name], rest[0])
             raise _refuse(f"`is {name}` of a content, a message or the message list")
 
-        if hasattr(function, "jinja_pass_arg"):
-            tracked_test.jinja_pass_arg = function.jinja_pass_arg  # type: ignore[attr-defined]
-        return tracked_test
+        return _tracking(function, tracked_test)
+
+
+def _tracking(function: Any, tracked: Callable[[tuple, tuple, dict], Any]) -> Any:
+    """A jinja filter or test as it is, but where its arguments hold a tracked value: then `tracked(passed,
+    values, kwargs)` decides (`passed`: the context, environment or eval context jinja passes first, if any)."""
+    first = 1 if getattr(function, "jinja_pass_arg", None) is not None else 0
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        passed, values = args[:first], args[first:]
+        if not (_holds_tracked(values) or _holds_tracked(kwargs)):
+            return function(*args, **kwargs)
+        return tracked(passed, values, kwargs)
+
+    if hasattr(function, "jinja_pass_arg"):
+        wrapper.jinja_pass_arg = function.jinja_pass_arg  # type: ignore[attr-defined]
+    return wrapper
 
 
 def _stand_in(value: Any) -> Any:
