@@ -12,8 +12,8 @@ never joins) or loops.
 The verdict (`judge`): a local rank whose heartbeat is older than --hang_timeout is frozen, whatever its phase;
 a rank's own progress older than its phase's allowance (`allowance`: --hang_timeout, or 10 measured steps when
 longer, and 4x that for checkpoints, validation, samples and the first step) is a hang. Then every live rank prints its
-Python stacks (faulthandler), the lowest live rank of the host has the stuck ranks print theirs (DUMP_SIGNAL,
-then SIGCONT so a stopped process can), writes one `error:` line naming the ranks that stopped advancing (frozen,
+Python stacks (faulthandler), the lowest live rank of the host has each frozen rank print its training thread's
+(`ask_for_stacks`), writes one `error:` line naming the ranks that stopped advancing (frozen,
 or behind the others) with their host, phase and step (and that host to DSKIT_HANG_HOSTS_FILE: train.sbatch
 requeues the job without it), and the ranks exit with HANG_EXIT, which the launchers pass on (docs/hangs.md).
 
@@ -23,6 +23,7 @@ The collectives' own timeouts are set above every allowance (`collective_timeout
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import faulthandler
 import json
 import os
@@ -43,7 +44,7 @@ from model_utils.launch import launch_env
 from model_utils.observe import step_line
 
 HANG_EXIT = 75  # EX_TEMPFAIL: the job may succeed when run again (on other nodes): a launcher's requeue
-DUMP_SIGNAL = signal.SIGUSR2  # faulthandler prints the rank's stacks on it, even when it holds the GIL
+DUMP_SIGNAL = signal.SIGUSR2  # faulthandler prints the rank's stack on it, even when it holds the GIL
 # A step's phases in the order a turn meets them (`judge` orders ranks by step, then phase).
 DATA, COMPUTE, DECISION, VALIDATION, CHECKPOINT = "data", "compute", "decision", "validation", "checkpoint"
 SAMPLES = "samples"  # generating from --sample_prompts (loop/observers/samples.py)
@@ -226,7 +227,7 @@ class Monitor:
 
     def start(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        faulthandler.register(DUMP_SIGNAL, file=_stacks_file(), all_threads=True, chain=False)
+        listen_for_stacks()
         self.beat()
         self._thread = threading.Thread(target=self._run, name="dskit-watchdog", daemon=True)
         self._thread.start()
@@ -298,12 +299,9 @@ class Monitor:
             time.sleep(self.grace_s)  # the host's line comes first, and names the launcher's reason
             self._leave(())
             return
-        # A frozen rank cannot print its own: its faulthandler does on DUMP_SIGNAL, delivered once it continues.
         for beat in verdict.frozen:
             _say(f"watchdog: {beat.who()}, frozen in {beat.where()}: its stacks")
-            for sig in (DUMP_SIGNAL, signal.SIGCONT):
-                with contextlib.suppress(OSError):  # ended meanwhile
-                    os.kill(beat.pid, sig)
+            ask_for_stacks(beat.pid)
             time.sleep(self.dump_wait_s)
         line = step_line.error_line(verdict.describe())
         _say(line)
@@ -329,6 +327,32 @@ class Monitor:
         with contextlib.suppress(OSError):  # the others' files are theirs to remove
             self.directory.rmdir()
         self.exit(HANG_EXIT)
+
+
+def listen_for_stacks() -> None:
+    """Print this process's training thread's stack on DUMP_SIGNAL (`ask_for_stacks`). Its own thread only: the
+    handler reads the stacks without the GIL, and another thread's, changing meanwhile, can crash the process
+    (measured: SIGSEGV in about half of the tries with a second thread running Python)."""
+    faulthandler.register(DUMP_SIGNAL, file=_stacks_file(), all_threads=False, chain=False)
+
+
+def ask_for_stacks(pid: int) -> None:
+    """Have a frozen rank print its training thread's stack. It cannot print it while stopped: DUMP_SIGNAL waits
+    for the SIGCONT that follows. The signal goes to the main thread (the training thread, whose thread id is the
+    process's), so the handler runs there before its Python goes on, and its stack is where it froze; sent to the
+    process, any thread may take it while the main thread runs on."""
+    with contextlib.suppress(OSError):  # ended meanwhile
+        _signal_main_thread(pid, DUMP_SIGNAL)
+        os.kill(pid, signal.SIGCONT)
+
+
+def _signal_main_thread(pid: int, sig: int) -> None:
+    tgkill = getattr(ctypes.CDLL(None, use_errno=True), "tgkill", None)  # Linux (glibc 2.30+)
+    if tgkill is None:
+        os.kill(pid, sig)  # elsewhere: whichever thread takes it prints its own stack
+    elif tgkill(pid, pid, sig) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, os.strerror(error))
 
 
 def _stacks_file() -> TextIO:

@@ -136,6 +136,59 @@ def test_a_frozen_rank_is_named_prints_its_stacks_and_the_ranks_exit_75(
     )  # ended by the judge after its stacks, not left to the launcher
 
 
+CHURNING_RANK = """
+import sys, threading, time
+from model_utils.observe import watchdog
+
+sys.setrecursionlimit(10_000)
+watchdog.listen_for_stacks()
+
+def deep(n):
+    return 0 if n == 0 else deep(n - 1) + 1
+
+def churn():  # another thread's frames come and go all the time, across the frame stack's chunks
+    while True:
+        deep(600)
+
+def training_step():
+    while True:
+        deep(60)
+        time.sleep(0.0001)  # lets the other thread run Python while this one waits
+
+threading.Thread(target=churn, daemon=True).start()
+print("ready", flush=True)
+training_step()
+"""
+
+
+def test_a_frozen_rank_prints_its_training_threads_stack_while_its_other_threads_run(tmp_path: Path) -> None:
+    """Frozen and asked for its stacks again and again, a rank whose threads run Python survives each time and
+    prints where its training thread stood. (Sent to the process with every thread's stack, the dump crashed it
+    with SIGSEGV in about half of the tries: the handler read the stacks that the threads, continued, changed.)"""
+    stacks = tmp_path / "stderr"
+    with stacks.open("w") as err:
+        child = subprocess.Popen(
+            [sys.executable, "-c", CHURNING_RANK], stdout=subprocess.PIPE, stderr=err, text=True
+        )
+    tries = 12
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        for _ in range(tries):
+            time.sleep(0.02)
+            child.send_signal(signal.SIGSTOP)
+            watchdog.ask_for_stacks(child.pid)
+        time.sleep(0.3)
+        alive = child.poll() is None
+    finally:
+        child.kill()
+        child.wait()
+    printed = stacks.read_text()
+    assert alive, (child.returncode, printed[-2000:])
+    assert printed.count("(most recent call first)") == tries, printed[-2000:]
+    assert printed.count("in training_step") == tries, printed[-2000:]
+    assert "in churn" not in printed  # its own thread only
+
+
 def test_ranks_that_advance_make_no_verdict_and_leave_no_files(tmp_path: Path) -> None:
     exits: list[int] = []
     monitors = [Monitor(r, 1.0, directory=tmp_path / "beats", exit=exits.append) for r in range(2)]
