@@ -8,14 +8,17 @@ Each rank builds both from one resolved run of the training flags (default: the 
 
 - the kit: the real Trainer, a turn of its loop as `fit` runs it (Trainer.advance: the step with its prefetched
   data, the per-step collective, the watchdog and straggler notes, the observers, the logging);
-- the minimal loop: `deepspeed.initialize` on the same model config with the DeepSpeed config the kit resolved,
-  and per micro-batch `engine(input_ids, labels).loss`, `engine.backward`, `engine.step`, reading the same
-  blocks through the same sampler, and one `.item()` of the loss per step.
+- the minimal loop: `deepspeed.initialize` on the same model config with the DeepSpeed config the kit resolved
+  and the same two parameter groups (weight decay on the matrices, none on norms and biases, as Hugging Face's
+  Trainer and nanoGPT split them: the training's math, not the kit's cost; --one_group passes
+  `model.parameters()` instead), and per micro-batch `engine(input_ids, labels).loss`, `engine.backward`,
+  `engine.step`, reading the same blocks through the same sampler, and one `.item()` of the loss per step.
 
 Blocks of --block steps alternate, the minimal loop's first and last (reference, kit, reference, ..., reference:
 --rounds kit blocks), so the machine's drift falls on both; each kit block is compared with the mean of the two
-reference blocks around it. --with_collective: the minimal loop also makes one blocking all-reduce before its last
-backward, as the kit's per-step consensus does, which takes that part out of the ratio. CPU is the process's
+reference blocks around it. --with_collective: the minimal loop also makes the kit's per-step collective before its
+last backward (loop/consensus.py, with the loss, six flags and a target count), which takes that part out of the
+ratio. CPU is the process's
 (every thread: the kit's prefetch and watchdog threads count against it). It prints each rank's CPU and wall per
 step and the ratios (median over the rounds); --profile N adds rank 0's N costliest functions of each (cProfile
 with the training thread's CPU clock, and slower, so a profiled run's ratios are not the figures).
@@ -65,8 +68,10 @@ def _rank(
     from model_utils.config.arguments import parse_args
     from model_utils.data.sampler import BlockSampler, DataPosition
     from model_utils.launch import distributed, startup
+    from model_utils.loop import consensus
     from model_utils.loop.trainer import Trainer
     from model_utils.observe import watchdog
+    from model_utils.optim import param_groups
     from model_utils.resolve import resolver
 
     steps = ns.warmup + ns.block * (2 * ns.rounds + 1) + 10  # never the last step: no final save
@@ -86,15 +91,16 @@ def _rank(
     deepspeed = startup.import_deepspeed()
     torch.manual_seed(cfg.loop.seed)
     model = AutoModelForCausalLM.from_config(run.model_config, attn_implementation="sdpa")
-    engine, *_ = deepspeed.initialize(
-        model=model, model_parameters=model.parameters(), config=run.deepspeed_config()
-    )
+    groups = param_groups.split_for_weight_decay(model, cfg.optim.no_decay_embeddings)
+    parameters = model.parameters() if ns.one_group else groups.optimizer_groups()
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=parameters, config=run.deepspeed_config())
     engine.train()
     blocks = run.train_blocks
     sampler = BlockSampler.of(
         blocks, run.micro_batch_size, run.gradient_accumulation_steps, rank, 2, cfg.loop.seed
     )
     position = DataPosition()
+    agreeing = consensus.StepConsensus(rank, 2, info.device)
 
     def reference_step() -> None:
         nonlocal position
@@ -104,10 +110,7 @@ def _rank(
             batch = torch.as_tensor(blocks.rows(indices).tokens)
             loss = engine(input_ids=batch, labels=batch).loss
             if ns.with_collective and last:
-                # The kit's per-step consensus, stood in for: the loss, six flags, the next step's targets.
-                decided = torch.tensor([loss.item(), *[0.0] * 6, 1.0], dtype=torch.float64)
-                dist.all_reduce(decided)
-                decided.tolist()
+                agreeing.agree(loss.detach(), [False] * 6, targets=1)
             engine.backward(loss)
             engine.step()
         position = sampler.advance(position)
@@ -160,8 +163,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--with_collective",
         action="store_true",
-        help="the minimal loop also makes one blocking all-reduce of 8 numbers before its last backward, as the kit "
-        "makes its per-step consensus: the ratio is then what the rest of the kit costs",
+        help="the minimal loop also makes the kit's per-step collective before its last backward: the ratio is then "
+        "what the rest of the kit costs",
+    )
+    parser.add_argument(
+        "--one_group",
+        action="store_true",
+        help="the minimal loop trains one parameter group (model.parameters()), not the kit's two (decayed or not)",
     )
     parser.add_argument("--profile", type=int, default=0, help="print rank 0's N costliest functions of each")
     parser.add_argument("--profile_sort", default="tottime", help="pstats' order: tottime, cumulative, ...")
@@ -183,7 +191,8 @@ def main(argv: list[str]) -> int:
             raise
         got = dict(results)
     print(
-        f"kit step vs a minimal hand-written DeepSpeed loop{' with one collective' if ns.with_collective else ''}, "
+        f"kit step vs a minimal hand-written DeepSpeed loop{' with one collective' if ns.with_collective else ''}"
+        f"{' and one parameter group' if ns.one_group else ''}, "
         f"2 CPU ranks, {ns.rounds} kit blocks of {ns.block} "
         f"steps between {ns.rounds + 1} reference blocks (ratios: medians over the kit blocks)"
     )
