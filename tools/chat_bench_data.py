@@ -22,9 +22,12 @@ def write(out: Path, rows: int, turn_chars: tuple[int, int], seed: int = 0) -> N
     words = (REPO / "README.md").read_text().split()
 
     def sentence(chars: int) -> str:
+        """Words until the sentence has `chars` characters: without its last word it had fewer."""
         picked: list[str] = []
-        while sum(map(len, picked)) + len(picked) < chars:
+        length = -1  # of the words joined by spaces
+        while length < chars:
             picked.append(rng.choice(words))
+            length += len(picked[-1]) + 1
         return " ".join(picked)
 
     out.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import gc
 import hashlib
 import itertools
 import json
@@ -46,6 +45,7 @@ from model_utils.data.documents import SPLIT, TRAIN, VALIDATION, Plan, Unit
 from model_utils.data.packing import PackedBlocks
 from model_utils.data.rows import Rows
 from model_utils.errors import ConfigError
+from model_utils.launch import startup
 from model_utils.observe.log import print0
 from model_utils.storage import file_manifest
 
@@ -363,26 +363,10 @@ def write_unit(
 ) -> dict[str, Any]:
     """Tokenize unit `index` of the plan `record` into its shards and commit its unit record. Memory: one batch
     of documents."""
-    with _older_objects_frozen():
+    with startup.older_objects_frozen():
         if record.get("data_format", chat.TEXT) != chat.TEXT:
             return _write_rows_unit(out, index, record, spec, progress)
         return _write_text_unit(out, index, record, spec, progress)
-
-
-@contextlib.contextmanager
-def _older_objects_frozen() -> Iterator[None]:
-    """What the process holds by now (the imports' objects: hundreds of thousands) kept out of the cyclic
-    collector, which walked all of it at every full collection (up to a sixth of a conversation preparation's
-    time); given back after, so that the collection at the process's exit sees it all (extension modules check).
-    Where something froze objects before (a forking server), they stay as they were."""
-    if gc.get_freeze_count():
-        yield
-        return
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
 
 
 def _write_text_unit(

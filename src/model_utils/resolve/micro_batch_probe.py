@@ -28,6 +28,7 @@ import torch
 
 from model_utils.config.arguments import CHECKPOINTING_NONE
 from model_utils.errors import ConfigError
+from model_utils.launch import startup
 from model_utils.model import activation_checkpointing, kernels
 from model_utils.observe.log import print0
 from model_utils.resolve import batch_layout
@@ -204,18 +205,20 @@ def resolve(settings: RunSettings, n_train_blocks: int, n_val_blocks: int | None
     if checkpointing != CHECKPOINTING_NONE:  # keys of runs without it stay as they were
         key += f"|activation checkpointing {checkpointing}"
     cache = ProbeCache(Path(cfg.data.data_cache_dir) / CACHE_FILE)
-    probe = _GpuProbe(model_config, ts.torch_dtype(), chosen, seq_length, reserve, checkpointing)
-    try:
-        with kernels.patches_undone(skeleton):
-            found, from_cache = cached_search(
-                cache,
-                key,
-                probe,
-                {"model": cfg.model.model, "gpu": gpu, "seq_length": seq_length},
-                f"{gpu} at --seq_length {seq_length}",
-            )
-    finally:
-        probe.close()
+    # Each probe ends with a gc.collect() (what an out-of-memory error left in cycles): of the probe's own objects.
+    with startup.older_objects_frozen():
+        probe = _GpuProbe(model_config, ts.torch_dtype(), chosen, seq_length, reserve, checkpointing)
+        try:
+            with kernels.patches_undone(skeleton):
+                found, from_cache = cached_search(
+                    cache,
+                    key,
+                    probe,
+                    {"model": cfg.model.model, "gpu": gpu, "seq_length": seq_length},
+                    f"{gpu} at --seq_length {seq_length}",
+                )
+        finally:
+            probe.close()
     # Never more than the data holds: one global batch must fit in the train (and validation) blocks.
     cap = n_train_blocks // (ts.gradient_accumulation_steps * world_size)
     if n_val_blocks is not None:

@@ -347,11 +347,11 @@ def test_a_unit_is_written_with_the_older_objects_out_of_the_collector(
     gc.unfreeze()
     if frozen_before:
         gc.freeze()
-    before = gc.get_freeze_count()
     try:
         with pytest.raises(RuntimeError):
             token_shards.write_unit(Path("unused"), 0, {"data_format": "text"}, None)  # type: ignore[arg-type]
         assert seen[0] > 0
-        assert gc.get_freeze_count() == before
+        # Given back, or left frozen (the count only drops as frozen objects die meanwhile)
+        assert (gc.get_freeze_count() > 0) == frozen_before
     finally:
         gc.unfreeze()

@@ -7,6 +7,7 @@ with a fake probe function; the flag through the config and the ranks; and, mark
 
 from __future__ import annotations
 
+import gc
 import json
 import types
 from pathlib import Path
@@ -37,6 +38,8 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> FakeGpuMemory:
     memory = FakeGpuMemory(total_memory=2**62)
     memory.install(monkeypatch)
     memory.builds = 0
+    frozen_at_probe: list[int] = []  # how many objects were out of the collector at each probe
+    memory.frozen_at_probe = frozen_at_probe
     startup.import_deepspeed()
     import deepspeed.accelerator
 
@@ -54,6 +57,7 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> FakeGpuMemory:
             return super()._build()
 
         def __call__(self, batch: int) -> bool:
+            frozen_at_probe.append(gc.get_freeze_count())
             with memory:
                 return super().__call__(batch)
 
@@ -98,12 +102,15 @@ def test_auto_micro_batch_finds_what_fits_beside_deepspeed_on_a_fake_gpu(
     offloaded, on_gpu = settings(offload=True), settings(offload=False)
     # What forward and backward take at each size with no ballast (weights, gradients, activations): the
     # probe itself, on the unlimited fake.
-    probe = micro_batch_probe._GpuProbe(offloaded.model_config, offloaded.train.torch_dtype(), _PLAIN, 32, 0)
     peaks = {}
-    for batch in (1, 2, 4, 8):
-        assert probe(batch)
-        peaks[batch] = fake_gpu.peak
-    probe.close()
+    with startup.older_objects_frozen():  # as resolve() probes
+        probe = micro_batch_probe._GpuProbe(
+            offloaded.model_config, offloaded.train.torch_dtype(), _PLAIN, 32, 0
+        )
+        for batch in (1, 2, 4, 8):
+            assert probe(batch)
+            peaks[batch] = fake_gpu.peak
+        probe.close()
     assert peaks[1] < peaks[2] < peaks[4] < peaks[8]
     n_params = _n_params(offloaded)
     reserve = {
@@ -117,9 +124,14 @@ def test_auto_micro_batch_finds_what_fits_beside_deepspeed_on_a_fake_gpu(
     limit = reserve["offloaded"] + (peaks[4] + peaks[8]) // 2
     fake_gpu.total_memory = int(limit / micro_batch_probe.HEADROOM)
     fake_gpu.builds = 0
+    fake_gpu.frozen_at_probe.clear()
 
     assert micro_batch_probe.resolve(offloaded, n_train_blocks=10**6, n_val_blocks=None, world_size=1) == 4
     assert fake_gpu.builds == 1
+    # Each probe's gc.collect() walks the probe's own objects only: the older ones are frozen meanwhile, and
+    # given back after.
+    assert fake_gpu.frozen_at_probe and min(fake_gpu.frozen_at_probe) > 100_000, fake_gpu.frozen_at_probe
+    assert gc.get_freeze_count() == 0
     # The optimizer states the GPU-only config keeps there leave room for less.
     expected = max((b for b in peaks if peaks[b] + reserve["on_gpu"] <= limit), default=None)
     assert expected is None or expected < 4, (
@@ -150,13 +162,14 @@ def test_the_probe_survives_running_out_of_fake_gpu_memory(fake_gpu: FakeGpuMemo
     """An allocation past the capacity raises torch.OutOfMemoryError inside forward/backward, as CUDA's
     allocator does: the probe says it does not fit, frees what it held, and the next size can be tried."""
     config = resolver.resolve_settings(parse_args(["--seq_length", "32"])).model_config
-    probe = micro_batch_probe._GpuProbe(config, torch.bfloat16, _PLAIN, 32, 0)
-    assert probe(1)
-    one = fake_gpu.peak
-    fake_gpu.total_memory = one + 1  # batch 1 and its ballast-free peak fit, batch 4 cannot
-    assert not probe(4)
-    assert fake_gpu.live < one  # the failed try's activations and gradients are gone
-    assert probe(1)  # and the same probe goes on
+    with startup.older_objects_frozen():  # as resolve() probes
+        probe = micro_batch_probe._GpuProbe(config, torch.bfloat16, _PLAIN, 32, 0)
+        assert probe(1)
+        one = fake_gpu.peak
+        fake_gpu.total_memory = one + 1  # batch 1 and its ballast-free peak fit, batch 4 cannot
+        assert not probe(4)
+        assert fake_gpu.live < one  # the failed try's activations and gradients are gone
+        assert probe(1)  # and the same probe goes on
 
 
 def test_cuda_ranks_default_to_auto_micro_batch_and_the_global_batch(
