@@ -173,11 +173,16 @@ def test_a_frozen_rank_prints_its_training_threads_stack_while_its_other_threads
     tries = 12
     try:
         assert child.stdout is not None and child.stdout.readline() == "ready\n"
-        for _ in range(tries):
+        for done in range(tries):
             time.sleep(0.02)
             child.send_signal(signal.SIGSTOP)
             watchdog.ask_for_stacks(child.pid)
-        time.sleep(0.3)
+            # Its stack is out before the next try (two signals pending at once would make one).
+            deadline = time.monotonic() + 20
+            while stacks.read_text().count("(most recent call first)") <= done and child.poll() is None:
+                assert time.monotonic() < deadline, stacks.read_text()[-2000:]
+                time.sleep(0.01)
+        time.sleep(0.1)
         alive = child.poll() is None
     finally:
         child.kill()
