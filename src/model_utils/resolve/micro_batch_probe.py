@@ -15,6 +15,7 @@ DeepSpeed config is filled in; `dskit config` and `dskit prepare` leave it at "a
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import hashlib
 import json
@@ -125,7 +126,9 @@ def _architecture_hash(model_config: Any) -> str:
 
 
 class _GpuProbe:
-    """fits(batch) for search_micro_batch: builds the model on the GPU on first use (a cache hit never does)."""
+    """fits(batch) for search_micro_batch: builds the model on the GPU on first use (a cache hit never does).
+    Used as a context: inside it the older objects are frozen (each probe's gc.collect() walks the probe's own
+    objects only: launch/startup.py), and its end frees the probe's GPU memory (`close`)."""
 
     def __init__(
         self,
@@ -179,6 +182,15 @@ class _GpuProbe:
         gc.collect()
         torch.cuda.empty_cache()
 
+    def __enter__(self) -> _GpuProbe:
+        self._context = contextlib.ExitStack()
+        self._context.enter_context(startup.older_objects_frozen())  # before the probe makes any object
+        self._context.callback(self.close)  # first on the way out: its collection of the probe's objects too
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._context.close()
+
 
 def resolve(settings: RunSettings, n_train_blocks: int, n_val_blocks: int | None, world_size: int) -> int:
     """The micro batch for --micro_batch_size auto on this process's device (rank 0 of the run)."""
@@ -205,20 +217,17 @@ def resolve(settings: RunSettings, n_train_blocks: int, n_val_blocks: int | None
     if checkpointing != CHECKPOINTING_NONE:  # keys of runs without it stay as they were
         key += f"|activation checkpointing {checkpointing}"
     cache = ProbeCache(Path(cfg.data.data_cache_dir) / CACHE_FILE)
-    # Each probe ends with a gc.collect() (what an out-of-memory error left in cycles): of the probe's own objects.
-    with startup.older_objects_frozen():
-        probe = _GpuProbe(model_config, ts.torch_dtype(), chosen, seq_length, reserve, checkpointing)
-        try:
-            with kernels.patches_undone(skeleton):
-                found, from_cache = cached_search(
-                    cache,
-                    key,
-                    probe,
-                    {"model": cfg.model.model, "gpu": gpu, "seq_length": seq_length},
-                    f"{gpu} at --seq_length {seq_length}",
-                )
-        finally:
-            probe.close()
+    with (
+        _GpuProbe(model_config, ts.torch_dtype(), chosen, seq_length, reserve, checkpointing) as probe,
+        kernels.patches_undone(skeleton),
+    ):
+        found, from_cache = cached_search(
+            cache,
+            key,
+            probe,
+            {"model": cfg.model.model, "gpu": gpu, "seq_length": seq_length},
+            f"{gpu} at --seq_length {seq_length}",
+        )
     # Never more than the data holds: one global batch must fit in the train (and validation) blocks.
     cap = n_train_blocks // (ts.gradient_accumulation_steps * world_size)
     if n_val_blocks is not None:

@@ -103,14 +103,11 @@ def test_auto_micro_batch_finds_what_fits_beside_deepspeed_on_a_fake_gpu(
     # What forward and backward take at each size with no ballast (weights, gradients, activations): the
     # probe itself, on the unlimited fake.
     peaks = {}
-    with startup.older_objects_frozen():  # as resolve() probes
-        probe = micro_batch_probe._GpuProbe(
-            offloaded.model_config, offloaded.train.torch_dtype(), _PLAIN, 32, 0
-        )
+    dtype = offloaded.train.torch_dtype()
+    with micro_batch_probe._GpuProbe(offloaded.model_config, dtype, _PLAIN, 32, 0) as probe:
         for batch in (1, 2, 4, 8):
             assert probe(batch)
             peaks[batch] = fake_gpu.peak
-        probe.close()
     assert peaks[1] < peaks[2] < peaks[4] < peaks[8]
     n_params = _n_params(offloaded)
     reserve = {
@@ -162,8 +159,7 @@ def test_the_probe_survives_running_out_of_fake_gpu_memory(fake_gpu: FakeGpuMemo
     """An allocation past the capacity raises torch.OutOfMemoryError inside forward/backward, as CUDA's
     allocator does: the probe says it does not fit, frees what it held, and the next size can be tried."""
     config = resolver.resolve_settings(parse_args(["--seq_length", "32"])).model_config
-    with startup.older_objects_frozen():  # as resolve() probes
-        probe = micro_batch_probe._GpuProbe(config, torch.bfloat16, _PLAIN, 32, 0)
+    with micro_batch_probe._GpuProbe(config, torch.bfloat16, _PLAIN, 32, 0) as probe:
         assert probe(1)
         one = fake_gpu.peak
         fake_gpu.total_memory = one + 1  # batch 1 and its ballast-free peak fit, batch 4 cannot
@@ -335,7 +331,8 @@ def test_real_probe_on_gpu(tmp_path: Path) -> None:
     assert entry["micro_batch_size"] == found and entry["seq_length"] == 256
     assert micro_batch_probe.resolve(settings, 3, None, 1) == min(found, 3)  # cached, capped by the data
     # What was found trains: forward and backward at that size fit beside the ballast.
-    probe = micro_batch_probe._GpuProbe(model_config, torch.bfloat16, kernels.Plan(True, False), 256, 0)
-    with kernels.patches_undone(tiny_model()):  # Liger's module-wide patches must not reach later tests
+    with (
+        micro_batch_probe._GpuProbe(model_config, torch.bfloat16, kernels.Plan(True, False), 256, 0) as probe,
+        kernels.patches_undone(tiny_model()),  # Liger's module-wide patches must not reach later tests
+    ):
         assert probe(found)
-    probe.close()
