@@ -1,7 +1,8 @@
 """The kit's training step against a minimal hand-written DeepSpeed loop's, CPU and wall time per step, on 2 gloo
 CPU ranks (issue #28's goal: the kit's CPU per step at most 1.03x the minimal loop's).
 
-    .venv/bin/python tools/loop_overhead.py [--block 10] [--rounds 12] [--warmup 5] [--profile N] [-- FLAGS...]
+    .venv/bin/python tools/loop_overhead.py [--block 10] [--rounds 12] [--warmup 5] [--split] [--threads]
+        [--profile N] [-- FLAGS...]
 
 Each rank builds both from one resolved run of the training flags (default: the embedded default, as
 `./train-singlenode.sh` trains it, without validation or checkpoints):
@@ -20,8 +21,14 @@ reference blocks around it. --with_collective: the minimal loop also makes the k
 last backward (loop/consensus.py, with the loss, six flags and a target count), which takes that part out of the
 ratio. CPU is the process's
 (every thread: the kit's prefetch and watchdog threads count against it). It prints each rank's CPU and wall per
-step and the ratios (median over the rounds); --profile N adds rank 0's N costliest functions of each (cProfile
-with the training thread's CPU clock, and slower, so a profiled run's ratios are not the figures).
+step and the ratios (median over the rounds, and of the means); --profile N adds rank 0's N costliest functions
+of each (cProfile with the training thread's CPU clock, and slower, so a profiled run's ratios are not the figures).
+
+This machine's CPU time drifts by 10-30% from step to step, so one step's ratio says little: --block 1 --rounds 400
+alternates single steps and compares the means of 400 each. Two views put the difference where it is, each far less
+noisy than the whole step: --split parts the training thread's CPU per step (DeepSpeed's forward, backward and step
+calls, the kit's collective, the rest of the loop, as means); --threads gives every thread's CPU per step (the
+kernel's count: gloo's two threads carry most of a collective's cost).
 """
 
 from __future__ import annotations
@@ -31,10 +38,12 @@ import cProfile
 import io
 import os
 import pstats
+import re
 import socket
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -47,6 +56,62 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _thread_cpu() -> dict[str, float]:
+    """CPU seconds of each of this process's threads so far, summed by thread name (the kernel's ns count)."""
+    spent: dict[str, float] = {}
+    python_names = {thread.native_id: thread.name for thread in threading.enumerate()}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            name = python_names.get(int(task.name)) or (task / "comm").read_text().strip()
+            ns_run = int((task / "schedstat").read_text().split()[0])
+        except OSError:  # a thread that ended meanwhile
+            continue
+        name = re.sub(r"[-_:]?\d+$", "", name)  # a pool's threads by their pool's name
+        spent[name] = spent.get(name, 0.0) + ns_run / 1e9
+    return spent
+
+
+class _Split:
+    """The training thread's CPU per step in named parts: DeepSpeed's forward, backward and step calls, and the
+    kit's collective; the rest of the step is the loop's own (--split)."""
+
+    PARTS = ("deepspeed", "collective")
+
+    def __init__(self) -> None:
+        self.spent = dict.fromkeys(self.PARTS, 0.0)
+        self.steps: dict[str, list[dict[str, float]]] = {REFERENCE: [], KIT: []}
+
+    def wrap(self, owner: object, name: str, part: str) -> None:
+        call = getattr(owner, name)
+
+        def timed(*args: object, **kwargs: object) -> object:
+            started = time.thread_time()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                self.spent[part] += time.thread_time() - started
+
+        setattr(owner, name, timed)
+
+    def wrap_engine(self, engine: object) -> None:
+        for name in ("forward", "backward", "step"):
+            self.wrap(engine, name, "deepspeed")
+
+    def record(self, phase: str, step: object) -> None:
+        self.spent = dict.fromkeys(self.PARTS, 0.0)
+        started = time.thread_time()
+        step()  # type: ignore[operator]
+        total = time.thread_time() - started
+        self.steps[phase].append({**self.spent, "loop": total - sum(self.spent.values()), "total": total})
+
+    def means(self) -> dict[str, dict[str, float]]:
+        """Means, not medians: the steps that log (every --logging_freq) count with their cost."""
+        return {
+            phase: {part: statistics.fmean(s[part] for s in steps) for part in steps[0]}
+            for phase, steps in self.steps.items()
+        }
 
 
 def _rank(
@@ -117,28 +182,48 @@ def _rank(
         loss.item()
 
     trainer = Trainer(run, info)
+    split = _Split() if ns.split else None
+    if split is not None:
+        split.wrap_engine(engine)
+        split.wrap_engine(trainer.engine._engine)  # type: ignore[attr-defined]
+        split.wrap(consensus.StepConsensus, "agree", "collective")
     try:
         trainer.start()
         for _ in range(ns.warmup):
             reference_step()
             trainer.advance()
         spent: dict[str, list[tuple[float, float]]] = {REFERENCE: [], KIT: []}
+        by_thread: dict[str, dict[str, float]] = {REFERENCE: {}, KIT: {}}
         profiles = {p: cProfile.Profile(time.thread_time) for p in (REFERENCE, KIT)}
         for phase in [REFERENCE, KIT] * ns.rounds + [REFERENCE]:
             step = reference_step if phase == REFERENCE else trainer.advance
             dist.barrier()  # each block starts with the ranks together
             if ns.profile and rank == 0:
                 profiles[phase].enable()
+            threads_before = _thread_cpu() if ns.threads else {}
             cpu, wall = time.process_time(), time.perf_counter()
             for _ in range(ns.block):
-                step()
+                if split is not None:
+                    split.record(phase, step)
+                else:
+                    step()
             spent[phase].append(
                 ((time.process_time() - cpu) / ns.block, (time.perf_counter() - wall) / ns.block)
             )
+            for name, seconds in (_thread_cpu() if ns.threads else {}).items():
+                counted = by_thread[phase]
+                counted[name] = counted.get(name, 0.0) + seconds - threads_before.get(name, 0.0)
             profiles[phase].disable()
     finally:
         trainer.close()
     results[rank] = spent
+    if split is not None:
+        results[f"split {rank}"] = split.means()
+    if ns.threads:
+        results[f"threads {rank}"] = {
+            phase: {name: s / len(spent[phase]) / ns.block for name, s in counted.items()}
+            for phase, counted in by_thread.items()
+        }
     if ns.profile and rank == 0:
         for phase, profile in profiles.items():
             text = io.StringIO()
@@ -171,6 +256,17 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="the minimal loop trains one parameter group (model.parameters()), not the kit's two (decayed or not)",
     )
+    parser.add_argument(
+        "--split",
+        action="store_true",
+        help="also the training thread's CPU per step in parts (means): DeepSpeed's forward, backward and step "
+        "calls, the kit's collective, the loop's own rest",
+    )
+    parser.add_argument(
+        "--threads",
+        action="store_true",
+        help="also each thread's CPU per step (by thread name), kit and minimal",
+    )
     parser.add_argument("--profile", type=int, default=0, help="print rank 0's N costliest functions of each")
     parser.add_argument("--profile_sort", default="tottime", help="pstats' order: tottime, cumulative, ...")
     parser.add_argument(
@@ -199,6 +295,21 @@ def main(argv: list[str]) -> int:
     for name in (f"profile {REFERENCE}", f"profile {KIT}"):
         if name in got:
             print(f"--- {name} (rank 0)\n{got.pop(name)}")
+    for rank in (0, 1):
+        if (parts := got.pop(f"split {rank}", None)) is None:
+            continue
+        print(f"rank {rank}: the training thread's CPU per step, ms (means over the steps)")
+        for phase, medians in parts.items():
+            print(f"  {phase:10} " + ", ".join(f"{part} {1e3 * t:.3f}" for part, t in medians.items()))
+    for rank in (0, 1):
+        if (threads := got.pop(f"threads {rank}", None)) is None:
+            continue
+        print(f"rank {rank}: CPU per step by thread, ms (minimal loop, kit, difference)")
+        names = sorted(set(threads[REFERENCE]) | set(threads[KIT]), key=lambda n: -threads[KIT].get(n, 0.0))
+        for name in names:
+            ref, kit = threads[REFERENCE].get(name, 0.0), threads[KIT].get(name, 0.0)
+            if max(ref, kit) >= 5e-6:
+                print(f"  {name:24} {1e3 * ref:8.3f} {1e3 * kit:8.3f} {1e3 * (kit - ref):+8.3f}")
     for rank, spent in sorted(got.items()):
         cpu, wall = _ratios(spent, 0), _ratios(spent, 1)
         kit_cpu = statistics.fmean(t[0] for t in spent[KIT])
@@ -207,7 +318,7 @@ def main(argv: list[str]) -> int:
         ref_wall = statistics.fmean(t[1] for t in spent[REFERENCE])
         print(
             f"rank {rank}: CPU {1e3 * kit_cpu:.1f} ms/step kit, {1e3 * ref_cpu:.1f} reference: "
-            f"{statistics.median(cpu):.3f}x (blocks {', '.join(f'{r:.3f}' for r in cpu)}); wall "
+            f"{kit_cpu / ref_cpu:.3f}x of the means, {statistics.median(cpu):.3f}x median (blocks {', '.join(f'{r:.3f}' for r in cpu)}); wall "
             f"{1e3 * kit_wall:.1f} ms/step kit, {1e3 * ref_wall:.1f} reference: {statistics.median(wall):.3f}x"
         )
     return 0

@@ -3,7 +3,11 @@
 A batch is a gather of rows from the split's block source (rows.BlockSource: the memory-mapped token shards, or
 any other source): no tokenization or collation is left to do at training time, and one background thread is
 enough of a "DataLoader worker" to keep the next step's rows read (from the page cache or a shared filesystem)
-while the device computes. The rows' targets become the labels (-100 where a token is not trained on) and their
+while the device computes. On a CPU device the same thread would gain nothing: the forward and backward already
+keep every core of the rank busy, so there is nothing to overlap, and the hand-overs to and from the thread cost
+more CPU than the read (0.33 ms a step for the thread against about 0.1 ms for the read itself, 2 CPU ranks of
+the embedded default: tools/loop_overhead.py --threads). There the rows are read on the training thread, still
+one step ahead when the trainer asks for the next step's targets. The rows' targets become the labels (-100 where a token is not trained on) and their
 document positions the model's position ids. On CUDA the rows land in pinned host memory and are copied without
 blocking, so the copy neither waits for the kernels queued before it nor stalls the Python thread queuing the next
 ones.
@@ -91,15 +95,34 @@ class StepBatches:
     """The micro-batches of each optimizer step, in the sampler's order, prepared one step ahead."""
 
     def __init__(
-        self, source: BlockSource, sampler: BlockSampler, device: torch.device, flatten: bool = False
+        self,
+        source: BlockSource,
+        sampler: BlockSampler,
+        device: torch.device,
+        flatten: bool = False,
+        background: bool | None = None,
     ) -> None:
+        """`background`: gather in a worker thread; by default where that overlaps the device's compute, on any
+        device but the CPU (the module docstring)."""
         self.source = source
         self.sampler = sampler
         self.device = device
         self.pin = device.type == "cuda"
         self.flatten = flatten  # gather's: for varlen (flash) attention over document positions
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dskit-data")
+        if background is None:
+            background = device.type != "cpu"
+        self._worker = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="dskit-data") if background else None
+        )
         self._ahead: tuple[DataPosition, Future[list[Batch]]] | None = None
+
+    def _start(self, position: DataPosition) -> Future[list[Batch]]:
+        """The gathering of the step at `position`: in the worker, or here and now without one."""
+        if self._worker is not None:
+            return self._worker.submit(self._gather_step, position)
+        done: Future[list[Batch]] = Future()
+        done.set_result(self._gather_step(position))
+        return done
 
     def _gather_step(self, position: DataPosition) -> list[Batch]:
         return [
@@ -107,26 +130,31 @@ class StepBatches:
         ]
 
     def at(self, position: DataPosition) -> list[Batch]:
-        """The step at `position`, on the device; starts gathering the step after it in the background.
+        """The step at `position`, on the device; with a worker, starts gathering the step after it in the
+        background.
 
-        Any position works (a resume, a jump); only the one right after the previous call is ready early.
+        Any position works (a resume, a jump); only the one gathered ahead (right after the previous call, or the
+        last `targets_at`) is ready early.
         """
         if self._ahead is not None and self._ahead[0] == position:
             host = self._ahead[1].result()  # re-raises what went wrong in the worker
         else:
             host = self._gather_step(position)
-        following = self.sampler.advance(position)
-        self._ahead = (following, self._worker.submit(self._gather_step, following))
+        self._ahead = None
+        if self._worker is not None:
+            following = self.sampler.advance(position)
+            self._ahead = (following, self._start(following))
         return [batch.to(self.device, non_blocking=self.pin) for batch in host]
 
     def targets_at(self, position: DataPosition) -> int:
         """This rank's targets in the step at `position` (counted on the host as its rows were read), waiting for
-        its gathering; the step after the last `at` is being gathered already, any other starts now (and `at`
-        then finds it ready)."""
+        its gathering; the step after the last `at` is being gathered already (with a worker), any other is
+        gathered now (and `at` then finds it ready)."""
         if self._ahead is None or self._ahead[0] != position:
-            self._ahead = (position, self._worker.submit(self._gather_step, position))
+            self._ahead = (position, self._start(position))
         return sum(batch.targets for batch in self._ahead[1].result())
 
     def close(self) -> None:
-        self._worker.shutdown(wait=True, cancel_futures=True)
+        if self._worker is not None:
+            self._worker.shutdown(wait=True, cancel_futures=True)
         self._ahead = None

@@ -209,28 +209,28 @@ class DeepSpeedEngine:
         divisor = step_loss.loss_divisor(
             micro_batches, accumulation * step_loss.data_parallel_ranks(), targets
         )
+        last = len(micro_batches) - 1
+        mean_loss = torch.zeros((), dtype=torch.float64)  # replaced at the last micro-batch
         for i, batch in enumerate(micro_batches):
             loss = step_loss.summed_loss(self._engine, batch, divisor)
             losses.append(loss.detach())
-            if (
-                keep is not None
-                and i == len(micro_batches) - 1
-                and not keep(torch.stack(losses).double().sum() / accumulation)
-            ):
-                # The earlier micro-batches' gradients already sit in ZeRO's buffers (zero_grad() does not clear
-                # them) and step() without a backward fails. A non-finite gradient makes DeepSpeed's own
-                # overflow check throw the whole step away instead: weights, optimizer state and lr schedule
-                # stay exactly as they were (tests/e2e/test_spike_guard.py; preflight allows the guard only
-                # where DeepSpeed checks).
-                loss = loss * float("nan")
-                applied = False
+            if i == last:
+                mean_loss = torch.stack(losses).double().sum() / accumulation
+                if keep is not None and not keep(mean_loss):
+                    # The earlier micro-batches' gradients already sit in ZeRO's buffers (zero_grad() does not
+                    # clear them) and step() without a backward fails. A non-finite gradient makes DeepSpeed's
+                    # own overflow check throw the whole step away instead: weights, optimizer state and lr
+                    # schedule stay exactly as they were (tests/e2e/test_spike_guard.py; preflight allows the
+                    # guard only where DeepSpeed checks).
+                    loss = loss * float("nan")
+                    applied = False
             with contextlib.nullcontext() if applied else startup.overflow_unlogged():
                 self._engine.backward(loss)
                 self._engine.step()  # DeepSpeed steps the optimizer only at the accumulation boundary
         if not applied:
             assert self._engine.skipped_steps == skipped_before + 1, "DeepSpeed applied a discarded step"
             self._discarded += 1
-        return torch.stack(losses).double().sum() / accumulation, applied
+        return mean_loss, applied
 
     def eval_loss(self, batch: Batch) -> float:
         return step_loss.eval_summed_loss(self._engine, batch)

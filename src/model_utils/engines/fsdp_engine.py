@@ -219,13 +219,16 @@ class FsdpEngine:
         last = len(micro_batches) - 1
         # FSDP2's reduce-scatter averages the gradients over the ranks: the divisor gives that back (step_loss.py).
         divisor = step_loss.loss_divisor(micro_batches, step_loss.data_parallel_ranks(), targets)
+        step_loss_sum = torch.zeros((), dtype=torch.float64)  # replaced at the last micro-batch
         for i, batch in enumerate(micro_batches):
             # No reduce-scatter until the last micro-batch: FSDP2 accumulates the unsharded gradients meanwhile.
             self.module.set_requires_gradient_sync(i == last)
             loss = step_loss.summed_loss(self.module, batch, divisor)
             losses.append(loss.detach())
-            if keep is not None and i == last and not keep(torch.stack(losses).double().sum()):
-                applied = False
+            if i == last:
+                step_loss_sum = torch.stack(losses).double().sum()
+                if keep is not None and not keep(step_loss_sum):
+                    applied = False
             # A discarded step still runs its backward: the last micro-batch's reduce-scatter releases the
             # unsharded gradients the earlier ones left in FSDP2's buffers (zero_grad alone would not reach them);
             # the gradients are then dropped below, with no optimizer or scheduler step.
@@ -237,7 +240,7 @@ class FsdpEngine:
                 self._scheduler.step()
             self._steps += 1
         self._optimizer.zero_grad(set_to_none=True)
-        return torch.stack(losses).double().sum(), applied
+        return step_loss_sum, applied
 
     def _clip_gradients(self) -> float:
         """The global gradient norm before clipping (over every rank's shards), clipping to gradient_clipping."""

@@ -11,6 +11,7 @@ optimizer sees are exactly those of the step's token mean.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -34,12 +35,16 @@ def step_targets(micro_batches: list[Batch], agreed: int | None = None) -> torch
     before queuing its forwards. (Counting every rank's rows on every rank instead would read world-size times
     the step's data on each rank.)"""
     if agreed is not None:
-        device = micro_batches[0].labels.device
-        return torch.tensor(float(agreed), dtype=torch.float32, device=device).clamp(min=1)
+        return _agreed_targets(agreed, micro_batches[0].labels.device)
     local = torch.stack([batch.device_targets() for batch in micro_batches]).sum()
     if data_parallel_ranks() > 1:
         torch.distributed.all_reduce(local)
     return local.clamp(min=1).float()
+
+
+@functools.lru_cache(maxsize=8)
+def _agreed_targets(agreed: int, device: torch.device) -> torch.Tensor:
+    return torch.tensor(float(agreed), dtype=torch.float32, device=device).clamp(min=1)
 
 
 def loss_divisor(
@@ -48,7 +53,17 @@ def loss_divisor(
     """What each micro-batch's summed token loss is divided by: the step's global targets (`agreed`, when the ranks
     summed them already) over `backward_divides_by`, the factor the engine's own backward and gradient reduction
     divide by."""
-    return step_targets(micro_batches, agreed) / backward_divides_by
+    if agreed is not None:
+        return _agreed_divisor(agreed, backward_divides_by, micro_batches[0].labels.device)
+    return step_targets(micro_batches) / backward_divides_by
+
+
+@functools.lru_cache(maxsize=8)
+def _agreed_divisor(agreed: int, backward_divides_by: int, device: torch.device) -> torch.Tensor:
+    """One tensor per count, made once: most steps of a run have the same count (every block full), and each of
+    the three tensor operations costs more host time than the rest of the step's bookkeeping (never written to:
+    the models only divide by it)."""
+    return _agreed_targets(agreed, device) / backward_divides_by
 
 
 def summed_loss(module: Any, batch: Batch, divisor: torch.Tensor) -> torch.Tensor:

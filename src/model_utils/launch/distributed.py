@@ -120,9 +120,10 @@ def mean_and_max(
 ) -> tuple[list[float], list[float]]:
     """Across ranks, the mean of each of `means` and the largest of each of `maxima`, in one collective."""
     t = torch.tensor(means + maxima, dtype=torch.float64, device=device)
-    gathered = [torch.empty_like(t) for _ in range(torch.distributed.get_world_size())]
-    torch.distributed.all_gather(gathered, t)
-    stacked = torch.stack(gathered)
+    world = torch.distributed.get_world_size()
+    stacked = torch.empty(world * len(t), dtype=torch.float64, device=device)
+    torch.distributed.all_gather_into_tensor(stacked, t)
+    stacked = stacked.view(world, len(t))
     return stacked[:, : len(means)].mean(0).tolist(), stacked[:, len(means) :].amax(0).tolist()
 
 

@@ -104,6 +104,11 @@ def let_rank0_print() -> None:
         time.sleep(LINGER_S)
 
 
+def progress_shown() -> bool:
+    """Whether progress0 draws anything here (rank 0 with a terminal): callers skip composing a bar no one sees."""
+    return _rank() == 0 and _bar.terminal() is not None
+
+
 def progress0(step: int, total: int, detail: str, width: int = 30) -> None:
     """Redraw the progress bar on rank 0's terminal, if any: `[#####.....] 40/100 (40%) <detail>`."""
     if _rank() != 0:

@@ -8,13 +8,15 @@ forward and backward, half of the square because of the causal mask, as flash ke
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import os
 import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import psutil
 import torch
@@ -186,9 +188,15 @@ def throughput(
     return Throughput(global_rate, per_device, trained_tokens / seconds, tflops, mfu)
 
 
+@functools.lru_cache(maxsize=1)
+def _process(pid: int) -> psutil.Process:
+    """This process, made once per pid: psutil.Process() reads /proc to make it (0.2 ms on a 2-core VM)."""
+    return psutil.Process(pid)
+
+
 def memory_gib(device: torch.device) -> tuple[float | None, float | None, float]:
     """(device allocated, device peak since the last call, host RSS of this process), in GiB."""
-    rss = psutil.Process().memory_info().rss / GIB
+    rss = _process(os.getpid()).memory_info().rss / GIB
     if device.type != "cuda":
         return None, None, rss
     allocated = torch.cuda.memory_allocated(device) / GIB
@@ -209,6 +217,7 @@ class MetricsFile:
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
+        self._file: TextIO | None = None  # kept open: opening it per record took 0.25 ms on a 2-core VM
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -216,5 +225,13 @@ class MetricsFile:
         if self.path is None:
             return
         line = json.dumps({k: clean(v) for k, v in {**record, "time": time.time()}.items()})
-        with self.path.open("a") as f:
-            f.write(line + "\n")
+        if self._file is None:
+            self._file = self.path.open("a")  # closed by close(), or opened again after it
+        self._file.write(line + "\n")
+        self._file.flush()  # tailed live, and whole should the process die
+
+    def close(self) -> None:
+        """Idempotent; a later write opens the file again."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None

@@ -16,7 +16,7 @@ from typing import Any
 from model_utils.launch import launch_env
 from model_utils.launch.distributed import DistInfo, mean_and_max
 from model_utils.observe import metrics, step_line, trackers
-from model_utils.observe.log import end_progress0, print0, progress0
+from model_utils.observe.log import end_progress0, print0, progress0, progress_shown
 
 
 def metrics_path(setting: str, report_dir: str, run_id: str) -> Path | None:
@@ -185,6 +185,8 @@ class Reporter:
         return record
 
     def progress(self, step: int, loss: float) -> None:
+        if not progress_shown():  # every step: its ETA text alone took 0.04 ms on a 2-core VM
+            return
         clock = self.clock
         eta = (self.max_steps - step) * clock.step_time() if clock.steps else float("nan")
         eta_text = step_line.format_duration(eta) if math.isfinite(eta) else "?"
@@ -227,5 +229,6 @@ class Reporter:
     def close(self) -> None:
         """Idempotent; runs on every exit path (the tracker's run is ended, the progress bar cleared)."""
         end_progress0()
+        self.metrics.close()
         tracker, self.tracker = self.tracker, trackers.NoTracker()
         tracker.close()

@@ -1,5 +1,5 @@
-"""Step batches: the sampler's blocks, gathered one step ahead in a worker thread, pinned on CUDA; the rows'
-targets as labels and their document positions as position ids."""
+"""Step batches: the sampler's blocks, gathered one step ahead (in a worker thread off the CPU), pinned on CUDA; the
+rows' targets as labels and their document positions as position ids."""
 
 from __future__ import annotations
 
@@ -83,10 +83,17 @@ def test_the_plain_stream_trains_every_token_but_each_rows_first() -> None:
     assert batch.input_ids.shape == (2, 6)  # no positions: nothing to flatten
 
 
-def test_steps_match_the_sampler_across_an_epoch_and_a_jump() -> None:
+def _settle(loader: StepBatches) -> None:
+    """Wait for the worker's gathering ahead, if one is under way."""
+    if loader._ahead is not None:
+        loader._ahead[1].result()
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_steps_match_the_sampler_across_an_epoch_and_a_jump(background: bool) -> None:
     blocks = RecordingBlocks(20)
     sampler = BlockSampler(20, micro_batch=2, grad_accum=3, dp_rank=1, dp_world=2, seed=7)
-    loader = StepBatches(blocks, sampler, torch.device("cpu"))
+    loader = StepBatches(blocks, sampler, torch.device("cpu"), background=background)
     pos = DataPosition()
     for _ in range(5):  # 12 blocks per step, 20 blocks: every step after the first crosses an epoch
         got = loader.at(pos)
@@ -107,7 +114,7 @@ def test_steps_match_the_sampler_across_an_epoch_and_a_jump() -> None:
 def test_the_next_step_is_read_by_the_worker_while_this_one_trains() -> None:
     blocks = RecordingBlocks(40)
     sampler = BlockSampler(40, micro_batch=2, grad_accum=2, dp_rank=0, dp_world=1, seed=0)
-    loader = StepBatches(blocks, sampler, torch.device("cpu"))
+    loader = StepBatches(blocks, sampler, torch.device("cpu"), background=True)
     steps = [DataPosition()]
     for _ in range(2):
         steps.append(sampler.advance(steps[-1]))
@@ -127,17 +134,42 @@ def test_the_next_step_is_read_by_the_worker_while_this_one_trains() -> None:
     loader.close()
 
 
-def test_the_next_steps_targets_are_counted_from_the_rows_read_ahead_without_reading_them_again() -> None:
-    """What the trainer's per-step collective carries (loop/consensus.py): the targets of the step after this one,
-    from the worker's read; `at` then takes that read. A step not read ahead (a jump) is read once, then taken."""
+def test_on_the_cpu_every_step_is_read_on_the_training_thread_once() -> None:
+    """No worker on a CPU device (the forward and backward keep its cores busy: nothing to overlap). The next
+    step's rows, read when the trainer asks for their targets, are the ones `at` then hands over."""
     blocks = RecordingBlocks(40)
     sampler = BlockSampler(40, micro_batch=2, grad_accum=2, dp_rank=0, dp_world=1, seed=0)
-    loader = StepBatches(blocks, sampler, torch.device("cpu"))
+    loader = StepBatches(blocks, sampler, CPU)
+    assert loader._worker is None
+    first = DataPosition()
+    second = sampler.advance(first)
+    loader.at(first)
+    assert loader._ahead is None  # nothing read ahead unasked
+    loader.targets_at(second)
+    loader.at(second)
+    main = threading.current_thread().name
+    step_rows = [[tuple(r) for r in sampler.step_indices(p).tolist()] for p in (first, second)]
+    assert blocks.reads == [(main, rows) for rows in step_rows[0] + step_rows[1]]  # each micro-batch once
+    loader.close()
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_the_next_steps_targets_are_counted_from_the_rows_read_ahead_without_reading_them_again(
+    background: bool,
+) -> None:
+    """What the trainer's per-step collective carries (loop/consensus.py): the targets of the step after this one,
+    from the rows read ahead; `at` then takes that read. A step not read ahead (a jump) is read once, then taken."""
+    blocks = RecordingBlocks(40)
+    sampler = BlockSampler(40, micro_batch=2, grad_accum=2, dp_rank=0, dp_world=1, seed=0)
+    loader = StepBatches(blocks, sampler, torch.device("cpu"), background=background)
     first = DataPosition()
     second = sampler.advance(first)
     loader.at(first)
     count = loader.targets_at(second)
+    blocks.reads.clear()
     assert count == sum(b.targets for b in loader.at(second)) == 4 * (SEQ - 1)  # 4 rows, all but their first
+    second_rows = {tuple(r) for r in sampler.step_indices(second).tolist()}
+    assert not [r for _, r in blocks.reads if r in second_rows], "the step read ahead was read again"
     jump = sampler.advance(sampler.advance(sampler.advance(second)))
     blocks.reads.clear()
     assert loader.targets_at(jump) == 4 * (SEQ - 1)
@@ -150,7 +182,7 @@ def test_the_next_steps_targets_are_counted_from_the_rows_read_ahead_without_rea
 def test_a_failed_read_in_the_worker_surfaces_in_the_training_step() -> None:
     blocks = RecordingBlocks(40)
     sampler = BlockSampler(40, micro_batch=2, grad_accum=1, dp_rank=0, dp_world=1, seed=0)
-    loader = StepBatches(blocks, sampler, torch.device("cpu"))
+    loader = StepBatches(blocks, sampler, torch.device("cpu"), background=True)
     first = DataPosition()
     second = sampler.advance(first)
     blocks.fail_on = set(sampler.step_indices(second).ravel().tolist())
@@ -214,13 +246,13 @@ def test_batches_for_a_gpu_are_pinned_in_the_worker_and_copied_without_blocking(
     loader = StepBatches(source, sampler, device)
     first = DataPosition()
     loader.at(first)  # nothing prepared: read (and pinned) here, the next step in the worker
-    loader._ahead[1].result()
+    _settle(loader)
     main = threading.current_thread().name
     # Two micro-batches of two tensors each (tokens, labels), per step.
     assert pins == ([main] * 4 + ["dskit-data_0"] * 4 if pinned else [])
     pins.clear()
     got = loader.at(sampler.advance(first))  # the prepared step: nothing pinned on the training thread
-    loader._ahead[1].result()
+    _settle(loader)
     loader.close()
     want = [
         torch.from_numpy(blocks[idx].astype(np.int64)) for idx in sampler.step_indices(sampler.advance(first))

@@ -70,6 +70,17 @@ def test_a_count_the_ranks_agreed_already_is_the_divisor_without_a_collective(mo
         step_loss.step_targets(step)  # without it: the step's own collective
 
 
+def test_the_divisor_of_an_agreed_count_is_made_once_per_count() -> None:
+    """Every full step of a run agrees the same count: its divisor tensor is made once, not three tensor operations
+    a step; another count, or another backward factor, gets its own."""
+    step = batches()
+    first = step_loss.loss_divisor(step, 2, agreed=30)
+    assert step_loss.loss_divisor(step, 2, agreed=30) is first
+    assert float(step_loss.loss_divisor(step, 2, agreed=40)) == 20.0
+    assert float(step_loss.loss_divisor(step, 3, agreed=30)) == 10.0
+    assert float(first) == 15.0  # untouched by the others
+
+
 def test_a_micro_batch_loss_is_its_summed_token_losses_over_the_divisor() -> None:
     model = tiny_model()
     batch = batches()[0]

@@ -51,6 +51,43 @@ def test_each_point_calls_every_observer_in_order() -> None:
     assert seam.stop is None
 
 
+def test_the_points_of_every_step_skip_the_observers_that_do_nothing_there(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """on_phase, before_step and evaluation_due run several times a step: an observer that leaves them to the base
+    class is not called there (each call costs as much as a real one)."""
+    calls: list[tuple[Any, ...]] = []
+
+    class Quiet(Observer):
+        def after_step(self, report: StepReport) -> Stop | None:
+            calls.append(("quiet after_step", report.step))
+            return None
+
+    class Phases(Observer):
+        def on_phase(self, phase: str, step: int) -> None:
+            calls.append(("phases on_phase", phase, step))
+
+        def before_step(self, step: int) -> None:
+            calls.append(("phases before_step", step))
+
+    seam = Hooks([Quiet(), Phases()])
+
+    def base_called(*args: Any) -> None:
+        calls.append(("base", *args[1:]))
+
+    for point in ("on_phase", "before_step", "evaluation_due"):
+        monkeypatch.setattr(Observer, point, base_called)
+    seam.on_phase(watchdog.COMPUTE, 5)
+    seam.before_step(5)
+    seam.evaluate(5, last=False)
+    seam.after_step(report(5))
+    assert calls == [
+        ("phases on_phase", watchdog.COMPUTE, 5),
+        ("phases before_step", 5),
+        ("quiet after_step", 5),
+    ]
+
+
 def test_the_first_stop_asked_for_is_kept() -> None:
     class Early(Observer):
         def after_validation(self, step: int, validation: Validation) -> Stop | None:

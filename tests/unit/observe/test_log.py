@@ -47,6 +47,7 @@ def test_lines_come_from_rank_0_only(
     log.error_line("again")
     log.progress0(1, 8, "again")
     assert capsys.readouterr() == ("", "")
+    assert not log.progress_shown()
 
 
 def test_the_bar_goes_to_the_launchers_terminal_and_is_cleared_before_a_line(
@@ -55,6 +56,7 @@ def test_the_bar_goes_to_the_launchers_terminal_and_is_cleared_before_a_line(
     controller, terminal = os.openpty()
     try:
         monkeypatch.setenv(launch_env.TTY, os.ttyname(terminal))
+        assert log.progress_shown()
         log.progress0(3, 12, "loss 7.1")
         log.print0("Saved checkpoint")
         assert drawn(controller) == "\r\033[K[#######.......................] 3/12 (25%) loss 7.1\r\033[K"
@@ -73,6 +75,7 @@ def test_no_terminal_no_bar(
     not_a_tty = tmp_path / "log.txt"
     not_a_tty.write_text("")
     monkeypatch.setenv(launch_env.TTY, str(not_a_tty))
+    assert not log.progress_shown()  # so the reporter composes no bar text either
     log.progress0(1, 2, "x")
     assert not_a_tty.read_text() == "" and capsys.readouterr().out == ""
 

@@ -101,13 +101,21 @@ def test_step_clock_starts_now_by_default() -> None:
 
 def test_metrics_file_appends_strict_json(tmp_path: Path) -> None:
     path = tmp_path / "logs" / "run.metrics.jsonl"
-    metrics.MetricsFile(path).write({"step": 1, "grad_norm": math.nan, "loss": 2.5})
-    metrics.MetricsFile(path).write({"step": 2, "loss": math.inf})
+    first = metrics.MetricsFile(path)
+    first.write({"step": 1, "grad_norm": math.nan, "loss": 2.5})
+    assert path.read_text().count("\n") == 1  # on disk at once (tailed live), the file still open
+    first.close()
+    second = metrics.MetricsFile(path)  # a resumed run's
+    second.write({"step": 2, "loss": math.inf})
+    second.close()
+    second.close()  # idempotent
+    second.write({"step": 3})  # after close: opened again
     records = [json.loads(line) for line in path.read_text().splitlines()]  # strict: no NaN tokens
-    assert [r["step"] for r in records] == [1, 2]
+    assert [r["step"] for r in records] == [1, 2, 3]
     assert records[0]["grad_norm"] is None and records[0]["loss"] == 2.5 and records[1]["loss"] is None
     assert all(isinstance(r["time"], float) for r in records)
-    metrics.MetricsFile(None).write({"step": 3})  # off: writes nothing, no error
+    second.close()
+    metrics.MetricsFile(None).write({"step": 4})  # off: writes nothing, no error
 
 
 def test_lora_flops_count_no_weight_gradient_for_the_frozen_weights() -> None:
