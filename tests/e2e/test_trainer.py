@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from model_utils.config.arguments import parse_args
+from model_utils.data.step_batches import StepBatches
 from model_utils.launch import launch_env
 from model_utils.launch.walltime import Decision, WalltimePlanner
 from model_utils.loop import trainer as training
@@ -401,8 +402,13 @@ def test_close_after_a_failed_step_ends_the_tracker_and_the_worker(
     tmp_path: Path, single_rank, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An error inside the loop still ends the tracker's run and stops the batch worker (Trainer.close in the
-    entry point's finally)."""
+    entry point's finally). A CPU rank reads on its training thread: the batches here get the worker a GPU rank's
+    have."""
     trainer = make_trainer(tmp_path, single_rank, 4, "--metrics_file", "none")
+    assert trainer.batches is not None and trainer.batches._worker is None
+    trainer.batches = StepBatches(
+        trainer.run.train_blocks, trainer.sampler, single_rank.device, background=True
+    )
     # The optimizer DeepSpeed built (ZeRO-2, CPU Adam) got the decay groups: norms and biases undecayed.
     decays = [group["weight_decay"] for group in trainer.engine._engine.optimizer.param_groups]
     assert decays == [0.1, 0.0], decays

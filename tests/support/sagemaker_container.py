@@ -226,8 +226,12 @@ class Container:
 
 
 def _children(pid: int) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+    found: list[int] = []
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").glob("*/children"))
+    except OSError:  # it ended meanwhile (e.g. a short-lived child of the entry's): no children
+        return found
+    for task in tasks:
         with contextlib.suppress(OSError):
             found += [int(child) for child in task.read_text().split()]
     return found

@@ -181,7 +181,7 @@ OTHER_TOOLS_OPTIONS = {"frozen", "check", "offline", "logdir", "backend"} | {
     "cpu", "auto", "gpus",
     "revision",  # `hf download --revision` (docs/launchers.md: pre-filling the HF cache)
     "corpus", "set",  # tools/spike_guard_replay.py's (docs/spike-guard.md)
-    "with_collective", "one_group", "split", "threads",  # tools/loop_overhead.py's (docs/hangs.md)
+    "with_collective", "one_group", "split", "threads", "block", "rounds",  # tools/loop_overhead.py's (docs/hangs.md)
     "rows", "turn_chars",  # tools/chat_bench_data.py's (docs/data.md)
 }  # fmt: skip
 

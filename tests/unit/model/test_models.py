@@ -59,7 +59,12 @@ def test_sequence_length_limits() -> None:
 
 
 def test_hub_models_fail_fast_and_clearly_offline(monkeypatch) -> None:
+    from huggingface_hub import constants
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # The hub reads the variable once, at its import: without it (a process started without HF_HUB_OFFLINE, as
+    # tools/test_tiers.py run by hand) this would try huggingface.co and fail only after 25 s of DNS retries.
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(ConfigError, match="could not load model config 'nobody/nothing'"):
         models.load_model_config(models.resolve_model_source("nobody/nothing"))
 
