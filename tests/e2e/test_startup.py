@@ -1,5 +1,5 @@
 """DeepSpeed's and transformers' start-up in a fresh process, as a rank or a dskit command starts: no MLflow
-import, one CPU probe per process, DeepSpeed's Muon module without compiling, nothing a rank does not use. Each
+import, one CPU probe per host, DeepSpeed's Muon module without compiling, nothing a rank does not use. Each
 test starts its own Python (seconds each), hence here; what a whole rank imports: test_lean_rank.py."""
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def test_an_earlier_mlflow_import_is_left_alone() -> None:
 
 
 COUNT_CPU_PROBES = """
-import contextlib, sys
+import contextlib, pathlib, sys
 import cpuinfo, torch
 from model_utils.launch import startup
 startup.import_deepspeed()
@@ -69,23 +69,28 @@ def counting():
     calls.append(1)
     return real()
 cpuinfo.get_cpu_info = counting
-context = startup.cpu_info_computed_once() if sys.argv[1] == "once" else contextlib.nullcontext()
+host_cache = None if len(sys.argv) < 3 else pathlib.Path(sys.argv[2])
+context = contextlib.nullcontext() if sys.argv[1] == "plain" else startup.cpu_info_computed_once(host_cache)
 with context:
     DeepSpeedCPUAdam([torch.nn.Parameter(torch.zeros(4))])  # loads the prebuilt op: its builder probes too
 print(len(calls), cpuinfo.get_cpu_info is counting)
 """
 
 
-@pytest.mark.parametrize(("mode", "expected"), [("plain", None), ("once", "1 True")])
-def test_deepspeed_cpu_adam_probes_the_cpu_once_inside_the_context(mode: str, expected: str | None) -> None:
+def test_deepspeed_cpu_adam_probes_the_cpu_repeatedly_on_its_own() -> None:
     """DeepSpeed's real CPU Adam (the offload optimizer), first built in a process as on a rank, asks py-cpuinfo
-    several times (each a subprocess); inside cpu_info_computed_once the probe runs once, and the patch is
-    undone afterwards."""
-    calls, restored = run_fresh(COUNT_CPU_PROBES, mode)[-1].split()
-    if expected is None:
-        assert int(calls) >= 2, "DeepSpeed no longer probes the CPU repeatedly: the cache can go"
-    else:
-        assert f"{calls} {restored}" == expected
+    several times (each a subprocess): why the kit caches the answer."""
+    calls, _ = run_fresh(COUNT_CPU_PROBES, "plain")[-1].split()
+    assert int(calls) >= 2, "DeepSpeed no longer probes the CPU repeatedly: the cache can go"
+
+
+def test_deepspeed_cpu_adam_probes_the_cpu_once_per_host_inside_the_context(tmp_path) -> None:
+    """Inside cpu_info_computed_once the first process of the host probes once and keeps the answer in the cache
+    dir (the engine's: the DeepSpeed ops dir); the next process, as the next rank or launch, does not probe at
+    all. The patch is undone afterwards."""
+    assert run_fresh(COUNT_CPU_PROBES, "host", str(tmp_path))[-1] == "1 True"
+    assert [p.name.startswith("dskit-cpuinfo-") for p in tmp_path.iterdir()] == [True]
+    assert run_fresh(COUNT_CPU_PROBES, "host", str(tmp_path))[-1] == "0 True"
 
 
 def test_deepspeed_muon_module_is_imported_without_compiling() -> None:

@@ -3,14 +3,15 @@
 A batch is a gather of rows from the split's block source (rows.BlockSource: the memory-mapped token shards, or
 any other source): no tokenization or collation is left to do at training time, and one background thread is
 enough of a "DataLoader worker" to keep the next step's rows read (from the page cache or a shared filesystem)
-while the device computes. On a CPU device the same thread would gain nothing: the forward and backward already
-keep every core of the rank busy, so there is nothing to overlap, and the hand-overs to and from the thread cost
-more CPU than the read (0.33 ms a step for the thread against about 0.1 ms for the read itself, 2 CPU ranks of
+while the device computes. On a CPU device that thread would gain nothing: the forward and backward already keep
+every core of the rank busy, so there is nothing to overlap, and the hand-overs to and from the thread cost more
+CPU than the read (0.31-0.34 ms a step for the thread against about 0.1 ms for the read itself, 2 CPU ranks of
 the embedded default: tools/loop_overhead.py --threads). There the rows are read on the training thread, still
-one step ahead when the trainer asks for the next step's targets. The rows' targets become the labels (-100 where a token is not trained on) and their
-document positions the model's position ids. On CUDA the rows land in pinned host memory and are copied without
-blocking, so the copy neither waits for the kernels queued before it nor stalls the Python thread queuing the next
-ones.
+one step ahead when the trainer asks for the next step's targets.
+
+The rows' targets become the labels (-100 where a token is not trained on) and their document positions the
+model's position ids. On CUDA the rows land in pinned host memory and are copied without blocking, so the copy
+neither waits for the kernels queued before it nor stalls the Python thread queuing the next ones.
 """
 
 from __future__ import annotations

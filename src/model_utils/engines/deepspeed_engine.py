@@ -156,7 +156,8 @@ class DeepSpeedEngine:
         trainable parameter. `lr_scheduler`: optimizer -> scheduler, for a schedule DeepSpeed has none of (the
         config then has no scheduler section)."""
         deepspeed = startup.import_deepspeed()
-        with startup.cpu_info_computed_once(), startup.schedule_start_unlogged():
+        # The CPU's description beside the ops built for it: one probe per host and boot, not per rank.
+        with startup.cpu_info_computed_once(kernels.extensions_dir()), startup.schedule_start_unlogged():
             self._engine, _, _, _ = deepspeed.initialize(
                 model=model,
                 model_parameters=param_groups or [p for p in model.parameters() if p.requires_grad],

@@ -6,7 +6,9 @@ more. Two parts of it are work for features dskit does not use, measured on a 2-
   never runs that autotuner, and its own tracker (trackers.py) imports MLflow itself when asked to.
 - `deepspeed.initialize` with the CPU-offload optimizer calls py-cpuinfo's `get_cpu_info()` three times (the
   Adam op and its builder's arch and SIMD checks); each call starts a Python subprocess (~1.2 s). The answer
-  cannot change within a process, so it is computed once.
+  cannot change within a process, so it is computed once; nor until the host reboots, so the engine keeps it
+  beside the ops built for this CPU, one file per boot, and only the first rank of a host probes (a suite's
+  worth of ranks spent over 100 CPU-s on it here).
 
 - `deepspeed.initialize` (and every ZeRO-1/2 gradient reduction) imports DeepSpeed's Muon optimizer even when
   it is not the optimizer. Its module decorates three functions with `torch.compile` at import time, which
@@ -43,11 +45,13 @@ import functools
 import gc
 import importlib
 import io
+import json
 import logging
 import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import ModuleType
 from typing import Any, TextIO
 
@@ -201,16 +205,45 @@ def transformers_bars_off() -> None:
 
 
 @contextlib.contextmanager
-def cpu_info_computed_once() -> Iterator[None]:
-    """py-cpuinfo's `get_cpu_info()` answers from the first call while this is active (see the module doc)."""
+def cpu_info_computed_once(host_cache: Path | None = None) -> Iterator[None]:
+    """py-cpuinfo's `get_cpu_info()` answers from the first call while this is active (see the module doc); with
+    `host_cache` (a directory), from the answer an earlier process of this host's boot left there, else it
+    probes and leaves its answer there."""
     import cpuinfo
 
     original = cpuinfo.get_cpu_info
-    cpuinfo.get_cpu_info = functools.cache(original)  # DeepSpeed imports the name at each call
+    # DeepSpeed imports the name at each call.
+    cpuinfo.get_cpu_info = functools.cache(functools.partial(host_cpu_info, original, host_cache))
     try:
         yield
     finally:
         cpuinfo.get_cpu_info = original
+
+
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")  # new at each boot, and each host's own
+
+
+def host_cpu_info(probe: Callable[[], dict[str, Any]], host_cache: Path | None) -> dict[str, Any]:
+    """`probe()`'s answer, kept in `host_cache` for this boot of this host (a shared filesystem's hosts each
+    have theirs). Without a cache or a boot id (not Linux), or when the file cannot be read or written, it
+    probes: a slower start, never a failed one."""
+    path = None
+    if host_cache is not None:
+        with contextlib.suppress(OSError):
+            path = host_cache / f"dskit-cpuinfo-{BOOT_ID.read_text().strip()}.json"
+    if path is not None:
+        with contextlib.suppress(OSError, ValueError):
+            kept = json.loads(path.read_text())
+            if isinstance(kept, dict) and kept:
+                return kept
+    info = probe()
+    if path is not None:
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            partial.write_text(json.dumps(info))
+            os.replace(partial, path)  # ranks starting together each write a whole file; one wins
+    return info
 
 
 class _LineFilter(io.TextIOBase):
