@@ -7,8 +7,8 @@ more. Two parts of it are work for features dskit does not use, measured on a 2-
 - `deepspeed.initialize` with the CPU-offload optimizer calls py-cpuinfo's `get_cpu_info()` three times (the
   Adam op and its builder's arch and SIMD checks); each call starts a Python subprocess (~1.2 s). The answer
   cannot change within a process, so it is computed once; nor until the host reboots, so the engine keeps it
-  beside the ops built for this CPU, one file per boot, and only the first rank of a host probes (a suite's
-  worth of ranks spent over 100 CPU-s on it here).
+  beside the ops built for this CPU, one file per boot, and only the first rank of a host probes (95 probes took
+  83 CPU-s of one `make test` here).
 
 - `deepspeed.initialize` (and every ZeRO-1/2 gradient reduction) imports DeepSpeed's Muon optimizer even when
   it is not the optimizer. Its module decorates three functions with `torch.compile` at import time, which
