@@ -17,27 +17,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from loop_overhead import free_port, thread_cpu  # this folder's, first on the path of a script run from it
+
 PLACES = ("between", "adjacent")
-
-
-def _thread_cpu_ms() -> dict[str, float]:
-    spent: dict[str, float] = {}
-    for task in Path("/proc/self/task").iterdir():
-        try:
-            name = (task / "comm").read_text().strip()
-            spent[name] = spent.get(name, 0.0) + int((task / "schedstat").read_text().split()[0]) / 1e6
-        except OSError:  # a thread that ended meanwhile
-            continue
-    return spent
 
 
 def _compute(ms: float) -> None:
@@ -69,13 +58,12 @@ def _rank(rank: int, port: int, ns: argparse.Namespace, results: dict[str, dict[
     for place in PLACES:
         spent: dict[tuple[bool, str], float] = {}
         for extra in (False, True, False, True):
-            before = _thread_cpu_ms()
+            before = thread_cpu()
             for _ in range(ns.steps):
                 step(place if extra else None)
-            for name, ms in _thread_cpu_ms().items():
-                spent[extra, name] = spent.get((extra, name), 0.0) + (ms - before.get(name, 0.0)) / (
-                    2 * ns.steps
-                )
+            for name, seconds in thread_cpu().items():
+                ms = 1e3 * (seconds - before.get(name, 0.0))
+                spent[extra, name] = spent.get((extra, name), 0.0) + ms / (2 * ns.steps)
         if rank == 0:
             names = {name for _, name in spent}
             results[place] = {n: spent.get((True, n), 0.0) - spent.get((False, n), 0.0) for n in names}
@@ -88,12 +76,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--compute_ms", type=float, default=8.0, help="the step's stretches of compute, ms")
     ns = parser.parse_args(argv)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     with mp.Manager() as manager:
         results = manager.dict()
-        mp.spawn(_rank, args=(port, ns, results), nprocs=2)
+        mp.spawn(_rank, args=(free_port(), ns, results), nprocs=2)
         got = dict(results)
     print("rank 0's extra CPU a step for one 11-number all-gather, ms, by thread (and in all)")
     for place in PLACES:

@@ -52,14 +52,15 @@ import torch.multiprocessing as mp
 REFERENCE, KIT = "reference", "kit"
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
-def _thread_cpu() -> dict[str, float]:
-    """CPU seconds of each of this process's threads so far, summed by thread name (the kernel's ns count)."""
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds of each of this process's threads so far, summed by thread name (the kernel's ns count); also
+    tools/collective_placement.py's."""
     spent: dict[str, float] = {}
     python_names = {thread.native_id: thread.name for thread in threading.enumerate()}
     for task in Path("/proc/self/task").iterdir():
@@ -200,7 +201,7 @@ def _rank(
             dist.barrier()  # each block starts with the ranks together
             if ns.profile and rank == 0:
                 profiles[phase].enable()
-            threads_before = _thread_cpu() if ns.threads else {}
+            threads_before = thread_cpu() if ns.threads else {}
             cpu, wall = time.process_time(), time.perf_counter()
             for _ in range(ns.block):
                 if split is not None:
@@ -210,7 +211,7 @@ def _rank(
             spent[phase].append(
                 ((time.process_time() - cpu) / ns.block, (time.perf_counter() - wall) / ns.block)
             )
-            for name, seconds in (_thread_cpu() if ns.threads else {}).items():
+            for name, seconds in (thread_cpu() if ns.threads else {}).items():
                 counted = by_thread[phase]
                 counted[name] = counted.get(name, 0.0) + seconds - threads_before.get(name, 0.0)
             profiles[phase].disable()
@@ -280,7 +281,7 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="loop-overhead-") as scratch, mp.Manager() as manager:
         results = manager.dict()
         try:
-            mp.spawn(_rank, args=(_free_port(), ns, scratch, results), nprocs=2)
+            mp.spawn(_rank, args=(free_port(), ns, scratch, results), nprocs=2)
         except Exception:
             for log in sorted(Path(scratch).glob("rank*.log")):
                 sys.stderr.write(f"--- {log.name}\n{log.read_text()[-4000:]}")

@@ -211,7 +211,7 @@ class DeepSpeedEngine:
             micro_batches, accumulation * step_loss.data_parallel_ranks(), targets
         )
         last = len(micro_batches) - 1
-        mean_loss = torch.zeros((), dtype=torch.float64)  # replaced at the last micro-batch
+        mean_loss = None  # the step's, once its last forward has run
         for i, batch in enumerate(micro_batches):
             loss = step_loss.summed_loss(self._engine, batch, divisor)
             losses.append(loss.detach())
@@ -231,6 +231,7 @@ class DeepSpeedEngine:
         if not applied:
             assert self._engine.skipped_steps == skipped_before + 1, "DeepSpeed applied a discarded step"
             self._discarded += 1
+        assert mean_loss is not None
         return mean_loss, applied
 
     def eval_loss(self, batch: Batch) -> float:

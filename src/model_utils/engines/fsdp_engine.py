@@ -219,7 +219,7 @@ class FsdpEngine:
         last = len(micro_batches) - 1
         # FSDP2's reduce-scatter averages the gradients over the ranks: the divisor gives that back (step_loss.py).
         divisor = step_loss.loss_divisor(micro_batches, step_loss.data_parallel_ranks(), targets)
-        step_loss_sum = torch.zeros((), dtype=torch.float64)  # replaced at the last micro-batch
+        step_loss_sum = None  # the step's, once its last forward has run
         for i, batch in enumerate(micro_batches):
             # No reduce-scatter until the last micro-batch: FSDP2 accumulates the unsharded gradients meanwhile.
             self.module.set_requires_gradient_sync(i == last)
@@ -240,6 +240,7 @@ class FsdpEngine:
                 self._scheduler.step()
             self._steps += 1
         self._optimizer.zero_grad(set_to_none=True)
+        assert step_loss_sum is not None
         return step_loss_sum, applied
 
     def _clip_gradients(self) -> float:

@@ -26,33 +26,26 @@ def data_parallel_ranks() -> int:
     return 1
 
 
-def step_targets(micro_batches: list[Batch], agreed: int | None = None) -> torch.Tensor:
+def step_targets(micro_batches: list[Batch]) -> torch.Tensor:
     """The step's targets on all ranks, as a float32 device tensor (at least 1: a step with none has loss 0).
 
-    `agreed`: the count the ranks already summed in the turn before (loop/consensus.py carries the next step's
-    targets in its one per-step collective), so no collective is made here. Else one all-reduce of one number,
-    queued on the device and never read back on the host: the divisor stays a tensor, so no rank waits for it
-    before queuing its forwards. (Counting every rank's rows on every rank instead would read world-size times
-    the step's data on each rank.)"""
-    if agreed is not None:
-        return _agreed_targets(agreed, micro_batches[0].labels.device)
+    One all-reduce of one number, queued on the device and never read back on the host: the divisor stays a
+    tensor, so no rank waits for it before queuing its forwards. (Counting every rank's rows on every rank instead
+    would read world-size times the step's data on each rank.)"""
     local = torch.stack([batch.device_targets() for batch in micro_batches]).sum()
     if data_parallel_ranks() > 1:
         torch.distributed.all_reduce(local)
     return local.clamp(min=1).float()
 
 
-@functools.lru_cache(maxsize=8)
-def _agreed_targets(agreed: int, device: torch.device) -> torch.Tensor:
-    return torch.tensor(float(agreed), dtype=torch.float32, device=device).clamp(min=1)
-
-
 def loss_divisor(
     micro_batches: list[Batch], backward_divides_by: int, agreed: int | None = None
 ) -> torch.Tensor:
-    """What each micro-batch's summed token loss is divided by: the step's global targets (`agreed`, when the ranks
-    summed them already) over `backward_divides_by`, the factor the engine's own backward and gradient reduction
-    divide by."""
+    """What each micro-batch's summed token loss is divided by: the step's global targets over
+    `backward_divides_by`, the factor the engine's own backward and gradient reduction divide by.
+
+    `agreed`: the count the ranks already summed in the turn before (loop/consensus.py carries the next step's
+    targets in its one per-step collective), so no collective is made here; else step_targets counts them."""
     if agreed is not None:
         return _agreed_divisor(agreed, backward_divides_by, micro_batches[0].labels.device)
     return step_targets(micro_batches) / backward_divides_by
@@ -62,8 +55,9 @@ def loss_divisor(
 def _agreed_divisor(agreed: int, backward_divides_by: int, device: torch.device) -> torch.Tensor:
     """One tensor per count, made once: most steps of a run have the same count (every block full), and each of
     the three tensor operations costs more host time than the rest of the step's bookkeeping (never written to:
-    the models only divide by it)."""
-    return _agreed_targets(agreed, device) / backward_divides_by
+    the models only divide by it). Float32 and at least 1, as step_targets' count."""
+    targets = torch.tensor(float(agreed), dtype=torch.float32, device=device).clamp(min=1)
+    return targets / backward_divides_by
 
 
 def summed_loss(module: Any, batch: Batch, divisor: torch.Tensor) -> torch.Tensor:

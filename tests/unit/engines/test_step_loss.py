@@ -62,10 +62,10 @@ def test_a_count_the_ranks_agreed_already_is_the_divisor_without_a_collective(mo
 
     monkeypatch.setattr(step_loss, "data_parallel_ranks", lambda: 2)
     monkeypatch.setattr(torch.distributed, "all_reduce", no_collective)
-    agreed = step_loss.step_targets(step, agreed=30)
+    agreed = step_loss.loss_divisor(step, 1, agreed=30)
     assert agreed.dtype == torch.float32 and float(agreed) == 30.0
     assert float(step_loss.loss_divisor(step, 2, agreed=30)) == 15.0
-    assert float(step_loss.step_targets(step, agreed=0)) == 1.0
+    assert float(step_loss.loss_divisor(step, 1, agreed=0)) == 1.0
     with pytest.raises(AssertionError, match="agreed already"):
         step_loss.step_targets(step)  # without it: the step's own collective
 
