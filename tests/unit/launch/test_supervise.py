@@ -66,12 +66,17 @@ def test_a_hang_ends_with_the_watchdogs_line_and_its_status() -> None:
 
 
 RANK_SCRIPT = """
-import os, sys
+import os, sys, time
 from pathlib import Path
 from model_utils.observe.log import error_line
+pointer = Path(os.environ["DSKIT_LEDGER_POINTER"])
 if os.environ["RANK"] == "0":  # what the ledger observer does at the loop's start: name the run's ledger
-    Path(os.environ["DSKIT_LEDGER_POINTER"]).write_text(str(Path("ledger.jsonl").resolve()))
+    pointer.with_suffix(".tmp").write_text(str(Path("ledger.jsonl").resolve()))
+    pointer.with_suffix(".tmp").rename(pointer)
 if os.environ["RANK"] == "1":
+    # Fail only once rank 0 has named the ledger: torchrun stops rank 0 the moment rank 1 exits.
+    while not pointer.exists():
+        time.sleep(0.05)
     error_line("dataset path /nope does not exist: fix --dataset")
     sys.exit(2)
 """
