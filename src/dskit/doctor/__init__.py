@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+from pathlib import Path
 from typing import Any
 
 from model_utils.config.arguments import TrainConfig, parse_args
@@ -93,7 +94,12 @@ def diagnose(cfg: TrainConfig, ctx: LaunchContext) -> tuple[list[Result], Any]:
 
             # Counted as `dskit estimate` counts them (meta device, tied parameters once).
             source = settings.source
-            n_params = model_shape(settings.model_config, source.name, source.preset is not None).total_params
+            n_params = model_shape(
+                settings.model_config,
+                source.name,
+                source.preset is not None,
+                cache_dir=Path(cfg.data.data_cache_dir),
+            ).total_params
         except Exception as e:  # an architecture transformers cannot build: prepare reports it properly
             model_error = f"{type(e).__name__}: {first_line(e)}"
 

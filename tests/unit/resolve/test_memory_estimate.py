@@ -69,6 +69,33 @@ def test_model_shapes(shapes) -> None:
     assert 100_000 < shapes["tiny-qwen3"].total_params < 1_000_000
 
 
+def test_a_shape_counted_once_is_read_from_the_cache_for_that_config_alone(
+    shapes, tmp_path, monkeypatch
+) -> None:
+    """The preflight's counts kept in <data_cache_dir>/model-shapes: a later launch of the same config reads them
+    instead of importing transformers' modeling code; another config, a damaged file or a model with its own code
+    (auto_map) is counted again."""
+    config = PRESETS["tiny-qwen3"].build_config()
+    first = memory_estimate.model_shape(config, "tiny-qwen3", True, cache_dir=tmp_path)
+    assert first == shapes["tiny-qwen3"]
+    (kept,) = (tmp_path / memory_estimate.SHAPE_CACHE).iterdir()
+    counted: list[object] = []
+    count = memory_estimate._count_on_meta
+    monkeypatch.setattr(memory_estimate, "_count_on_meta", lambda c: counted.append(c) or count(c))
+    again = memory_estimate.model_shape(config, "tiny-qwen3", False, dtype_bytes=2, cache_dir=tmp_path)
+    assert again == dataclasses.replace(first, build_bytes_per_param=2) and counted == []
+    wider = PRESETS["tiny-qwen3"].build_config()
+    wider.intermediate_size *= 2
+    assert memory_estimate.model_shape(wider, "w", True, cache_dir=tmp_path).total_params > first.total_params
+    assert len(counted) == 1 and len(list(kept.parent.iterdir())) == 2
+    kept.write_text("{not json")
+    assert memory_estimate.model_shape(config, "tiny-qwen3", True, cache_dir=tmp_path) == first
+    assert len(counted) == 2 and '"total_params"' in kept.read_text()  # counted and kept again
+    config.auto_map = {"AutoModelForCausalLM": "modeling_mine.Mine"}
+    memory_estimate._cached_counts(config, tmp_path)
+    assert len(counted) == 3 and len(list(kept.parent.iterdir())) == 2
+
+
 @pytest.mark.parametrize("preset", ["qwen3-0.6b", "tiny-qwen3"])
 @pytest.mark.parametrize(("stage", "offload"), DS_CASES)
 def test_model_states_agree_with_deepspeeds_estimators(shapes, preset: str, stage: int, offload: str) -> None:

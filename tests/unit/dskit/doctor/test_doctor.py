@@ -22,6 +22,7 @@ from dskit import cli, doctor, render
 from dskit.doctor import GpuProbe, LaunchContext, Status
 from dskit.env import lock_stamp
 from model_utils.config.arguments import DataArgs
+from model_utils.resolve import memory_estimate
 from support.fake_commands import executable
 from support.s3_server import S3Env
 
@@ -188,7 +189,10 @@ def test_preflight_stops_at_a_doctor_fail(
     assert code == 1, out
     assert out.splitlines()[-1].startswith("doctor: ") and " 1 FAIL" in out
     assert "ok: " not in out, "prepare ran after a FAIL"
-    assert not (cpu_node / ".cache").exists(), "prepare packed the data after a FAIL"
+    # The doctor kept only the model's parameter counts there (memory_estimate.SHAPE_CACHE).
+    assert [p.name for p in (cpu_node / ".cache" / "data").iterdir()] == [memory_estimate.SHAPE_CACHE], (
+        "prepare packed the data after a FAIL"
+    )
 
 
 def test_preflight_runs_the_doctor_then_prepare(cpu_node: Path, capsys: pytest.CaptureFixture[str]) -> None:
