@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dskit.sagemaker import entry
+from dskit.sagemaker import job_contract
 from dskit.sagemaker.values import DEFAULT_IMAGE, SageMakerValues, bucket_of, load
 from model_utils.errors import CommandParser, ConfigError, first_line
 from model_utils.launch import launch_env
@@ -130,9 +130,9 @@ def training_hyperparameters(train_args: list[str]) -> tuple[dict[str, str], Pat
             value = train_args[i + 1]
             i += 1
         i += 1
-        if name in entry.OWNED_FLAGS:
+        if name in job_contract.OWNED_FLAGS:
             raise ConfigError(
-                f"--{name} is set by the job ({entry.OWNED_FLAGS[name]}): "
+                f"--{name} is set by the job ({job_contract.OWNED_FLAGS[name]}): "
                 + ("set the channel in the values file" if name != "checkpoint_dir" else "drop it")
             )
         hps[name] = value  # the last occurrence wins, as on the command line
@@ -163,7 +163,9 @@ def check_training_flags(hps: dict[str, str], run_file: Path | None, values: Sag
         from model_utils.config import run_file as run_files
         from model_utils.config.arguments import SECTIONS
 
-        overridden = sorted(set(run_files.load(str(run_file), SECTIONS).values) & set(entry.OWNED_FLAGS))
+        overridden = sorted(
+            set(run_files.load(str(run_file), SECTIONS).values) & set(job_contract.OWNED_FLAGS)
+        )
         if overridden:
             print(f"note: the job sets {', '.join(overridden)} (from its channels), not the run file")
 
@@ -172,7 +174,7 @@ def check_training_flags(hps: dict[str, str], run_file: Path | None, values: Sag
 
 
 def job_environment(values: SageMakerValues) -> dict[str, str]:
-    scratch = f"{entry.DEFAULT_BASE}/input/dskit"  # the ML storage volume (see sagemaker_entry)
+    scratch = f"{job_contract.DEFAULT_BASE}/input/dskit"  # the ML storage volume (see sagemaker_entry)
     env = {
         launch_env.SAGEMAKER_SETUP: values.setup,
         launch_env.SAGEMAKER_CPU_RANKS: str(values.cpu_ranks_per_instance),
@@ -226,7 +228,7 @@ def build_request(
         "StoppingCondition": {"MaxRuntimeInSeconds": values.max_runtime_s},
         "CheckpointConfig": {
             "S3Uri": values.checkpoint_s3_uri or f"{prefix}/{job_name}/checkpoints",
-            "LocalPath": f"{entry.DEFAULT_BASE}/checkpoints",
+            "LocalPath": f"{job_contract.DEFAULT_BASE}/checkpoints",
         },
         "Environment": job_environment(values),
         "EnableManagedSpotTraining": values.spot,

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+from dskit.sagemaker.job_contract import DEFAULT_BASE, OWNED_FLAGS, READABLE_INPUT_MODES
 from model_utils.errors import ConfigError
 from model_utils.launch import launch_env, preemption
 from model_utils.observe import redact
@@ -104,27 +105,16 @@ class StopState:
 
 STOP = StopState()
 if __name__ == "__main__":
-    # Before anything else (`python -m` imported the package, and this module with it, first: the lines above cost
-    # nothing here). The job's bootstrap shell holds a stop until this handler is in (sagemaker.BOOTSTRAP).
+    # As early as this module allows (`python -m` imported the package, which does not import this module:
+    # job_contract.py). The job's bootstrap shell holds a stop until this handler is in (sagemaker.BOOTSTRAP).
     signal.signal(signal.SIGTERM, STOP._handle)
 
 TRAIN_SCRIPT = REPO / "src" / "train_deepspeed.py"
-DEFAULT_BASE = "/opt/ml"
 DEFAULT_MASTER_PORT = 29500
-# Training flags the job sets from the contract: a hyperparameter naming one is refused (submit checks too).
-OWNED_FLAGS = {
-    "model": "the model channel",
-    "dataset": "the train channel",
-    "validation_dataset": "the validation channel",
-    "checkpoint_dir": "checkpoints/ under the job's base dir (synced to the CheckpointConfig S3 URI)",
-    "data_cache_dir": "a dir on the ML storage volume",
-}
 CHECKPOINTS = "checkpoints/"
 STOPPED_STATUS = 143  # 128 + SIGTERM: saved and stopped, not finished (a restarted job resumes)
 PRUNE_EVERY_S = 30.0
 GATHER_CHUNK = 64 << 20  # bytes per message when the other hosts send their shards of the final tag
-# What the kit reads: files on the instance. Pipe streams a channel through a FIFO the ranks cannot list.
-READABLE_INPUT_MODES = ("File", "FastFile")
 FAILURE_LIMIT = 1024  # bytes of output/failure SageMaker keeps as the job's FailureReason
 LOG_TAIL_LINES = 40  # lines of the ranks' output kept for a crash's failure reason
 # After a stop, ranks that have not ended by then are ended (the checkpoint protocol survives a kill at any

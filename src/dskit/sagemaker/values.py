@@ -20,7 +20,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from dskit.sagemaker.entry import READABLE_INPUT_MODES
+from dskit.sagemaker.job_contract import READABLE_INPUT_MODES
 from model_utils.config import run_file
 from model_utils.errors import ConfigError
 from model_utils.observe import redact

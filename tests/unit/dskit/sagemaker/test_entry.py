@@ -189,3 +189,21 @@ def test_a_stop_during_the_merge_lets_it_finish_then_main_exits_143_without_a_fa
     assert merged and "merged 2 files" in out  # the merge ran to its end
     assert "[dskit-sagemaker] SIGTERM during set-up: stopped" in out
     assert not (tmp_path / "output" / "failure").exists()  # a stop is not a failure
+
+
+def test_the_job_command_runs_the_entry_once_and_says_only_its_own_line(tmp_path: Path) -> None:
+    """`python3 -m dskit.sagemaker.entry`, as the job's bootstrap runs it, outside a job: one error line, no
+    runpy warning first (the package does not import the entry, so it runs once, as __main__)."""
+    import subprocess
+    import sys
+
+    src = Path(entry.__file__).parents[2]
+    env = {**os.environ, "DSKIT_SM_BASE": str(tmp_path), "PYTHONPATH": str(src), "PYTHONWARNINGS": "default"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "dskit.sagemaker.entry"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode != 0 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        f"error: {tmp_path}/input/config/resourceconfig.json not found: this runs inside a SageMaker training job "
+        "(or set DSKIT_SM_BASE to a dir holding SageMaker's input/config tree)"
+    ]
