@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Iterator
 
 import pytest
@@ -21,6 +20,7 @@ import pytest
 from model_utils.launch import startup
 from support import rank_pool as pool
 from support import tier_lock
+from support.ports import free_port
 from support.s3_server import (  # noqa: F401  (fixtures)
     denied_server,
     moto_endpoint,
@@ -77,9 +77,7 @@ def rank_pool() -> Iterator[pool.RankPool]:
 @pytest.fixture(scope="session")
 def single_rank():
     """A real gloo process group of one rank in this pytest process (as torchrun would set it up)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     env = {
         "RANK": "0",
         "LOCAL_RANK": "0",

@@ -24,7 +24,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from loop_overhead import free_port, thread_cpu  # this folder's, first on the path of a script run from it
+from dskit.bench import free_port
+from loop_overhead import thread_cpu  # this folder's, first on the path of a script run from it
 
 PLACES = ("between", "adjacent")
 

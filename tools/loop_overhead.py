@@ -39,7 +39,6 @@ import io
 import os
 import pstats
 import re
-import socket
 import statistics
 import sys
 import tempfile
@@ -49,13 +48,9 @@ from pathlib import Path
 
 import torch.multiprocessing as mp
 
+from dskit.bench import free_port
+
 REFERENCE, KIT = "reference", "kit"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def thread_cpu() -> dict[str, float]:

@@ -11,7 +11,6 @@ unreachable hub with an empty cache fails with one line, exit 2.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from support.hub_server import HubStandIn
+from support.ports import free_port
 from support.pretrained import save_tiny_qwen3
 from support.torchrun import ENV, run_torchrun
 
@@ -128,14 +128,8 @@ def test_offline_with_the_snapshot_cached_prepares_from_the_cache(flow: Flow) ->
     assert f"HF_HUB_OFFLINE: model {REPO}@{flow.first_commit[:12]} from the local cache" in proc.stdout
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]  # closed once the socket is: connections are refused
-
-
 def test_an_unreachable_hub_and_an_empty_cache_fail_with_one_line(flow: Flow) -> None:
-    env = _env(flow.tmp, f"http://127.0.0.1:{_closed_port()}", offline="0", hf_home="hf-empty")
+    env = _env(flow.tmp, f"http://127.0.0.1:{free_port()}", offline="0", hf_home="hf-empty")
     proc = dskit(flow.tmp, "prepare", env, *_train_flags(flow.tmp, "ck-unreachable"))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from support.ports import free_port
 from support.pretrained import save_tiny_qwen3
-from support.s3_server import free_port
 from support.sagemaker_container import HOSTS, Container, entry_env, instance_tree, start_instances
 from support.torchrun import REPO
 

@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 
 from dskit import sagemaker
+from support.ports import free_port
 from support.pretrained import save_tiny_qwen3
-from support.s3_server import free_port
 from support.sagemaker_container import HOSTS, Container, instance_tree, start_instances
 
 pytestmark = [pytest.mark.e2e, pytest.mark.launcher]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,17 +28,13 @@ from typing import Any
 
 import pytest
 
+from support.ports import free_port
+
 # Distinctive, so a test can assert that it never shows up in any output or log line.
 FAKE_SECRET = "dskit-FAKE-secret-9f3c2a7e5b"
 FAKE_KEY_ID = "AKIADSKITTESTKEY0001"
 MOTO_SERVER = Path(sys.executable).with_name("moto_server")
 _bucket_ids = itertools.count()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class MotoServer:

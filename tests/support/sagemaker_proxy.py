@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlparse
 
-from support.s3_server import free_port
+from support.ports import free_port
 
 
 class SageMakerProxy:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 
@@ -11,6 +9,7 @@ from model_utils.assets import TOKENIZER_DIR
 from model_utils.config.presets import PRESETS
 from model_utils.launch.distributed import DistInfo
 from model_utils.resolve import memory_estimate
+from support.ports import free_port
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +32,7 @@ def gloo_rank() -> DistInfo:
     backend (tests/conftest.py's single_rank, for the engines and the Trainer) JIT-builds its shared-memory op, and
     the unit tier needs no DeepSpeed op build. An existing group (single_rank's, earlier in the session) is reused."""
     if not torch.distributed.is_initialized():
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
         torch.distributed.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1
+            "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
         )
     return DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))

@@ -433,7 +433,8 @@ def run_kit(work: Workload, run: resolver.ResolvedRun, dist: distributed.DistInf
     return _guarded(row, dist.device, train)
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback port nothing listens on now (for a rendezvous started right after)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -451,7 +452,7 @@ def single_process_group() -> Iterator[distributed.DistInfo]:
     defaults = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
     added = [name for name in (*defaults, "MASTER_PORT") if name not in os.environ]
     for name in added:
-        os.environ[name] = defaults.get(name) or str(_free_port())
+        os.environ[name] = defaults.get(name) or str(free_port())
     created = not torch.distributed.is_initialized()
     try:
         yield distributed.init_distributed()

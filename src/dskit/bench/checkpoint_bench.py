@@ -27,7 +27,6 @@ import io
 import json
 import os
 import shutil
-import socket
 import statistics
 import tempfile
 import time
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from dskit import columns
+from dskit.bench import free_port
 from model_utils.errors import CommandParser, ConfigError
 
 MB = 2**20
@@ -197,9 +197,7 @@ def _rank_main(rank: int, world: int, port: int, sizes: list[int], repeats: int,
 def run(sizes: list[int], ranks: int, repeats: int, work_dir: str | None) -> list[dict[str, Any]]:
     import torch.multiprocessing as mp
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     with tempfile.TemporaryDirectory(prefix="dskit-bench-ckpt-", dir=work_dir) as scratch:
         out = str(Path(scratch) / "rows.json")
         mp.spawn(_rank_main, args=(ranks, port, sizes, repeats, scratch, out), nprocs=ranks)

@@ -4,7 +4,6 @@ closed loopback port for an unreachable hub. The fetch itself, against a stand-i
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from huggingface_hub import constants
 from model_utils.config.arguments import parse_args
 from model_utils.errors import ConfigError
 from model_utils.model import hub
+from support.ports import free_port
 
 REPO = "org/tiny"
 OLD, NEW = "a" * 40, "b" * 40
@@ -42,10 +42,7 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def closed_hub(monkeypatch: pytest.MonkeyPatch) -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"  # closed once the socket is: connections are refused at once
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens: connections are refused at once
     monkeypatch.setattr(constants, "ENDPOINT", url)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     return url

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import time
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from model_utils.observe.trackers import (
     take_env_run_id,
 )
 from support.metrics_file import tensorboard_scalars, tensorboard_texts
+from support.ports import free_port
 from support.wandb_offline import offline_runs
 
 RUN_ID = "tiny_qwen3-20261122-160000"
@@ -357,9 +357,7 @@ def test_mlflow_logging_failures_after_the_open_warn_once_and_do_not_stop_traini
 def test_mlflow_unopenable_tracking_uris_are_config_errors(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    with socket.socket() as s:  # a loopback port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        closed_port = s.getsockname()[1]
+    closed_port = free_port()
     cases = {
         f"sqlite:///{blocker}/mlflow.db": "cannot open MLflow tracking URI",
         "bogus://somewhere": "cannot open MLflow tracking URI",
