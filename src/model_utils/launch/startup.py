@@ -239,10 +239,12 @@ def host_cpu_info(probe: Callable[[], dict[str, Any]], host_cache: Path | None) 
     info = probe()
     if path is not None:
         with contextlib.suppress(OSError):
+            from model_utils.storage.file_manifest import atomic_write_text
+
             path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-            partial.write_text(json.dumps(info))
-            os.replace(partial, path)  # ranks starting together each write a whole file; one wins
+            atomic_write_text(
+                path, json.dumps(info)
+            )  # ranks starting together each write a whole file; one wins
     return info
 
 

@@ -22,7 +22,6 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -146,10 +145,10 @@ def _cached_counts(model_config: Any, cache_dir: Path | None) -> dict[str, Any]:
             return kept
     counted = _count_on_meta(model_config)
     with contextlib.suppress(OSError):
+        from model_utils.storage.file_manifest import atomic_write_text
+
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        partial.write_text(json.dumps(counted))
-        os.replace(partial, path)  # processes counting together each write a whole file; one wins
+        atomic_write_text(path, json.dumps(counted))  # processes counting together each write a whole file
     return counted
 
 
