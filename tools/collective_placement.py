@@ -24,8 +24,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from dskit.bench import free_port
 from loop_overhead import thread_cpu  # this folder's, first on the path of a script run from it
+from model_utils.launch.distributed import free_port
 
 PLACES = ("between", "adjacent")
 

@@ -48,7 +48,7 @@ from pathlib import Path
 
 import torch.multiprocessing as mp
 
-from dskit.bench import free_port
+from model_utils.launch.distributed import free_port
 
 REFERENCE, KIT = "reference", "kit"
 

@@ -22,7 +22,6 @@ import argparse
 import gc
 import json
 import os
-import socket
 import statistics
 import tempfile
 import time
@@ -433,13 +432,6 @@ def run_kit(work: Workload, run: resolver.ResolvedRun, dist: distributed.DistInf
     return _guarded(row, dist.device, train)
 
 
-def free_port() -> int:
-    """A loopback port nothing listens on now (for a rendezvous started right after)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @contextmanager
 def single_process_group() -> Iterator[distributed.DistInfo]:
     """A one-rank process group, as torchrun would set one up; reuses one that already exists."""
@@ -452,7 +444,7 @@ def single_process_group() -> Iterator[distributed.DistInfo]:
     defaults = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
     added = [name for name in (*defaults, "MASTER_PORT") if name not in os.environ]
     for name in added:
-        os.environ[name] = defaults.get(name) or str(free_port())
+        os.environ[name] = defaults.get(name) or str(distributed.free_port())
     created = not torch.distributed.is_initialized()
     try:
         yield distributed.init_distributed()

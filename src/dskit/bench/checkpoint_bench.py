@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 from dskit import columns
-from dskit.bench import free_port
 from model_utils.errors import CommandParser, ConfigError
 
 MB = 2**20
@@ -196,6 +195,8 @@ def _rank_main(rank: int, world: int, port: int, sizes: list[int], repeats: int,
 
 def run(sizes: list[int], ranks: int, repeats: int, work_dir: str | None) -> list[dict[str, Any]]:
     import torch.multiprocessing as mp
+
+    from model_utils.launch.distributed import free_port
 
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="dskit-bench-ckpt-", dir=work_dir) as scratch:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -96,6 +97,13 @@ def dump_collective_trace(info: DistInfo) -> str | None:
     path = base.parent / f"{base.name}.nccl-trace-rank{info.rank}.pkl"
     path.write_bytes(_distributed_c10d._dump_nccl_trace())
     return f"NCCL flight recorder written to {path} (read it with torch's fr_trace tool)"
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now: for a rendezvous started right after (bench, tools/)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
