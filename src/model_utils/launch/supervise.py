@@ -102,6 +102,7 @@ def main(argv: list[str]) -> int:
             error_file.unlink(missing_ok=True)
             error_file.parent.rmdir()
         _ledger_exit(pointer, status)
+        watchdog.remove_heartbeat_dirs_of_children()  # every rank has ended by now
     return status
 
 

@@ -27,6 +27,7 @@ import ctypes
 import faulthandler
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -157,6 +158,9 @@ def judge(
     return Verdict(me, frozen, behind, waiting, now, hang_timeout)
 
 
+_HEARTBEAT_PREFIX = "dskit-watchdog"
+
+
 def heartbeat_dir() -> Path:
     """This host's ranks' heartbeat directory for this launch: the launcher (their common parent: torchrun's
     agent), its rendezvous port and its restart count name it (a restarted worker never reads the files of the
@@ -166,8 +170,18 @@ def heartbeat_dir() -> Path:
         return Path(given)
     port = os.environ.get("MASTER_PORT", "0")
     restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    name = f"dskit-watchdog-{os.getuid()}-{os.getppid()}-{port}-{restarts}"
-    return Path(tempfile.gettempdir()) / name
+    return Path(tempfile.gettempdir()) / f"{_HEARTBEAT_PREFIX}-{os.getuid()}-{os.getppid()}-{port}-{restarts}"
+
+
+def remove_heartbeat_dirs_of_children() -> None:
+    """Once this process's ranks have ended (launch/supervise.py, torchrun's agent: their parent): the heartbeat
+    dirs named after it. A rank removes its own file as it stops, but a killed one cannot (SIGKILL, the OOM killer,
+    torchrun stopping the others after a failure), and its dir was left in /tmp. DSKIT_WATCHDOG_DIR is the
+    user's: left alone."""
+    if os.environ.get(launch_env.WATCHDOG_DIR):
+        return
+    for directory in Path(tempfile.gettempdir()).glob(f"{_HEARTBEAT_PREFIX}-{os.getuid()}-{os.getpid()}-*"):
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _running(pid: int) -> bool:

@@ -6,6 +6,7 @@ tests/e2e/test_rank_failure.py."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -71,6 +72,11 @@ from pathlib import Path
 from model_utils.observe.log import error_line
 pointer = Path(os.environ["DSKIT_LEDGER_POINTER"])
 if os.environ["RANK"] == "0":  # what the ledger observer does at the loop's start: name the run's ledger
+    from model_utils.observe import watchdog
+    beats = watchdog.heartbeat_dir()  # a rank killed while it watched: its heartbeat left behind
+    beats.mkdir()
+    (beats / "rank-0.json").write_text("{}")
+    print(f"heartbeats in {beats}", flush=True)
     pointer.with_suffix(".tmp").write_text(str(Path("ledger.jsonl").resolve()))
     pointer.with_suffix(".tmp").rename(pointer)
 if os.environ["RANK"] == "1":
@@ -104,3 +110,5 @@ def test_a_real_torchrun_ends_with_the_failed_ranks_line(tmp_path: Path) -> None
     assert sorted(tmp_path.iterdir()) == sorted(
         [script, tmp_path / "ledger.jsonl"]
     )  # nothing else left behind
+    (beats,) = re.findall(r"heartbeats in (\S+)", proc.stdout)
+    assert "dskit-watchdog-" in beats and not Path(beats).exists()  # removed once the ranks had ended

@@ -5,10 +5,12 @@ tests/e2e/test_hang.py."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -222,3 +224,25 @@ def test_each_launch_and_restart_of_a_host_has_its_own_heartbeats(monkeypatch: p
     assert len({first, watchdog.heartbeat_dir()}) == 2
     monkeypatch.setenv(launch_env.WATCHDOG_DIR, "/scratch/beats")
     assert watchdog.heartbeat_dir() == Path("/scratch/beats")
+
+
+def test_the_launcher_removes_its_ranks_heartbeat_dirs_and_no_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What supervise.py calls once torchrun's ranks (its children) have ended: their dirs go, killed or not,
+    across restarts; another launcher's (another parent pid) and a DSKIT_WATCHDOG_DIR stay."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.delenv(launch_env.WATCHDOG_DIR, raising=False)
+    me, other = os.getpid(), os.getpid() + 1
+    ours = [tmp_path / f"dskit-watchdog-{os.getuid()}-{me}-29511-{restart}" for restart in (0, 1)]
+    theirs = tmp_path / f"dskit-watchdog-{os.getuid()}-{other}-29511-0"
+    longer_pid = tmp_path / f"dskit-watchdog-{os.getuid()}-{me}0-29511-0"  # pid 1230 is not pid 123
+    for directory in [*ours, theirs, longer_pid]:
+        directory.mkdir()
+        (directory / "rank-0.json").write_text("{}")
+    monkeypatch.setenv(launch_env.WATCHDOG_DIR, str(ours[0]))
+    watchdog.remove_heartbeat_dirs_of_children()
+    assert all(d.exists() for d in ours)  # the user chose the dir: not the launcher's to remove
+    monkeypatch.delenv(launch_env.WATCHDOG_DIR)
+    watchdog.remove_heartbeat_dirs_of_children()
+    assert sorted(tmp_path.iterdir()) == sorted([theirs, longer_pid])
