@@ -42,6 +42,8 @@ env:
 # torch compiles through ccache where it is on PATH (`make tools` installs it as root on Debian): with the
 # checkout as ccache's base dir (its paths made relative, the -g build dir not hashed) another checkout on this
 # machine takes the compiled objects from the cache (~70 s of compiling -> ~3 s).
+# The ops of the embedded default on CPU ranks, as the engine names them (engines.jit_ops; tests/unit/model/
+# test_kernels.py holds this list to it).
 WARM_OPS := ShareMemCommBuilder CPUAdamBuilder
 warm: env
 	@export CCACHE_BASEDIR="$(CURDIR)" CCACHE_NOHASHDIR=1; \

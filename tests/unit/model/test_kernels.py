@@ -205,6 +205,22 @@ def test_training_and_the_warm_step_share_the_jit_env_setup() -> None:
     assert "kernels.optimize_model(" in (REPO / "src" / "model_utils" / "loop" / "trainer.py").read_text()
 
 
+def test_the_warm_step_builds_the_ops_the_default_cpu_run_loads() -> None:
+    """`make warm` names its ops (one process each, side by side): those of the embedded default on CPU ranks, as
+    the engine says (engines.jit_ops, which the ranks build and the doctor checks), so no timed test builds one."""
+    import re
+
+    from model_utils import engines
+    from model_utils.config.arguments import parse_args
+    from model_utils.resolve import train_settings
+
+    warm_ops = re.search(r"^WARM_OPS := (.+)$", (REPO / "Makefile").read_text(), re.MULTILINE)
+    assert warm_ops is not None
+    settings = train_settings.resolve(parse_args([]))
+    default_ops = engines.jit_ops(settings.backend, settings.deepspeed_json(1, 1), "cpu")
+    assert sorted(warm_ops.group(1).split()) == sorted(default_ops)
+
+
 # --- on a GPU -----------------------------------------------------------------------------------------------
 
 
