@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+from dskit import cost
 from model_utils.config.arguments import parse_args
 from model_utils.data import token_bytes
 from model_utils.errors import ConfigError
@@ -26,6 +27,7 @@ from model_utils.loop import trainer as training
 from model_utils.loop.observers.samples import Samples
 from model_utils.model.models import build_model
 from model_utils.observe import step_line
+from model_utils.observe.ledger_file import LEDGER
 from model_utils.resolve import resolver
 from support.metrics_file import sample_records, tensorboard_scalars, tensorboard_texts
 from support.pretrained import save_tiny_qwen3
@@ -186,6 +188,15 @@ def test_the_trainer_logs_and_records_its_validation_and_samples_the_same_under_
         for sample in samples[step]["samples"]:
             assert f"| {sample['prompt']} | {sample['text']} |" in text, text
     assert [step for step, _ in tensorboard_scalars(run_dir)["samples/seconds"]] == [2, 3]
+    # And in the goodput ledger, where `dskit cost` charges their time to "samples".
+    ledger = [json.loads(line) for line in (tmp_path / "ckpt" / LEDGER).read_text().splitlines()]
+    evaluations = [(r["step"], r["phase"], r["seconds"]) for r in ledger if r["event"] == "evaluation"]
+    assert [(step, phase) for step, phase, _ in evaluations] == [(2, "samples"), (3, "samples")]
+    for step, _, seconds in evaluations:
+        assert samples[step]["sample_s"] <= seconds < samples[step]["sample_s"] + 0.5
+    assert cost.account(ledger).attempts[0].seconds["samples"] == pytest.approx(
+        sum(e[2] for e in evaluations)
+    )
 
 
 def test_a_validation_dataset_smaller_than_one_batch_per_rank_is_named_with_its_fix(

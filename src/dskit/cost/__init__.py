@@ -8,6 +8,7 @@ attempt's: to its last record) on every node it held, and splits into:
     start-up        launch to the first step: set-up, preflight, loading, resuming
     checkpoint      saves, as the loop waited for them
     validation      validation passes
+    samples         generating from --sample_prompts (the loop's evaluation point)
     restarts        steps trained again after a crash, preemption or requeue resumed from an earlier checkpoint
     rollbacks       steps trained again after the spike guard went back to a checkpoint
     discarded       turns that trained nothing (spike-guard skips)
@@ -29,7 +30,7 @@ from model_utils.errors import CommandParser, ConfigError
 from model_utils.observe.ledger_file import LEDGER
 
 PRICES = Path(__file__).with_name("prices.json")
-CAUSES = ("startup", "checkpoint", "validation", "restarts", "rollbacks", "discarded", "other")
+CAUSES = ("startup", "checkpoint", "validation", "samples", "restarts", "rollbacks", "discarded", "other")
 
 
 @dataclass
@@ -170,6 +171,8 @@ def account(records: list[dict[str, Any]]) -> Account:
             current.seconds["discarded"] += record.get("untrained_s", 0.0)
         elif event in ("checkpoint", "validation"):
             current.seconds[event] += record["seconds"]
+        elif event == "evaluation" and record.get("phase") in CAUSES:  # another evaluation's: in "other"
+            current.seconds[record["phase"]] += record["seconds"]
         elif event == "rollback":
             take_back(record["to_step"], "rollbacks")
         elif event == "end":

@@ -16,6 +16,7 @@ trace, comes before its own lines). The points, in the order a run meets them:
         after_validation(step, validation)   when validation was due: its loss and what it covered
         evaluate(step, last)                 after a trained step: each observer whose evaluation_due names a
                                              phase (the samples) runs it, the watchdog told of that phase first
+        after_evaluation(step, phase, s)     each evaluation just run: its phase and seconds (the ledger's)
         tags_in_use(tag) -> set[str]         rank 0, a checkpoint `tag` was saved: rotation spares these tags
         after_checkpoint_saved(saved)        after the rotation
     on_end(state, reason)                    the loop ended: done, preempted, walltime, diverged, or a Stop's reason
@@ -36,6 +37,7 @@ and Trainer.close still closes every observer.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,6 +149,9 @@ class Observer:
     def evaluate(self, step: int) -> None:
         """Run the evaluation evaluation_due named, on every rank (a sharded model's forward needs them all)."""
 
+    def after_evaluation(self, step: int, phase: str, seconds: float) -> None:
+        """An evaluation (of any observer) ran after trained step `step`: its watchdog phase and wall seconds."""
+
     def tags_in_use(self, tag: str) -> set[str]:
         """Local checkpoint tags this observer still reads (an upload in flight), `tag` (just saved, not yet
         handed to after_checkpoint_saved) included if it will: checkpoint rotation does not delete them."""
@@ -210,7 +215,11 @@ class Hooks:
             phase = observer.evaluation_due(step, last)
             if phase is not None:
                 self.on_phase(phase, step)  # the watchdog allows an evaluation as long as a validation
+                started = time.perf_counter()
                 observer.evaluate(step)
+                seconds = time.perf_counter() - started
+                for told in self.observers:
+                    told.after_evaluation(step, phase, seconds)
 
     def tags_in_use(self, tag: str) -> set[str]:
         return set().union(*(observer.tags_in_use(tag) for observer in self.observers))

@@ -4,6 +4,7 @@ Trainer (the order a run meets the points, an observer's stop, a failing observe
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -132,7 +133,7 @@ def test_report_says_whether_an_update_was_applied_and_stands() -> None:
         assert not report(1, outcome).applied and not report(1, outcome).trained
 
 
-def test_the_hooks_tell_the_watchdog_of_the_phase_before_the_evaluation_that_is_due() -> None:
+def test_the_hooks_tell_the_watchdog_of_the_phase_before_the_evaluation_and_everyone_its_time_after() -> None:
     calls: list[tuple[Any, ...]] = []
 
     class Due(hooks.Observer):
@@ -141,13 +142,21 @@ def test_the_hooks_tell_the_watchdog_of_the_phase_before_the_evaluation_that_is_
 
         def evaluate(self, step: int) -> None:
             calls.append(("evaluate", step))
+            time.sleep(0.01)
 
     class Phases(hooks.Observer):
         def on_phase(self, phase: str, step: int) -> None:
             calls.append(("on_phase", phase, step))
 
+        def after_evaluation(self, step: int, phase: str, seconds: float) -> None:
+            calls.append(("after_evaluation", step, phase, seconds >= 0.01))
+
     seam = hooks.Hooks([Phases(), Due()])
     seam.evaluate(4, last=False)
     assert calls == []
     seam.evaluate(5, last=True)
-    assert calls == [("on_phase", watchdog.SAMPLES, 5), ("evaluate", 5)]
+    assert calls == [
+        ("on_phase", watchdog.SAMPLES, 5),
+        ("evaluate", 5),
+        ("after_evaluation", 5, watchdog.SAMPLES, True),
+    ]

@@ -11,6 +11,7 @@ One attempt is one start of the ranks. Rank 0 appends, in order:
                 not (spike-guard discards, test faults), with the first and last trained step, seconds, and
                 the last trained step's loss (rank 0's)
     validation  each validation's seconds, tokens and loss
+    evaluation  each evaluation at the loop's evaluation point (the samples): its phase and seconds
     checkpoint  each save's seconds (what the loop waited for)
     rollback    the spike guard went back from one step to an earlier one (those steps are trained again)
     end         the loop ended: its reason and step
@@ -116,6 +117,10 @@ class Ledger(Observer):
             loss=validation.loss,
         )
         return None
+
+    def after_evaluation(self, step: int, phase: str, seconds: float) -> None:
+        self._flush_steps()
+        self._append("evaluation", step=step, phase=phase, seconds=seconds)
 
     def after_checkpoint_saved(self, saved: SavedCheckpoint) -> None:
         self._flush_steps()

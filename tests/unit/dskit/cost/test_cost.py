@@ -34,6 +34,8 @@ def two_attempts() -> list[dict]:
         steps(1037.0, 11, 14, 4.0, started=1033.0),
         start(1100.0, step=10, submitted=900.0),
         {"event": "validation", "t": 1112.0, "step": 10, "seconds": 2.0},
+        {"event": "evaluation", "t": 1113.5, "step": 10, "phase": "samples", "seconds": 1.5},
+        {"event": "evaluation", "t": 1114.0, "step": 10, "phase": "a_future_one", "seconds": 0.5},  # in other
         steps(1130.0, 11, 20, 10.0, started=1120.0, untrained_s=1.0),
         {"event": "checkpoint", "t": 1134.0, "step": 20, "seconds": 4.0},
         {"event": "end", "t": 1134.5, "step": 20, "reason": "done"},
@@ -50,6 +52,7 @@ def test_each_attempt_splits_its_wall_time_by_cause_and_repeated_steps_are_the_f
     assert first.seconds["productive"] == 10.0 and first.seconds["restarts"] == 4.0  # steps 11-14 again later
     assert second.seconds["productive"] == 10.0 and second.seconds["restarts"] == 0.0
     assert second.seconds["validation"] == 2.0 and second.seconds["discarded"] == 1.0
+    assert second.seconds["samples"] == 1.5 and first.seconds["samples"] == 0.0
     for attempt in acct.attempts:  # every second in exactly one cause
         assert sum(attempt.seconds.values()) == pytest.approx(attempt.wall_s)
     assert acct.trained_steps == 20 and acct.tokens == 20_000

@@ -15,6 +15,7 @@ from model_utils.data.sampler import DataPosition
 from model_utils.loop.hooks import DISCARDED, TRAINED, GuardEvent, Rollback, SavedCheckpoint, StepReport
 from model_utils.loop.observers import ledger
 from model_utils.loop.state import TrainState
+from model_utils.observe import watchdog
 from model_utils.observe.metrics import Score, Validation
 
 
@@ -26,7 +27,9 @@ def records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_a_run_writes_start_steps_validation_checkpoint_rollback_end_and_closed(tmp_path: Path) -> None:
+def test_a_run_writes_start_steps_validation_evaluation_checkpoint_rollback_end_and_closed(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / ledger.LEDGER
     book = ledger.Ledger(path, {"launched_at": time.time() - 3, "nodes": 1, "step": 0, "tokens_per_step": 64})
     book.on_start(TrainState())
@@ -34,6 +37,7 @@ def test_a_run_writes_start_steps_validation_checkpoint_rollback_end_and_closed(
     book.after_step(report(2, DISCARDED))  # its step is retried: the trained run stays 1..2
     book.after_step(report(2))
     book.after_validation(2, Validation(Score(128.0, 128, 512), blocks=4, total_blocks=4, seconds=0.5))
+    book.after_evaluation(2, watchdog.SAMPLES, 0.125)
     book.after_checkpoint_saved(SavedCheckpoint(2, "t-2steps", tmp_path, 0.25))
     back = Rollback(
         from_step=3, tag="t-2steps", reason="spikes", skip_from=DataPosition(), skip_to=DataPosition()
@@ -46,16 +50,18 @@ def test_a_run_writes_start_steps_validation_checkpoint_rollback_end_and_closed(
     book.on_close()  # idempotent
     got = records(path)
     assert [r["event"] for r in got] == [
-        "start", "steps", "validation", "checkpoint", "steps", "rollback", "end", "closed",
+        "start", "steps", "validation", "evaluation", "checkpoint", "steps", "rollback", "end", "closed",
     ]  # fmt: skip
     steps = got[1]
     assert (steps["first"], steps["last"], steps["trained"], steps["untrained"]) == (1, 2, 2, 1)
     assert steps["trained_s"] == pytest.approx(0.02) and steps["untrained_s"] == pytest.approx(0.01)
-    assert got[3]["seconds"] == 0.25 and got[5] == {**got[5], "from_step": 3, "to_step": 2}
-    assert got[6]["reason"] == "done" and all(a["t"] <= b["t"] for a, b in itertools.pairwise(got))
+    assert got[3] == {**got[3], "step": 2, "phase": "samples", "seconds": 0.125}
+    assert got[4]["seconds"] == 0.25 and got[6] == {**got[6], "from_step": 3, "to_step": 2}
+    assert got[7]["reason"] == "done" and all(a["t"] <= b["t"] for a, b in itertools.pairwise(got))
     # What dskit cost makes of it: step 3 was rolled back, steps 1-2 stand.
     acct = cost.account(got)
     assert acct.trained_steps == 2 and acct.attempts[0].seconds["rollbacks"] == pytest.approx(0.01)
+    assert acct.attempts[0].seconds["samples"] == 0.125
 
 
 def test_steps_are_written_every_interval_so_a_crash_loses_little(tmp_path: Path, monkeypatch) -> None:
