@@ -23,6 +23,7 @@ NEVER_ON_A_DEFAULT_RANK = (
     "boto3",
     "botocore",
     "s3transfer",
+    "scipy",
 )
 
 

@@ -110,15 +110,18 @@ def test_deepspeed_muon_module_is_imported_without_compiling() -> None:
 
 
 def test_transformers_import_holds_back_what_ranks_do_not_use() -> None:
-    """jinja2 (chat templates) and boto3 (accelerate's SageMaker command) stay out of a rank; both import
-    normally afterwards (dskit's S3 tier imports boto3 when it is used)."""
+    """jinja2 (chat templates), boto3 (accelerate's SageMaker command) and scipy (object detection losses) stay out
+    of a rank, the model's modeling code imported too; they import normally afterwards (dskit's S3 tier imports
+    boto3 when it is used)."""
     lines = run_fresh(
         "import sys\n"
         "from model_utils.launch import startup\n"
         "startup.import_transformers()\n"
         "from transformers import Qwen3Config, Qwen3ForCausalLM\n"
-        "print('jinja2' in sys.modules, 'boto3' in sys.modules, 'transformers' in sys.modules)\n"
-        "import boto3, jinja2\n"
-        "print(boto3.__name__, jinja2.__name__)\n"
+        "Qwen3ForCausalLM(Qwen3Config(num_hidden_layers=1, hidden_size=8, intermediate_size=8, num_attention_heads=2,"
+        " num_key_value_heads=1, head_dim=4, vocab_size=16))\n"
+        "print(*(name in sys.modules for name in ('jinja2', 'boto3', 'scipy', 'transformers')))\n"
+        "import boto3, jinja2, scipy.optimize\n"
+        "print(boto3.__name__, jinja2.__name__, scipy.optimize.__name__)\n"
     )
-    assert lines[-2:] == ["False False True", "boto3 jinja2"], lines
+    assert lines[-2:] == ["False False False True", "boto3 jinja2 scipy.optimize"], lines
