@@ -35,7 +35,9 @@ exactly (by logger and message, or by the whole printed line), so that every oth
   rank when its process group starts (`dskit doctor` reports the ops; a failed build still raises).
 - DeepSpeed's "Attempting to get learning rate from scheduler before it has started", which its warm-up
   schedulers log while they are constructed in `deepspeed.initialize`; the trainer sets the schedule's
-  iteration before the first step.
+  iteration before the first step. And their "total_num_steps 1 is less than warmup_num_steps 1" in a 1-step
+  run: they warm up over 2 steps at least, the kit's warm-up never outlasts the run (and the kit's own line
+  says when it shortened it).
 - DeepSpeed's "OVERFLOW! Skipping step" while the engine discards a step the spike guard rejected on purpose
   (the guard's own line says why); a real overflow is still logged.
 """
@@ -62,6 +64,9 @@ OP_BUILT = re.compile(r"DeepSpeed [\w.]+ built successfully")
 LR_BEFORE_START = re.compile(
     re.escape("Attempting to get learning rate from scheduler before it has started")
 )
+# DeepSpeed's warm-up schedulers warm up over at least 2 steps and say so for a 1-step run ("total_num_steps 1 is
+# less than warmup_num_steps 1"); the kit's warm-up never outlasts the run, and the kit says when it shortens it.
+ONE_STEP_WARMUP = re.compile(r"total_num_steps [01] is less than warmup_num_steps \d+")
 OVERFLOW_SKIP = re.compile(r"\[deepspeed\] OVERFLOW! .*")
 
 
@@ -298,12 +303,14 @@ def schedule_start_unlogged() -> Iterator[None]:
     the module doc). The warning still shows when anything reads the lr later, before the schedule starts."""
     from deepspeed.utils import logger
 
-    drop = DropMessages(LR_BEFORE_START)
-    logger.addFilter(drop)
+    drops = [DropMessages(LR_BEFORE_START), DropMessages(ONE_STEP_WARMUP)]
+    for drop in drops:
+        logger.addFilter(drop)
     try:
         yield
     finally:
-        logger.removeFilter(drop)
+        for drop in drops:
+            logger.removeFilter(drop)
 
 
 @contextlib.contextmanager

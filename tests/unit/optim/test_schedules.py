@@ -114,6 +114,30 @@ def test_warmup_ratio_and_a_warmup_longer_than_the_run() -> None:
     )
 
 
+def test_a_one_step_run_gets_no_warning_from_deepspeeds_scheduler(caplog: pytest.LogCaptureFixture) -> None:
+    """DeepSpeed warms up over 2 steps at least and warned "total_num_steps 1 is less than warmup_num_steps 1" from
+    every rank of a 1-step run; the kit's warm-up never outlasts the run (its own line says it shortened it)."""
+    import torch
+
+    section = settings().deepspeed_json(1, 1)["scheduler"]
+    assert section["params"]["warmup_num_steps"] == section["params"]["total_num_steps"] == 1
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1e-3)
+    from deepspeed.utils import logger
+
+    logger.propagate, propagated = True, logger.propagate  # into caplog's handler
+    try:
+        with caplog.at_level("WARNING"):
+            schedules.deepspeed_scheduler(section, optimizer)
+            assert caplog.messages == []
+            from deepspeed.runtime import lr_schedules
+
+            deepspeeds_own = getattr(lr_schedules, section["type"])  # not through the kit
+            deepspeeds_own(optimizer, **section["params"])
+    finally:
+        logger.propagate = propagated
+    assert any("total_num_steps 1 is less than warmup_num_steps 1" in m for m in caplog.messages)
+
+
 def test_config_prints_the_schedule_and_the_lr_at_a_few_steps(tmp_path: Path, capsys) -> None:
     from dskit import cli
 
