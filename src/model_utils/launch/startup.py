@@ -252,9 +252,8 @@ def host_cpu_info(probe: Callable[[], dict[str, Any]], host_cache: Path | None) 
             from model_utils.storage.file_manifest import atomic_write_text
 
             path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(
-                path, json.dumps(info)
-            )  # ranks starting together each write a whole file; one wins
+            # Ranks starting together each write a whole file; one wins.
+            atomic_write_text(path, json.dumps(info))
     return info
 
 
