@@ -86,8 +86,8 @@ def model_shape(
 ) -> ModelShape:
     """The model's shape, its parameters counted on the meta device. With `cache_dir` (a run's --data_cache_dir),
     the counts an earlier process made for the same config and transformers version are read from there: the count
-    itself is quick, but importing transformers' modeling code for it took ~3.5 s of a 7.6 s preflight on 2 cores,
-    at every launch and requeue."""
+    itself is quick, but importing transformers' modeling code for it made the preflight 4.5 s instead of 2.9 s on
+    2 cores, at every launch and requeue (docs/speed.md)."""
     counted = _cached_counts(model_config, cache_dir)
     hidden = int(model_config.hidden_size)
     heads = int(model_config.num_attention_heads)
