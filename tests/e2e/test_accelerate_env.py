@@ -1,7 +1,8 @@
 """model_utils.launch.accelerate_env against environments made by real `accelerate launch` runs.
 
-Each accelerate config below is launched once (`accelerate launch --config_file X dump_env.py`, on CPU, all at
-once); the tiny script dumps rank 0's environment as JSON, which is what a training rank would read. Nothing is
+Each accelerate config below is launched once (what `accelerate launch --config_file X dump_env.py` runs, on CPU:
+accelerate's own parser, launch_command and launchers, one launch after the other in one process); the tiny
+script dumps rank 0's environment as JSON, which is what a training rank would read. Nothing is
 mocked: if accelerate renames a variable or stops passing a setting, these tests fail. (Out of the unit tier for
 its launches; training through `accelerate launch`: test_accelerate_launch.py.)
 """
@@ -24,7 +25,6 @@ from model_utils.launch.accelerate_env import AccelerateRequest
 from model_utils.resolve import resolver
 
 REPO = Path(__file__).resolve().parents[2]
-ACCELERATE = Path(sys.executable).parent / "accelerate"
 ZERO3 = str(REPO / "deepspeed" / "ds_config_zero3.json")
 SHIPPED = REPO / "configs" / "accelerate" / "deepspeed-zero2.yaml"
 
@@ -79,35 +79,25 @@ CONFIGS = {
 
 @pytest.fixture(scope="module")
 def envs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, str]]:
-    """Rank 0's environment under each config: every launch at once (each mostly waits on imports)."""
+    """Rank 0's environment under each config: every launch through accelerate's own launch code, one after the
+    other in one process (tests/support/accelerate_launches.py: accelerate and torch imported once)."""
     tmp = tmp_path_factory.mktemp("accelerate")
     script = tmp / "dump_env.py"
     script.write_text(DUMP_ENV)
     # No default config from the developer's ~/.cache/huggingface/accelerate, offline, on CPU.
     env = {**os.environ, "HF_HOME": str(tmp / "hf"), "HF_HUB_OFFLINE": "1", "DS_ACCELERATOR": "cpu"}
-    procs = {}
+    launches = []
     for name, (yaml_text, nproc) in CONFIGS.items():
         if name != "deepspeed_file":
             yaml_text = COMMON + f"num_processes: {nproc}\n" + yaml_text
         (tmp / f"{name}.yaml").write_text(yaml_text)
-        cmd = [
-            str(ACCELERATE),
-            "launch",
-            "--config_file",
-            str(tmp / f"{name}.yaml"),
-            "--main_process_port",
-            "0",
-        ]
-        procs[name] = subprocess.Popen(
-            [*cmd, str(script), str(tmp / f"{name}.json")],
-            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
-    out = {}
-    for name, proc in procs.items():
-        log, _ = proc.communicate(timeout=180)
-        assert proc.returncode == 0, f"accelerate launch of {name} failed:\n{log}"
-        out[name] = json.loads((tmp / f"{name}.json").read_text())
-    return out
+        launches.append(f"{name}={tmp / f'{name}.yaml'}:{tmp / f'{name}.json'}")
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "support" / "accelerate_launches.py"), str(script), *launches],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    return {name: json.loads((tmp / f"{name}.json").read_text()) for name in CONFIGS}
 
 
 def one_line_error(env: dict[str, str]) -> str:
