@@ -53,6 +53,38 @@ def test_liger_resolves_per_device_and_model(liger: str, device: torch.device, t
     assert "qwen3" in kernels.liger_model_types()
 
 
+def test_liger_model_types_read_from_its_source_equal_its_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Read without importing Liger's patch module (it imports every model Liger patches); the same as the table
+    that module defines; imported after all where its source holds no literal table; None without liger-kernel."""
+    import importlib.util
+    import types
+
+    from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+
+    kernels.liger_model_types.cache_clear()
+    imported = sys.modules.pop("liger_kernel.transformers.monkey_patch")
+    try:
+        assert kernels.liger_model_types() == frozenset(MODEL_TYPE_TO_APPLY_LIGER_FN)
+        assert "liger_kernel.transformers.monkey_patch" not in sys.modules  # read, not imported
+    finally:
+        sys.modules["liger_kernel.transformers.monkey_patch"] = imported
+    built = tmp_path / "liger_kernel" / "transformers"
+    built.mkdir(parents=True)
+    (built / "monkey_patch.py").write_text("MODEL_TYPE_TO_APPLY_LIGER_FN = dict(TABLE)\n")
+    spec = types.SimpleNamespace(submodule_search_locations=[str(built.parent)])
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: spec)
+    kernels.liger_model_types.cache_clear()
+    assert kernels.liger_model_types() == frozenset(
+        MODEL_TYPE_TO_APPLY_LIGER_FN
+    )  # the installed one, imported
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    kernels.liger_model_types.cache_clear()
+    assert kernels.liger_model_types() is None
+    kernels.liger_model_types.cache_clear()
+
+
 @pytest.mark.parametrize(
     ("device", "types", "message"),
     [
