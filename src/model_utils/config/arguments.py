@@ -201,7 +201,11 @@ class DataArgs:
         ),
     )
     data_cache_dir: str = field(
-        default=".cache/data", metadata=_flag("where tokenized and packed data is cached between runs")
+        default=".cache/data",
+        metadata=_flag(
+            "where tokenized and packed data is cached between runs (and the model's parameter counts the "
+            "preflight makes)"
+        ),
     )
     unprepared_limit_mb: int = field(
         default=256,
