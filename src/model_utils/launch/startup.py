@@ -49,7 +49,6 @@ import functools
 import gc
 import importlib
 import io
-import json
 import logging
 import os
 import re
@@ -241,20 +240,11 @@ def host_cpu_info(probe: Callable[[], dict[str, Any]], host_cache: Path | None) 
     if host_cache is not None:
         with contextlib.suppress(OSError):
             path = host_cache / f"dskit-cpuinfo-{BOOT_ID.read_text().strip()}.json"
-    if path is not None:
-        with contextlib.suppress(OSError, ValueError):
-            kept = json.loads(path.read_text())
-            if isinstance(kept, dict) and kept:
-                return kept
-    info = probe()
-    if path is not None:
-        with contextlib.suppress(OSError):
-            from model_utils.storage.file_manifest import atomic_write_text
+    if path is None:
+        return probe()
+    from model_utils.storage.file_manifest import kept_json
 
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # Ranks starting together each write a whole file; one wins.
-            atomic_write_text(path, json.dumps(info))
-    return info
+    return kept_json(path, probe, lambda kept: isinstance(kept, dict) and bool(kept))
 
 
 class _LineFilter(io.TextIOBase):

@@ -18,7 +18,6 @@ its engine (`backend`).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -139,17 +138,13 @@ def _cached_counts(model_config: Any, cache_dir: Path | None) -> dict[str, Any]:
 
     key_text = json.dumps([transformers.__version__, model_config.to_dict()], sort_keys=True, default=str)
     path = cache_dir / SHAPE_CACHE / f"{hashlib.sha256(key_text.encode()).hexdigest()[:24]}.json"
-    with contextlib.suppress(OSError, ValueError):
-        kept = json.loads(path.read_text())
-        if isinstance(kept, dict) and set(kept) == set(_COUNTS):
-            return kept
-    counted = _count_on_meta(model_config)
-    with contextlib.suppress(OSError):
-        from model_utils.storage.file_manifest import atomic_write_text
+    from model_utils.storage.file_manifest import kept_json
 
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps(counted))  # processes counting together each write a whole file
-    return counted
+    return kept_json(
+        path,
+        lambda: _count_on_meta(model_config),
+        lambda kept: isinstance(kept, dict) and set(kept) == set(_COUNTS),
+    )
 
 
 def check_zero(stage: int, offload_optimizer: bool, offload_params: bool) -> None:

@@ -15,7 +15,7 @@ import contextlib
 import json
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +83,21 @@ def atomic_write_text(path: Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def kept_json(path: Path, compute: Callable[[], Any], usable: Callable[[Any], bool]) -> Any:
+    """What an earlier process left in `path`, when `usable`; else `compute()`, left there (a whole file: processes
+    computing together each write theirs, one wins). A cache that cannot be read or written costs the computation,
+    never the caller."""
+    with contextlib.suppress(OSError, ValueError):
+        kept = json.loads(path.read_text())
+        if usable(kept):
+            return kept
+    value = compute()
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(value))
+    return value
 
 
 def build(
