@@ -31,6 +31,8 @@ from model_utils.observe.ledger_file import LEDGER
 
 PRICES = Path(__file__).with_name("prices.json")
 CAUSES = ("startup", "checkpoint", "validation", "samples", "restarts", "rollbacks", "discarded", "other")
+# The evaluations (ledger "evaluation" records, by watchdog phase) with a cause of their own; others stay in "other".
+EVALUATION_CAUSES = ("samples",)
 
 
 @dataclass
@@ -171,7 +173,7 @@ def account(records: list[dict[str, Any]]) -> Account:
             current.seconds["discarded"] += record.get("untrained_s", 0.0)
         elif event in ("checkpoint", "validation"):
             current.seconds[event] += record["seconds"]
-        elif event == "evaluation" and record.get("phase") in CAUSES:  # another evaluation's: in "other"
+        elif event == "evaluation" and record.get("phase") in EVALUATION_CAUSES:
             current.seconds[record["phase"]] += record["seconds"]
         elif event == "rollback":
             take_back(record["to_step"], "rollbacks")

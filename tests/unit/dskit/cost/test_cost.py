@@ -36,6 +36,8 @@ def two_attempts() -> list[dict]:
         {"event": "validation", "t": 1112.0, "step": 10, "seconds": 2.0},
         {"event": "evaluation", "t": 1113.5, "step": 10, "phase": "samples", "seconds": 1.5},
         {"event": "evaluation", "t": 1114.0, "step": 10, "phase": "a_future_one", "seconds": 0.5},  # in other
+        # Not validation's, though its phase has that name:
+        {"event": "evaluation", "t": 1114.5, "step": 10, "phase": "validation", "seconds": 0.5},
         steps(1130.0, 11, 20, 10.0, started=1120.0, untrained_s=1.0),
         {"event": "checkpoint", "t": 1134.0, "step": 20, "seconds": 4.0},
         {"event": "end", "t": 1134.5, "step": 20, "reason": "done"},
