@@ -22,15 +22,17 @@ advancing, and the status is HANG_EXIT (75), which a launcher may requeue on (do
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from model_utils.launch import launch_env
+from model_utils.launch import launch_env, scratch
 from model_utils.observe import step_line, watchdog
+
+LAUNCH = "launch"  # the kind of this launcher's temporary dir (launch/scratch.py)
 
 
 def _how(exitcode: int) -> str:
@@ -77,17 +79,21 @@ def main(argv: list[str]) -> int:
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    own_file = launch_env.ERROR_FILE not in os.environ
-    error_file = Path(
-        os.environ.get(launch_env.ERROR_FILE) or Path(tempfile.mkdtemp(prefix="dskit-ranks-")) / "error"
-    )
+    scratch.remove_ended(LAUNCH)  # of this host's launchers that were killed (launch/scratch.py)
+    scratch.remove_ended(watchdog.HEARTBEATS)  # of ranks under another launcher whose parent has ended
+    launch_dir = scratch.make(LAUNCH)
+    os.environ[launch_env.LAUNCH_DIR] = str(launch_dir)  # the ranks' heartbeats go in it
+    error_file = Path(os.environ.get(launch_env.ERROR_FILE) or launch_dir / "error")
     os.environ[launch_env.ERROR_FILE] = str(error_file)  # the ranks inherit it
-    pointer = Path(tempfile.mkdtemp(prefix="dskit-ledger-")) / "ledger"
+    pointer = launch_dir / "ledger"
     # Rank 0, if on this node, names the run's ledger there.
     os.environ[launch_env.LEDGER_POINTER] = str(pointer)
     status = 1  # until torchrun returns
     try:
-        torchrun.run(torchrun.parse_args(argv))
+        args = torchrun.parse_args(argv)
+        if args.log_dir is None:  # torchrun's default, a torchelastic_* dir it never removes
+            args.log_dir = str(launch_dir / "torchrun")
+        torchrun.run(args)
         status = 0
     except ChildFailedError as failed:
         try:
@@ -98,11 +104,8 @@ def main(argv: list[str]) -> int:
         print(summary(failed.failures, socket.gethostname(), written), file=sys.stderr, flush=True)
         status = watchdog.HANG_EXIT if hung(failed.failures) else 1
     finally:
-        if own_file:
-            error_file.unlink(missing_ok=True)
-            error_file.parent.rmdir()
         _ledger_exit(pointer, status)
-        watchdog.remove_heartbeat_dirs_of_children()  # every rank has ended by now
+        shutil.rmtree(launch_dir, ignore_errors=True)  # every rank has ended by now
     return status
 
 
@@ -116,8 +119,6 @@ def _ledger_exit(pointer: Path, status: int) -> None:
         from model_utils.observe.ledger_file import append
 
         append(ledger, "exit", status=status)
-    pointer.unlink(missing_ok=True)
-    pointer.parent.rmdir()
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ import ctypes
 import faulthandler
 import json
 import os
-import shutil
 import signal
 import socket
 import statistics
@@ -41,7 +40,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
 
-from model_utils.launch import launch_env
+from model_utils.launch import launch_env, scratch
 from model_utils.observe import step_line
 
 HANG_EXIT = 75  # EX_TEMPFAIL: the job may succeed when run again (on other nodes): a launcher's requeue
@@ -158,40 +157,22 @@ def judge(
     return Verdict(me, frozen, behind, waiting, now, hang_timeout)
 
 
-_HEARTBEAT_PREFIX = "dskit-watchdog"
+HEARTBEATS = "watchdog"  # the kind of this host's heartbeat dirs (launch/scratch.py)
 
 
 def heartbeat_dir() -> Path:
-    """This host's ranks' heartbeat directory for this launch: the launcher (their common parent: torchrun's
-    agent), its rendezvous port and its restart count name it (a restarted worker never reads the files of the
-    ones it replaced); DSKIT_WATCHDOG_DIR chooses another."""
+    """This host's ranks' heartbeat directory for this launch, by launch and torchrun restart (a restarted worker
+    never reads the files of the ones it replaced): in the kit's launcher's temporary dir, removed with it; under
+    another launcher (accelerate's), in the temp dir, named after the ranks' common parent (the next kit launch on
+    the host removes it once that parent has ended). DSKIT_WATCHDOG_DIR chooses another."""
     given = os.environ.get(launch_env.WATCHDOG_DIR)
     if given:
         return Path(given)
-    port = os.environ.get("MASTER_PORT", "0")
-    restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return Path(tempfile.gettempdir()) / f"{_HEARTBEAT_PREFIX}-{os.getuid()}-{os.getppid()}-{port}-{restarts}"
-
-
-def remove_heartbeat_dirs_of_children() -> None:
-    """Once this process's ranks have ended (launch/supervise.py, torchrun's agent: their parent): the heartbeat
-    dirs named after it. A rank removes its own file as it stops, but a killed one cannot (SIGKILL, the OOM killer,
-    torchrun stopping the others after a failure), and its dir was left in /tmp. DSKIT_WATCHDOG_DIR is the
-    user's: left alone."""
-    if os.environ.get(launch_env.WATCHDOG_DIR):
-        return
-    for directory in Path(tempfile.gettempdir()).glob(f"{_HEARTBEAT_PREFIX}-{os.getuid()}-{os.getpid()}-*"):
-        shutil.rmtree(directory, ignore_errors=True)
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    launch = f"{os.environ.get('MASTER_PORT', '0')}-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    launcher_dir = os.environ.get(launch_env.LAUNCH_DIR)
+    if launcher_dir:
+        return Path(launcher_dir) / f"{HEARTBEATS}-{launch}"
+    return Path(tempfile.gettempdir()) / f"{scratch.prefix(HEARTBEATS, os.getppid())}{launch}"
 
 
 class Monitor:
@@ -278,7 +259,7 @@ class Monitor:
                 beat = Beat(**json.loads(path.read_text()))
             except (OSError, ValueError, TypeError):
                 continue  # removed meanwhile
-            if _running(beat.pid):
+            if scratch.running(beat.pid):
                 found.append(beat)
         return found
 

@@ -6,6 +6,7 @@ tests/e2e/test_rank_failure.py."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import socket
@@ -91,8 +92,20 @@ if os.environ["RANK"] == "1":
 def test_a_real_torchrun_ends_with_the_failed_ranks_line(tmp_path: Path) -> None:
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
+    temp = tmp_path / "tmp"  # the launch's temp dir: what it leaves there is seen
+    temp.mkdir()
+    owner = f"{socket.gethostname()}-{os.getuid()}"
+    ended = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    killed_launch = temp / f"dskit-launch-{owner}-{ended.stdout.strip()}-x1"  # its launcher is gone
+    killed_ranks = temp / f"dskit-watchdog-{owner}-{ended.stdout.strip()}-29500-0"  # under accelerate, say
+    live_launch = temp / f"dskit-launch-{owner}-{os.getpid()}-x2"  # this process runs
+    other_host = temp / f"dskit-launch-elsewhere-{os.getuid()}-{ended.stdout.strip()}-x3"
+    for directory in (killed_launch, killed_ranks, live_launch, other_host):
+        directory.mkdir()
     env = {k: v for k, v in ENV.items() if k != "DSKIT_ERROR_FILE"}
-    env["PYTHONPATH"] = str(REPO / "src")
+    env.update(PYTHONPATH=str(REPO / "src"), TMPDIR=str(temp))
     proc = subprocess.run(
         [sys.executable, "-m", "model_utils.launch.supervise", "--standalone", "--nproc_per_node=2", str(script)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
@@ -108,7 +121,10 @@ def test_a_real_torchrun_ends_with_the_failed_ranks_line(tmp_path: Path) -> None
     (record,) = [json.loads(line) for line in (tmp_path / "ledger.jsonl").read_text().splitlines()]
     assert record["event"] == "exit" and record["status"] == 1 and record["t"] <= time.time()
     assert sorted(tmp_path.iterdir()) == sorted(
-        [script, tmp_path / "ledger.jsonl"]
+        [script, temp, tmp_path / "ledger.jsonl"]
     )  # nothing else left behind
     (beats,) = re.findall(r"heartbeats in (\S+)", proc.stdout)
-    assert "dskit-watchdog-" in beats and not Path(beats).exists()  # removed once the ranks had ended
+    assert Path(beats).parent.name.startswith(f"dskit-launch-{owner}-")  # in the launcher's dir
+    # Of the temp dir: the killed launcher's and ranks' dirs are removed; the launch's own dir (the rank's
+    # heartbeats, the error file, the ledger pointer, torchrun's log dir: no torchelastic_* dir) is gone with it.
+    assert sorted(temp.iterdir()) == sorted([live_launch, other_host])

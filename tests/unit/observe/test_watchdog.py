@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from model_utils.launch import launch_env
+from model_utils.launch import launch_env, scratch
 from model_utils.observe import watchdog
 from model_utils.observe.watchdog import Beat, Monitor, allowance, collective_timeout_s, judge
 
@@ -213,36 +213,24 @@ def test_ranks_that_advance_make_no_verdict_and_leave_no_files(tmp_path: Path) -
     assert not (tmp_path / "beats").exists()
 
 
-def test_each_launch_and_restart_of_a_host_has_its_own_heartbeats(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_launch_and_restart_of_a_host_has_its_own_heartbeats(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv(launch_env.WATCHDOG_DIR, raising=False)
+    monkeypatch.setenv(launch_env.LAUNCH_DIR, str(tmp_path / "launch"))
     monkeypatch.setenv("MASTER_PORT", "29511")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
     first = watchdog.heartbeat_dir()
+    assert first.parent == tmp_path / "launch"  # the kit's launcher's dir: removed with it
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # torchrun restarted its workers
     assert watchdog.heartbeat_dir() != first
     monkeypatch.setenv("MASTER_PORT", "29512")  # another launch on the host
     assert len({first, watchdog.heartbeat_dir()}) == 2
+    # Under another launcher: in the temp dir, named after the ranks' parent (scratch.remove_ended finds it).
+    monkeypatch.delenv(launch_env.LAUNCH_DIR)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert watchdog.heartbeat_dir() == tmp_path / (
+        scratch.prefix(watchdog.HEARTBEATS, os.getppid()) + "29512-1"
+    )
     monkeypatch.setenv(launch_env.WATCHDOG_DIR, "/scratch/beats")
     assert watchdog.heartbeat_dir() == Path("/scratch/beats")
-
-
-def test_the_launcher_removes_its_ranks_heartbeat_dirs_and_no_others(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """What supervise.py calls once torchrun's ranks (its children) have ended: their dirs go, killed or not,
-    across restarts; another launcher's (another parent pid) and a DSKIT_WATCHDOG_DIR stay."""
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    monkeypatch.delenv(launch_env.WATCHDOG_DIR, raising=False)
-    me, other = os.getpid(), os.getpid() + 1
-    ours = [tmp_path / f"dskit-watchdog-{os.getuid()}-{me}-29511-{restart}" for restart in (0, 1)]
-    theirs = tmp_path / f"dskit-watchdog-{os.getuid()}-{other}-29511-0"
-    longer_pid = tmp_path / f"dskit-watchdog-{os.getuid()}-{me}0-29511-0"  # pid 1230 is not pid 123
-    for directory in [*ours, theirs, longer_pid]:
-        directory.mkdir()
-        (directory / "rank-0.json").write_text("{}")
-    monkeypatch.setenv(launch_env.WATCHDOG_DIR, str(ours[0]))
-    watchdog.remove_heartbeat_dirs_of_children()
-    assert all(d.exists() for d in ours)  # the user chose the dir: not the launcher's to remove
-    monkeypatch.delenv(launch_env.WATCHDOG_DIR)
-    watchdog.remove_heartbeat_dirs_of_children()
-    assert sorted(tmp_path.iterdir()) == sorted([theirs, longer_pid])
