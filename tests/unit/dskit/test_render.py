@@ -663,6 +663,38 @@ def test_singlenode_refuses_a_job_name_that_cannot_name_its_log(tmp_path: Path, 
     assert not (stub.repo / "logs").exists() and not (stub.repo.parent / "logs").exists()
 
 
+@pytest.mark.parametrize(
+    ("script", "args", "usage"),
+    [
+        ("train-singlenode.sh", ["--help"], "  ./train-singlenode.sh [NODE] [TRAINING FLAGS...]   e.g. "),
+        (
+            "train-singlenode.sh",
+            ["node7", "--max_steps", "5", "-h"],
+            "NODE (a first argument not starting with ",
+        ),
+        ("train.sbatch", ["--help"], "  sbatch train.sbatch [TRAINING FLAGS...]            e.g. "),
+    ],
+)
+def test_help_prints_the_usage_and_starts_nothing(
+    tmp_path: Path, script: str, args: list[str], usage: str
+) -> None:
+    """--help went on to the preflight (its own usage, exit 0), then every rank printed all 430 lines of the
+    training flags and the launch went on: now the script's header, where the flags are listed, and exit 0."""
+    stub = Stubbed(tmp_path)
+    proc = stub.run(script, *args, env={"JOB_NAME": "bad/name"})  # help comes before any check of the launch
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert usage in [line[: len(usage)] for line in lines] and not any(line.startswith("#") for line in lines)
+    assert not any(line.startswith(("GENERATED", "SBATCH", "!/usr/bin")) for line in lines)
+    assert lines[-2:] == [
+        "Training flags: .venv/bin/dskit config --help lists every one (docs/flags.md), and",
+        ".venv/bin/dskit config [FLAGS...] prints the run they resolve to, without training.",
+    ]
+    assert proc.stderr == ""
+    assert stub.recorded("torchrun") == [] and stub.recorded("python") == [] and stub.recorded("srun") == []
+    assert not (stub.repo / "logs").exists()
+
+
 def test_singlenode_names_its_log_after_the_run(tmp_path: Path) -> None:
     """The log starts under the job name and is renamed once the kit names the run: the ranks write the metrics
     next to the renamed log, and the END line lands in it (tee writes on into the renamed file)."""

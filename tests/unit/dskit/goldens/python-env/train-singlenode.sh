@@ -18,6 +18,19 @@
 # (training defaults; flags given here win), DSKIT_PYTHON, WHEELHOUSE, CUDA_VERSION, GPUS_PER_NODE, CPU_RANKS,
 # OMP_NUM_THREADS (threads per rank; default: cores / ranks).
 set -euo pipefail
+# -h or --help among the arguments: the usage at the top of this file and where the training flags are listed;
+# nothing is installed, logged or started (the ranks would each print every flag, then the job would go on).
+for arg in "$@"; do
+  case "$arg" in
+    -h | --help)
+      awk 'NR > 1 && !/^#/ { exit } NR > 5 && !/^#SBATCH/ { sub(/^# ?/, ""); print }' "${BASH_SOURCE[0]}"
+      echo
+      echo "Training flags: .venv/bin/dskit config --help lists every one (docs/flags.md), and"
+      echo ".venv/bin/dskit config [FLAGS...] prints the run they resolve to, without training."
+      exit 0
+      ;;
+  esac
+done
 # When the launch began, for the run's goodput ledger (`dskit cost`); the re-execution under the log's tee keeps it.
 [[ -n "${DSKIT_SINGLENODE_LOGGED:-}" ]] || export DSKIT_LAUNCHED_AT="$EPOCHREALTIME"
 
