@@ -82,7 +82,7 @@ def test_an_error_every_rank_raises_is_printed_by_rank_0_before_torchrun_ends_it
     started = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--monitor_interval", "0.1",
-         str(script), str(linger)],
+         f"--log-dir={tmp_path / 'torchrun'}", str(script), str(linger)],
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     took = time.monotonic() - started

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -14,9 +15,13 @@ TRAIN_SCRIPT = REPO / "src" / "train_deepspeed.py"
 ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
-def torchrun_cmd(args: list[str], script: Path | str = TRAIN_SCRIPT, nproc: int = 2) -> list[str]:
+def torchrun_cmd(
+    args: list[str], script: Path | str = TRAIN_SCRIPT, nproc: int = 2, log_dir: Path | str | None = None
+) -> list[str]:
+    """`log_dir`: torchrun's (its default is a torchelastic_* dir in /tmp that it never removes)."""
+    logs = [] if log_dir is None else [f"--log-dir={log_dir}"]
     return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *logs,
         str(script), *args,
     ]  # fmt: skip
 
@@ -31,14 +36,15 @@ def run_torchrun(
     timeout: int = 600,
 ) -> subprocess.CompletedProcess:
     """The finished run, whatever its exit status (crash tests expect failures)."""
-    return subprocess.run(
-        torchrun_cmd(args, script, nproc),
-        cwd=cwd,
-        env=env or ENV,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    with tempfile.TemporaryDirectory(prefix="dskit-test-torchrun-") as logs:
+        return subprocess.run(
+            torchrun_cmd(args, script, nproc, log_dir=logs),
+            cwd=cwd,
+            env=env or ENV,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
 
 def train(args: list[str], cwd: Path = REPO, **kwargs) -> str:
