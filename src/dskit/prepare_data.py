@@ -33,6 +33,7 @@ from model_utils.config.arguments import DataArgs, ModelArgs, field_help, reject
 from model_utils.data import documents, token_shards
 from model_utils.data.token_shards import TokenizerSpec
 from model_utils.errors import CommandParser, ConfigError
+from model_utils.launch import processes
 from model_utils.model import models
 
 # The training flags that say what to prepare; the rest of a training config does not apply here.
@@ -307,7 +308,7 @@ def _lock_file(out: Path, held: Path) -> Iterator[None]:
                 words[:1] == ["host"]
                 and len(words) > 3
                 and words[1] == socket.gethostname()
-                and not _alive(words[3])
+                and not (words[3].isdigit() and processes.running(int(words[3])))
             ):
                 held.unlink(missing_ok=True)  # stale: a killed preparation's
                 continue
@@ -322,16 +323,6 @@ def _lock_file(out: Path, held: Path) -> Iterator[None]:
         yield
     finally:
         held.unlink(missing_ok=True)
-
-
-def _alive(pid: str) -> bool:
-    try:
-        os.kill(int(pid), 0)
-    except (ValueError, ProcessLookupError):
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
 
 
 def prepare(args: argparse.Namespace) -> int:

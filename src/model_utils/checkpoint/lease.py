@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from model_utils.errors import ConfigError
+from model_utils.launch import processes
 from model_utils.observe.log import print0, warn0
 from model_utils.storage import file_manifest
 
@@ -101,19 +102,6 @@ def _clock(seconds: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds))
 
 
-def _pid_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False  # alive, another user's
-    try:  # a killed process its parent has not reaped yet (a zombie) is gone too
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def why_gone(held: Holder, me: Holder, now: float) -> str | None:
     """Why the run that holds the lease can no longer be running (so `me` may take it over); None: it may be."""
     same_job = me.slurm_job_id is not None and held.slurm_job_id == me.slurm_job_id
@@ -121,7 +109,7 @@ def why_gone(held: Holder, me: Holder, now: float) -> str | None:
         return f"SLURM requeued job {me.slurm_job_id} (restart {me.slurm_restart_count})"
     if me.sagemaker_job is not None and held.sagemaker_job == me.sagemaker_job:
         return f"SageMaker restarted training job {me.sagemaker_job}"
-    if held.host == me.host and held.pid != me.pid and _pid_gone(held.pid):
+    if held.host == me.host and held.pid != me.pid and not processes.running(held.pid):
         return f"its process {held.pid} on this host is gone"
     age = now - held.heartbeat
     if age > STALE_AFTER_S:

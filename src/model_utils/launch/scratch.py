@@ -17,6 +17,8 @@ import socket
 import tempfile
 from pathlib import Path
 
+from model_utils.launch import processes
+
 
 def prefix(kind: str, pid: int | None = None) -> str:
     """The start of the name of this host's and user's dirs of `kind`, and of one process's if `pid` is given."""
@@ -29,23 +31,13 @@ def make(kind: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix(kind, os.getpid())))
 
 
-def running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
 def remove_ended(kind: str) -> list[Path]:
     """This host's and user's dirs of `kind` whose process is no longer running, removed; returns them."""
     owner = prefix(kind)
     removed = []
     for directory in Path(tempfile.gettempdir()).glob(f"{owner}*"):
         pid = directory.name[len(owner) :].split("-", 1)[0]
-        if pid.isdigit() and not running(int(pid)):
+        if pid.isdigit() and not processes.running(int(pid)):
             shutil.rmtree(directory, ignore_errors=True)
             removed.append(directory)
     return removed

@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
 
-from model_utils.launch import launch_env, scratch
+from model_utils.launch import launch_env, processes, scratch
 from model_utils.observe import step_line
 
 HANG_EXIT = 75  # EX_TEMPFAIL: the job may succeed when run again (on other nodes): a launcher's requeue
@@ -259,7 +259,7 @@ class Monitor:
                 beat = Beat(**json.loads(path.read_text()))
             except (OSError, ValueError, TypeError):
                 continue  # removed meanwhile
-            if scratch.running(beat.pid):
+            if processes.running(beat.pid):
                 found.append(beat)
         return found
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from model_utils.launch import scratch
+from model_utils.launch import processes, scratch
 
 
 @pytest.fixture
@@ -48,7 +48,7 @@ def test_only_the_dirs_of_ended_processes_of_this_host_and_user_are_removed(temp
     not_a_pid = temp / f"dskit-launch-{owner}-x-abc"
     for directory in (running, other_host, other_user, other_kind, not_a_pid):
         directory.mkdir()
-    assert scratch.running(me) and not scratch.running(gone)
+    assert processes.running(me) and not processes.running(gone)
     assert scratch.remove_ended("launch") == [ended]
     assert sorted(temp.iterdir()) == sorted([running, other_host, other_user, other_kind, not_a_pid])
     assert scratch.remove_ended("watchdog") == [other_kind]
