@@ -21,6 +21,7 @@ from model_utils.config.arguments import DataArgs
 from model_utils.data import token_shards
 from model_utils.errors import ConfigError
 from support.prepared_data import corpus, ids_of, prep, run_data, stream
+from support.processes import ended_pid
 
 
 def test_prepare_data_is_the_same_with_one_or_two_processes_and_trains_as_prepared(
@@ -137,11 +138,8 @@ def test_without_flock_a_lock_left_by_a_killed_preparation_is_taken_over(
 ) -> None:
     out = tmp_path / "p"
     out.mkdir()
-    gone = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
-    )
     held = out / f"{prepare_data.LOCK}.held"
-    held.write_text(f"host {socket.gethostname()} pid {gone.stdout.strip()} since 11:00:00")
+    held.write_text(f"host {socket.gethostname()} pid {ended_pid()} since 11:00:00")
 
     def no_flock(fd: int, operation: int) -> None:
         raise OSError(errno.ENOLCK, "No locks available")  # a filesystem without flock

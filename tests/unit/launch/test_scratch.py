@@ -5,28 +5,19 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
 from model_utils.launch import processes, scratch
+from support.processes import ended_pid
 
 
 @pytest.fixture
 def temp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     return tmp_path
-
-
-def ended_pid() -> int:
-    """The pid of a process that has ended (a pid is not reused this soon)."""
-    done = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
-    )
-    return int(done.stdout)
 
 
 def test_a_dir_is_named_after_host_user_and_process(temp: Path) -> None:

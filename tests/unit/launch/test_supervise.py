@@ -19,6 +19,7 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from model_utils.launch import supervise
 from model_utils.observe import watchdog
+from support.processes import ended_pid
 from support.torchrun import ENV, REPO
 
 
@@ -95,13 +96,11 @@ def test_a_real_torchrun_ends_with_the_failed_ranks_line(tmp_path: Path) -> None
     temp = tmp_path / "tmp"  # the launch's temp dir: what it leaves there is seen
     temp.mkdir()
     owner = f"{socket.gethostname()}-{os.getuid()}"
-    ended = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
-    )
-    killed_launch = temp / f"dskit-launch-{owner}-{ended.stdout.strip()}-x1"  # its launcher is gone
-    killed_ranks = temp / f"dskit-watchdog-{owner}-{ended.stdout.strip()}-29500-0"  # under accelerate, say
+    ended = ended_pid()
+    killed_launch = temp / f"dskit-launch-{owner}-{ended}-x1"  # its launcher is gone
+    killed_ranks = temp / f"dskit-watchdog-{owner}-{ended}-29500-0"  # under accelerate, say
     live_launch = temp / f"dskit-launch-{owner}-{os.getpid()}-x2"  # this process runs
-    other_host = temp / f"dskit-launch-elsewhere-{os.getuid()}-{ended.stdout.strip()}-x3"
+    other_host = temp / f"dskit-launch-elsewhere-{os.getuid()}-{ended}-x3"
     for directory in (killed_launch, killed_ranks, live_launch, other_host):
         directory.mkdir()
     env = {k: v for k, v in ENV.items() if k != "DSKIT_ERROR_FILE"}
