@@ -49,7 +49,10 @@ def _prepare(train_args: list[str]) -> int:
     from model_utils.config.arguments import parse_args
 
     cfg = parse_args(train_args, prog="dskit prepare")  # --help exits here, before torch is imported
+    from model_utils.loop import observers
     from model_utils.resolve import resolver
+
+    observers.named(cfg.loop.observer_names)  # importable here, as on the ranks
 
     return _prepared(resolver.prepare(cfg, fetch_hub=True))
 
@@ -83,10 +86,12 @@ def _preflight(train_args: list[str]) -> int:
         return 0
     from model_utils.checkpoint import lease
     from model_utils.config.arguments import parse_args
+    from model_utils.loop import observers
     from model_utils.resolve import resolver
     from model_utils.storage import file_manifest
 
     cfg = parse_args(train_args)
+    observers.named(cfg.loop.observer_names)  # importable here, as on the ranks
     # A live run in this checkpoint dir refuses the launch here, before the ranks start (they take the lease).
     lease.check_free(Path(cfg.checkpoint.checkpoint_dir))
     ctx = doctor.LaunchContext.from_env(os.environ)

@@ -367,6 +367,7 @@ def test_a_second_launch_into_a_live_runs_checkpoint_dir_is_refused_in_one_line(
     import threading
 
     from model_utils.checkpoint import lease
+    from support import step_control
     from support.torchrun import ENV as TORCHRUN_ENV
     from support.torchrun import torchrun_cmd
 
@@ -376,7 +377,7 @@ def test_a_second_launch_into_a_live_runs_checkpoint_dir_is_refused_in_one_line(
         "--validation_freq", "100000", "--checkpoint_dir", str(ckpt), "--data_cache_dir", str(tmp_path / "data"),
     ]  # fmt: skip
     first = subprocess.Popen(
-        torchrun_cmd(flags, log_dir=tmp_path / "torchrun"), cwd=REPO, env=TORCHRUN_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        torchrun_cmd([*flags, *step_control.FLAGS], log_dir=tmp_path / "torchrun"), cwd=REPO, env=TORCHRUN_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, start_new_session=True,  # its own process group: Ctrl-C goes to torchrun and its ranks
     )  # fmt: skip
     watchdog = threading.Timer(600, lambda: os.killpg(first.pid, signal.SIGKILL))

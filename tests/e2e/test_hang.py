@@ -19,6 +19,7 @@ import pytest
 from model_utils.checkpoint import protocol
 from model_utils.launch import launch_env
 from model_utils.observe import watchdog
+from support import step_control
 from support.rank_pool import ENV, run_ranks
 from support.singlenode import launch_and_interrupt, rank_pids
 
@@ -86,7 +87,7 @@ def test_a_rank_frozen_in_a_checkpoint_save_is_named_in_its_phase(tmp_path: Path
     flags = [
         "--max_steps", "200", "--logging_freq", "1", "--checkpoint_freq", "3", "--validation_freq", "1000",
         "--checkpoint_dir", str(tmp_path / "ckpt"), "--data_cache_dir", str(tmp_path / "data"),
-        "--hang_timeout", str(HANG_TIMEOUT),
+        "--hang_timeout", str(HANG_TIMEOUT), *step_control.FLAGS,
     ]  # fmt: skip
     started = time.monotonic()
     proc = run_ranks(flags, cwd=tmp_path, env=freeze, timeout=300)

@@ -31,14 +31,15 @@ INTERRUPTED = re.compile(
 
 def test_ctrl_c_saves_a_checkpoint_and_stops_quietly(tmp_path: Path) -> None:
     # docs/fsdp.md's `./train-singlenode.sh --backend fsdp`: FSDP2 through the launcher, trained, saved and stopped
+    # The Ctrl-C comes as both ranks start step 3 (support/step_control.py), on any machine.
     status, output, _ = launch_and_interrupt(
         tmp_path, f"interrupt-test-{os.getpid()}", lambda group: os.killpg(group, signal.SIGINT),
-        "--backend", "fsdp",
+        "--backend", "fsdp", when="data@3",
     )  # fmt: skip
     assert "Training tiny-qwen3 with FSDP2 for 200 steps" in output, output[-4000:]
     assert status == 130, output[-4000:]
     said = INTERRUPTED.findall(output)
-    assert len(said) == 1, output[-4000:]  # rank 0's one line
+    assert said == ["3"], output[-4000:]  # rank 0's one line: step 3's collective carried the stop
     step = int(said[0])
     target = protocol.newest_verified(tmp_path / "ckpt")
     assert target is not None and protocol.tag_step(target.tag) == step, output[-4000:]
@@ -53,10 +54,10 @@ def test_a_second_ctrl_c_aborts_at_once_without_saving(tmp_path: Path) -> None:
         time.sleep(0.5)  # two signals at once would be one to bash, as two keys pressed at once would
         os.killpg(group, signal.SIGINT)
 
-    # Steps of seconds (64 micro-batches each), so the second Ctrl-C comes while the ranks are still in the step
-    # the first one interrupted, before they could start to save.
+    # The ranks hold as they start step 3 until they have both Ctrl-Cs (support/step_control.py): the second comes
+    # while they are still in the step the first one interrupted, before they could start to save, on any machine.
     status, output, seconds = launch_and_interrupt(
-        tmp_path, f"abort-test-{os.getpid()}", twice, "--gradient_accumulation_steps", "64"
+        tmp_path, f"abort-test-{os.getpid()}", twice, when="data@3x2"
     )
     assert status == 130, output[-4000:]
     assert "aborted (Ctrl-C again): the ranks are stopped without saving" in output, output[-4000:]

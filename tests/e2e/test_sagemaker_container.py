@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from support import step_control
 from support.ports import free_port
 from support.pretrained import save_tiny_qwen3
 from support.sagemaker_container import HOSTS, Container, entry_env, instance_tree, start_instances
@@ -23,7 +24,8 @@ from support.torchrun import REPO
 
 pytestmark = [pytest.mark.e2e, pytest.mark.launcher]
 
-HPS = {"seq_length": "32", "logging_freq": "1", "validation_freq": "1000"}
+# The observer that paces steps when STEP_CONTROL_SECONDS is set (support/step_control.py): the stops hold at any step time.
+HPS = {"seq_length": "32", "logging_freq": "1", "validation_freq": "1000", "observers": step_control.FLAGS[1]}
 STOP_LINE = r"\[dskit-sagemaker\] SIGTERM {moment}: stopped"
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from dskit import sagemaker
+from support import step_control
 from support.ports import free_port
 from support.pretrained import save_tiny_qwen3
 from support.sagemaker_container import HOSTS, Container, instance_tree, start_instances
@@ -37,11 +38,11 @@ MAX_STEPS = 16  # the stop lands in the step-3 save: the restart trains the rest
 
 
 def start(
-    bases: list[Path], port: int, logs: list[Path], model_volume: Path | None = None
+    bases: list[Path], port: int, logs: list[Path], model_volume: Path | None = None, **env: str
 ) -> list[Container]:
     # Each entry as its container's PID 1; the first host's model/ a bind mount of model_volume (its files outlive
     # the container, as the job's model.tar.gz does), the others' a tmpfs of their own.
-    return start_instances(bases, port, logs, model_volume=model_volume)
+    return start_instances(bases, port, logs, model_volume=model_volume, **env)
 
 
 def wait_for(pattern: str, log: Path, procs: list[Container], timeout: float = 150) -> float:
@@ -90,7 +91,7 @@ def test_two_instances_train_stop_on_sigterm_resume_and_export(work: Path) -> No
     model = save_tiny_qwen3(tmp_path / "hf-model")
     hps = {
         "max_steps": str(MAX_STEPS), "seq_length": "32", "logging_freq": "1", "checkpoint_freq": "3",
-        "validation_freq": "1000",
+        "validation_freq": "1000", "observers": step_control.FLAGS[1],
     }  # fmt: skip
     bases = [tmp_path / f"instance{i}" / "opt-ml" for i in range(2)]
     for base, host in zip(bases, HOSTS, strict=True):
@@ -100,20 +101,22 @@ def test_two_instances_train_stop_on_sigterm_resume_and_export(work: Path) -> No
     volume.mkdir()
 
     started = time.monotonic()
-    procs = start(bases, free_port(), logs, volume)
+    holds = tmp_path / "holds"  # each rank holds as its step-3 save starts, until the stop reaches it
+    procs = start(bases, free_port(), logs, volume, **step_control.env("checkpoint@3", holds))
     first_step = wait_for(r"Step 1/", logs[0], procs)
-    wait_for(r"Step 3/", logs[0], procs)  # the step-3 save starts right after this line: the stop lands in it
+    step_control.wait_held(holds, 2, alive=lambda: all(p.proc.poll() is None for p in procs))
     signalled = time.monotonic()
     for proc in procs:  # SageMaker stops every instance's container
         proc.stop()
     assert [p.wait(timeout=120) for p in procs] == [143, 143], logs[0].read_text()[-4000:]
     stopped = time.monotonic()
+    assert sorted(p.name for p in holds.iterdir()) == ["held-0", "held-1", "released-0", "released-1"]
     first = logs[0].read_text()
     # By "SIGUSR1" where this host's rank got its signal first, by "another rank" where the other host's did.
     preempted = re.search(r"Preempted: stop requested by (SIGUSR1|another rank); saved at step (\d+)", first)
     assert preempted, first[-4000:]
     saved = int(preempted[2])
-    assert 3 <= saved < MAX_STEPS
+    assert saved == 4  # the step-3 save went on; the next step's collective carried the stop to every rank
     tag = f"model-{saved}steps"  # the model's short name is its channel dir's
     # No shared filesystem: the first host committed the tag, the other kept its rank's files in staging.
     assert (bases[0] / "checkpoints" / tag / "dskit_manifest.json").is_file()

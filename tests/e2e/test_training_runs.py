@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from dskit import cost
+from support import step_control
 from support.hub_server import HubStandIn
 from support.metrics_file import step_records
 from support.rank_pool import run_ranks, train
@@ -83,20 +84,22 @@ def test_a_signal_to_one_rank_stops_all_ranks_at_one_step_with_a_checkpoint(
         "--seq_length", "64", "--data_cache_dir", str(data_cache), "--checkpoint_dir", str(ckpt),
         "--metrics_file", str(tmp_path / "m.jsonl"), "--backend", backend,
     ]  # fmt: skip
+    holds = tmp_path / "holds"  # rank 1 holds as it starts step 3 until its signal (support/step_control.py)
 
-    def signal_rank_1_at_step_2(pids: list[int], stdout: Path) -> None:
-        deadline = time.monotonic() + 300
-        while "Step 2/12" not in (stdout.read_text() if stdout.exists() else ""):
-            assert time.monotonic() < deadline, "no step 2 in 300 s"
-            time.sleep(0.1)
+    def signal_rank_1_in_step_3(pids: list[int], stdout: Path) -> None:
+        step_control.wait_held(holds, 1)
         os.kill(pids[1], signal.SIGUSR1)
 
-    run = run_ranks(args, cwd=tmp_path, while_running=signal_rank_1_at_step_2)
+    run = run_ranks(
+        [*args, *step_control.FLAGS],
+        cwd=tmp_path,
+        env={**ENV, **step_control.env("data@3/1", holds)},
+        while_running=signal_rank_1_in_step_3,
+    )
     out = run.stdout + run.stderr
     assert run.exitcodes == [0, 0], (run.exitcodes, out[-3000:])
-    assert "Preempted: stop requested by" in out
-    stopped = int(out.split("saved at step ")[1].split()[0])
-    assert 2 <= stopped < 12
+    assert "Preempted: stop requested by another rank; saved at step 3" in out, out[-3000:]
+    stopped = 3  # rank 0 ran on into step 3, where its collective with rank 1 carried the stop
     assert (ckpt / "latest").read_text().strip() == f"tiny_qwen3-{stopped}steps"
     assert max(step_records(tmp_path / "m.jsonl")) == stopped  # no rank ran past the agreed step
 

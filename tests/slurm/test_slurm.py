@@ -25,13 +25,15 @@ from pathlib import Path
 import pytest
 
 from dskit import render
+from support import step_control
+from support.torchrun import ENV
 
 pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER = REPO / "tests" / "slurm" / "cluster.sh"
-# Nodes cannot reach the internet: never let a rank try the hub.
-JOB_ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+# Nodes cannot reach the internet: never let a rank try the hub. tests/ on the path: the observers tests add.
+JOB_ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": ENV["PYTHONPATH"]}
 DONE_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL")
 
 
@@ -129,16 +131,19 @@ def test_sbatch_trains_on_both_nodes_and_usr1_requeues_and_resumes(cluster, tmp_
     run resumes from that checkpoint and finishes, in the same log, metrics file and MLflow run."""
     logs = tmp_path / "logs"
     # MAX_STEPS comes from the environment (the rendered default's override), the rest from flags.
+    holds = tmp_path / "holds"  # both ranks hold as they start step 11, until the USR1 reaches them
     job = Job(
         tmp_path, "--checkpoint_freq", "1000", "--logging_freq", "5", "--report_to", "mlflow",
-        "--report_dir", str(logs), env={"MAX_STEPS": "60"}, sbatch_args=("--time=20",),
+        "--report_dir", str(logs), *step_control.FLAGS, sbatch_args=("--time=20",),
+        env={"MAX_STEPS": "60", **step_control.env("data@11", holds)},
     )  # fmt: skip
-    job.wait_log(r"\| Step 10/60 ", timeout=300)
-    timing("2-node sbatch job: submit to step 10", time.monotonic() - job.started)
+    step_control.wait_held(holds, 2)
+    timing("2-node sbatch job: submit to step 11", time.monotonic() - job.started)
     signalled = time.monotonic()
     subprocess.run(["scancel", "--signal=USR1", "--batch", job.id], check=True)
     saved = job.wait_log(r"Preempted: stop requested by SIGUSR1; saved at step (\d+)", timeout=120)
     step = int(saved.group(1))
+    assert step == 11, saved[0]
     resumed = job.wait_log(rf"Resumed from \S+/tiny_qwen3-{step}steps at step (\d+)", timeout=400)
     assert int(resumed.group(1)) == step
     wait_for(
@@ -188,16 +193,19 @@ def test_accelerate_sbatch_trains_one_world_across_both_nodes_and_resumes(
     """launcher: accelerate with the shipped accelerate config (DeepSpeed, ZeRO-2): one `accelerate launch` per
     node, machine ranks 0 and 1 from each node's SLURM_NODEID, one world of 2; USR1, checkpoint, requeue and
     resume as with torchrun."""
+    holds = tmp_path / "holds"  # both ranks hold as they start step 11, until the USR1 reaches them
     job = Job(
-        tmp_path, "--max_steps", "40", "--checkpoint_freq", "1000", "--logging_freq", "5",
+        tmp_path, "--max_steps", "40", "--checkpoint_freq", "1000", "--logging_freq", "5", *step_control.FLAGS,
         values={"launcher": "accelerate", "accelerate_config": "configs/accelerate/deepspeed-zero2.yaml"},
+        env=step_control.env("data@11", holds),
     )  # fmt: skip
-    job.wait_log(r"\| Step 10/40 ", timeout=300)
-    timing("accelerate: submit to step 10 of the first run", time.monotonic() - job.started)
+    step_control.wait_held(holds, 2)
+    timing("accelerate: submit to step 11 of the first run", time.monotonic() - job.started)
     signalled = time.monotonic()
     subprocess.run(["scancel", "--signal=USR1", "--batch", job.id], check=True)
     saved = job.wait_log(r"Preempted: stop requested by SIGUSR1; saved at step (\d+)", timeout=120)
     step = int(saved.group(1))
+    assert step == 11, saved[0]
     resumed = job.wait_log(rf"Resumed from \S+/tiny_qwen3-{step}steps at step (\d+)", timeout=400)
     assert int(resumed.group(1)) == step
     timing("accelerate: USR1 to the requeued run's resume", time.monotonic() - signalled)
@@ -227,8 +235,14 @@ def test_accelerate_sbatch_trains_one_world_across_both_nodes_and_resumes(
 
 
 def test_node_failure_ends_job_and_requeued_run_resumes(cluster, tmp_path: Path, timing) -> None:
-    job = Job(tmp_path, "--max_steps", "80", "--checkpoint_freq", "5", "--logging_freq", "5")
-    job.wait_log(r"Saved checkpoint \S+/tiny_qwen3-10steps", timeout=300)
+    holds = (
+        tmp_path / "holds"
+    )  # both ranks hold as they start step 11 (after the step-10 save): node2 fails there
+    job = Job(
+        tmp_path, "--max_steps", "80", "--checkpoint_freq", "5", "--logging_freq", "5", *step_control.FLAGS,
+        env=step_control.env("data@11", holds),
+    )  # fmt: skip
+    step_control.wait_held(holds, 2)
     failed = time.monotonic()
     try:
         subprocess.run(
@@ -245,11 +259,10 @@ def test_node_failure_ends_job_and_requeued_run_resumes(cluster, tmp_path: Path,
         subprocess.run([str(CLUSTER), "up"], check=True, timeout=300)
     resumed = job.wait_log(r"Resumed from \S+/tiny_qwen3-(\d+)steps at step (\d+)", timeout=400)
     assert resumed.group(1) == resumed.group(2)
-    # It resumes from a checkpoint of the first run: the last one whose save completed (the first run's ranks on
-    # node1 may finish one more save after the job left RUNNING, so it is read from the log up to the resume).
+    # It resumes from the first run's last checkpoint, saved before the ranks held.
     before = job.text()[: resumed.start()]
     last_saved = int(re.findall(r"Saved checkpoint \S+/tiny_qwen3-(\d+)steps", before)[-1])
-    assert 10 <= int(resumed.group(2)) == last_saved
+    assert int(resumed.group(2)) == last_saved == 10
     state = job.wait_done(timeout=300)
     timing("node failure test job (submit to end of the requeued run)", time.monotonic() - job.started)
     log = job.text()
@@ -302,11 +315,15 @@ def test_a_hung_rank_requeues_the_job_without_its_node_and_it_resumes(
     with its stack, the job is requeued without that node and resumes on the other from the newest verified
     checkpoint, within --hang_timeout + 60 s of the freeze (issue #28)."""
     hang_timeout = 10
+    holds = (
+        tmp_path / "holds"
+    )  # rank 1 holds as it starts step 6 (after the step-5 save), and is frozen there
     job = Job(
         tmp_path, "--max_steps", "400", "--checkpoint_freq", "5", "--logging_freq", "5",
-        "--hang_timeout", str(hang_timeout), values={"nodes": 1, "cpu_ranks_per_node": 2},
+        "--hang_timeout", str(hang_timeout), *step_control.FLAGS, values={"nodes": 1, "cpu_ranks_per_node": 2},
+        env=step_control.env("data@6/1", holds),
     )  # fmt: skip
-    job.wait_log(r"Saved checkpoint \S+/tiny_qwen3-5steps", timeout=300)
+    step_control.wait_held(holds, 1)
     ranks = wait_for(
         "the job's 2 ranks", 60, lambda: (found := job_rank_pids(job.id)) and len(found) == 2 and found
     )
@@ -331,7 +348,10 @@ def test_a_hung_rank_requeues_the_job_without_its_node_and_it_resumes(
     assert f"Node {other} (SLURM_NODEID=0)" in second, second[:3000]
     # The newest verified checkpoint of the first run: the last save the log completed before the hang line.
     saved = [int(s) for s in re.findall(r"Saved checkpoint \S+/tiny_qwen3-(\d+)steps", first)]
-    assert resumed.group(1) == resumed.group(2) and int(resumed.group(2)) == max(saved), (saved, resumed[0])
+    assert resumed.group(1) == resumed.group(2) and int(resumed.group(2)) == max(saved) == 5, (
+        saved,
+        resumed[0],
+    )
     assert took < hang_timeout + 60, f"{took:.0f} s from the freeze to the resume"
     subprocess.run(["scancel", job.id], check=True)
 

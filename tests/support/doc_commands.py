@@ -225,6 +225,12 @@ COMMANDS: dict[str, Run | DryRun | CoveredBy | Uncovered] = {
         "tests/slurm/test_slurm.py::test_node_failure_ends_job_and_requeued_run_resumes", "--instance_type"
     ),
     "make test": DryRun("the whole suite: what runs this test", "make -n test"),
+    # docs/testing.md: the signal tests at slow steps
+    "STEP_CONTROL_SECONDS=0.5 .venv/bin/python -m pytest tests/e2e/test_interrupt.py tests/e2e/test_sagemaker_job.py": DryRun(
+        "minutes of slow steps; the suite runs these tests at the machine's own speed",
+        "STEP_CONTROL_SECONDS=0.5 .venv/bin/python -m pytest --collect-only -q tests/e2e/test_interrupt.py "
+        "tests/e2e/test_sagemaker_job.py",
+    ),
     # README.md: a real dataset
     ".venv/bin/dskit prepare-data /fsx/data/c4-qwen3 --dataset allenai/c4 --dataset_config_name en "
     "--local_dataset false --model Qwen/Qwen3-0.6B --max_tokens 20000000000": DryRun(_HUB, FLAGS),

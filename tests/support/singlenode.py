@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from support import step_control
 from support.torchrun import ENV, REPO
 
 STEP = re.compile(r"\| Step (\d+)/\d+ \| Loss ")
@@ -48,18 +49,22 @@ def launch_and_interrupt(
     job: str,
     interrupt: Callable[[int], None],
     *flags: str,
-    when: re.Pattern[str] = STEP,
+    when: re.Pattern[str] | str = STEP,
     env: dict[str, str] | None = None,
 ) -> tuple[int, str, float]:
-    """Run the launcher for up to 200 steps (no planned save before the end); at the first line matching `when`
-    (default: the first logged step) call `interrupt(process group)`. `env`: added to the launch's environment.
-    Returns (exit status, everything it printed, seconds from the interrupt to the exit)."""
-    env = {**launcher_env(job), **(env or {})}
+    """Run the launcher for up to 200 steps (no planned save before the end), and call `interrupt(process group)`
+    when `when` says: at the first line matching a pattern (default: the first logged step), or, given a hold
+    (support/step_control.py: PHASE@STEP[xN][/R]), once the ranks it names hold there, so that a stop lands in
+    that phase on any machine. `env`: added to the launch's environment. Returns (exit status, everything it
+    printed, seconds from the interrupt to the exit)."""
+    holds = tmp_path / "holds"
+    hold = step_control.env(when, holds) if isinstance(when, str) else {}
+    env = {**launcher_env(job), **hold, **(env or {})}
     cmd = [
         str(REPO / "train-singlenode.sh"),
         "--max_steps", "200", "--logging_freq", "1", "--checkpoint_freq", "1000", "--validation_freq", "1000",
         "--checkpoint_dir", str(tmp_path / "ckpt"), "--data_cache_dir", str(tmp_path / "data"),
-        "--metrics_file", str(tmp_path / "metrics.jsonl"), *flags,
+        "--metrics_file", str(tmp_path / "metrics.jsonl"), *step_control.FLAGS, *flags,
     ]  # fmt: skip
     proc = subprocess.Popen(
         cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -68,19 +73,41 @@ def launch_and_interrupt(
     watchdog = threading.Timer(600, lambda: os.killpg(proc.pid, signal.SIGKILL))
     watchdog.start()
     lines: list[str] = []
-    interrupted_at = None
+    interrupted_at: list[float] = []
+    failed: list[BaseException] = []
+
+    def now() -> None:
+        interrupted_at.append(time.monotonic())
+        interrupt(proc.pid)
+
+    def once_held() -> None:
+        try:
+            step_control.wait_held(
+                holds, step_control.holding_ranks(when, ranks=2), lambda: proc.poll() is None
+            )
+            now()
+        except BaseException as e:  # raised below, in the test's thread
+            failed.append(e)
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    holder = threading.Thread(target=once_held, daemon=True) if isinstance(when, str) else None
     try:
+        if holder is not None:
+            holder.start()
         assert proc.stdout is not None
         for line in proc.stdout:
             lines.append(line)
-            if interrupted_at is None and when.search(line):
-                interrupted_at = time.monotonic()
-                interrupt(proc.pid)
+            if holder is None and not interrupted_at and when.search(line):  # type: ignore[union-attr]
+                now()
         status = proc.wait()
+        if holder is not None:
+            holder.join(timeout=60)
     finally:
         watchdog.cancel()
         for path in (REPO / "logs").glob(f"{job}_*"):  # only this test's files: other runs write theirs
             path.unlink()
     output = "".join(lines)
-    assert interrupted_at is not None, output[-4000:]
-    return status, output, time.monotonic() - interrupted_at
+    if failed:
+        raise AssertionError(f"{failed[0]}: {output[-4000:]}")
+    assert interrupted_at, output[-4000:]
+    return status, output, time.monotonic() - interrupted_at[0]

@@ -11,8 +11,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN_SCRIPT = REPO / "src" / "train_deepspeed.py"
-# Offline and on CPU, whatever the developer's shell says.
-ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+# Offline and on CPU, whatever the developer's shell says; tests/ on the path of what they start, for the observers
+# tests add to a run (support/step_control.py).
+_PATH = [str(REPO / "tests"), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+ENV = {
+    **os.environ, "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+    "PYTHONPATH": os.pathsep.join(_PATH),
+}  # fmt: skip
 
 
 def torchrun_cmd(

@@ -52,6 +52,8 @@ CHECKPOINTING_FORMS = (
 _EVERY = re.compile(r"every_([1-9][0-9]*)")
 # --run_name names files (logs/<run name>_<time>.out, <run name>.metrics.jsonl, a TensorBoard run dir).
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+# One of --observers: a module path and a name in it.
+_OBSERVER = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 
 
 def _flag(help: str, **extra: Any) -> dict[str, Any]:
@@ -427,6 +429,15 @@ class LoopArgs:
         ),
     )
 
+    observers: str | None = field(
+        default=None,
+        metadata=_flag(
+            "more observers of the loop: comma-separated MODULE:NAME, each a class or function importable on every "
+            "rank (PYTHONPATH) that is called with the loop's context and returns an observer "
+            "(docs/architecture.md#the-loop-and-the-reporter); default: none"
+        ),
+    )
+
     health_gate: str = field(
         default="on",
         metadata=_flag(
@@ -443,8 +454,21 @@ class LoopArgs:
         ),
     )
 
+    @property
+    def observer_names(self) -> tuple[tuple[str, str], ...]:
+        """--observers as (module, name) pairs; () without it."""
+        return tuple(tuple(name.split(":")) for name in names_list(self.observers))  # type: ignore[misc]
+
     def __post_init__(self) -> None:
         _check_choice("health_gate", self.health_gate, ("on", "off"), "a health gate setting")
+        if self.observers is not None and not names_list(self.observers):
+            raise ConfigError("--observers is empty: name MODULE:NAME observers, or drop the flag")
+        for name in names_list(self.observers):
+            if not _OBSERVER.fullmatch(name):
+                raise ConfigError(
+                    f"--observers: {name!r} is not MODULE:NAME: give a module path and the name of a class or "
+                    "function in it, e.g. my_observers:Heartbeat"
+                )
         if self.health_min_busbw is not None and self.health_min_busbw < 0:
             raise ConfigError(
                 f"--health_min_busbw {self.health_min_busbw} must be 0 (report only) or more GB/s, e.g. 100"

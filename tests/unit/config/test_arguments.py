@@ -101,6 +101,12 @@ def test_user_flag_names_keep_working() -> None:
         (["--hang_timeout", "0.5"], "--hang_timeout 0.5 must be 0 (off) or at least 1 second"),
         (["--straggler_every", "-1"], "--straggler_every -1 must be 0 (off) or more"),
         (["--straggler_threshold", "0"], "--straggler_threshold 0.0 must be positive, e.g. 0.1"),
+        (["--observers", " , "], "--observers is empty: name MODULE:NAME observers, or drop the flag"),
+        (
+            ["--observers", "a.b:C,my-observers.py"],
+            "--observers: 'my-observers.py' is not MODULE:NAME: give a",
+        ),
+        (["--observers", "a.b"], "--observers: 'a.b' is not MODULE:NAME"),
     ],
 )
 def test_bad_flags_are_one_clear_error(flags: list[str], message: str) -> None:

@@ -1,10 +1,15 @@
 """The run's observers (loop/hooks.py), one file each, built once the loop is set up.
 
-A new one (an evaluator, a watchdog) is a file here and a line in `build`; the Trainer does not change.
+A new one (an evaluator, a watchdog) is a file here and a line in `build`; the Trainer does not change. A user's
+own (--observers MODULE:NAME) is imported by `named` and called like the others' `from_loop`.
 """
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
+
+from model_utils.errors import ConfigError
 from model_utils.loop.hooks import Observer
 from model_utils.loop.observers.context import LoopContext
 from model_utils.loop.observers.guard_records import GuardRecords
@@ -18,8 +23,31 @@ from model_utils.loop.observers.stragglers import Stragglers
 from model_utils.loop.observers.watchdog import Watchdog
 
 
+def named(names: tuple[tuple[str, str], ...]) -> list[Callable[[LoopContext], Observer | None]]:
+    """What --observers names (LoopArgs.observer_names), imported: one line for a module or name that is not
+    there (the preflight calls this before the ranks start)."""
+    found = []
+    for module_name, name in names:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            raise ConfigError(
+                f"--observers {module_name}:{name}: no module named {e.name!r} on this Python's path: install it "
+                "or add its directory to PYTHONPATH (on every node)"
+            ) from None
+        factory = getattr(module, name, None)
+        if not callable(factory):
+            raise ConfigError(
+                f"--observers {module_name}:{name}: {module_name} ({module.__file__}) has no class or function "
+                f"{name!r}: fix the name"
+            )
+        found.append(factory)
+    return found
+
+
 def build(ctx: LoopContext) -> list[Observer]:
-    """The observers this run has, in calling order; the reporter's output last (see loop/hooks.py)."""
+    """The observers this run has, in calling order: the kit's, then --observers' in their order, the reporter's
+    output last (see loop/hooks.py)."""
     found = [
         Watchdog.from_loop(ctx),
         S3Uploads.from_loop(ctx),
@@ -29,6 +57,20 @@ def build(ctx: LoopContext) -> list[Observer]:
         Stragglers.from_loop(ctx),
         Ledger.from_loop(ctx),
         Samples.from_loop(ctx),
+        *_made(named(ctx.run.config.loop.observer_names), ctx),
         Reporting.from_loop(ctx),
     ]
     return [observer for observer in found if observer is not None]
+
+
+def _made(
+    factories: list[Callable[[LoopContext], Observer | None]], ctx: LoopContext
+) -> list[Observer | None]:
+    made = [factory(ctx) for factory in factories]
+    for factory, observer in zip(factories, made, strict=True):
+        if observer is not None and not isinstance(observer, Observer):
+            raise ConfigError(
+                f"--observers: {factory.__module__}:{factory.__qualname__} returned a {type(observer).__name__}, "
+                "not an Observer: subclass model_utils.loop.hooks.Observer"
+            )
+    return made

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from model_utils.config.arguments import parse_args
+from model_utils.errors import ConfigError
 from model_utils.launch.distributed import DistInfo
 from model_utils.loop import observers
 from model_utils.loop.observers.context import LoopContext
@@ -50,3 +51,68 @@ def test_the_runs_observers_from_its_context(tmp_path: Path) -> None:
     ]
     with pytest.raises(dataclasses.FrozenInstanceError):
         ctx.start_step = 2  # type: ignore[misc]
+
+
+USER_OBSERVERS = """
+from model_utils.loop.hooks import Observer
+
+
+class Mine(Observer):
+    def __init__(self, ctx):
+        self.start_step = ctx.start_step
+
+
+def only_on_rank_1(ctx):
+    return Mine(ctx) if ctx.dist.rank == 1 else None
+
+
+def not_an_observer(ctx):
+    return object()
+"""
+
+
+def test_the_users_observers_come_after_the_kits_and_before_the_reporters_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "user_observers.py").write_text(USER_OBSERVERS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    flags = ["--max_steps", "4", "--seq_length", "32", "--validation_fraction", "0", "--hang_timeout", "0"]
+    flags += ["--data_cache_dir", str(tmp_path / "cache"), "--checkpoint_dir", str(tmp_path / "ck")]
+    flags += ["--observers", "user_observers:Mine, user_observers:only_on_rank_1"]
+    run = resolver.prepare(parse_args(flags), world_size=2)
+    main = DistInfo(rank=0, local_rank=0, world_size=2, device=torch.device("cpu"))
+    ctx = LoopContext(run, main, engine=None, reporter=Reporter(None), start_step=3)  # type: ignore[arg-type]
+    built = observers.build(ctx)
+    assert [type(o).__name__ for o in built] == ["GuardRecords", "Stragglers", "Ledger", "Mine", "Reporting"]
+    assert built[3].start_step == 3  # type: ignore[attr-defined]
+    other = dataclasses.replace(ctx, dist=dataclasses.replace(main, rank=1))
+    assert [type(o).__name__ for o in observers.build(other)] == ["GuardRecords", "Mine", "Mine", "Reporting"]
+
+    wrong = dataclasses.replace(
+        ctx, run=resolver.prepare(parse_args([*flags, "--observers", "user_observers:not_an_observer"]), 2)
+    )
+    with pytest.raises(ConfigError) as raised:
+        observers.build(wrong)
+    assert str(raised.value) == (
+        "--observers: user_observers:not_an_observer returned a object, not an Observer: subclass "
+        "model_utils.loop.hooks.Observer"
+    )
+
+
+def test_observers_that_cannot_be_imported_are_one_line_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "user_observers_b.py").write_text(USER_OBSERVERS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as raised:
+        observers.named((("user_observers_b", "Mine"), ("no_such_package.sub", "Mine")))
+    assert str(raised.value) == (
+        "--observers no_such_package.sub:Mine: no module named 'no_such_package' on this Python's path: install it "
+        "or add its directory to PYTHONPATH (on every node)"
+    )
+    with pytest.raises(ConfigError) as raised:
+        observers.named((("user_observers_b", "Yours"),))
+    assert str(raised.value) == (
+        f"--observers user_observers_b:Yours: user_observers_b ({tmp_path / 'user_observers_b.py'}) has no class or "
+        "function 'Yours': fix the name"
+    )
