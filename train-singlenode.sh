@@ -158,17 +158,27 @@ set_rank_threads() {
 # `dskit preflight` with this launch's settings (NODES EFA, then the training flags): `dskit doctor` (a table of
 # checks with their fixes), then `dskit prepare` (flags, model, data; builds the packed-data cache), in one
 # process so that torch, transformers and deepspeed are imported once, not once per command. Run once, before
-# anything expensive. A doctor FAIL (exit 1) stops the launch here, WARNs do not; prepare's one-line error
-# (exit 2) stops it with that status. Then the ranks are offline (HF_HUB_OFFLINE=1).
+# anything expensive. It takes the checkpoint dir's lease for this launch (DSKIT_LEASE_TOKEN: the ranks' rank 0
+# adopts it), so a second launch into the dir is refused here. Its exit status (dskit/cli.py): 1, a doctor FAIL
+# (WARNs do not stop the launch); 2, its one-line error; 3, the run is complete (nothing to launch, not an error);
+# anything else, a crash. Then the ranks are offline (HF_HUB_OFFLINE=1).
 run_preflight() {
   local nodes=$1 efa=$2 status=0
   shift 2
+  DSKIT_LEASE_TOKEN="$(hostname)-$$-$EPOCHREALTIME"
+  export DSKIT_LEASE_TOKEN
   CUDA_VERSION="$CUDA_VERSION" GPUS_PER_NODE="$GPUS_PER_NODE" CPU_RANKS="$CPU_RANKS" EFA="$efa" \
     SLURM_JOB_NUM_NODES="$nodes" DSKIT_NODE_GPUS="$gpus" "${py[@]}" -m dskit.cli preflight "$@" || status=$?
-  if [[ "$status" -eq 1 ]]; then
-    die "dskit doctor stopped the launch on $(hostname): fix what it reports above, then launch again"
-  fi
-  [[ "$status" -eq 0 ]] || exit "$status"
+  case "$status" in
+    0) ;;
+    1) die "dskit doctor stopped the launch on $(hostname): fix what it reports above, then launch again" ;;
+    2) exit 2 ;;
+    3)
+      launch_complete
+      exit 0
+      ;;
+    *) die "dskit preflight crashed on $(hostname) (exit status $status): see its output above" ;;
+  esac
   # The preflight fetched the hub model and tokenizer into the HF cache and pinned their commits: the ranks load
   # from there and never touch the network (hundreds of ranks at once would hit the hub's rate limits). The
   # caller's own setting is kept for what reaches the hub after training (--push_to_hub).
@@ -188,18 +198,25 @@ if [[ ! "$JOB_NAME" =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]]; then
     "or '-', starting with a letter or digit (e.g. JOB_NAME=${JOB_NAME//[^A-Za-z0-9._-]/_})"
 fi
 
-# Renames the log after what runs, asked of the kit (the same rule as the run id; no torch imported); tee keeps
-# writing to the renamed file. Left as it is when the flags do not parse: the preflight then says why.
+# Renames the log after what runs, asked of the kit (the same rule as the run id; no torch imported), and names it;
+# tee keeps writing to the renamed file. Left as it is when the flags do not parse: the preflight then says why.
 name_log() {
   local name named
   [[ -z "$log_named_by_job" ]] || return 0
-  name=$("${py[@]}" -m model_utils.observe.run_name "$@" 2>/dev/null) || return 0
-  [[ "$name" =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]] || return 0
-  named="$PWD/logs/${name}_${DSKIT_LOG_FILE##*_}"
-  [[ "$named" != "$DSKIT_LOG_FILE" && ! -e "$named" ]] || return 0
-  mv "$DSKIT_LOG_FILE" "$named" || return 0
-  DSKIT_LOG_FILE=$named
-  echo "Logging to logs/${named##*/}"
+  if name=$("${py[@]}" -m model_utils.observe.run_name "$@" 2>/dev/null) &&
+    [[ "$name" =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]]; then
+    named="$PWD/logs/${name}_${DSKIT_LOG_FILE##*_}"
+    if [[ "$named" != "$DSKIT_LOG_FILE" && ! -e "$named" ]] && mv "$DSKIT_LOG_FILE" "$named"; then
+      DSKIT_LOG_FILE=$named
+    fi
+  fi
+  echo "Logging to logs/${DSKIT_LOG_FILE##*/}"
+}
+
+# The run is complete (run_preflight): nothing ran, so its log goes (the newest log stays the run's own).
+launch_complete() {
+  rm -f "$DSKIT_LOG_FILE"
+  echo "(nothing ran: logs/${DSKIT_LOG_FILE##*/} is not kept)"
 }
 
 train_here() {
@@ -346,8 +363,17 @@ fi
 # Ctrl-C: the pipeline below handles it (run_ranks); this shell goes on to write the END line.
 trap : INT
 mkdir -p logs
-log="logs/${JOB_NAME}_$(date +%Y%m%d-%H%M%S).out"
-echo "Logging to $log"
+# A log of its own, made exclusively: a launch in the same second gets -2, -3, ...
+stamp="logs/${JOB_NAME}_$(date +%Y%m%d-%H%M%S)"
+log="$stamp.out"
+n=1
+until (set -C && : >"$log") 2>/dev/null; do
+  n=$((n + 1))
+  [[ -w logs && "$n" -lt 100 ]] || die "cannot create a log file in $PWD/logs: make that dir writable"
+  log="$stamp-$n.out"
+done
+# Named here when JOB_NAME names it; else once the kit has named the run (name_log).
+[[ -z "$log_named_by_job" ]] || echo "Logging to $log"
 # The trainer writes its metrics next to the log (logs/<name>.metrics.jsonl).
 export DSKIT_LOG_FILE="$PWD/$log"
 # Output goes through tee, so the ranks see a pipe: the progress bar is drawn on this terminal instead (only

@@ -36,6 +36,8 @@ def _config(args: list[str]) -> int:
 
     with contextlib.redirect_stdout(sys.stderr):  # stdout is the JSON (or YAML) alone, for scripts
         run = resolver.prepare(parse_args(args, prog=prog))
+        if run.complete:
+            print(run.complete)
     if output == "yaml":
         from dskit import run_yaml
 
@@ -64,16 +66,23 @@ def _prepared(run: Any) -> int:
         f"ok: {run.source.name}, train {len(run.train_blocks)} blocks x {run.seq_length} tokens, "
         f"validation {val}, {resume}"
     )
+    if run.complete:
+        print(run.complete)
     return 0
 
 
-PREFLIGHT_USAGE = """\
+# Exit statuses a launcher tells apart (templates/_common.sh.j2's run_preflight): 1 is the doctor's FAIL, 2 an
+# `error:` line, COMPLETE a run with nothing left to train, CRASHED a bug (EX_SOFTWARE).
+COMPLETE, CRASHED = 3, 70
+
+PREFLIGHT_USAGE = f"""\
 usage: dskit preflight [TRAINING FLAGS...]
 
 `dskit doctor`, then, when no check FAILs, `dskit prepare`, in one process with the same training flags: what
 the launchers run before the ranks start. Exit status 1 when a doctor check FAILs (prepare does not run), 2 for
-bad flags or what prepare refuses, 0 otherwise. See `dskit doctor --help` for the launch settings it reads,
-`dskit config --help` for every training flag."""
+bad flags or what prepare refuses, {COMPLETE} when the run is complete (its checkpoint is at --max_steps: one line),
+{CRASHED} for a crash, 0 otherwise. See `dskit doctor --help` for the launch settings it reads, `dskit config --help`
+for every training flag."""
 
 
 def _preflight(train_args: list[str]) -> int:
@@ -92,17 +101,26 @@ def _preflight(train_args: list[str]) -> int:
 
     cfg = parse_args(train_args)
     observers.named(cfg.loop.observer_names)  # importable here, as on the ranks
-    # A live run in this checkpoint dir refuses the launch here, before the ranks start (they take the lease).
-    lease.check_free(Path(cfg.checkpoint.checkpoint_dir))
-    ctx = doctor.LaunchContext.from_env(os.environ)
-    results, settings = doctor.diagnose(cfg, ctx)
-    status = doctor.report(results, ctx)
-    if status != 0:
-        return status  # 1: a FAIL row (its fix is in the table above): the launch stops before prepare
-    # the settings the doctor resolved; a hub model's weights fetched here, once for the job's ranks. The resume
-    # candidate's files are checked for presence and size: the ranks verify its checksums, in parallel.
-    with file_manifest.checksums_left_to_the_ranks():
-        return _prepared(resolver.prepare(cfg, settings=settings, fetch_hub=True))
+    # A live run in this checkpoint dir refuses the launch here, before the ranks start; a launcher's own lease,
+    # taken here, is its rank 0's once the ranks run (so a second launch is refused here at any spacing).
+    held = lease.take_for_launch(Path(cfg.checkpoint.checkpoint_dir))
+    status = 1
+    try:
+        ctx = doctor.LaunchContext.from_env(os.environ)
+        results, settings = doctor.diagnose(cfg, ctx)
+        status = doctor.report(results, ctx)
+        if status != 0:
+            return status  # 1: a FAIL row (its fix is in the table above): the launch stops before prepare
+        # the settings the doctor resolved; a hub model's weights fetched here, once for the job's ranks. The
+        # resume candidate's files are checked for presence and size: the ranks verify its checksums, in parallel.
+        with file_manifest.checksums_left_to_the_ranks():
+            run = resolver.prepare(cfg, settings=settings, fetch_hub=True)
+        _prepared(run)
+        status = COMPLETE if run.complete else 0
+        return status
+    finally:
+        if held is not None and status != 0:  # no rank will take it over
+            held.release()
 
 
 def _render(args: list[str]) -> int:
@@ -224,6 +242,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C: the user knows why it stopped, a traceback tells them nothing
         print(f"dskit {command}: interrupted (Ctrl-C)", file=sys.stderr)
         return 130
+    except Exception:  # a bug: its traceback, and a status of its own (1 is the doctor's FAIL to a launcher)
+        import traceback
+
+        traceback.print_exc()
+        error_line(
+            f"dskit {command} crashed (the traceback above): please report it with the command you ran"
+        )
+        return CRASHED
 
 
 if __name__ == "__main__":  # the launchers' `python -m dskit.cli preflight`: once per launch, torch loaded

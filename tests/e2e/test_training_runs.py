@@ -6,6 +6,7 @@ The runs are the rank pool's (support/rank_pool.py) except where the launcher is
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -154,15 +155,26 @@ def test_train_singlenode_trains_the_embedded_default_and_resumes(tmp_path: Path
         )
         assert plotted.returncode == 0 and (tmp_path / "run.png").stat().st_size > 10_000, plotted.stderr
 
-        # The same command again: the run is complete, said in one line before any rank starts.
+        # The same command again: the run is complete, said in one line before any rank starts; not an error, and
+        # no log of a launch that ran nothing (the newest log is still the run's, for `dskit plot`).
         again = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=900)
-        assert again.returncode == 2, (again.stdout + again.stderr)[-4000:]
+        assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
         said = again.stdout + again.stderr  # the launcher's log is its stdout
         assert (
-            f"error: {ckpt}/tiny_qwen3-100steps is at step 100, at --max_steps 100: nothing to train. Raise "
-            "--max_steps to continue that run" in said
+            f"run complete: {ckpt}/tiny_qwen3-100steps is at step 100, at --max_steps 100: nothing to train "
+            "(raise --max_steps to continue it" in said
         ), said[-4000:]
-        assert "torchrun with" not in said and "Step " not in said, said[-4000:]
+        assert "torchrun with" not in said and "Step " not in said and "error" not in said, said[-4000:]
+        assert [
+            p for p in set((REPO / "logs").glob("*.out")) - logs_before if str(ckpt) in p.read_text()
+        ] == [new_logs[0]]
+        # and `dskit config` shows the run a relaunch would resume
+        shown = subprocess.run(
+            [str(REPO / ".venv/bin/dskit"), "config", "--checkpoint_dir", str(ckpt)],
+            env=ENV, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert shown.returncode == 0 and json.loads(shown.stdout)["config"]["loop"]["max_steps"] == 100
+        assert "run complete:" in shown.stderr
 
         # Longer, and pushed to a (stand-in) hub when it finishes: --push_to_hub through the launcher.
         with HubStandIn() as hub:
@@ -252,3 +264,62 @@ def test_each_shipped_config_estimate_can_recommend_trains_and_resumes(
     second = train([*run, "--max_steps", "3"])
     assert "tiny_qwen3-2steps at step 2 (epoch 0" in second and "Done: step 3/3" in second, second[-3000:]
     assert sorted(step_records(tmp_path / "m.jsonl")) == [1, 2, 3]
+
+
+@pytest.mark.launcher
+def test_launches_that_start_together_each_get_their_log_their_data_and_their_own_checkpoint_dir(
+    tmp_path: Path,
+) -> None:
+    """Three `./train-singlenode.sh` at the same moment, one job name, one new dataset and one data cache (a sweep,
+    two jobs sharing --data_cache_dir): two into checkpoint dirs of their own both train, one preparing the data
+    while the other waits for it (no traceback, no file of another's removed); the third, into the first's
+    checkpoint dir, is refused by its preflight in one line (the lease is taken there, at any spacing), whichever
+    of the two comes first; each launch writes a log of its own (the names have one-second resolution)."""
+    from support.prepared_data import corpus
+
+    data = corpus(tmp_path, 800)
+    job = f"together-{os.getpid()}"
+    env = {**ENV, "JOB_NAME": job, "GPUS_PER_NODE": "0", "CPU_RANKS": "2"}
+    common = ["--max_steps", "2", "--validation_freq", "1000", "--dataset", str(data)]
+    common += ["--data_cache_dir", str(tmp_path / "cache"), "--seq_length", "64"]
+    dirs = {"a": tmp_path / "ck1", "b": tmp_path / "ck2", "c": tmp_path / "ck1"}
+    logs_before = set((REPO / "logs").glob(f"{job}_*"))
+    procs = {
+        name: subprocess.Popen(
+            [str(REPO / "train-singlenode.sh"), *common, "--checkpoint_dir", str(ck)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for name, ck in dirs.items()
+    }
+    try:
+        out = {name: proc.communicate(timeout=600)[0] for name, proc in procs.items()}
+        logs = sorted(set((REPO / "logs").glob(f"{job}_*.out")) - logs_before)
+        texts = [log.read_text() for log in logs]
+    finally:
+        for log in set((REPO / "logs").glob(f"{job}_*")) - logs_before:
+            log.unlink()
+    status = {name: proc.returncode for name, proc in procs.items()}
+    for text in out.values():
+        assert "Traceback" not in text and "ChildFailedError" not in text, text[-4000:]
+    assert status["b"] == 0 and sorted((status["a"], status["c"])) == [0, 2], (status, out)
+    refused = out["a"] if status["a"] == 2 else out["c"]
+    (line,) = [line for line in refused.splitlines() if line.startswith("error:")]
+    assert line.startswith(f"error: checkpoint dir {dirs['a']} is in use by another run (host "), refused[
+        -3000:
+    ]
+    assert "Ranks started" not in refused and "torchelastic" not in refused, refused[-3000:]
+    trained = [out["b"], out["a"] if status["a"] == 0 else out["c"]]
+    assert all("Done: step 2/2" in text for text in trained), trained
+    said = "\n".join(trained)
+    assert said.count("Data: tokenized") == 1, said  # one preparation; the other read it
+    # A log each, its name said at the start, holding that launch's output alone.
+    assert len(logs) == 3, [log.name for log in logs]
+    for name, text in out.items():
+        (named,) = re.findall(r"^Logging to (logs/\S+)$", text, re.M)
+        mine = texts[logs.index(REPO / named)]
+        assert (
+            text.replace(f"Logging to {named}\n", "", 1) == mine
+        )  # all of it teed to its own log, no other's

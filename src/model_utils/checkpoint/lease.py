@@ -8,6 +8,10 @@ Only operations that are atomic on NFS, Lustre and FSx are used: a new lease is 
 lease's name (link() fails if the name exists, where O_CREAT|O_EXCL is not atomic on older NFS), a renewal is a
 temp file renamed over it, and a takeover first renames the old lease away (only one of two racing takers can).
 
+A launcher takes the lease in its preflight, before any rank starts, so that a second launch is refused there in
+one line however close behind the first it comes: held for the launcher's process (the preflight's parent), with
+the launch's token (launch_env.LEASE_TOKEN, which the ranks inherit), it is adopted by that launch's rank 0.
+
 A lease held by a live run refuses the launch in one line naming the holder. It is taken over, with one line saying
 so, when its holder is gone: its heartbeat is older than STALE_AFTER_S (a killed run, on any host), or it was taken
 on this host by a process that no longer exists (a run killed here relaunched at once), or it is held by the same
@@ -30,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from model_utils.errors import ConfigError
-from model_utils.launch import processes
+from model_utils.launch import launch_env, processes
 from model_utils.observe.log import print0, warn0
 from model_utils.storage import file_manifest
 
@@ -54,12 +58,13 @@ class Holder:
     heartbeat: float
 
     @classmethod
-    def of_this_process(cls, now: float) -> Holder:
+    def of_this_process(cls, now: float, pid: int | None = None) -> Holder:
+        """This process (or `pid`, its launcher's) as the holder, with its launch's token where it has one."""
         env = os.environ
         return cls(
-            token=uuid.uuid4().hex,
+            token=env.get(launch_env.LEASE_TOKEN) or uuid.uuid4().hex,
             host=socket.gethostname(),
-            pid=os.getpid(),
+            pid=os.getpid() if pid is None else pid,
             slurm_job_id=env.get("SLURM_JOB_ID"),
             slurm_restart_count=int(env.get("SLURM_RESTART_COUNT") or 0),
             sagemaker_job=env.get("TRAINING_JOB_NAME"),
@@ -178,17 +183,21 @@ def _move_away(path: Path, held: Holder, me: Holder) -> bool:
 
 
 class Lease:
-    """A lease held by this process: renewed by a heartbeat thread until released."""
+    """A lease held by this process: renewed by a heartbeat thread until released (heartbeat_s None: not renewed,
+    the preflight's, which its launch's rank 0 adopts within seconds)."""
 
-    def __init__(self, path: Path, holder: Holder, heartbeat_s: float, made_dir: bool = False) -> None:
+    def __init__(self, path: Path, holder: Holder, heartbeat_s: float | None, made_dir: bool = False) -> None:
         self.path, self.holder, self.heartbeat_s = path, holder, heartbeat_s
         self.made_dir = made_dir  # the checkpoint dir did not exist before this lease
         self.lost: str | None = None  # why renewals stopped: another run took the lease
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name="dskit-lease-heartbeat", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        if heartbeat_s is not None:
+            self._thread = threading.Thread(target=self._beat, name="dskit-lease-heartbeat", daemon=True)
+            self._thread.start()
 
     def _beat(self) -> None:
+        assert self.heartbeat_s is not None
         while not self._stop.wait(self.heartbeat_s):
             try:
                 self.renew()
@@ -215,7 +224,7 @@ class Lease:
     def release(self) -> None:
         """Stop renewing and remove the lease if it is still this process's. Idempotent."""
         self._stop.set()
-        if self._thread is not threading.current_thread():
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
         held = _read(self.path)
         if held is not None and held.token == self.holder.token:
@@ -227,10 +236,13 @@ class Lease:
 
 
 def acquire(
-    checkpoint_dir: Path, heartbeat_s: float = HEARTBEAT_S, now: Callable[[], float] = time.time
+    checkpoint_dir: Path,
+    heartbeat_s: float | None = HEARTBEAT_S,
+    now: Callable[[], float] = time.time,
+    holder_pid: int | None = None,
 ) -> Lease:
-    """Take the lease on checkpoint_dir (made if missing) for this process, or raise a ConfigError naming the run
-    that holds it."""
+    """Take the lease on checkpoint_dir (made if missing) for this process (or `holder_pid`), or raise a
+    ConfigError naming the run that holds it. A lease with this launch's token (its preflight's) is adopted."""
     path = checkpoint_dir / LEASE_FILE
     made_dir = not checkpoint_dir.exists()
     try:
@@ -240,7 +252,7 @@ def acquire(
             f"checkpoint dir {checkpoint_dir} cannot be made ({e.strerror or e}): pass --checkpoint_dir with a "
             "writable path"
         ) from None
-    me = Holder.of_this_process(now())
+    me = Holder.of_this_process(now(), holder_pid)
     for _ in range(8):  # each retry follows a race lost to another taker
         try:
             if _link_new(path, me):
@@ -253,6 +265,9 @@ def acquire(
         held = _read(path)
         if held is None:
             continue  # released meanwhile
+        if held.token == me.token:  # this launch's preflight took it for its ranks: now this process holds it
+            os.replace(_write_temp(path, me), path)
+            return Lease(path, me, heartbeat_s)
         gone = why_gone(held, me, now())
         if gone is None:
             raise ConfigError(refusal(path, held, now()))
@@ -261,6 +276,16 @@ def acquire(
     raise ConfigError(
         f"could not take the lease {path}: other launches keep taking it; launch one run per --checkpoint_dir"
     )
+
+
+def take_for_launch(checkpoint_dir: Path) -> Lease | None:
+    """The launchers' preflight: the lease taken for the launch (held by the preflight's parent, the launcher,
+    not renewed) when the launcher gave its token, for the launch's rank 0 to adopt; else only checked free
+    (check_free), touching nothing. Release it when the launch stops before its ranks start."""
+    if not os.environ.get(launch_env.LEASE_TOKEN):
+        check_free(checkpoint_dir)
+        return None
+    return acquire(checkpoint_dir, heartbeat_s=None, holder_pid=os.getppid())
 
 
 def check_free(checkpoint_dir: Path, now: float | None = None) -> None:

@@ -147,8 +147,10 @@ def prepared(
         rows = token_shards.rows_record(local, plan, tokenizer, print0)
         record = token_shards.plan_record(local, plan, spec, None, rows=rows)
         out = Path(data.data_cache_dir) / "prepared" / _cache_key(record)
+        manifest = None
         if token_shards.state(out) != "prepared":
             manifest = token_shards.prepare_in_process(out, record, spec)
+        if manifest is not None:
             print0(
                 f"Data: tokenized {sum(manifest['documents'].values()):,} documents of {data.dataset} into "
                 f"{manifest['tokens']['train']:,} train and {manifest['tokens']['validation']:,} validation "

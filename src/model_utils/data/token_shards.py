@@ -47,11 +47,12 @@ from model_utils.data.rows import Rows
 from model_utils.errors import ConfigError
 from model_utils.launch import startup
 from model_utils.observe.log import print0
-from model_utils.storage import file_manifest
+from model_utils.storage import file_lock, file_manifest
 
 FORMAT_VERSION = 1
 MASK_SUFFIX = ".mask"
 MANIFEST = "manifest.json"
+LOCK = ".prepare-data.lock"  # held while a process writes units (preparing)
 PLAN = "plan.json"
 SPLITS = (TRAIN, VALIDATION)
 VERIFIED = ".verified.json"
@@ -337,6 +338,7 @@ def _discarded_on_failure(out: Path, index: int, shards: dict[str, _ShardFile]) 
     except BaseException as e:
         for shard in shards.values():
             shard.discard()
+        shutil.rmtree(_staging_dir(out), ignore_errors=True)  # this process's: nobody else writes there
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise _disk_full(out, f"unit {index}") from None
         raise
@@ -875,11 +877,29 @@ def write_units(
             finish(out)
 
 
-def prepare_in_process(out: Path, record: dict[str, Any], spec: TokenizerSpec) -> dict[str, Any]:
-    """Prepare (or finish preparing) `out` in this process: the small-data path of the preflight."""
+@contextlib.contextmanager
+def preparing(out: Path, lock: str = LOCK, say: Callable[[str], None] = print0) -> Iterator[None]:
+    """One preparation of `out` at a time (`lock`: a lock file in it): two launches that start together on the
+    same new data (a sweep, two jobs on one --data_cache_dir) or two `dskit prepare-data` of it; the second says
+    whose it waits for, and finds the units done."""
+    with file_lock.exclusive(
+        out / lock,
+        lambda holder: say(
+            f"Data: {out} is being prepared by another process ({holder}, {lock}): waiting for it to finish"
+        ),
+    ):
+        yield
+
+
+def prepare_in_process(out: Path, record: dict[str, Any], spec: TokenizerSpec) -> dict[str, Any] | None:
+    """Prepare (or finish preparing) `out` in this process: the small-data path of the preflight. None when
+    another process prepared it meanwhile (its lock waited for)."""
     begin(out, record)
-    write_units(out, record, spec, missing_units(out))
-    manifest = finish(out)
+    with preparing(out):
+        if state(out) == "prepared":
+            return None
+        write_units(out, record, spec, missing_units(out))
+        manifest = finish(out)
     assert manifest is not None, "every unit of the plan (or of its prefix) is done"
     return manifest
 

@@ -23,6 +23,9 @@ INSTANCE_TYPE = "DSKIT_INSTANCE_TYPE"
 # the caller had set (empty: unset), for what goes to the hub after training (loop/observers/hub_push.py).
 CALLER_HF_HUB_OFFLINE = "DSKIT_CALLER_HF_HUB_OFFLINE"
 SINGLENODE_LOGGED = "DSKIT_SINGLENODE_LOGGED"  # train-singlenode.sh re-executed itself under its log tee
+# The launch's own id: its preflight takes the checkpoint dir's lease with it, and its rank 0 adopts that lease
+# (checkpoint/lease.py).
+LEASE_TOKEN = "DSKIT_LEASE_TOKEN"
 FAULT_INJECT = "DSKIT_FAULT_INJECT"  # tests only: a rank SIGKILLs itself at a named point of a save
 # train.sbatch: the hosts to requeue the job without, one a line with why (name_bad_hosts): the hang watchdog's
 # stuck ranks' hosts, the health gate's failing nodes.

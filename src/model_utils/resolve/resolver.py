@@ -30,7 +30,7 @@ from model_utils.data.documents import EMBEDDED
 from model_utils.data.packing import PackedBlocks
 from model_utils.data.rows import BlockSource
 from model_utils.errors import ConfigError
-from model_utils.launch import accelerate_env, preemption, startup
+from model_utils.launch import accelerate_env, startup
 from model_utils.model import hub, lora, models
 from model_utils.observe.log import print0
 from model_utils.resolve import batch_layout, train_settings
@@ -85,6 +85,21 @@ class ResolvedRun:
         sources = getattr(self.train_blocks, "sources", (self.train_blocks,))
         packed = any(isinstance(source, PackedBlocks) for source in sources)
         return self.config.data.packing == PACKING_DOCUMENTS or packed
+
+    @property
+    def complete(self) -> str | None:
+        """The one line saying the run is complete: it resumes a checkpoint at or past max_steps, so nothing is
+        left to train (the launchers start no rank: not an error, a requeue of a finished job included); else
+        None."""
+        step = None if self.resume is None else protocol.tag_step(self.resume.tag)
+        if step is None or self.max_steps is None or step < self.max_steps:
+            return None
+        assert self.resume is not None
+        return (
+            f"run complete: {self.resume.path} is at step {step}, {'at' if step == self.max_steps else 'past'} "
+            f"--max_steps {self.max_steps}: nothing to train (raise --max_steps to continue it, or pass a new "
+            "--checkpoint_dir to start another run)"
+        )
 
     @property
     def gradient_accumulation_steps(self) -> int:
@@ -503,7 +518,6 @@ def _prepare(
     elif steps_per_epoch is not None:
         max_steps = epochs * steps_per_epoch
     _check_profile_steps(cfg, max_steps)  # with --epochs, max_steps is known only now
-    _check_steps_left(resume, max_steps)
     settings, schedule_change, loads_schedule_state = _resumed_schedule(settings, resume, max_steps)
     run = ResolvedRun(
         settings,
@@ -601,23 +615,6 @@ def _resumed_schedule(
     change = ts.schedule.resume_line(ran, ts.optim.lr, step, max_steps)
     kept = dataclasses.replace(ts, schedule=ts.schedule.resumed(ran))
     return dataclasses.replace(settings, train=kept), change, not ts.schedule.switches_from(ran)
-
-
-def _check_steps_left(resume: protocol.ResumeTarget | None, max_steps: int | None) -> None:
-    """A resume at or past --max_steps trains nothing: one line before any rank starts, not a run that ends
-    "Done" at once. A requeued job whose last run finished (its end came after the last save) only says so."""
-    step = None if resume is None else protocol.tag_step(resume.tag)
-    if step is None or max_steps is None or step < max_steps:
-        return
-    assert resume is not None
-    if preemption.slurm_restart_count():
-        print0(f"{resume.path} is at step {step} of --max_steps {max_steps}: this job's run is complete")
-        return
-    raise ConfigError(
-        f"{resume.path} is at step {step}, {'at' if step == max_steps else 'past'} --max_steps {max_steps}: "
-        "nothing to train. Raise --max_steps to continue that run, or pass a new --checkpoint_dir to start a "
-        "new one"
-    )
 
 
 def _check_profile_steps(cfg: TrainConfig, max_steps: int | None) -> None:

@@ -5,6 +5,7 @@ touches nothing. Two real processes where it matters; the e2e launch is in tests
 from __future__ import annotations
 
 import dataclasses
+import os
 import json
 import socket
 import subprocess
@@ -224,3 +225,47 @@ def test_a_run_that_made_the_dir_and_saved_nothing_leaves_no_dir_behind(tmp_path
     existing.mkdir()
     lease.acquire(existing).release()  # not made by the lease: left as it was
     assert existing.is_dir()
+
+
+def test_a_launch_takes_the_lease_in_its_preflight_and_its_rank_0_adopts_it(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """The launchers' preflight takes the lease for the launcher (its parent process), not renewed, under the
+    launch's token; that launch's rank 0 (the same token) adopts it; another launch is refused meanwhile."""
+    ck = tmp_path / "ck"
+    monkeypatch.delenv("DSKIT_LEASE_TOKEN", raising=False)
+    assert lease.take_for_launch(ck) is None and not ck.exists()  # no launcher's token: only checked
+    monkeypatch.setenv("DSKIT_LEASE_TOKEN", "node1-4242-1.5")
+    taken = lease.take_for_launch(ck)
+    assert taken is not None and taken._thread is None  # nobody renews it: the ranks follow within seconds
+    held = json.loads((ck / lease.LEASE_FILE).read_text())
+    assert (held["pid"], held["token"]) == (os.getppid(), "node1-4242-1.5")
+    # Another launch (another token), in the preflight or on its ranks: refused in one line naming the launcher.
+    other = subprocess.run(
+        [sys.executable, "-c", HOLDER_SCRIPT, str(ck)],
+        input="",
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DSKIT_LEASE_TOKEN": "node1-4343-2.5"},
+    )
+    assert (
+        other.returncode != 0
+        and f"pid {os.getppid()}" in other.stderr
+        and "in use by another run" in (other.stderr)
+    )
+    # This launch's rank 0 (this process here) adopts it: held by it now, renewed, released at its end.
+    adopted = lease.acquire(ck, heartbeat_s=3600)
+    held = json.loads((ck / lease.LEASE_FILE).read_text())
+    assert (held["pid"], held["token"]) == (os.getpid(), "node1-4242-1.5")
+    adopted.release()
+    assert not (ck / lease.LEASE_FILE).exists()
+
+
+def test_a_preflights_lease_is_released_when_the_launch_stops_before_its_ranks(
+    tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.setenv("DSKIT_LEASE_TOKEN", "node1-4242-1.5")
+    taken = lease.take_for_launch(tmp_path / "new")
+    assert taken is not None
+    taken.release()
+    assert not (tmp_path / "new").exists()  # it made the dir: nothing left

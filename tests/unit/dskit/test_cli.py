@@ -269,3 +269,50 @@ def test_preflight_picks_the_resume_candidate_without_reading_its_files(tmp_path
     assert picked[0].path == tag
     with pytest.raises(pytest.fail.Exception):  # after the preflight, verify reads checksums again
         file_manifest.verify(tag)
+
+
+def test_preflight_of_a_complete_run_says_so_and_exits_complete_releasing_the_launchs_lease(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """A finished run launched again: one line, status COMPLETE (the launchers start no rank and exit 0), and the
+    lease the preflight took for the launch is released (no rank will adopt it)."""
+    from model_utils.checkpoint import lease
+    from support.checkpoint_tags import fake_tag
+
+    fake_tag(tmp_path / "ck", 5)
+    monkeypatch.setenv("DSKIT_LEASE_TOKEN", "this-launch")
+    monkeypatch.setenv("CPU_RANKS", "2")
+    monkeypatch.setenv("GPUS_PER_NODE", "0")
+    flags = [
+        "--checkpoint_dir",
+        str(tmp_path / "ck"),
+        "--max_steps",
+        "5",
+        "--data_cache_dir",
+        str(tmp_path / "d"),
+    ]
+    assert cli.main(["preflight", *flags]) == cli.COMPLETE
+    out = capsys.readouterr().out
+    assert f"run complete: {tmp_path / 'ck' / 'tiny_qwen3-5steps'} is at step 5, at --max_steps 5" in out, out
+    assert not (tmp_path / "ck" / lease.LEASE_FILE).exists()
+    # Refused after taking the lease (a flag prepare rejects): released too; a launch that goes on keeps it.
+    assert cli.main(["preflight", *flags, "--max_steps", "6", "--seq_length", "1"]) == 2
+    assert not (tmp_path / "ck" / lease.LEASE_FILE).exists()
+    assert cli.main(["preflight", *flags, "--max_steps", "6"]) == 0
+    held = json.loads((tmp_path / "ck" / lease.LEASE_FILE).read_text())
+    assert (held["token"], held["pid"]) == ("this-launch", os.getppid())  # the launcher's, for its rank 0
+
+
+def test_a_crash_is_reported_as_one_and_not_as_a_doctor_fail(capsys, monkeypatch) -> None:
+    """A launcher reads status 1 as the doctor's FAIL: a bug exits CRASHED, its traceback kept."""
+
+    def crashing(argv: list[str]) -> int:
+        raise FileNotFoundError("a bug")
+
+    monkeypatch.setitem(cli.COMMANDS, "preflight", (crashing, *cli.COMMANDS["preflight"][1:]))
+    assert cli.main(["preflight"]) == cli.CRASHED == 70
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "FileNotFoundError: a bug" in err
+    assert err.rstrip().splitlines()[-1] == (
+        "error: dskit preflight crashed (the traceback above): please report it with the command you ran"
+    )

@@ -338,7 +338,8 @@ name=$(basename "$0")
 record() {
   printf '%s\0' "$name" "$@" "ENV NCCL_HOSTILE=${NCCL_HOSTILE-}" "ENV DS_ACCELERATOR=${DS_ACCELERATOR-}" \
     "ENV MASTER_ADDR=${MASTER_ADDR-}" "ENV DSKIT_LOG_FILE=${DSKIT_LOG_FILE-}" "ENV PYTHONPATH=${PYTHONPATH-}" \
-    "ENV EXE=$0" "ENV HF_HUB_OFFLINE=${HF_HUB_OFFLINE-}" >"$STUB_CALLS/$(date +%s%N)-$name"
+    "ENV EXE=$0" "ENV HF_HUB_OFFLINE=${HF_HUB_OFFLINE-}" "ENV DSKIT_LEASE_TOKEN=${DSKIT_LEASE_TOKEN-}" \
+    >"$STUB_CALLS/$(date +%s%N)-$name"
 }
 # A trainer that stopped early says why (trainer: DSKIT_STOP_REASON_FILE).
 stop_reason() {
@@ -360,6 +361,8 @@ case "$name" in
       "-m model_utils.observe.run_name") record "$@"; [[ -z "${STUB_RUN_NAME-}" ]] || echo "$STUB_RUN_NAME" ;;
       # the launchers start torchrun and accelerate as modules of the run's interpreter
       "-m model_utils.launch.supervise") name=torchrun; shift 2; record "$@"; stop_reason ;;
+      # the preflight (STUB_PREFLIGHT_EXIT: its exit status, dskit/cli.py's; default 0)
+      "-m dskit.cli") record "$@"; exit "${STUB_PREFLIGHT_EXIT:-0}" ;;
       "-m accelerate.commands.launch") name=accelerate; shift 2; record launch "$@"; stop_reason ;;
       *) record "$@" ;;
     esac ;;
@@ -711,6 +714,8 @@ def test_singlenode_names_its_log_after_the_run(tmp_path: Path) -> None:
     text = log.read_text()
     assert text.startswith("START ") and f"Logging to logs/{log.name}" in text
     assert text.rstrip().splitlines()[-1].startswith("END ") and text.rstrip().endswith("exit status 0")
+    # The one log named is the real one (the job-named file it starts as was named too, and never existed).
+    assert re.findall(r"^Logging to (\S+)$", proc.stdout, re.M) == [f"logs/{log.name}"], proc.stdout
 
     # On a node through srun: the copy there renames the shared log, the caller's tee follows it.
     stub = Stubbed(tmp_path / "node")
@@ -1248,3 +1253,37 @@ def test_a_missing_out_dir_is_created(tmp_path: Path, capsys: pytest.CaptureFixt
     assert cli.main(["render", "--out", str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == sorted(SCRIPTS)
     assert "tracked launcher" not in capsys.readouterr().out  # said only for the checkout's own
+
+
+@pytest.mark.parametrize(
+    ("preflight", "status", "said"),
+    [
+        (1, 2, "error: dskit doctor stopped the launch on "),
+        (2, 2, None),  # its own error line is out already
+        (70, 2, "error: dskit preflight crashed on "),  # a bug: not blamed on the doctor
+        (3, 0, "(nothing ran: logs/"),  # the run is complete: not an error
+    ],
+)
+def test_the_launch_tells_the_preflights_outcomes_apart(
+    tmp_path: Path, preflight: int, status: int, said: str | None
+) -> None:
+    """The preflight's exit status (dskit/cli.py: 1 a doctor FAIL, 2 its error line, COMPLETE, CRASHED) is what
+    the launchers say; no rank starts. A complete run's launch keeps no log (nothing ran: the newest log stays the
+    run's own, for `dskit plot`). The preflight got the launch's lease token, which the ranks inherit."""
+    from dskit import cli
+
+    assert (cli.COMPLETE, cli.CRASHED) == (3, 70)  # the numbers run_preflight reads
+    stub = Stubbed(tmp_path)
+    proc = stub.run("train-singlenode.sh", "--max_steps", "5", env={"STUB_PREFLIGHT_EXIT": str(preflight)})
+    assert proc.returncode == status, proc.stdout + proc.stderr
+    assert stub.recorded("torchrun") == []
+    if said is not None:
+        assert said in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    (asked,) = [
+        c for c in stub.recorded("python", with_env=True) if c[:3] == ["-m", "dskit.cli", "preflight"]
+    ]
+    assert re.fullmatch(r"\S+-\d+-\d+\.\d+", env_of(asked, "DSKIT_LEASE_TOKEN"))
+    logs = list((stub.repo / "logs").glob("*.out"))
+    assert (logs == []) == (preflight == 3), logs
+    sbatch = Stubbed(tmp_path / "sbatch").run("train.sbatch", env={"STUB_PREFLIGHT_EXIT": str(preflight)})
+    assert sbatch.returncode == status, sbatch.stdout + sbatch.stderr

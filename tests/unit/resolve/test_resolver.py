@@ -208,14 +208,6 @@ CASES = {
         "tiny_qwen3-5steps was trained on other data (corpus.jsonl, content 0000000000000000) than --dataset "
         "embedded (content ",
     ),
-    "resume at max_steps": (
-        lambda t: ["--checkpoint_dir", checkpoint_with(t), "--max_steps", "5"],
-        "tiny_qwen3-5steps is at step 5, at --max_steps 5: nothing to train. Raise --max_steps to continue",
-    ),
-    "resume past max_steps": (
-        lambda t: ["--checkpoint_dir", checkpoint_with(t), "--max_steps", "3"],
-        "is at step 5, past --max_steps 3: nothing to train.",
-    ),
     "unknown spike guard mode": (lambda t: ["--spike_guard", "rollbak"], "did you mean rollback?"),
     "spike sigma zero": (lambda t: ["--spike_sigma", "0"], "--spike_sigma 0.0 must be positive"),
     "spike window of one step": (lambda t: ["--spike_window", "1"], "must be at least 2 steps"),
@@ -281,17 +273,33 @@ def test_bad_input(case: str, tmp_path: Path, capsys, monkeypatch) -> None:
     assert {k: v for k, v in after.items() if "/cache/" not in k} == before  # nothing on disk touched
 
 
-def test_a_requeued_job_whose_run_is_complete_only_says_so(tmp_path: Path, capsys, monkeypatch) -> None:
-    """SLURM requeued the job after its last run had saved its final step (a node lost at the very end): the
-    run is complete, so the requeue is not a mistake; the line says why nothing trains."""
+@pytest.mark.parametrize(("max_steps", "where"), [("5", "at"), ("3", "past")])
+def test_a_run_whose_checkpoint_is_at_max_steps_is_complete_not_an_error(
+    tmp_path: Path, capsys, monkeypatch, max_steps: str, where: str
+) -> None:
+    """A resume at or past --max_steps trains nothing: the run is complete (a relaunch of a finished run, a SLURM
+    requeue after its final save), said in one line, not an error: the preflight exits COMPLETE (the launchers
+    then start no rank, exit 0) and `dskit config` shows the run it would resume."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("SLURM_JOB_ID", "7")
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
-    flags = ["--checkpoint_dir", checkpoint_with(tmp_path), "--max_steps", "5", "--deepspeed_config", DS]
-    assert cli.main(["prepare", "--data_cache_dir", str(tmp_path / "cache"), *flags]) == 0
-    assert (
-        "tiny_qwen3-5steps is at step 5 of --max_steps 5: this job's run is complete"
-        in capsys.readouterr().out
+    flags = [
+        "--checkpoint_dir",
+        checkpoint_with(tmp_path),
+        "--max_steps",
+        max_steps,
+        "--deepspeed_config",
+        DS,
+    ]
+    flags += ["--data_cache_dir", str(tmp_path / "cache")]
+    line = (
+        f"run complete: {tmp_path}/old-run/tiny_qwen3-5steps is at step 5, {where} --max_steps {max_steps}: "
+        "nothing to train (raise --max_steps to continue it, or pass a new --checkpoint_dir to start another run)"
+    )
+    assert cli.main(["prepare", *flags]) == 0
+    assert line in capsys.readouterr().out.splitlines()
+    assert cli.main(["config", *flags]) == 0
+    printed = capsys.readouterr()
+    assert line in printed.err.splitlines() and json.loads(printed.out)["config"]["loop"]["max_steps"] == int(
+        max_steps
     )
 
 
