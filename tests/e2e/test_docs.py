@@ -1,21 +1,24 @@
 """The docs guard, run: the commands README.md and docs/*.md show, in the order a new user meets them, in a copy of
 the checkout as git has it (no checkpoints, logs or caches), each as written with `bash -c`. Run commands run for
 real; a dry run's stand-in runs in its place (tests/support/doc_commands.py says which, and why). Any failing
-command fails the test, named by page, line and command. The classification of every command, and the checks
-that need no run: tests/unit/test_docs.py."""
+command fails the test, named by page, line and command. What a page shows a Run command printing is held to what
+it prints now, line by line. The classification of every command, and the checks that need no run:
+tests/unit/test_docs.py."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 from support import doc_commands
-from support.doc_commands import COMMANDS, FLAGS, DryRun, Run
+from support.doc_commands import COMMANDS, FLAGS, DryRun, OutputSample, Run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.launcher]
 REPO = doc_commands.REPO
@@ -104,3 +107,34 @@ def test_the_documented_commands_run_as_written(tmp_path: Path) -> None:
 
     # What the Run commands made: the launchers rendered last (docs/launchers.md: launcher accelerate).
     assert "accelerate launch" in (checkout / "train.sbatch").read_text()
+
+
+@pytest.mark.parametrize(
+    "sample",
+    [s for s in doc_commands.all_output_samples() if isinstance(COMMANDS[s.command.text], Run)],
+    ids=lambda s: f"{s.command.file}:{s.line}",
+)
+def test_the_output_a_page_shows_is_what_its_command_prints(sample: OutputSample, tmp_path: Path) -> None:
+    """Where the docs' own samples were made: this checkout's environment (synced, its DeepSpeed ops built by
+    `make warm`), on a machine without a GPU, from a directory with no checkpoints yet (a fresh checkout's); every
+    line shown is a line printed, numbers, paths and the host name aside."""
+    if "dskit doctor" in sample.command.text and shutil.which("nvidia-smi"):
+        pytest.skip("the page shows the doctor of a machine without a GPU")
+    # Short paths without hyphens: the doctor's table wraps a long path inside it, and at a hyphen.
+    with tempfile.TemporaryDirectory(dir="/tmp", prefix="docs") as short:
+        cwd = Path(short)
+        (cwd / ".venv").symlink_to(REPO / ".venv")
+        (cwd / "ext").symlink_to(REPO / ".cache" / "torch_extensions")
+        done = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", sample.command.text],
+            cwd=cwd, env={**user_env(REPO, tmp_path), "TORCH_EXTENSIONS_DIR": str(cwd / "ext")},
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    printed = done.stdout + done.stderr
+    missing = doc_commands.unprinted(sample.lines, printed, socket.gethostname())
+    assert not missing, (
+        f"{sample.command.file}:{sample.line} shows lines `{sample.command.text}` does not print (any more?): "
+        "update the sample to what it prints now\n"
+        + "\n".join(f"  shown: {line}" for line in missing)
+        + f"\nprinted (exit {done.returncode}):\n{printed}"
+    )

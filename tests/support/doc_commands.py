@@ -15,6 +15,12 @@ is refused, so each block's kind is said in the docs. Every command is classifie
 
 A yaml/toml block whose first line is `# NAME.yaml` (or .toml) is a file the docs show: the e2e test writes it
 into the copy, as a user would, before the commands of that page run.
+
+What a page shows a command printing is an output sample: a console block's lines after a `$ ` command, or a
+```text block right after a command block (nothing but blank lines between), printed by that block's last command.
+The e2e test runs the sample's command (a Run) and holds each shown line to a line it printed (`unprinted`:
+numbers, absolute paths and the host name may differ); a sample whose command does not run there is listed in
+OUTPUT_UNCHECKED, with why.
 """
 
 from __future__ import annotations
@@ -153,6 +159,81 @@ def shown_files(file: str) -> list[ShownFile]:
         for language, line, body in blocks(file)
         if language in ("yaml", "toml") and body and (named := _SHOWN_FILE.match(body[0]))
     ]
+
+
+@dataclass(frozen=True)
+class OutputSample:
+    command: DocCommand  # what prints it
+    line: int  # where the sample's first line is
+    lines: tuple[str, ...]
+
+
+def output_samples(file: str) -> list[OutputSample]:
+    text = (REPO / file).read_text().splitlines()
+    shown = commands(file)
+    found: list[OutputSample] = []
+    previous_end, previous = 0, None  # the line of the previous block's closing fence, its last command
+    for language, start, body in blocks(file):
+        if language == "console":
+            command, lines, first, pending = None, [], 0, False
+            for number, raw in enumerate(body, start + 1):
+                if raw.startswith("$ ") or pending:
+                    if command and lines:
+                        found.append(OutputSample(command, first, tuple(lines)))
+                    command = [c for c in shown if c.line <= number][-1]  # the last of a `;` line's commands
+                    lines, pending = [], raw.rstrip().endswith("\\")
+                elif command:
+                    first = first if lines else number
+                    lines.append(raw)
+            if command and lines:
+                found.append(OutputSample(command, first, tuple(lines)))
+        elif language == "text" and previous and not any(x.strip() for x in text[previous_end : start - 1]):
+            found.append(OutputSample(previous, start + 1, tuple(body)))
+        ours = [c for c in shown if start < c.line <= start + len(body)]
+        previous = ours[-1] if language in COMMAND_LANGUAGES and ours else None
+        previous_end = start + len(body) + 1
+    return found
+
+
+def all_output_samples() -> list[OutputSample]:
+    return [sample for file in doc_files() for sample in output_samples(file)]
+
+
+# A number (with its unit of bytes), or an absolute path: what differs between machines and runs.
+_VARIABLE = re.compile(r"(?<![\w/])/[\w.@+~/-]*|\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?(?: ?[KMGT]i?B\b)?")
+
+
+def _entries(lines: list[str]) -> list[str]:
+    """Lines, each with the indented lines under it (a table row's wrapped cells), whitespace collapsed: what
+    stays the same when a longer number wraps a cell elsewhere."""
+    entries: list[str] = []
+    for line in lines:
+        if line[:1].isspace() and entries:
+            entries[-1] += " " + line
+        elif line.strip():
+            entries.append(line)
+    return [" ".join(e.split()) for e in entries]
+
+
+def _masked(entry: str) -> str:
+    return _VARIABLE.sub(lambda m: "<path>" if m[0].startswith("/") else "<n>", entry)
+
+
+def unprinted(sample: tuple[str, ...] | list[str], printed: str, host: str) -> list[str]:
+    """The sample's lines that the printed output lacks, in order: numbers and absolute paths stand for any, and
+    where the output names this host, the sample may name another."""
+    patterns = []
+    for entry in _entries(printed.splitlines()):
+        named = re.sub(rf"(?<![\w./-]){re.escape(host)}(?![\w./-])", "\0", entry)  # not in a path
+        patterns.append(re.compile(r"\S+".join(re.escape(_masked(part)) for part in named.split("\0"))))
+    missing, at = [], 0
+    for entry in _entries(list(sample)):
+        hit = next((i for i in range(at, len(patterns)) if patterns[i].fullmatch(_masked(entry))), None)
+        if hit is None:
+            missing.append(entry)
+        else:
+            at = hit + 1
+    return missing
 
 
 def all_commands() -> list[DocCommand]:
@@ -369,4 +450,10 @@ COMMANDS: dict[str, Run | DryRun | CoveredBy | Uncovered] = {
     "run.yaml]": DryRun(
         _AWS + "; a synopsis, [ ] marks what is optional", ".venv/bin/dskit sagemaker --help"
     ),
+}
+
+# Output samples whose command the docs test does not run (every other sample's command is a Run), and why.
+OUTPUT_UNCHECKED: dict[str, str] = {
+    ".venv/bin/dskit eval checkpoints/ --tasks dskit_tiny_mc": "needs a trained run's checkpoints (its covering "
+    "test trains one)",
 }

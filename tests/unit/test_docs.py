@@ -1,10 +1,13 @@
 """The docs guard, unit tier: every command README.md and docs/*.md show in a fenced block is classified once in
 support/doc_commands.py (run by tests/e2e/test_docs.py, dry-run, or covered by a named test), and what can be
-checked without running it is: a dry run's flags parse, a covering test exists and holds the command."""
+checked without running it is: a dry run's flags parse, a covering test exists and holds the command, every
+sample of a command's output is held to what the command prints (by the e2e test, or listed as a gap), and the run
+files the docs list are those configs/ ships."""
 
 from __future__ import annotations
 
 import ast
+import re
 import shlex
 from pathlib import Path
 
@@ -74,6 +77,100 @@ def test_the_extraction_reads_commands_as_a_user_types_them(tmp_path: Path, monk
         ("shown.yaml", "# shown.yaml\nkey: 1\n")
     ]
     assert doc_commands.untagged_blocks("docs/page.md") == ["docs/page.md:15 []"]
+
+
+def test_output_samples_are_read_and_held_line_by_line_to_what_was_printed(
+    tmp_path: Path, monkeypatch
+) -> None:
+    page = tmp_path / "docs" / "page.md"
+    page.parent.mkdir()
+    (tmp_path / "README.md").write_text("")
+    page.write_text(
+        "```console\n"
+        "$ tool check\n"
+        "tool check on node7 (1 node):\n"
+        "disk   PASS  12.3 MiB free at /work/main/checkpoints, kept\n"
+        "             for 4 checkpoints\n"
+        "$ tool quiet\n"
+        "```\n"
+        "```bash\n"
+        "tool a; tool forecast --tokens 2e10\n"
+        "```\n"
+        "\n"
+        "```text\n"
+        "forecast: 2e+10 tokens, 3.8 h\n"
+        "```\n"
+        "Prose, then a tree, which is no output:\n"
+        "```text\n"
+        "src/\n"
+        "```\n"
+    )
+    monkeypatch.setattr(doc_commands, "REPO", tmp_path)
+    samples = doc_commands.output_samples("docs/page.md")
+    assert [(s.command.text, s.line, s.lines) for s in samples] == [
+        (
+            "tool check",
+            3,
+            (
+                "tool check on node7 (1 node):",
+                "disk   PASS  12.3 MiB free at /work/main/checkpoints, kept",
+                "             for 4 checkpoints",
+            ),
+        ),
+        ("tool forecast --tokens 2e10", 13, ("forecast: 2e+10 tokens, 3.8 h",)),
+    ]
+    shown = samples[0].lines
+    # Another host, other numbers and paths, a cell wrapped elsewhere: the same lines.
+    printed = (
+        "tool check on ip-10-1-2-3 (1 node):\n"
+        "disk   PASS  123.4 GiB free at /tmp/x/checkpoints,\n"
+        "             kept for 4 checkpoints\n"
+        "tool: done\n"
+    )
+    assert doc_commands.unprinted(shown, printed, host="ip-10-1-2-3") == []
+    # a host named like a directory: the path stays a path
+    assert doc_commands.unprinted(shown, printed.replace("ip-10-1-2-3", "x"), host="x") == []
+    # A line the tool prints no more, or prints before the one shown above it: named.
+    changed = printed.replace("kept for", "kept of")
+    assert doc_commands.unprinted(shown, changed, "ip-10-1-2-3") == [
+        "disk PASS 12.3 MiB free at /work/main/checkpoints, kept for 4 checkpoints"
+    ]
+    assert doc_commands.unprinted((*shown[1:], shown[0]), printed, "ip-10-1-2-3") == [
+        "tool check on node7 (1 node):"
+    ]
+    assert doc_commands.unprinted(shown, printed, "another-host") == ["tool check on node7 (1 node):"]
+
+
+def test_every_output_sample_is_held_to_its_commands_output() -> None:
+    """tests/e2e/test_docs.py runs a Run command and compares; any other sample is a listed gap."""
+    samples = doc_commands.all_output_samples()
+    unchecked = [
+        f"{s.command.file}:{s.line}: {s.command.text}"
+        for s in samples
+        if not isinstance(COMMANDS[s.command.text], Run)
+        and s.command.text not in doc_commands.OUTPUT_UNCHECKED
+    ]
+    assert not unchecked, (
+        "output samples of commands the docs test does not run (a Run, or OUTPUT_UNCHECKED):\n"
+        + "\n".join(unchecked)
+    )
+    stale = set(doc_commands.OUTPUT_UNCHECKED) - {s.command.text for s in samples}
+    assert not stale, f"OUTPUT_UNCHECKED entries with no sample any more: {sorted(stale)}"
+
+
+# Where the docs list the run files configs/ ships: the list's text.
+RUN_FILE_LISTS = {
+    "docs/flags.md": r"\(`configs/` ships (.*?)\):\n",
+    "README.md": r"^configs/ (.*?)\n(?=\S)",  # the layout's row, with its indented lines
+}
+
+
+@pytest.mark.parametrize("file", RUN_FILE_LISTS)
+def test_the_run_files_the_docs_list_are_the_ones_configs_ships(file: str) -> None:
+    shipped = sorted(p.name for p in (REPO / "configs").glob("*.yaml"))
+    listing = re.search(RUN_FILE_LISTS[file], (REPO / file).read_text(), re.MULTILINE | re.DOTALL)
+    assert listing, f"{file}: no list of run files ({RUN_FILE_LISTS[file]})"
+    assert sorted(set(re.findall(r"[\w.-]+\.yaml", listing[1]))) == shipped, listing[0]
 
 
 def test_a_dry_run_check_is_the_flags_or_a_cheap_stand_in_and_says_why() -> None:

@@ -6,8 +6,9 @@
     dskit sagemaker stop JOB
 
 `submit` checks the values file and the training flags locally (the trainer's own parser and DeepSpeed config
-check), checks every S3 bucket and channel prefix, packs the kit's source (the files git tracks or would track,
-plus the run file) to <s3_prefix>/<job>/source/, and creates the job with boto3's `create_training_job`. The job
+check), checks every S3 bucket and channel prefix, packs the kit's source (the files git tracks or would track, plus
+the run file; never what runs write: checkpoints, logs, exports, caches, .venv) to <s3_prefix>/<job>/source/, and
+creates the job with boto3's `create_training_job`. The job
 runs `dskit.sagemaker.entry` on every instance (see there). The training flags travel as the job's
 hyperparameters. Role ARNs are printed with the account masked; credentials never.
 
@@ -39,6 +40,9 @@ SOURCE_ARCHIVE = "sourcedir.tar.gz"
 CODE_CHANNEL = "code"
 RUN_FILE_IN_SOURCE = ".dskit-sagemaker/run.yaml"  # where the run file lands inside the job's source root
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
+# An untracked file larger than this is something a run or a command wrote (weights, shards, a log, data), not
+# code: left out of the source, and named. Tracked files always go (the shipped corpus is 2.5 MB).
+UNTRACKED_LIMIT_BYTES = 1_000_000
 TERMINAL = ("Completed", "Failed", "Stopped")
 POLL_S = 30.0
 # The job's command: unpack the source onto the ML storage volume and run the entry with the image's Python
@@ -302,11 +306,13 @@ def check_s3(s3: Any, values: SageMakerValues) -> None:
             )
 
 
-def source_files() -> list[str]:
-    """The kit's files: what git tracks or would track (not ignored), as they are in the working tree."""
+def source_files() -> tuple[list[str], list[str]]:
+    """The kit's files, as they are in the working tree: what git tracks, and what it would track (untracked, not
+    ignored) up to UNTRACKED_LIMIT_BYTES; and the untracked files left out for their size. What runs and commands
+    write where the kit puts it (checkpoints/, logs/, out/, .cache/, .venv/, ...) is git-ignored (.gitignore)."""
     try:
         listed = subprocess.run(
-            ["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            ["git", "-C", str(REPO), "ls-files", "-z", "-t", "--cached", "--others", "--exclude-standard"],
             capture_output=True,
             check=True,
         ).stdout
@@ -314,13 +320,29 @@ def source_files() -> list[str]:
         raise ConfigError(
             f"{REPO} is not a git checkout: submit from a clone of the kit (its source is what git tracks)"
         ) from None
-    names = sorted({n for n in listed.decode().split("\0") if n})
-    return [n for n in names if (REPO / n).is_file()]  # deleted but still tracked: skipped
+    # -t tags each name ("?": untracked); a dict, as an unmerged file is listed once per stage
+    tags = {name: tag for tag, name in (e.split(" ", 1) for e in listed.decode().split("\0") if e)}
+    files, left_out = [], []
+    for name, tag in sorted(tags.items()):
+        path = REPO / name
+        if not path.is_file():  # deleted but still tracked: skipped
+            continue
+        if tag == "?" and path.lstat().st_size > UNTRACKED_LIMIT_BYTES:
+            left_out.append(name)
+        else:
+            files.append(name)
+    return files, left_out
 
 
 def pack_source(out: Path, run_file: Path | None) -> tuple[int, int]:
     """Write the source tarball; (files, bytes)."""
-    files = source_files()
+    files, left_out = source_files()
+    if left_out:
+        shown = ", ".join(left_out[:5]) + (f" and {len(left_out) - 5} more" if len(left_out) > 5 else "")
+        print(
+            f"note: left out {len(left_out)} untracked file(s) over {UNTRACKED_LIMIT_BYTES / 1e6:g} MB, outputs "
+            f"rather than code: {shown} (git-ignore them or move them out of the checkout)"
+        )
     with tarfile.open(out, "w:gz") as tar:
         for name in files:
             tar.add(REPO / name, arcname=name, recursive=False)

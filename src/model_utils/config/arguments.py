@@ -2,7 +2,8 @@
 
 Flags are generated from the dataclass fields below, so a flag cannot exist without a field (and a test
 checks that every field is read by the training code). Parsing is strict: an unknown or misspelled flag is an
-error naming the closest valid one, and abbreviations are refused.
+error naming the closest valid one (a Hugging Face Trainer name: the kit's setting for it, HF_NAMES), and
+abbreviations are refused.
 
 The config is the user's, as given, and frozen: what is derived from it (the sequence length, the optimizer and
 schedule settings, the micro batch, max_steps from --epochs, the default lr) is resolved once by
@@ -1085,6 +1086,56 @@ def field_help(cls: type, name: str) -> dict[str, Any]:
     return {"type": _converter(hint), "help": _with_default(f.metadata["help"], f.default)}
 
 
+_IN_DS = "in the DeepSpeed config (--deepspeed_config, or the run file's deepspeed section)"
+# What a Hugging Face Trainer or TRL user types from habit (TrainingArguments, SFTConfig, TRL's ModelConfig
+# and script arguments) -> the fix an unknown flag's error names: the kit's flag, or where the kit sets it.
+# The names the kit shares (--max_steps, --warmup_steps, --seed, --report_to, --lora_r...) are its flags.
+HF_NAMES: dict[str, str] = {
+    "learning_rate": "use --lr",
+    "output_dir": "use --checkpoint_dir (checkpoints) and --report_dir (logs and trackers)",
+    "logging_dir": "use --report_dir",
+    "per_device_train_batch_size": "use --micro_batch_size",
+    "per_device_eval_batch_size": "use --micro_batch_size (validation's batches are the training ones)",
+    "num_train_epochs": "use --epochs (whole passes)",
+    "save_steps": "use --checkpoint_freq",
+    "save_strategy": "use --checkpoint_freq (steps) or --checkpoint_interval_minutes",
+    "save_total_limit": "use --keep_checkpoints",
+    "eval_steps": "use --validation_freq",
+    "eval_strategy": "use --validation_freq (steps)",
+    "evaluation_strategy": "use --validation_freq (steps)",
+    "logging_steps": "use --logging_freq",
+    "lr_scheduler_type": "use --lr_schedule (cosine, wsd, linear or constant)",
+    "gradient_checkpointing": "use --activation_checkpointing full",
+    "max_seq_length": "use --seq_length",
+    "max_length": "use --seq_length",
+    "model_name_or_path": "use --model",
+    "dataset_name": "use --dataset",
+    "dataset_config": "use --dataset_config_name",
+    "dataset_text_field": "use --text_field",
+    "dataset_train_split": "use --train_split",
+    "dataset_test_split": "use --validation_split",
+    "chat_template_path": "use --chat_template",
+    "completion_only_loss": "the loss is on completions unless --train_on_prompt true",
+    "assistant_only_loss": "the loss is on the assistant turns unless --train_on_prompt true",
+    "use_peft": "use --lora_r R",
+    "torch_compile": "use --compile true",
+    "use_liger_kernel": "use --liger on",
+    "deepspeed": "use --deepspeed_config",
+    "fsdp": "use --backend fsdp",
+    "hub_model_id": "use --push_to_hub REPO",
+    "hub_private_repo": "use --hub_visibility private",
+    "bf16": "the precision is set " + _IN_DS + ': bf16 {"enabled": true} (the kit\'s configs train in bf16)',
+    "fp16": "the precision is set " + _IN_DS + ': fp16 {"enabled": true} instead of bf16',
+    "torch_dtype": "the precision is set " + _IN_DS + ": its bf16 or fp16 section",
+    "weight_decay": "set optimizer.params.weight_decay " + _IN_DS,
+    "adam_beta1": "set optimizer.params.betas " + _IN_DS,
+    "adam_beta2": "set optimizer.params.betas " + _IN_DS,
+    "adam_epsilon": "set optimizer.params.eps " + _IN_DS,
+    "optim": "set optimizer.type " + _IN_DS,
+    "max_grad_norm": "set gradient_clipping " + _IN_DS,
+}
+
+
 def _reject_unknown_flags(argv: list[str], known: set[str]) -> None:
     for token in argv:
         if not token.startswith("--"):
@@ -1092,6 +1143,9 @@ def _reject_unknown_flags(argv: list[str], known: set[str]) -> None:
         name = token[2:].split("=", 1)[0]
         if name in known or name == "help":
             continue
+        hf_fix = HF_NAMES.get(name.replace("-", "_"))  # Hugging Face's parser takes --learning-rate too
+        if hf_fix is not None:
+            raise ConfigError(f"unknown flag --{name} (a Hugging Face Trainer name): {hf_fix}")
         close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.5)
         hint = f"did you mean --{close[0]}?" if close else "see --help for the valid flags"
         raise ConfigError(f"unknown flag --{name}: {hint}")

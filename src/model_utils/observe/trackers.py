@@ -9,7 +9,9 @@ selected (seconds each).
 W&B runs online with an API key (WANDB_API_KEY or `wandb login`), or offline (WANDB_MODE=offline: a cluster
 without internet) into <report_dir>/wandb/, which `wandb sync` uploads later; each attempt of a run is then one
 offline dir of the same W&B run id, so the sync continues one run. W&B keeps a run's steps increasing: steps an
-interrupted attempt logged after the checkpoint its requeue resumed from keep that attempt's values.
+interrupted attempt logged after the checkpoint its requeue resumed from keep that attempt's values. What the
+user's environment sets of W&B's own settings (WANDB_DIR, WANDB_NAME, WANDB_RUN_ID, WANDB_RESUME,
+WANDB_SILENT, WANDB_CONSOLE, WANDB_X_DISABLE_STATS) wins over the kit's choices.
 
 With `--mlflow_parent_run_id` the MLflow run is a child of that run (tag mlflow.parentRunId, in the parent's
 experiment), created once and continued like any other. The kit talks to MLflow through `MlflowClient` with
@@ -578,11 +580,17 @@ def _open_mlflow(
 
 
 WANDB_DEFAULT_PROJECT = "dskit"
-_WANDB_QUIET = {"silent": True, "console": "off", "x_disable_stats": True}  # the log is the kit's; no sampler
+# The log is the kit's, and no sampler; each is W&B's setting WANDB_<NAME>, which the user may set instead.
+_WANDB_QUIET = {"silent": True, "console": "off", "x_disable_stats": True}
+
+
+def _wandb_env(name: str) -> str:
+    """The user's W&B setting `name` from the environment, "" when unset: it wins over the kit's choice."""
+    return os.environ.get(name, "").strip()
 
 
 def _wandb_mode() -> str:
-    mode = os.environ.get("WANDB_MODE", "online").strip() or "online"
+    mode = _wandb_env("WANDB_MODE") or "online"
     if mode == "dryrun":  # W&B's old name for offline
         return "offline"
     if mode not in ("online", "offline", "disabled"):
@@ -617,35 +625,36 @@ def _open_wandb(
             "to log into the log dir and `wandb sync` it later"
         )
     project = (
-        (previous or {}).get("project") or project or os.environ.get("WANDB_PROJECT") or WANDB_DEFAULT_PROJECT
+        (previous or {}).get("project") or project or _wandb_env("WANDB_PROJECT") or WANDB_DEFAULT_PROJECT
     )
+    root = Path(_wandb_env("WANDB_DIR") or log_dir)
     try:
-        log_dir.mkdir(parents=True, exist_ok=True)
+        root.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise ConfigError(f"cannot create the log dir {log_dir} for W&B: {first_line(err)}") from err
+        raise ConfigError(f"cannot create the dir {root} for W&B: {first_line(err)}") from err
     import wandb
 
-    wandb_id = (previous or {}).get("run_id") or secrets.token_hex(4)  # W&B's ids: 8 of [a-z0-9]
+    # WANDB_RUN_ID (a sweep agent's, or the user's) names the run each attempt continues; ours: 8 of [a-z0-9].
+    wandb_id = _wandb_env("WANDB_RUN_ID") or (previous or {}).get("run_id") or secrets.token_hex(4)
     try:
         run = wandb.init(
             project=project,
-            name=run_id,
+            name=_wandb_env("WANDB_NAME") or run_id,
             id=wandb_id,
-            resume="allow",  # a requeue continues the run this id names
-            dir=str(log_dir),
+            resume=None if _wandb_env("WANDB_RESUME") else "allow",  # allow: a requeue continues the run
+            dir=str(root),
             config=None if previous else config,
             mode=mode,
-            settings=wandb.Settings(**_WANDB_QUIET),
+            settings=wandb.Settings(
+                **{k: v for k, v in _WANDB_QUIET.items() if not _wandb_env(f"WANDB_{k.upper()}")}
+            ),
         )
     except Exception as err:
         raise ConfigError(
             f"W&B: cannot start run {wandb_id} in project {project} ({mode}): {first_line(err)}: check the key and "
             "network, or set WANDB_MODE=offline"
         ) from err
-    where = (
-        f"offline in {log_dir / 'wandb'} (upload: wandb sync {log_dir / 'wandb'})"
-        if mode == "offline"
-        else mode
-    )
+    offline_dir = run.settings.wandb_dir  # under WANDB_DIR or the log dir
+    where = f"offline in {offline_dir} (upload: wandb sync {offline_dir})" if mode == "offline" else mode
     print0(f"W&B: run {wandb_id} in project {project}, {'continued' if previous else 'new'}, {where}")
     return WandbTracker(run), {"run_id": wandb_id, "project": project}

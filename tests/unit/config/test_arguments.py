@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from model_utils.config.arguments import CONFIG, TrainConfig, flag_fields, parse_args
+from model_utils.config.arguments import CONFIG, HF_NAMES, TrainConfig, flag_fields, parse_args
 from model_utils.errors import ConfigError
 from model_utils.resolve import train_settings
 from support.deepspeed_files import ds_dict
@@ -252,3 +252,47 @@ def test_the_hub_flags_need_a_repo_and_a_known_visibility() -> None:
         parse_args(["--push_to_hub", "me"])
     with pytest.raises(ConfigError, match="hub_visibility"):
         parse_args(["--push_to_hub", "me/run", "--hub_visibility", "secret"])
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        ("--learning_rate", "unknown flag --learning_rate (a Hugging Face Trainer name): use --lr"),
+        ("--learning-rate", "unknown flag --learning-rate (a Hugging Face Trainer name): use --lr"),
+        ("--output_dir", "use --checkpoint_dir (checkpoints) and --report_dir (logs and trackers)"),
+        ("--per_device_train_batch_size", "use --micro_batch_size"),
+        ("--num_train_epochs", "use --epochs"),
+        ("--save_steps", "use --checkpoint_freq"),
+        ("--logging_steps", "use --logging_freq"),
+        ("--max_seq_length", "use --seq_length"),
+        (
+            "--bf16",
+            "in the DeepSpeed config (--deepspeed_config, or the run file's deepspeed section): bf16 {\"enabled",
+        ),
+        ("--weight_decay", "set optimizer.params.weight_decay in the DeepSpeed config"),
+    ],
+)
+def test_a_hugging_face_trainer_name_names_the_kits_setting(flag: str, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse(flag, "1")
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_the_hugging_face_names_table_points_at_real_flags() -> None:
+    """Each Hugging Face name is none of the kit's flags, and each flag its fix names exists; the names the kit
+    shares with the Trainer are its own flags."""
+    flags = set(flag_fields())
+    assert not set(HF_NAMES) & flags
+    named = {name for fix in HF_NAMES.values() for name in re.findall(r"--(\w+)", fix)}
+    assert named and named <= flags
+    shared = {"max_steps", "warmup_steps", "warmup_ratio", "gradient_accumulation_steps", "seed", "report_to"}
+    shared |= {"resume_from_checkpoint", "run_name", "push_to_hub", "lora_r", "lora_alpha", "lora_dropout"}
+    assert shared <= flags
+    # The DeepSpeed keys a fix names are the kit's config's own.
+    ds = json.loads(Path(DEFAULT_DS).read_text())
+    for fix in HF_NAMES.values():
+        for key in re.findall(r"set ([\w.]+) in the DeepSpeed config", fix):
+            section = ds
+            for part in key.split("."):
+                section = section[part]

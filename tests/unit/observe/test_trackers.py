@@ -104,10 +104,17 @@ def test_unknown_or_repeated_report_to_is_a_config_error(tmp_path, report_to, me
     assert list(tmp_path.iterdir()) == []
 
 
+# W&B's settings a user may set, each of which the kit would otherwise choose: unset for the tests but one.
+USERS_WANDB = (
+    "WANDB_DIR", "WANDB_NAME", "WANDB_RUN_ID", "WANDB_RESUME",
+    "WANDB_SILENT", "WANDB_CONSOLE", "WANDB_X_DISABLE_STATS",
+)  # fmt: skip
+
+
 @pytest.fixture
 def wandb_offline(monkeypatch, tmp_path):
     monkeypatch.setenv("WANDB_MODE", "offline")
-    for name in ("WANDB_API_KEY", "WANDB_PROJECT"):
+    for name in ("WANDB_API_KEY", "WANDB_PROJECT", *USERS_WANDB):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))  # W&B's own settings, not ~'s
     monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
@@ -163,6 +170,40 @@ def test_wandb_offline_with_tensorboard_requeue_continues_one_run_each(tmp_path,
     assert tensorboard_texts(logs / "tensorboard" / RUN_ID, "samples") == {3: samples_markdown(SAMPLES)}
     # TensorBoard got the same steps in its one run dir.
     assert [s for s, _ in tensorboard_scalars(logs / "tensorboard" / RUN_ID)["train/loss"]] == [1, 2, 3, 4, 5]
+
+
+def test_the_users_wandb_environment_wins_over_the_kits_choices(tmp_path, wandb_offline, monkeypatch, capsys):
+    """WANDB_DIR, WANDB_NAME, WANDB_RUN_ID, WANDB_RESUME and W&B's output settings, set by the user, replace
+    the kit's log dir, run id as name, new id, resume 'allow' and quiet run; a requeue continues that run."""
+    import wandb
+
+    users = tmp_path / "users-wandb"
+    monkeypatch.setenv("WANDB_DIR", str(users))
+    monkeypatch.setenv("WANDB_NAME", "my-sweep-trial")
+    monkeypatch.setenv("WANDB_RUN_ID", "trial0042")
+    monkeypatch.setenv("WANDB_RESUME", "never")
+    monkeypatch.setenv("WANDB_CONSOLE", "wrap")
+    wandb.teardown()  # W&B reads the environment when its session starts, as in a job's process
+    logs = tmp_path / "logs"
+    state = None
+    for step in (1, 2):  # the first attempt, then its requeue
+        tracker, state = open_tracker(
+            "wandb", run_id=RUN_ID, log_dir=logs, config=CONFIG, tracking_uri=None, resume_state=state
+        )
+        assert (tracker.run.settings.resume, tracker.run.settings.console) == ("never", "wrap")
+        tracker.log_metrics(step, record(step))
+        tracker.close()
+    wandb.teardown()  # the runs' last records on disk (as in the test above)
+
+    assert state == {"wandb": {"run_id": "trial0042", "project": "dskit"}}
+    assert (
+        f"W&B: run trial0042 in project dskit, continued, offline in {users / 'wandb'}"
+        in capsys.readouterr().out
+    )
+    assert not logs.exists()
+    first, second = offline_runs(users)
+    assert first.run_id == second.run_id == "trial0042" and first.name == "my-sweep-trial"
+    assert (sorted(first.history), sorted(second.history)) == ([1], [2])
 
 
 def test_samples_markdown_keeps_one_row_per_sample() -> None:

@@ -146,6 +146,60 @@ def test_submit_sends_the_job_and_uploads_the_kit(
     assert "123456789012" not in shown and "****9012" in shown and FAKE_SECRET not in shown
 
 
+def test_the_source_is_the_kits_code_never_what_runs_and_commands_wrote(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A checkout with the kit's .gitignore, some code committed and a new module not yet, holding what runs and
+    commands write where the docs put it (checkpoints, logs, an export to out/, the schedules plot, caches,
+    .venv) and an export where nothing ignores it: the tarball is the code, a few kB."""
+    checkout = tmp_path / "checkout"
+    code = {
+        ".gitignore": (sagemaker.REPO / ".gitignore").read_bytes(),
+        "pyproject.toml": b"[project]\nname = 'dskit'\n",
+        "src/dskit/__init__.py": b"",
+        "configs/run.yaml": b"loop: {max_steps: 40}\n",
+        "checkpoints/.gitkeep": b"",
+        "logs/.gitkeep": b"",
+        "docs/lr-schedules.png": b"\x89PNG tracked",  # a tracked file keeps going, whatever its name
+    }
+    weights = b"\0" * (sagemaker.UNTRACKED_LIMIT_BYTES + 1)
+    written = {
+        "checkpoints/run/global_step40/mp_rank_00_model_states.pt": weights,
+        "checkpoints/run/latest": b"global_step40",
+        "logs/tiny_qwen3-deepspeed_20261129-120000.out": b"Step 40/40 | Loss 5.1\n",
+        "logs/tiny_qwen3-deepspeed_20261129-120000.png": b"\x89PNG",
+        "out/tiny-base/model.safetensors": weights,
+        "out/tiny-base/config.json": b"{}",
+        "lr-schedules.png": b"\x89PNG",
+        ".venv/bin/python": b"#!",
+        ".cache/torch_extensions/py311_cpu/cpu_adam/cpu_adam.so": weights,
+        ".cache/data/blocks.bin": weights,
+        "data/prepared/train/00000.bin": weights,
+        "src/dskit/__pycache__/__init__.cpython-311.pyc": b"pyc",
+        "my-export/model.safetensors": weights,  # no rule ignores it: left out for its size, and named
+    }
+    for name, body in {**code, **written, "src/dskit/new_tool.py": b"print('new')\n"}.items():
+        (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+        (checkout / name).write_bytes(body)
+    git = ["git", "-C", str(checkout), "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", *code], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "the kit"], check=True)
+    monkeypatch.setattr(sagemaker, "REPO", checkout)
+
+    archive = tmp_path / sagemaker.SOURCE_ARCHIVE
+    count, size = sagemaker.pack_source(archive, None)
+    note = capsys.readouterr().out
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+    assert names == {*code, "src/dskit/new_tool.py"} and count == len(names)
+    print(f"source tarball: {count} files, {size} bytes")  # what was written: 7 MB
+    assert size < 4096, size
+    assert note.startswith(
+        "note: left out 1 untracked file(s) over 1 MB, outputs rather than code: my-export/"
+    )
+
+
 def test_dry_run_prints_the_redacted_request_and_touches_nothing(
     s3: S3Env, proxy: SageMakerProxy, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
