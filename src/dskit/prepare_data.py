@@ -16,16 +16,13 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import contextlib
-import errno
-import fcntl
 import json
 import multiprocessing
 import os
 import queue
-import socket
+import signal
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +30,6 @@ from model_utils.config.arguments import DataArgs, ModelArgs, field_help, reject
 from model_utils.data import documents, token_shards
 from model_utils.data.token_shards import TokenizerSpec
 from model_utils.errors import CommandParser, ConfigError
-from model_utils.launch import processes
 from model_utils.model import models
 
 # The training flags that say what to prepare; the rest of a training config does not apply here.
@@ -101,11 +97,24 @@ def _check(args: argparse.Namespace) -> None:
 # --- workers --------------------------------------------------------------------------------------------
 
 _worker: dict[str, Any] = {}
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def _init_worker(spec: TokenizerSpec, record: dict[str, Any], progress: Any) -> None:
+def _init_worker(spec: TokenizerSpec, record: dict[str, Any], progress: Any, parent: int) -> None:
+    _end_with(parent)
     _worker["spec"], _worker["record"], _worker["progress"] = spec, record, progress
     progress.put(("pid", os.getpid()))  # so the driver can stop exactly its workers
+
+
+def _end_with(parent: int) -> None:
+    """The worker ends with its parent, also one killed outright (kill -9, the OOM killer), which stops no worker
+    itself: the kernel kills it then (PR_SET_PDEATHSIG; it follows the thread that started the worker, the
+    driver's). What it leaves unfinished, a re-run redoes."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before the kernel was asked
+        os._exit(1)
 
 
 def _worker_unit(out: str, index: int) -> None:
@@ -185,7 +194,7 @@ def _run_units(
     context = multiprocessing.get_context("spawn")  # no fork of a process holding a tokenizer's threads
     updates = context.Queue()
     pool = cf.ProcessPoolExecutor(
-        num_proc, mp_context=context, initializer=_init_worker, initargs=(spec, record, updates)
+        num_proc, mp_context=context, initializer=_init_worker, initargs=(spec, record, updates, os.getpid())
     )
     pending = list(todo)
     running: set[cf.Future[int]] = set()
@@ -228,101 +237,16 @@ def _drain(updates: Any, progress: Progress, workers: set[int]) -> None:
 
 
 def _stop(workers: set[int]) -> None:
-    import signal
-
     for pid in workers:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
 
 
-# --- one preparation at a time per output dir (and array task) --------------------------------------------
-
-LOCK = ".prepare-data.lock"
-_POLL_S = 1.0
-_NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS)
-
-
-def lock_path(out: Path, task_index: int, num_tasks: int) -> Path:
-    """The tasks of an array share OUT (each its own units); only the same task run twice must wait."""
-    return out / (LOCK if num_tasks == 1 else f"{LOCK}.task-{task_index}-of-{num_tasks}")
-
-
-def _holder() -> str:
-    return f"host {socket.gethostname()} pid {os.getpid()} since {time.strftime('%H:%M:%S')}"
-
-
-def _waiting(out: Path, lock: Path, holder: str) -> None:
-    print(
-        f"prepare-data: {out} is being prepared by another prepare-data ({holder or 'unknown holder'}, "
-        f"{lock.name}): waiting for it to finish",
-        flush=True,
-    )
-
-
-@contextlib.contextmanager
-def exclusive(out: Path, lock: Path) -> Iterator[None]:
-    """Hold `lock` while preparing. flock: the kernel (or the NFS server) releases it when its holder dies, so a
-    killed preparation leaves no stale lock; the file holds the holder's host and pid for the waiting line."""
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            _waiting(out, lock, os.pread(fd, 200, 0).decode(errors="replace").strip())
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError as e:
-            if e.errno not in _NO_FLOCK:
-                raise
-            os.close(fd)
-            fd = -1
-            with _lock_file(out, lock.with_name(lock.name + ".held")):
-                yield
-            return
-        with contextlib.suppress(
-            OSError
-        ):  # the holder's name is for the waiting line: a full disk may refuse it
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, _holder().encode(), 0)
-        yield
-    finally:
-        if fd >= 0:
-            os.close(fd)  # releases the flock
-
-
-@contextlib.contextmanager
-def _lock_file(out: Path, held: Path) -> Iterator[None]:
-    """Where the filesystem has no flock: a file created exclusively, naming its holder; taken over when stale
-    (its holder, on this host, is gone)."""
-    said = False
-    while True:
-        try:
-            fd = os.open(held, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            break
-        except FileExistsError:
-            try:
-                holder = held.read_text().strip()
-            except FileNotFoundError:
-                continue  # released meanwhile
-            words = holder.split()  # host HOST pid PID since TIME (_holder)
-            if (
-                words[:1] == ["host"]
-                and len(words) > 3
-                and words[1] == socket.gethostname()
-                and not (words[3].isdigit() and processes.running(int(words[3])))
-            ):
-                held.unlink(missing_ok=True)  # stale: a killed preparation's
-                continue
-            if not said:
-                _waiting(out, held, f"{holder}; delete {held} if that process is gone")
-                said = True
-            time.sleep(_POLL_S)
-    try:
-        with contextlib.suppress(OSError):
-            os.write(fd, _holder().encode())
-        os.close(fd)
-        yield
-    finally:
-        held.unlink(missing_ok=True)
+def lock_name(task_index: int, num_tasks: int) -> str:
+    """The lock's name in OUT: the tasks of an array share OUT (each its own units); only the same task run twice
+    must wait."""
+    lock = token_shards.LOCK
+    return lock if num_tasks == 1 else f"{lock}.task-{task_index}-of-{num_tasks}"
 
 
 def prepare(args: argparse.Namespace) -> int:
@@ -340,7 +264,8 @@ def prepare(args: argparse.Namespace) -> int:
     rows = token_shards.rows_record(data, plan, tokenizer, lambda line: print(line, flush=True))
     record = token_shards.plan_record(data, plan, spec, args.max_tokens, unit_mb, rows)
     token_shards.begin(out, record)  # refuses a directory holding another preparation
-    with exclusive(out, lock_path(out, args.task_index, args.num_tasks)):
+    lock = lock_name(args.task_index, args.num_tasks)
+    with token_shards.preparing(out, lock, lambda line: print(f"prepare-data: {line}", flush=True)):
         return _prepare_locked(args, out, data, plan, record, spec, start)
 
 

@@ -609,11 +609,13 @@ def _check_prompt_completion(row: dict) -> str | None:
 
 @dataclass
 class Encoded:
-    """A batch of documents: token ids and flag bytes of the same lengths, and how many have nothing trained."""
+    """A batch of documents: token ids and flag bytes of the same lengths, how many have nothing trained, and
+    which is the first of those (`where` names it; None: none)."""
 
     ids: list[np.ndarray]
     flags: list[np.ndarray]
     untrained: int
+    first_untrained: str | None = None
 
 
 def _common_ids(a: list[int], b: list[int]) -> int:
@@ -651,7 +653,7 @@ class ChatEncoder:
         return self._renderer
 
     def encode(self, rows: list[Any], where: Callable[[int], str]) -> Encoded:
-        """`where(i)` names row i of the batch (file and row) for a bad row's one line."""
+        """`where(i)` names row i of the batch (its file and line) for a bad row's one line."""
         texts: list[str] = []
         spans: list[list[tuple[int, int]]] = []
         prompt_ids: list[list[int] | None] = []
@@ -677,9 +679,9 @@ class ChatEncoder:
         eos, dtype = self.eos, self.dtype
         documents = [np.fromiter(itertools.chain(e.ids, (eos,)), dtype, len(e) + 1) for e in encodings]  # EOS
         at = self._token_spans(texts, documents, spans, encodings if offsets else None)
-        ids, flags, untrained = [], [], 0
-        for row, encoding, document, row_at, prompt in zip(
-            rows, encodings, documents, at, prompt_ids, strict=True
+        ids, flags, untrained, first_untrained = [], [], 0, None
+        for i, (row, encoding, document, row_at, prompt) in enumerate(
+            zip(rows, encodings, documents, at, prompt_ids, strict=True)
         ):
             n = len(document) - 1
             mask = np.zeros(n + 1, np.uint8)
@@ -701,9 +703,10 @@ class ChatEncoder:
             mask[0] = DOC_START  # nothing in the document predicts its first token
             if not mask[1:].any():  # past the first, a flag is TRAINED or nothing
                 untrained += 1
+                first_untrained = first_untrained or where(i)
             ids.append(document)
             flags.append(mask)
-        return Encoded(ids, flags, untrained)
+        return Encoded(ids, flags, untrained, first_untrained)
 
     def _token_spans(
         self,

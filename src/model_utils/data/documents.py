@@ -64,9 +64,13 @@ class Unit:
     def from_dict(cls, d: dict[str, Any]) -> Unit:
         return cls(**d)
 
+    @property
+    def name(self) -> str:
+        """The file or S3 object this unit is a piece of, as a person names it."""
+        return f"s3://{self.s3_bucket}/{self.location}" if self.s3_bucket else self.location
+
     def describe(self) -> str:
-        where = f"s3://{self.s3_bucket}/{self.location}" if self.s3_bucket else self.location
-        return f"{where} [{self.start}:{self.end}]"
+        return f"{self.name} [{self.start}:{self.end}]"
 
 
 @dataclass(frozen=True)
@@ -280,6 +284,8 @@ def plan(data: Any, unit_bytes: int = DEFAULT_UNIT_BYTES) -> Plan:
 
 
 Fields = str | tuple[str, ...]  # one column's values, or several columns' as a mapping per row
+# A reader's batch: the documents or rows, the bytes of the unit they covered, and what names row i of them.
+Batch = tuple[list[Any], int, Callable[[int], str]]
 
 
 def _missing(field: Fields, where: str, present: Any) -> ConfigError:
@@ -323,10 +329,40 @@ def _text(path: str, kind: str, **options: Any) -> Iterator[tuple[io.TextIOWrapp
             text.detach()  # the file is closed by _binary, and its position is read until then
 
 
-def _json_lines(unit: Unit, path: str, field: Fields) -> Iterator[tuple[list[Any], int]]:
+def _line_at(path: str, kind: str, offset: int) -> int:
+    """The 1-based line of a file (decompressed, for .gz) that byte `offset` is on: read again to count, only
+    for a message."""
+    with _binary(path, kind) as (f, _):
+        lines = 1
+        while offset > 0 and (chunk := f.read(min(offset, 2**20))):
+            lines += chunk.count(b"\n")
+            offset -= len(chunk)
+    return lines
+
+
+def _numbered(where: str, numbers: Any) -> Callable[[int], str]:
+    """Names row i of a batch by its 1-based line, row or record number in `numbers` (`where`: "FILE line")."""
+    return lambda i: f"{where} {numbers[i]}"
+
+
+def _not_json(where: str, e: json.JSONDecodeError | UnicodeDecodeError) -> ConfigError:
+    if isinstance(e, UnicodeDecodeError):
+        return ConfigError(
+            f"{where} is not UTF-8 text (byte {e.object[e.start]:#04x}: {e.reason}): write the file as UTF-8, "
+            "or drop that line"
+        )
+    return ConfigError(f"{where} is not valid JSON ({e.msg} at column {e.colno}): fix that line, or drop it")
+
+
+def _json_lines(unit: Unit, path: str, field: Fields) -> Iterator[Batch]:
     """Lines whose first byte lies in [start, end): a line straddling `start` belongs to the unit before."""
     batch: list[Any] = []
+    starts: list[int] = []  # the byte each row's line starts at (its number is counted for a message only)
     end = unit.end if unit.end >= 0 else sys.maxsize
+
+    def where(at: int) -> str:
+        return f"{unit.name} line {_line_at(path, unit.kind, at)}"
+
     with _binary(path, unit.kind) as (f, position):
         pos = unit.start
         if pos > 0:
@@ -342,126 +378,141 @@ def _json_lines(unit: Unit, path: str, field: Fields) -> Iterator[tuple[list[Any
                 continue
             try:
                 record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError(
-                    f"{path} at byte {pos - len(line)} is not valid JSON ({e.msg}): check the file format"
-                ) from None
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise _not_json(where(pos - len(line)), e) from None
             if not _has(record, field):
                 present = list(record)[:8] if isinstance(record, dict) else []
-                raise _missing(field, f"record at byte {pos - len(line)} of {path}", present)
+                raise _missing(field, where(pos - len(line)), present)
             batch.append(_pick(record, field))
+            starts.append(pos - len(line))
             if len(batch) >= BATCH_DOCS:
-                yield batch, position() - reported
-                batch, reported = [], position()
-        yield batch, min(position(), unit.start + unit.size) - reported
+                yield batch, position() - reported, lambda i, starts=starts: where(starts[i])
+                batch, starts, reported = [], [], position()
+        yield batch, min(position(), unit.start + unit.size) - reported, lambda i: where(starts[i])
 
 
-def _json_array(unit: Unit, path: str, field: Fields) -> Iterator[tuple[list[Any], int]]:
+def _json_array(unit: Unit, path: str, field: Fields) -> Iterator[Batch]:
+    data = Path(path).read_bytes()
     try:
-        records = json.loads(Path(path).read_bytes())
+        records = json.loads(data)
     except json.JSONDecodeError as e:
-        raise ConfigError(f"{path} is not valid JSON ({e.msg}): check the file format") from None
+        raise _not_json(f"{unit.name} line {e.lineno}", e) from None
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise _not_json(f"{unit.name} line {line}", e) from None
     if not isinstance(records, list):
-        raise ConfigError(f"{path} is one JSON object, not documents: write one JSON object per line")
+        raise ConfigError(f"{unit.name} is one JSON object, not documents: write one JSON object per line")
     texts = []
     for i, r in enumerate(records):
         if not _has(r, field):
-            raise _missing(field, f"record {i} of {path}", list(r)[:8] if isinstance(r, dict) else [])
+            raise _missing(field, f"{unit.name} record {i + 1}", list(r)[:8] if isinstance(r, dict) else [])
         texts.append(_pick(r, field))
     for i in range(0, len(texts), BATCH_DOCS):
-        yield texts[i : i + BATCH_DOCS], unit.size if i + BATCH_DOCS >= len(texts) else 0
+        numbered = _numbered(f"{unit.name} record", range(i + 1, i + 1 + BATCH_DOCS))
+        yield texts[i : i + BATCH_DOCS], unit.size if i + BATCH_DOCS >= len(texts) else 0, numbered
 
 
-def _paragraphs(unit: Unit, path: str) -> Iterator[tuple[list[Any], int]]:
+def _paragraphs(unit: Unit, path: str) -> Iterator[Batch]:
     """Plain text: blank-line separated paragraphs are the documents (one line each would cut sentences)."""
     batch: list[str] = []
+    firsts: list[int] = []  # each paragraph's first line
     lines: list[str] = []
     with _text(path, unit.kind) as (f, position):
         reported = 0
-        for line in f:
+        for n, line in enumerate(f, 1):
             if line.strip():
+                if not lines:
+                    firsts.append(n)
                 lines.append(line.rstrip("\n"))
                 continue
             if lines:
                 batch.append("\n".join(lines))
                 lines = []
             if len(batch) >= BATCH_DOCS:
-                yield batch, position() - reported
-                batch, reported = [], position()
+                yield batch, position() - reported, _numbered(f"{unit.name} line", firsts)
+                batch, firsts, reported = [], [], position()
         if lines:
             batch.append("\n".join(lines))
-        yield batch, position() - reported
+        yield batch, position() - reported, _numbered(f"{unit.name} line", firsts)
 
 
-def _csv_rows(unit: Unit, path: str, field: Fields) -> Iterator[tuple[list[Any], int]]:
+def _csv_rows(unit: Unit, path: str, field: Fields) -> Iterator[Batch]:
     csv.field_size_limit(sys.maxsize)  # documents are long
     with _text(path, unit.kind, newline="") as (f, position):
         reader = csv.DictReader(f)
         if reader.fieldnames is None or not _has(dict.fromkeys(reader.fieldnames), field):
-            raise _missing(field, f"CSV file {path}", reader.fieldnames)
+            raise _missing(field, f"CSV file {unit.name}", reader.fieldnames)
         batch: list[Any] = []
+        firsts: list[int] = []  # each row's first line (a quoted field may hold line breaks)
+        read_lines = reader.line_num  # the header's
         reported = 0
         for row in reader:
             batch.append(_pick(row, field))
+            firsts.append(read_lines + 1)
+            read_lines = reader.line_num
             if len(batch) >= BATCH_DOCS:
-                yield batch, position() - reported
-                batch, reported = [], position()
-        yield batch, position() - reported
+                yield batch, position() - reported, _numbered(f"{unit.name} line", firsts)
+                batch, firsts, reported = [], [], position()
+        yield batch, position() - reported, _numbered(f"{unit.name} line", firsts)
 
 
-def _record_batches(unit: Unit, path: str, field: Fields) -> Iterator[tuple[list[Any], int]]:
+def _record_batches(unit: Unit, path: str, field: Fields) -> Iterator[Batch]:
     import pyarrow as pa
 
+    seen = 0  # rows of the file before the batch
     if unit.kind == "parquet":
         import pyarrow.parquet as pq
 
         parquet = pq.ParquetFile(path)
         if not _has(dict.fromkeys(parquet.schema_arrow.names), field):
-            raise _missing(field, f"parquet file {path}", parquet.schema_arrow.names)
+            raise _missing(field, f"parquet file {unit.name}", parquet.schema_arrow.names)
         groups = list(range(parquet.num_row_groups if unit.end < 0 else unit.end))[unit.start :]
         rows = sum(parquet.metadata.row_group(g).num_rows for g in groups) or 1
+        seen = sum(parquet.metadata.row_group(g).num_rows for g in range(unit.start))
         batches = parquet.iter_batches(batch_size=BATCH_DOCS, row_groups=groups, columns=_columns(field))
     else:  # a save_to_disk Arrow file (IPC stream format)
         reader = pa.ipc.open_stream(pa.memory_map(path))
         if not _has(dict.fromkeys(reader.schema.names), field):
-            raise _missing(field, f"Arrow file {path}", reader.schema.names)
+            raise _missing(field, f"Arrow file {unit.name}", reader.schema.names)
         rows = None
         batches = (b.select(_columns(field)) for b in reader)
-    seen = 0
     for record_batch in batches:
         column = record_batch if isinstance(field, tuple) else record_batch.column(0)
         for i in range(0, record_batch.num_rows, BATCH_DOCS):
             part = column.slice(i, BATCH_DOCS).to_pylist()
+            numbers = range(seen + 1, seen + 1 + len(part))
             seen += len(part)
-            yield part, (unit.size * len(part) // rows) if rows else 0
+            yield part, (unit.size * len(part) // rows) if rows else 0, _numbered(f"{unit.name} row", numbers)
     if rows is None:
-        yield [], unit.size
+        yield [], unit.size, _numbered(f"{unit.name} row", ())
 
 
-def _hub_rows(unit: Unit, field: Fields) -> Iterator[tuple[list[Any], int]]:
+def _hub_rows(unit: Unit, field: Fields) -> Iterator[Batch]:
     name, config_name, split = json.loads(unit.location)
     shard = _hub_dataset(name, config_name, split)
     if shard.num_shards > 1:
         shard = shard.shard(num_shards=unit.end, index=unit.start)
+    where = f"hub dataset {name} shard {unit.start}"
     batch: list[Any] = []
-    size = 0
+    size = seen = 0
     for row in shard:
         if not _has(row, field):
-            raise _missing(field, f"hub dataset {name} shard {unit.start}", list(row))
+            raise _missing(field, where, list(row))
         text = _pick(row, field)
         batch.append(text)
         size += _size(text)
         if len(batch) >= BATCH_DOCS:
-            yield batch, size
+            yield batch, size, _numbered(f"{where} row", range(seen + 1, seen + 1 + len(batch)))
+            seen += len(batch)
             batch, size = [], 0
-    yield batch, size
+    yield batch, size, _numbered(f"{where} row", range(seen + 1, seen + 1 + len(batch)))
 
 
-def _local_texts(unit: Unit, path: str, field: Fields) -> Iterator[tuple[list[Any], int]]:
+def _local_texts(unit: Unit, path: str, field: Fields) -> Iterator[Batch]:
     kind = unit.kind
     if kind == "jsonl-or-array":  # an S3 object: which JSON layout it has is known once it is here
         kind = "jsonarray" if _json_is_array(Path(path)) else "json"
-        unit = Unit(kind, unit.location, 0, unit.size, unit.size, unit.role)
+        unit = dataclasses.replace(unit, kind=kind)
     if kind in ("json", "json.gz"):
         return _json_lines(unit, path, field)
     if kind == "jsonarray":
@@ -493,31 +544,52 @@ def _size(value: Any) -> int:
     return total
 
 
-def _bounded(batches: Iterator[tuple[list[Any], int]]) -> Iterator[tuple[list[Any], int]]:
-    """Batches of at most BATCH_TEXT characters (or one longer document); the progress goes with the last part."""
-    for batch, nbytes in batches:
-        part: list[Any] = []
-        size = 0
-        for text in batch:
-            length = _size(text)
-            if part and size + length > BATCH_TEXT:
-                yield part, 0
-                part, size = [], 0
-            part.append(text)
-            size += length
-        yield part, nbytes
+def _parts(batch: list[Any]) -> Iterator[tuple[int, list[Any]]]:
+    """A batch in parts of at most BATCH_TEXT characters (or one longer document), each with its first's index."""
+    first, part, size = 0, [], 0
+    for i, text in enumerate(batch):
+        length = _size(text)
+        if part and size + length > BATCH_TEXT:
+            yield first, part
+            first, part, size = i, [], 0
+        part.append(text)
+        size += length
+    yield first, part
 
 
-def read(unit: Unit, field: Fields, scratch_dir: Path) -> Iterator[tuple[list[Any], int]]:
-    """The unit's documents in batches of bounded size, each with how many bytes of the unit it covered.
+class Reading:
+    """A unit's documents being read (read()): iterated, batches of bounded size, each with how many bytes of the
+    unit it covered; `where(i)` names document (row) i of the batch last given as a person finds it: its file
+    and 1-based line (JSON lines, CSV, text), row (parquet, Arrow, a hub shard) or record (a JSON array)."""
+
+    def __init__(self, batches: Iterator[Batch]) -> None:
+        self._batches = batches
+        # What names the rows of the batch being read, and where in it the part last given starts.
+        self._names: Callable[[int], str] = str
+        self._first = 0
+
+    def __iter__(self) -> Iterator[tuple[list[Any], int]]:
+        for batch, nbytes, names in self._batches:
+            self._names = names
+            parts = list(_parts(batch))
+            for k, (self._first, part) in enumerate(parts):
+                yield part, nbytes if k == len(parts) - 1 else 0  # the progress goes with the last part
+
+    def where(self, i: int) -> str:
+        return self._names(self._first + i)
+
+
+def read(unit: Unit, field: Fields, scratch_dir: Path) -> Reading:
+    """The unit's documents in batches of bounded size, each with how many bytes of the unit it covered; the
+    Reading's `where(i)` names a bad one.
 
     An S3 object is downloaded into `scratch_dir` for the time it is read, then deleted: disk use is one
     object per process, whatever the dataset's size.
     """
-    return _bounded(_read(unit, field, scratch_dir))
+    return Reading(_read(unit, field, scratch_dir))
 
 
-def _read(unit: Unit, field: Fields, scratch_dir: Path) -> Iterator[tuple[list[Any], int]]:
+def _read(unit: Unit, field: Fields, scratch_dir: Path) -> Iterator[Batch]:
     if unit.kind == "hub":
         yield from _hub_rows(unit, field)
         return
@@ -553,14 +625,14 @@ def first_row(unit: Unit) -> dict[str, Any] | None:
                 if line.strip():
                     try:
                         record = json.loads(line)
-                    except json.JSONDecodeError:
+                    except (json.JSONDecodeError, UnicodeDecodeError):
                         return None  # reading says where, in one line
                     return record if isinstance(record, dict) else None
         return None
     if unit.kind == "jsonarray":
         try:
             records = json.loads(Path(unit.location).read_bytes())
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, UnicodeDecodeError):
             return None
         return records[0] if isinstance(records, list) and records and isinstance(records[0], dict) else None
     if unit.kind in ("csv", "csv.gz"):

@@ -55,7 +55,9 @@ def read(setting: str) -> list[str | list[dict]]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ConfigError(f"{FLAG} {setting}:{n}: not JSON ({e.msg}): fix: one prompt per line") from None
+            raise ConfigError(
+                f"{FLAG} {setting}:{n}: not JSON ({e.msg} at column {e.colno}): fix: one prompt per line"
+            ) from None
         prompts.append(_prompt(row, f"{FLAG} {setting}:{n}"))
     return prompts or _none(f"{FLAG} {setting}")
 

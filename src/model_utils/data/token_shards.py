@@ -417,14 +417,16 @@ def _write_rows_unit(
     encoder = _chat_encoder(spec, record)
     shards = {split: _ShardFile(out, split, index).with_mask(out, split, index) for split in SPLITS}
     phase = _phase(unit)
-    where_file = unit.describe()
     untrained = rows = 0
+    first_untrained = None
     with _discarded_on_failure(out, index, shards):
-        for batch, nbytes in documents.read(unit, fields, _staging_dir(out)):
+        reading = documents.read(unit, fields, _staging_dir(out))
+        for batch, nbytes in reading:
             first = rows
-            encoded = encoder.encode(batch, lambda i, first=first: f"{where_file} row {first + i}")
+            encoded = encoder.encode(batch, reading.where)
             rows += len(batch)
             untrained += encoded.untrained
+            first_untrained = first_untrained or encoded.first_untrained
             pairs = list(zip(encoded.ids, encoded.flags, strict=True))
             if unit.role == SPLIT:
                 to_val = [_held_out(first + i, validation_fraction, phase) for i in range(len(pairs))]
@@ -437,7 +439,7 @@ def _write_rows_unit(
             progress(nbytes, sum(len(a) for a in encoded.ids))
             if max_tokens is not None and shards[TRAIN].tokens >= max_tokens:
                 break
-        _check_untrained(untrained, rows, where_file, record)
+        _check_untrained(untrained, rows, unit.describe(), first_untrained, record)
         committed = {split: shard.commit() for split, shard in shards.items()}
     done = {
         "unit": unit.to_dict(),
@@ -448,7 +450,9 @@ def _write_rows_unit(
     return _commit_unit(out, index, done)
 
 
-def _check_untrained(untrained: int, rows: int, where: str, record: dict[str, Any]) -> None:
+def _check_untrained(
+    untrained: int, rows: int, where: str, first: str | None, record: dict[str, Any]
+) -> None:
     """Rows with no token to train on are counted; past chat.UNTRAINED_LIMIT of a unit's (or all of them) the
     template or the data is wrong, and training on it would be a silent zero-loss run."""
     if not untrained or (untrained < rows and untrained <= chat.UNTRAINED_LIMIT * rows):
@@ -456,9 +460,9 @@ def _check_untrained(untrained: int, rows: int, where: str, record: dict[str, An
     options = record["chat"]
     what = "conversations" if record["data_format"] == chat.MESSAGES else "rows"
     raise ConfigError(
-        f"{untrained} of {rows} {what} in {where} have no token to train on (no assistant turn the chat "
-        f"template, {options['template_from']}, renders): fix the data or pass --chat_template with a template "
-        "that renders the assistant turns (or --train_on_prompt to train on every token)"
+        f"{untrained} of {rows} {what} in {where} have no token to train on (the first: {first}; no assistant "
+        f"turn the chat template, {options['template_from']}, renders): fix the data or pass --chat_template "
+        "with a template that renders the assistant turns (or --train_on_prompt to train on every token)"
     )
 
 
@@ -509,7 +513,7 @@ def _check_text(texts: list[Any], field: str, unit: Unit) -> None:
     if not bad:
         return
     kinds = sorted({type(t).__name__ for t in bad})
-    where = unit.describe().rsplit(" [", 1)[0]
+    where = unit.name
     raise ConfigError(
         f"field {field!r} of {where} holds {' and '.join(kinds)} values, not text ({len(bad)} of the first "
         f"{len(texts)} rows): pass --text_field naming a field of plain text"
@@ -878,14 +882,16 @@ def write_units(
 
 
 @contextlib.contextmanager
-def preparing(out: Path, lock: str = LOCK, say: Callable[[str], None] = print0) -> Iterator[None]:
+def preparing(
+    out: Path, lock: str = LOCK, say: Callable[[str], None] = lambda line: print0(f"Data: {line}")
+) -> Iterator[None]:
     """One preparation of `out` at a time (`lock`: a lock file in it): two launches that start together on the
     same new data (a sweep, two jobs on one --data_cache_dir) or two `dskit prepare-data` of it; the second says
     whose it waits for, and finds the units done."""
     with file_lock.exclusive(
         out / lock,
         lambda holder: say(
-            f"Data: {out} is being prepared by another process ({holder}, {lock}): waiting for it to finish"
+            f"{out} is being prepared by another process ({holder}, {lock}): waiting for it to finish"
         ),
     ):
         yield

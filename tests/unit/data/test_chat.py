@@ -220,6 +220,15 @@ def test_a_row_the_template_cannot_render_is_one_line(tmp_path) -> None:
         _encoder(tokenizer, chat.MESSAGES).encode([two_users], lambda i: f"data.jsonl row {i}")
 
 
+def test_the_first_row_with_nothing_to_train_on_is_named(tmp_path) -> None:
+    tokenizer = chat_tokenizer(FAMILIES["qwen3"], tmp_path / "tok")
+    good, no_answer = conversations("qwen3")[0], [{"role": "user", "content": "Hello?"}]
+    encoder = _encoder(tokenizer, chat.MESSAGES)
+    encoded = encoder.encode([good, no_answer, no_answer], lambda i: f"data.jsonl line {i + 1}")
+    assert encoded.untrained == 2 and encoded.first_untrained == "data.jsonl line 2"
+    assert encoder.encode([good], lambda i: f"data.jsonl line {i + 1}").first_untrained is None
+
+
 def test_bad_prompt_completion_rows(tmp_path) -> None:
     tokenizer = chat_tokenizer(FAMILIES["qwen3"], tmp_path / "tok")
     for row, wrong in (

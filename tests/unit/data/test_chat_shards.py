@@ -51,14 +51,19 @@ def test_prepare_data_stores_masks_that_survive_parallel_kill_and_resume(
     real_read = documents.read
     calls = []
 
-    def crash_in_unit_2(unit, field, scratch):
-        calls.append(unit.start)
-        for i, item in enumerate(real_read(unit, field, scratch)):
-            yield item
-            if len(calls) == 3 and i == 0:
-                raise KeyboardInterrupt  # killed mid-unit
+    class KilledInUnit2:
+        def __init__(self, unit, field, scratch) -> None:
+            calls.append(unit.start)
+            self.reading = real_read(unit, field, scratch)
+            self.where = self.reading.where
 
-    monkeypatch.setattr(documents, "read", crash_in_unit_2)
+        def __iter__(self):
+            for i, item in enumerate(self.reading):
+                yield item
+                if len(calls) == 3 and i == 0:
+                    raise KeyboardInterrupt  # killed mid-unit
+
+    monkeypatch.setattr(documents, "read", KilledInUnit2)
     with pytest.raises(KeyboardInterrupt):
         prep(tmp_path / "cut", *args, "--num_proc", "1")
     cut = tmp_path / "cut"
@@ -134,22 +139,33 @@ def test_changed_chat_options_prepare_anew_and_are_refused_for_a_prepared_dir(tm
     assert plain.tokens.size == thinking.tokens.size
 
 
-def test_a_bad_row_stops_the_preparation_in_one_line_leaving_nothing_finished(tmp_path: Path, qwen3) -> None:
+@pytest.mark.parametrize(
+    ("bad", "wrong"),
+    [
+        ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}], "message 1 is an empty"),
+        (
+            [{"role": "usr", "content": "hi"}, {"role": "assistant", "content": "a"}],
+            "message 0 has the unknown",
+        ),
+    ],
+)
+def test_a_bad_row_stops_the_preparation_in_one_line_leaving_nothing_finished(
+    tmp_path: Path, qwen3, bad: list[dict], wrong: str
+) -> None:
     _, tokenizer_dir = qwen3
     rows = _chats(30)
-    rows[17] = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}]}
+    rows[17] = {"messages": bad}
     source = write_rows(tmp_path / "chats.jsonl", rows)
     out = tmp_path / "p"
+    unit_mb = 0.001  # units of a few rows: line 18 is in a later one
+    assert len(documents.plan(DataArgs(dataset=str(source)), int(unit_mb * 2**20)).units) > 3
+    args = ["--dataset", str(source), "--tokenizer", str(tokenizer_dir), "--unit_mb", str(unit_mb)]
     with pytest.raises(ConfigError) as raised:
-        prep(out, "--dataset", str(source), "--tokenizer", str(tokenizer_dir), "--num_proc", "1")
+        prep(out, *args, "--num_proc", "1")
     line = str(raised.value)
-    assert (
-        f"{source} [0:" in line
-        and "row 17: message 1 is an empty assistant turn" in line
-        and "\n" not in line
-    )
-    assert token_shards.state(out) == "unfinished" and not (out / "units").exists()
-    assert not [p for p in out.rglob("*.bin")] + [p for p in out.rglob("*.mask")]
+    assert line.startswith(f"{source} line 18: {wrong}") and "\n" not in line  # the file's line, from 1
+    assert token_shards.state(out) == "unfinished"
+    assert not [p for p in (out / ".staging").rglob("*") if p.is_file()]  # its unit's tokens and mask gone
 
 
 def test_rows_without_an_assistant_turn_are_counted_then_refused_past_the_limit(
@@ -165,7 +181,9 @@ def test_rows_without_an_assistant_turn_are_counted_then_refused_past_the_limit(
     assert record["untrained_documents"] == 1
     many = write_rows(tmp_path / "many.jsonl", [*_chats(20), no_answer, no_answer])
     with pytest.raises(
-        ConfigError, match=r"^2 of 22 conversations in .*many.jsonl.* have no token to train on"
+        ConfigError,
+        match=r"^2 of 22 conversations in .*many.jsonl.* have no token to train on "
+        r"\(the first: .*many.jsonl line 21;",
     ):
         run_data(DataArgs(dataset=str(many), data_cache_dir=str(tmp_path / "c")), tokenizer)
     assert not list((tmp_path / "c").rglob("manifest.json"))[1:]  # only the first dataset's

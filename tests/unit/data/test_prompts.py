@@ -52,7 +52,7 @@ def test_jsonl_rows_and_a_json_list_hold_texts_and_conversations(tmp_path: Path)
             ".jsonl",
             ":1: the conversation message 0 has",
         ),
-        ("not json\n", ".jsonl", ":1: not JSON (Expecting value): fix: one prompt per line"),
+        ("not json\n", ".jsonl", ":1: not JSON (Expecting value at column 1): fix: one prompt per line"),
         ("42\n", ".jsonl", ":1: int is not a prompt: fix: give text or a list of messages"),
     ],
 )

@@ -1,14 +1,14 @@
 """`dskit prepare-data OUT --dataset SOURCE`: the same shards with one or two processes, a --max_tokens prefix,
-progress lines in logs, a run that trains on what it prepared, and a second run into one dir waiting for the
-first."""
+progress lines in logs, a run that trains on what it prepared, a second run into one dir waiting for the first,
+and workers that end with a preparation killed outright."""
 
 from __future__ import annotations
 
-import errno
+import contextlib
 import json
 import os
 import re
-import socket
+import signal
 import subprocess
 import sys
 import time
@@ -16,12 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from dskit import prepare_data
 from model_utils.config.arguments import DataArgs
 from model_utils.data import token_shards
 from model_utils.errors import ConfigError
+from model_utils.launch import processes
 from support.prepared_data import corpus, ids_of, prep, run_data, stream
-from support.processes import ended_pid
 
 
 def test_prepare_data_is_the_same_with_one_or_two_processes_and_trains_as_prepared(
@@ -102,7 +101,7 @@ def test_a_second_prepare_data_into_the_same_dir_waits_for_the_first_then_reuses
     )
     second = None
     try:
-        lock = out / prepare_data.LOCK
+        lock = out / token_shards.LOCK
         _wait_for(
             lambda: lock.is_file() and f"pid {first.pid} " in lock.read_text(), "the first to hold the lock"
         )
@@ -114,7 +113,7 @@ def test_a_second_prepare_data_into_the_same_dir_waits_for_the_first_then_reuses
         second_log = tmp_path / "second.log"
         _wait_for(lambda: "waiting for it to finish" in second_log.read_text(), "the second's waiting line")
         assert re.search(
-            rf"prepare-data: {out} is being prepared by another prepare-data \(host \S+ pid {first.pid} since "
+            rf"prepare-data: {out} is being prepared by another process \(host \S+ pid {first.pid} since "
             r"[\d:]+, \.prepare-data\.lock\): waiting for it to finish",
             second_log.read_text(),
         ), second_log.read_text()
@@ -133,31 +132,61 @@ def test_a_second_prepare_data_into_the_same_dir_waits_for_the_first_then_reuses
     assert token_shards.open_prepared(out).manifest["units"] > 2
 
 
-def test_without_flock_a_lock_left_by_a_killed_preparation_is_taken_over(
-    tmp_path: Path, monkeypatch, capsys
-) -> None:
-    out = tmp_path / "p"
-    out.mkdir()
-    held = out / f"{prepare_data.LOCK}.held"
-    held.write_text(f"host {socket.gethostname()} pid {ended_pid()} since 11:00:00")
+def _children(pid: int) -> set[int]:
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):  # ended meanwhile
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.add(int(stat.parent.name))
+    return found
 
-    def no_flock(fd: int, operation: int) -> None:
-        raise OSError(errno.ENOLCK, "No locks available")  # a filesystem without flock
 
-    monkeypatch.setattr(prepare_data.fcntl, "flock", no_flock)
-    source = corpus(tmp_path)
-    assert prep(out, "--dataset", str(source), "--num_proc", "1") == 0
-    assert "waiting" not in capsys.readouterr().out  # its holder is gone: nobody to wait for
-    assert not held.exists() and token_shards.state(out) == "prepared"
-    # One whose holder lives is waited for, naming it.
-    held.write_text(f"host {socket.gethostname()} pid {os.getpid()} since 11:00:00")
-    monkeypatch.setattr(prepare_data, "_POLL_S", 0.01)
-    sleeps = []
-    # (its holder finishes during the first wait)
-    monkeypatch.setattr(prepare_data.time, "sleep", lambda s: sleeps.append(held.unlink(missing_ok=True)))
-    assert prep(out, "--dataset", str(source), "--num_proc", "1") == 0
-    assert (
-        f"(host {socket.gethostname()} pid {os.getpid()} since 11:00:00; delete {held}"
-        in capsys.readouterr().out
+def test_workers_end_when_the_preparation_is_killed_outright(tmp_path: Path) -> None:
+    """kill -9 (the OOM killer, a cancelled job) leaves the driver no chance to stop its workers itself."""
+    source = corpus(tmp_path, 20000)  # more than the test waits for
+    args = [str(tmp_path / "p"), "--dataset", str(source), "--num_proc", "2", "--unit_mb", "0.01"]
+    args += ["--progress_every", "0"]
+    log_path = tmp_path / "log"
+    with log_path.open("w") as log:
+        preparation = subprocess.Popen(
+            [sys.executable, "-m", "dskit.cli", "prepare-data", *args], stdout=log, stderr=subprocess.STDOUT
+        )
+    workers: set[int] = set()
+
+    def working() -> bool:
+        assert preparation.poll() is None, log_path.read_text()
+        for pid in _children(preparation.pid) - workers:
+            with contextlib.suppress(OSError):
+                if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    workers.add(pid)
+        return len(workers) == 2 and " units, " in log_path.read_text()  # a worker's progress came through
+
+    try:
+        _wait_for(working, "the two workers at work")
+        preparation.kill()
+        preparation.wait()
+        _wait_for(lambda: not any(map(processes.running, workers)), "the workers to end", timeout=10)
+    finally:
+        preparation.kill()
+        for pid in workers:  # on a failure: not left running
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_line_not_utf8_is_one_error_line_of_prepare_data_and_the_preflight(tmp_path: Path, capsys) -> None:
+    from dskit import cli
+
+    source = tmp_path / "d.jsonl"
+    source.write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')
+    expected = (
+        f"error: {source} line 2 is not UTF-8 text (byte 0xe9: invalid continuation byte): write the file as "
+        "UTF-8, or drop that line\n"
     )
-    assert len(sleeps) == 1 and not held.exists()
+    out, checkpoints, cache = (str(tmp_path / name) for name in ("p", "ck", "c"))
+    workers = ["--unit_mb", "0.00001", "--num_proc", "2"]  # a unit a line, read in two worker processes
+    assert cli.main(["prepare-data", out, "--dataset", str(source), *workers]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == expected and "to tokenize with 2 processes" in captured.out
+    preflight = ["--dataset", str(source), "--checkpoint_dir", checkpoints, "--data_cache_dir", cache]
+    assert cli.main(["preflight", *preflight]) == 2
+    assert capsys.readouterr().err == expected
