@@ -17,9 +17,12 @@ Memory (P = parameter count; "copies" are of the full weights):
   * The model is built on the meta device and the state dict is assigned into it (no second copy), and
     safetensors writes straight from the tensors' memory. The mapped shard pages count in RSS while mapped,
     but they are page cache the kernel can drop, not allocations.
-  * LoRA (--lora_r; launch.json's `lora` section): the frozen base comes from the shards' frozen parameters
-    (DeepSpeed saves them beside the adapters' fp32 masters), every tensor in fp32, so the merge W + B A alpha/r
-    is rounded to the output dtype once: 4 B/P at peak plus the output.
+  * LoRA (--lora_r; launch.json's `lora` section): the merge W + B A alpha/r is peft's, in fp32, rounded to the
+    output dtype once. W is the base the run started from, in its own dtype, where it is at hand (a local --model
+    at launch.json's `model_dir`, a hub model's pinned commit in the HF cache) and is the base the run trained
+    on (the checkpoint's copy is it, rounded to the run's precision); else the checkpoint's copy of the frozen
+    base (the shards' frozen parameters, saved in the training dtype: an fp32 base rounded to bf16). The line it
+    prints says which. 4 B/P at peak plus the output, and the base's own weights while its copy is replaced.
 
   * FSDP (--backend fsdp): the tag's dcp/ shards hold the fp32 masters; they are read in this one process
     (torch.distributed.checkpoint with no_dist) into full fp32 tensors (4 B/P), then cast: 4 B/P plus the
@@ -37,13 +40,14 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from model_utils import engines
 from model_utils.checkpoint import launch_record
 from model_utils.config.arguments import LoraArgs, check_hub_repo
-from model_utils.errors import CommandParser, ConfigError, first_line
+from model_utils.errors import CommandParser, ConfigError, ModelUnavailable, first_line
 from model_utils.model import lora
 from model_utils.storage import file_manifest
 
@@ -161,6 +165,66 @@ def _build_model(hf_config: Path, state: dict[str, Any], lora_args: LoraArgs | N
     return model
 
 
+# The dtype a run holds its model in (launch.json's resolved precision): its checkpoint's copy of a frozen base.
+_PRECISIONS = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def _base_dir(launch: dict[str, Any]) -> tuple[Path | None, str]:
+    """Where the base weights the run started from are on this machine (None: not at hand), and what it is or
+    why not."""
+    local = launch.get(launch_record.MODEL_DIR)
+    if local is not None:
+        there = (Path(local) / "config.json").is_file()
+        return (Path(local), local) if there else (None, f"{local} is not there")
+    resolved = launch.get("resolved") or {}
+    repo, commit = resolved.get("model"), resolved.get("model_commit")
+    if repo is None or commit is None:
+        return None, "the run's launch.json does not say where its base came from (a kit before model_dir)"
+    from model_utils.model import hub
+
+    try:  # the pinned commit, from the HF cache alone: an export fetches nothing
+        snap = hub.resolve(repo, commit, "model", weights=True, local_only=True)
+    except ModelUnavailable:
+        return None, f"{repo}@{commit[:12]} is not in the HF cache"
+    return snap.path, f"{repo}@{commit[:12]}"
+
+
+def _onto_base(state: dict[str, Any], launch: dict[str, Any], lora_args: LoraArgs) -> str:
+    """Replace the checkpoint's copy of the frozen base in `state` with the base weights the run started from,
+    upcast exactly to fp32, where they are at hand and are what the run trained on: the checkpoint's copy equals
+    them, or them rounded to the run's precision. Returns what the merge is onto, for the line that says it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    precision = (launch.get("resolved") or {}).get("precision")
+    held = getattr(torch, _PRECISIONS.get(precision, "float32"))
+    copy = f"the checkpoint's {precision or 'training-dtype'} copy of the base"
+    path, what = _base_dir(launch)
+    if path is None:
+        return f"{copy} ({what})"
+    try:
+        base = AutoModelForCausalLM.from_pretrained(path, dtype="auto")
+    except (OSError, ValueError) as e:
+        return f"{copy} (the base at {what} does not load: {first_line(e)})"
+    # The run's adapters around it name its parameters as the checkpoint does; the frozen ones are the base.
+    wrapped = lora.wrap(base, lora_args)
+    frozen = {
+        n: p.detach() for n, p in wrapped.named_parameters(remove_duplicate=False) if not p.requires_grad
+    }
+    for name, weight in frozen.items():
+        saved = state.get(name)
+        if (
+            saved is None
+            or saved.shape != weight.shape
+            or not (torch.equal(saved, weight.float()) or torch.equal(saved, weight.to(held).float()))
+        ):
+            return f"{copy} (the base at {what} is not the one the run trained on: its {name} differs)"
+    own = {weight.dtype for weight in frozen.values()}
+    for name, weight in frozen.items():
+        state[name] = weight.float()
+    return f"the base the run started from, {what} ({', '.join(str(d).removeprefix('torch.') for d in own)})"
+
+
 def export(
     checkpoint: Path,
     out_dir: Path,
@@ -168,12 +232,14 @@ def export(
     adapter_only: bool = False,
     staging_dir: Path | None = None,
     replace: bool = False,
+    on_line: Callable[[str], Any] = print,
 ) -> Path:
     """Write the checkpoint (a run's checkpoint dir: its newest verified tag; or a tag dir) as a Hugging Face
-    model dir, a LoRA run's adapters merged; with adapter_only, a LoRA run's adapter dir (PeftModel loads it
-    on the base model). out_dir may exist (empty, or with replace its contents are replaced; the dir itself is
-    kept: it may be a mount point). The export is staged in staging_dir (default out_dir's parent) and moved in
-    (move_into). Returns out_dir."""
+    model dir, a LoRA run's adapters merged (onto which base weights: one line through on_line); with
+    adapter_only, a LoRA run's adapter dir (PeftModel loads it on the base model). The tokenizer carries the chat
+    template the run trained with (the tag's hf_config/ holds it). out_dir may exist (empty, or with replace its
+    contents are replaced; the dir itself is kept: it may be a mount point). The export is staged in staging_dir
+    (default out_dir's parent) and moved in (move_into). Returns out_dir."""
     torch_dtype = _torch_dtype(dtype)
     load_dir, tag = resolve_tag(Path(checkpoint))
     if not replace:
@@ -208,6 +274,8 @@ def export(
     load_dtype = torch.float32 if lora_args is not None else torch_dtype
     # The consolidated fp32 weights, each materialised and cast one tensor at a time (see the module doc).
     state = engine.read_full_state_dict(load_dir / tag, load_dtype)
+    if lora_args is not None and not adapter_only:
+        on_line(f"LoRA: merging the adapter onto {_onto_base(state, launch or {}, lora_args)}")
     model = _build_model(hf_config, state, lora_args, load_dir / tag)
     if lora_args is not None:
         if adapter_only:

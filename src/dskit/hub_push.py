@@ -1,7 +1,8 @@
 """An exported model dir to the Hugging Face hub (`dskit export ... --push_to_hub REPO`, and the opt-in push at
 the end of training, `--push_to_hub` there): the repo created if missing (private if asked), a branch made for
 `--revision`, one commit of every file with a model card (README.md) that states the base model, the data, the
-steps, the tokens and the final losses, read from the exported checkpoint's own records.
+chat template it was trained with (which its tokenizer carries), the steps, the tokens and the final losses, read
+from the exported checkpoint's own records.
 
 The client is huggingface_hub's (HF_ENDPOINT and HF_TOKEN as everywhere); the tests point it at a loopback
 stand-in hub (tests/support/hub_server.py).
@@ -31,6 +32,7 @@ def model_card(launch: dict[str, Any] | None, facts: dict[str, Any], repo: str) 
     rows = [
         ("base model", base),
         ("data", data.get("dataset")),
+        ("chat template", _chat_template(launch or {}, data)),
         ("optimizer steps", facts.get("step")),
         ("tokens trained", f"{facts['tokens']:,}" if facts.get("tokens") else None),
         ("last training loss (rank 0's share of its step)", _loss(facts.get("loss"))),
@@ -52,6 +54,17 @@ def model_card(launch: dict[str, Any] | None, facts: dict[str, Any], repo: str) 
             "",
         ]
     )
+
+
+def _chat_template(launch: dict[str, Any], data: dict[str, Any]) -> str | None:
+    """Which chat template the run trained with (launch.json records it: checkpoint/protocol.py), if any."""
+    from model_utils.checkpoint import launch_record
+
+    if launch.get(launch_record.CHAT_TEMPLATE) is None:
+        return None
+    given = data.get("chat_template")
+    carried = "carried in the tokenizer: `tokenizer.apply_chat_template` prompts the model as it was trained"
+    return f"`--chat_template {given}`, {carried}" if given else carried
 
 
 def _loss(value: Any) -> str | None:

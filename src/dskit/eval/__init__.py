@@ -5,6 +5,10 @@ The model is a Hugging Face model dir (`dskit export`'s output) or a checkpoint 
 newest verified tag; or a tag dir), which is exported first by `dskit export`'s own code, into --export_dir or a
 temporary dir removed afterwards. lm-eval's HFLM loads it.
 
+With --apply_chat_template each request is prompted in the model's chat template (lm-eval's option of that name):
+the one its run trained with, which every checkpoint and export carries in its tokenizer; a model without one is
+refused in one line.
+
 Tasks are named by --tasks: a task shipped in dskit/eval/tasks/ (dskit_tiny_mc: 40 multiple-choice questions for
 the tests), a task YAML file of lm-eval's format (its `dataset_kwargs.data_files` may be relative to the YAML's
 folder: it is loaded from there), or a task of lm-eval's own registry (hellaswag, ...; those fetch their data
@@ -93,6 +97,17 @@ def check_model(path: Path) -> None:
     if not path.is_dir():
         raise ConfigError(
             f"{path} is not a directory: pass a checkpoint dir, a tag dir or an exported model dir"
+        )
+
+
+def check_chat_template(tokenizer_dir: Path, model: Path) -> None:
+    """--apply_chat_template: the model's tokenizer (a checkpoint's hf_config/, an export's own) has a template."""
+    from transformers import AutoTokenizer
+
+    if AutoTokenizer.from_pretrained(tokenizer_dir).chat_template is None:
+        raise ConfigError(
+            f"{model} has no chat template (its run trained with none and its tokenizer has none): drop "
+            "--apply_chat_template"
         )
 
 
@@ -288,11 +303,13 @@ def evaluate(
     batch_size: int = 16,
     limit: int | None = None,
     report_to: str | None = None,
+    apply_chat_template: bool = False,
     on_line: Any = print,
 ) -> EvalResult:
     """Evaluate `model` (a checkpoint dir, a tag dir or an exported model dir) on `tasks` with lm-eval; a
     checkpoint's results go into its training run's trackers (`report_to`: default the run's own --report_to;
-    "none": nowhere). Bad input raises ConfigError before anything is exported."""
+    "none": nowhere); `apply_chat_template`: prompted in the model's chat template. Bad input raises ConfigError
+    before anything is exported."""
     started = time.monotonic()
     path = Path(model)
     check_lm_eval()
@@ -319,6 +336,10 @@ def evaluate(
         )
     if export_dir is not None and run is None:
         raise ConfigError(f"{path} is already a model dir: drop --export_dir")
+    if apply_chat_template:
+        from model_utils.checkpoint.protocol import HF_CONFIG_DIR
+
+        check_chat_template(path if run is None else run.tag_dir / HF_CONFIG_DIR, path)
     with contextlib.ExitStack() as cleanup:
         model_dir = path
         if run is not None:
@@ -330,9 +351,9 @@ def evaluate(
                 model_dir = scratch / "model"
             else:
                 model_dir = Path(export_dir)
-            export.export(run.tag_dir, model_dir, dtype)
+            export.export(run.tag_dir, model_dir, dtype, on_line=on_line)
             on_line(f"exported {run.tag_dir} to {model_dir} ({dtype})")
-        output = _run_lm_eval(model_dir, resolved, dtype, device, batch_size, limit)
+        output = _run_lm_eval(model_dir, resolved, dtype, device, batch_size, limit, apply_chat_template)
     metrics = task_metrics(output["results"])
     samples = {task: int(n.get("effective", 0)) for task, n in (output.get("n-samples") or {}).items()}
     for task, values in metrics.items():
@@ -365,6 +386,7 @@ def _run_lm_eval(
     device: str | None,
     batch_size: int,
     limit: int | None,
+    apply_chat_template: bool = False,
 ) -> dict[str, Any]:
     import torch
 
@@ -378,7 +400,9 @@ def _run_lm_eval(
         device = "cuda" if torch.cuda.is_available() else "cpu"
     tasks = load_tasks(resolved)
     lm = HFLM(pretrained=str(model_dir.resolve()), device=device, batch_size=batch_size, dtype=DTYPES[dtype])
-    output = lm_eval.simple_evaluate(model=lm, tasks=tasks, limit=limit, log_samples=False)
+    output = lm_eval.simple_evaluate(
+        model=lm, tasks=tasks, limit=limit, log_samples=False, apply_chat_template=apply_chat_template
+    )
     assert output is not None  # None only on the non-zero ranks of a multi-process lm-eval
     return output
 
@@ -412,6 +436,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--report_to",
         help="trackers to record into (default: the training run's own --report_to; none: no tracker)",
     )
+    parser.add_argument(
+        "--apply_chat_template",
+        action="store_true",
+        help="prompt the model in its chat template (the one its run trained with, carried by every export)",
+    )
     parser.add_argument("--output", metavar="FILE", help="also write the result as JSON to FILE")
     return parser
 
@@ -427,6 +456,7 @@ def main(argv: list[str]) -> int:
         batch_size=ns.batch_size,
         limit=ns.limit,
         report_to=ns.report_to,
+        apply_chat_template=ns.apply_chat_template,
     )
     if ns.output:
         Path(ns.output).parent.mkdir(parents=True, exist_ok=True)

@@ -4,8 +4,9 @@
 on the ranks; each difference is refused in one line or handled and said in one line:
 
 - refused: another --backend, model architecture or sequence length (the weights or the data position would not
-  mean the same thing), other LoRA flags (model/lora.py's check_resume), and other data (the prepared data's
-  content fingerprint, not its path) unless --new_data true, which starts the data position over;
+  mean the same thing), other LoRA flags (model/lora.py's check_resume), another chat template (the one the run
+  trains with is the one every checkpoint's tokenizer carries into its exports), and other data (the prepared
+  data's content fingerprint, not its path) unless --new_data true, which starts the data position over;
 - weights only (optimizer state starts fresh): another ZeRO stage, or other optimizer parameter groups. Another
   world size resumes whole: the trainer converts a DeepSpeed checkpoint to DeepSpeed's universal layout once
   (protocol.convert_universal; an FSDP checkpoint reshards on load), or loads the weights alone when the
@@ -28,6 +29,7 @@ from typing import Any
 from model_utils import engines
 from model_utils.config import deepspeed_file
 from model_utils.errors import ConfigError
+from model_utils.model import models
 from model_utils.observe import redact
 from model_utils.optim.schedules import CLIENT_SCHEDULES, NONE, RanSchedule
 from model_utils.repo import REPO_ROOT
@@ -44,6 +46,13 @@ ARCHITECTURE_KEYS = (
     "head_dim",
     "tie_word_embeddings",
 )
+# launch.json's keys beside the launch: the chat template the run trains with (its tokenizer's, as every tag's
+# hf_config/ holds it; checkpoint/protocol.py records it at each save), and the absolute path of a local --model
+# (the base weights a LoRA export merges onto: dskit/export.py).
+CHAT_TEMPLATE = "chat_template"
+MODEL_DIR = "model_dir"
+# check_resume's chat_template when the caller does not know the run's template yet: not compared.
+NOT_KNOWN: Any = object()
 
 
 def _git_commit() -> str | None:
@@ -83,10 +92,18 @@ def collect(
         "nodes": os.environ.get("SLURM_JOB_NODELIST") or socket.gethostname(),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         "world_size": world_size,
+        MODEL_DIR: _model_dir(config),
         "cuda_version": os.environ.get("CUDA_VERSION"),
         "torch_cuda": torch.version.cuda,
         "env": redact.tree({k: v for k, v in sorted(os.environ.items()) if k.startswith(("NCCL_", "FI_"))}),
     }
+
+
+def _model_dir(config: dict[str, Any]) -> str | None:
+    """A local --model's absolute path (a relative one names a dir of the run's working directory only)."""
+    name = (config.get("model") or {}).get("model")
+    local = None if name is None else models.resolve_model_source(str(name)).local_dir
+    return None if local is None else str(local.resolve())
 
 
 def read(tag_dir: Path) -> dict[str, Any] | None:
@@ -117,12 +134,15 @@ def check_resume(
     dataset: str | None = None,
     precision: str | None = None,
     sources: str | None = None,
+    chat_template: Any = NOT_KNOWN,
 ) -> ResumePlan:
     """Raise on an incompatible resume; else the plan (what is loaded, what starts over). world_size,
     optimizer_groups and data_fingerprint None: not known yet (the preflight before the data, `dskit prepare`);
     dataset, sources: --dataset and --sources (a mixture's, which then names the data), for the messages.
     backend: --backend, checked against the engine that wrote the tag; zero_stage: the run's ZeRO stage (the
-    backend's, where it shards by stage); precision: the run's (bf16, fp16, fp32). The lr schedule is compared by the resolver (ScheduleSpec.resume_line)."""
+    backend's, where it shards by stage); precision: the run's (bf16, fp16, fp32); chat_template: the one the run
+    trains with (its tokenizer's: a string, a dict of named ones, or None). The lr schedule is compared by the
+    resolver (ScheduleSpec.resume_line)."""
     # The other engines are asked (imported) only when the run's own does not recognise the tag.
     if backend is not None and not engines.engine_class(backend).owns_tag(tag_dir):
         saved_backend = engines.engine_of_tag(tag_dir)
@@ -153,6 +173,7 @@ def check_resume(
             f"resume with --seq_length {saved_seq}, or use a new --checkpoint_dir"
         )
     _check_precision(tag_dir, launch, precision)
+    _check_chat_template(tag_dir, launch, chat_template)
     data_reset = _data_change(tag_dir, launch, data_fingerprint, new_data, dataset, sources)
     why = _weights_only(launch, world_size, optimizer_groups, backend, zero_stage)
     return ResumePlan(weights_only=why, data_reset=data_reset)
@@ -196,6 +217,27 @@ def _check_precision(tag_dir: Path, launch: dict[str, Any], precision: str | Non
             f"DeepSpeed config's {saved} section), or start a new --checkpoint_dir from its weights (dskit export, "
             "then --model)"
         )
+
+
+def _check_chat_template(tag_dir: Path, launch: dict[str, Any], chat_template: Any) -> None:
+    """Another chat template is refused: the checkpoint's tokenizer (and so every export of it) carries one
+    template, and a model trained on two formats would be prompted in one of them."""
+    if chat_template is NOT_KNOWN or CHAT_TEMPLATE not in launch:
+        return  # not known yet, or a checkpoint of a kit before the record: nothing to compare
+    saved = launch[CHAT_TEMPLATE]
+    if saved == chat_template:
+        return
+    given = ((launch.get("config") or {}).get("data") or {}).get("chat_template")
+    what = (
+        "no chat template"
+        if saved is None
+        else f"another chat template{f' (--chat_template {given})' if given else ''}, which its hf_config/ holds"
+    )
+    now = " (none)" if chat_template is None else ""
+    raise ConfigError(
+        f"checkpoint {tag_dir} was trained with {what}, not this run's{now}: resume with the template it trained "
+        "with, or start a new --checkpoint_dir from its weights (dskit export, then --model)"
+    )
 
 
 def _saved_zero_stage(launch: dict[str, Any]) -> int | None:

@@ -18,8 +18,9 @@ is reported and ignored the same way.
 
 Layout of a tag: the engine's files (each engine module lists them; DeepSpeed: mp_rank_00_model_states.pt with our
 client state, one optimizer shard per rank; FSDP: dcp/ with one .distcp shard file per rank and DCP's .metadata,
-and fsdp_client_state.pt with our client state and the lr scheduler's), rng_state_rank<R>.pt, hf_config/ (model config and tokenizer, for export), launch.json (how the
-run was launched, and the resolved run) and dskit_manifest.json, written last.
+and fsdp_client_state.pt with our client state and the lr scheduler's), rng_state_rank<R>.pt, hf_config/ (model
+config and tokenizer, with the chat template the run trains with, for export), launch.json (how the run was
+launched, the resolved run and that chat template) and dskit_manifest.json, written last.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import numpy as np
 import torch
 
 from model_utils import engines
+from model_utils.checkpoint import launch_record
 from model_utils.engines.base import Engine
 from model_utils.errors import CheckpointSaveFailed, ConfigError, first_line
 from model_utils.launch import launch_env
@@ -284,9 +286,12 @@ def _write_rank_files(
         torch.save(_rng_state(), _rng_file(staging, rank))
         if rank == 0:
             model_config.save_pretrained(staging / HF_CONFIG_DIR)
+            # The tokenizer carries the chat template the run trains with (the resolver sets it): every export
+            # is prompted as the run was trained. launch.json records it too, for a resume to compare.
             tokenizer.save_pretrained(staging / HF_CONFIG_DIR)
+            launch = {**req.launch, launch_record.CHAT_TEMPLATE: getattr(tokenizer, "chat_template", None)}
             file_manifest.atomic_write_text(
-                staging / LAUNCH_FILE, json.dumps(req.launch, indent=1, sort_keys=True, default=str)
+                staging / LAUNCH_FILE, json.dumps(launch, indent=1, sort_keys=True, default=str)
             )
         return None, _digest_own_files(engine, staging, rank)
     except (OSError, RuntimeError) as e:

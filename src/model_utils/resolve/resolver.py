@@ -489,15 +489,24 @@ def _prepare(
             cfg.data, cfg.explicit, tokenizer, tokenizer_name, run_first, seq, cfg.loop.seed
         )
         train_blocks, val_blocks, data_fingerprint = opened.train, opened.validation, opened.fingerprint
+        rendered = None
     else:
         dataset = block_cache.prepared(cfg.data, cfg.explicit, tokenizer, tokenizer_name, run_first)
+        # The template its rows were rendered with (a prepared dir's own, whatever the flags say).
+        rendered = dataset.manifest.get("chat")
         data_fingerprint = token_shards.content_fingerprint(dataset.manifest)
         train_blocks = _blocks_or_error(dataset, "train", cfg, seq)
         val_blocks = _blocks_or_error(dataset, "validation", cfg, seq) if dataset.holds_validation else None
-    if (
-        resume is not None
-    ):  # other data refused before any rank trains (--new_data: the ranks reset its position)
-        check_resume(settings, resume.path, data_fingerprint=data_fingerprint)
+    # The chat template the run trains with (its data's, else --chat_template, else the tokenizer's own) on the
+    # tokenizer every checkpoint saves in hf_config/: each export is prompted as the run was trained.
+    template = rendered or chat.options(cfg.data, tokenizer, chat.TEXT)
+    if template["template_from"] != chat.TOKENIZER_TEMPLATE:
+        tokenizer.chat_template = template["template"]
+    # Other data or another chat template refused before any rank trains (--new_data: the ranks reset its position).
+    if resume is not None:
+        check_resume(
+            settings, resume.path, data_fingerprint=data_fingerprint, chat_template=tokenizer.chat_template
+        )
     settings = _cuda_batch_default(settings, world_size)
     micro_batch = _micro_batch(settings, train_blocks, val_blocks, world_size, decide_once)
     settings = _accumulation(settings, micro_batch, world_size)
@@ -580,6 +589,7 @@ def check_resume(
     world_size: int | None = None,
     optimizer_groups: list[list[int]] | None = None,
     data_fingerprint: str | None = None,
+    chat_template: Any = launch_record.NOT_KNOWN,
 ) -> launch_record.ResumePlan:
     """launch_record.check_resume with this run's settings: the preflight's (before and after the data) and the
     trainer's (with the optimizer groups) are the same comparison."""
@@ -597,6 +607,7 @@ def check_resume(
         dataset=cfg.data.dataset,
         precision=settings.train.precision,
         sources=cfg.data.sources,
+        chat_template=chat_template,
     )
 
 

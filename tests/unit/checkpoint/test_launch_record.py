@@ -1,6 +1,7 @@
 """The launch record (launch.json) saved with each checkpoint: what it records of the launch, its hash of the
 resolved run, and the resume check over every setting a checkpoint fixes (the matrix below: schedule, ZeRO stage,
-backend, LoRA, sequence length, model, data): each difference refused in one line or handled and said."""
+backend, LoRA, sequence length, model, data, chat template): each difference refused in one line or handled and
+said."""
 
 from __future__ import annotations
 
@@ -80,6 +81,18 @@ def test_launch_manifest_records_how_the_run_was_launched(monkeypatch) -> None:
     assert len(head) == 40 and info["git_commit"] == head
 
 
+def test_launch_record_says_where_a_local_base_model_is(tmp_path: Path, monkeypatch) -> None:
+    """A relative --model names a dir of the run's working directory: the record holds its absolute path (where a
+    LoRA export finds the base weights the run started from); a preset or a hub id is no dir."""
+    (tmp_path / "out" / "base").mkdir(parents=True)
+    (tmp_path / "out" / "base" / "config.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    info = launch_record.collect({"model": {"model": "out/base"}}, {}, {}, world_size=1)
+    assert info[launch_record.MODEL_DIR] == str(tmp_path / "out" / "base")
+    for model in ("tiny-qwen3", "Qwen/Qwen3-0.6B"):
+        assert launch_record.collect({"model": {"model": model}}, {}, {}, 1)[launch_record.MODEL_DIR] is None
+
+
 def test_launch_record_holds_no_credentials(monkeypatch) -> None:
     monkeypatch.setenv("NCCL_IB_AUTH", "nccl_secret")  # recorded env: NCCL_*/FI_*, secret-named ones masked
     config = {"report": {"tracking_uri": "https://admin:pw@mlflow.example/x", "run_name": "r"}}
@@ -147,6 +160,7 @@ def test_the_schedule_kind_of_a_record_before_it_was_written_comes_from_the_deep
 # --- a resume with each setting changed -------------------------------------------------------------------
 
 FINGERPRINT = "6284e9ae0dcd0e0d"
+TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
 
 
 def _saved_run(tmp_path: Path, lora_args: LoraArgs | None = None) -> tuple[Path, object]:
@@ -154,9 +168,10 @@ def _saved_run(tmp_path: Path, lora_args: LoraArgs | None = None) -> tuple[Path,
     tag, config = _launch_tag(tmp_path)
     launch = json.loads((tag / "launch.json").read_text())
     launch["config"] |= {
-        "data": {"seq_length": None, "dataset": "embedded"},
+        "data": {"seq_length": None, "dataset": "embedded", "chat_template": "chat.jinja"},
         "lora": dataclasses.asdict(lora_args or LoraArgs()),
     }
+    launch[launch_record.CHAT_TEMPLATE] = TEMPLATE
     launch["resolved"] |= {
         "max_steps": 8,
         "warmup_steps": 2,
@@ -189,6 +204,7 @@ def _resume(tag: Path, config: object, **changed: object) -> str:
             new_data=bool(changed.pop("new_data", False)),
             dataset="/data/other",
             precision=changed.pop("precision", "bf16"),  # type: ignore[arg-type]
+            chat_template=changed.pop("chat_template", TEMPLATE),
         )
     except ConfigError as e:
         return f"refused: {e}"
@@ -224,6 +240,13 @@ MATRIX = {
     ),
     "same data, --new_data": ({"new_data": True}, "same"),
     "precision": ({"precision": "fp16"}, "refused: checkpoint {tag} was trained in bf16, not fp16: resume with its"),  # nothing to reset: a requeue with the flag continues
+    "chat template": (
+        {"chat_template": TEMPLATE + "{{ eos_token }}"},
+        "refused: checkpoint {tag} was trained with another chat template (--chat_template chat.jinja), which its "
+        "hf_config/ holds, not this run's: resume with the template it trained with, or start a new "
+        "--checkpoint_dir from its weights (dskit export, then --model)",
+    ),
+    "no chat template": ({"chat_template": None}, "refused: checkpoint {tag} was trained with another chat template (--chat_template chat.jinja), which its hf_config/ holds, not this run's (none): "),
 }  # fmt: skip
 
 
@@ -306,3 +329,18 @@ def test_data_of_a_kit_before_the_fingerprint_or_not_known_yet_is_not_compared(t
         launch_record.check_resume(tag, config, 64, None, data_fingerprint="0" * 16)
         == launch_record.ResumePlan()
     )
+
+
+def test_a_chat_template_is_compared_once_known_and_where_the_checkpoint_records_one(tmp_path: Path) -> None:
+    tag, config = _saved_run(tmp_path)
+    assert launch_record.check_resume(tag, config, 64, None) == launch_record.ResumePlan()  # not known yet
+    launch = json.loads((tag / "launch.json").read_text())
+    launch[launch_record.CHAT_TEMPLATE] = None
+    (tag / "launch.json").write_text(json.dumps(launch))
+    with pytest.raises(ConfigError, match="was trained with no chat template, not this run's: resume with"):
+        launch_record.check_resume(tag, config, 64, None, chat_template=TEMPLATE)
+    assert launch_record.check_resume(tag, config, 64, None, chat_template=None) == launch_record.ResumePlan()
+    del launch[launch_record.CHAT_TEMPLATE]  # a kit before the record: its hf_config/ may lack the template
+    (tag / "launch.json").write_text(json.dumps(launch))
+    plan = launch_record.check_resume(tag, config, 64, None, chat_template=TEMPLATE)
+    assert plan == launch_record.ResumePlan()

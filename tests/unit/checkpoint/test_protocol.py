@@ -168,3 +168,26 @@ def test_resume_candidates_verified_in_parallel_are_not_read_again(
     protocol.verify_in_parallel(str(tmp_path))
     assert protocol.select_resume(str(tmp_path), None).path == older
     assert f"{shard.name} does not match its checksum" in capsys.readouterr().out
+
+
+def test_a_save_carries_the_chat_template_the_run_trains_with(gloo_rank, tmp_path: Path) -> None:
+    """The run's tokenizer (the resolver sets its template: --chat_template, else the tokenizer's own) is saved in
+    hf_config/, where every export loads it from, and launch.json records the template for a resume to compare."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from model_utils.assets import CHAT_TEMPLATE_PATH, TOKENIZER_DIR
+    from model_utils.checkpoint import launch_record
+    from support.fake_engine_save import FakeEngine, SavedAsJson
+
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
+    tokenizer.chat_template = CHAT_TEMPLATE_PATH.read_text()
+    request = protocol.SaveRequest(str(tmp_path), "tiny_qwen3-2steps", 2, {"step": 2}, {}, {"world_size": 1})
+    final = protocol.save(FakeEngine(0, "deepspeed"), request, 0, SavedAsJson("config"), tokenizer)
+    saved = AutoTokenizer.from_pretrained(final / protocol.HF_CONFIG_DIR)
+    assert saved.chat_template == CHAT_TEMPLATE_PATH.read_text()
+    chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]
+    assert saved.apply_chat_template(chat, tokenize=False) == "User: Hi\nAssistant: Hello.<|endoftext|>\n"
+    launch = json.loads((final / protocol.LAUNCH_FILE).read_text())
+    assert launch == {"world_size": 1, launch_record.CHAT_TEMPLATE: CHAT_TEMPLATE_PATH.read_text()}

@@ -115,6 +115,11 @@ BAD_INPUT = {
     ),
     "zero batch": (["{model}", "--tasks", "dskit_tiny_mc", "--batch_size", "0"], "--batch_size and --limit"),
     "unknown dtype": (["{model}", "--tasks", "dskit_tiny_mc", "--dtype", "fp8"], "invalid choice: 'fp8'"),
+    "chat tasks of a model without a template": (
+        ["{model}", "--tasks", "dskit_tiny_mc", "--apply_chat_template"],
+        "{model} has no chat template (its run trained with none and its tokenizer has none): drop "
+        "--apply_chat_template",
+    ),
 }
 
 
@@ -218,3 +223,81 @@ def test_a_text_tasks_loglikelihood_is_the_validation_loss_of_its_tokens(
     assert metrics["bits_per_byte"] * n_bytes * math.log(2) == pytest.approx(total_nats, rel=1e-4)
     assert math.log(metrics["word_perplexity"]) * n_words == pytest.approx(total_nats, rel=1e-4)
     assert total_nats / tokens > 0  # the validation loss those tokens would log
+
+
+CHAT_TASK = """\
+task: tiny_chat
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: qa.jsonl
+test_split: test
+output_type: loglikelihood
+doc_to_text: "{{question}}"
+doc_to_target: "{{answer}}"
+metric_list:
+  - metric: perplexity
+metadata:
+  version: 1.0
+"""
+QA = [
+    {"question": "What color is the sky on a clear day?", "answer": "Blue."},
+    {"question": "How many legs does a spider have?", "answer": "Eight."},
+]
+
+
+def perplexity(model_dir: Path, chat: bool) -> float:
+    """exp(-mean log-likelihood of each answer right after its question): plain, or in the model's chat template
+    (the question as the user's turn, then the generation prompt), the context's trailing space moved to the
+    answer as lm-eval's HFLM does."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    total = 0.0
+    for doc in QA:
+        context = doc["question"]
+        if chat:
+            turn = [{"role": "user", "content": doc["question"]}]
+            context = tokenizer.apply_chat_template(turn, tokenize=False, add_generation_prompt=True)
+        whole = tokenizer(context + doc["answer"])["input_ids"]
+        n_context = len(tokenizer(context.rstrip())["input_ids"])
+        with torch.no_grad():
+            logprobs = model(torch.tensor([whole])).logits[0].log_softmax(-1)
+        total += sum(logprobs[i - 1, whole[i]].item() for i in range(n_context, len(whole)))
+    return math.exp(-total / len(QA))
+
+
+def test_chat_tasks_prompt_the_model_in_the_template_its_export_carries(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--apply_chat_template: each request in the chat template the model dir's tokenizer holds (what a run's
+    export carries: the template the run trained with), not the plain prompt."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from model_utils.assets import CHAT_TEMPLATE_PATH
+
+    model_dir = tmp_path / "chat-model"
+    shutil.copytree(tiny_model_dir, model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.chat_template = CHAT_TEMPLATE_PATH.read_text()
+    tokenizer.save_pretrained(model_dir)
+    task_dir = tmp_path / "tasks"
+    task_dir.mkdir()
+    (task_dir / "tiny_chat.yaml").write_text(CHAT_TASK)
+    (task_dir / "qa.jsonl").write_text("".join(json.dumps(doc) + "\n" for doc in QA))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    task = [str(task_dir / "tiny_chat.yaml")]
+    chat = dskit_eval.evaluate(
+        model_dir, task, dtype="fp32", apply_chat_template=True, on_line=lambda _: None
+    )
+    plain = dskit_eval.evaluate(model_dir, task, dtype="fp32", on_line=lambda _: None)
+    in_template = chat.metrics["tiny_chat"]["perplexity"]
+    assert in_template == pytest.approx(perplexity(model_dir, chat=True), rel=1e-5)
+    assert plain.metrics["tiny_chat"]["perplexity"] == pytest.approx(
+        perplexity(model_dir, chat=False), rel=1e-5
+    )
+    assert abs(in_template / plain.metrics["tiny_chat"]["perplexity"] - 1) > 1e-3  # the template changes it

@@ -1,6 +1,7 @@
-"""`dskit export`'s last step without a checkpoint: the staged model moved into an existing dir, which may be a
-mount point (SageMaker's /opt/ml/model), so the dir itself is never removed or renamed (tests/e2e/test_export.py
-exports real checkpoints; tests/e2e/test_sagemaker_job.py runs the entry's export into a mounted model/)."""
+"""`dskit export` without a training run: the staged model moved into an existing dir, which may be a mount point
+(SageMaker's /opt/ml/model), so the dir itself is never removed or renamed; and the base a LoRA merge is onto, a
+hub model's pinned commit in the HF cache (tests/e2e/test_export.py exports real checkpoints, tests/e2e/test_sft.py
+a LoRA run's onto its local base; tests/e2e/test_sagemaker_job.py runs the entry's export into a mounted model/)."""
 
 from __future__ import annotations
 
@@ -93,3 +94,41 @@ def test_export_into_a_mount_point_keeps_the_mount(tmp_path: Path) -> None:
     assert first == {"mount": True, "files": ["config.json", "model.safetensors"], "weights": "weights1"}
     assert second == {"mount": True, "files": ["config.json", "model.safetensors"], "weights": "weights2"}
     assert not list(out.iterdir())  # it all went to the mount (gone with its namespace), none under it
+
+
+def test_a_lora_merge_is_onto_the_hub_base_the_run_pinned_where_the_cache_holds_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bf16 run on an fp32 hub model: its checkpoint holds the frozen base rounded to bf16. Where the HF cache
+    holds the pinned commit, the merge is onto those fp32 weights; where it does not, onto the copy, said."""
+    import torch
+    from huggingface_hub import constants
+    from transformers import AutoModelForCausalLM
+
+    from dskit import export
+    from model_utils.config.arguments import LoraArgs
+    from model_utils.model import lora
+    from support.pretrained import save_tiny_qwen3
+
+    commit = "c" * 40
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    snapshot = save_tiny_qwen3(tmp_path / "hf-cache" / "models--org--tiny" / "snapshots" / commit)
+    args = LoraArgs(lora_r=4)
+    run = lora.wrap(AutoModelForCausalLM.from_pretrained(snapshot, dtype=torch.bfloat16), args)
+    checkpoint = {name: t.float() for name, t in run.state_dict().items()}  # as export reads a tag: fp32
+    launch = {"resolved": {"model": "org/tiny", "model_commit": commit, "precision": "bf16"}}
+    state = dict(checkpoint)
+    said = export._onto_base(state, launch, args)
+    assert said == f"the base the run started from, org/tiny@{commit[:12]} (float32)"
+    fp32 = AutoModelForCausalLM.from_pretrained(snapshot, dtype=torch.float32).state_dict()
+    name = "base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"
+    assert torch.equal(state[name], fp32["model.layers.0.self_attn.q_proj.weight"])
+    assert not torch.equal(checkpoint[name], state[name])  # the copy was the bf16 rounding of it
+    adapter = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight"
+    assert state[adapter] is checkpoint[adapter]  # the trained adapters are the checkpoint's
+    # Another commit than the one in the cache: the copy, and why.
+    launch["resolved"]["model_commit"] = "d" * 40
+    state = dict(checkpoint)
+    said = export._onto_base(state, launch, args)
+    assert said == f"the checkpoint's bf16 copy of the base (org/tiny@{'d' * 12} is not in the HF cache)"
+    assert all(state[name] is checkpoint[name] for name in checkpoint)

@@ -46,3 +46,20 @@ def test_a_local_base_model_is_not_claimed_as_a_hub_base_model(tmp_path: Path) -
     card = hub_push.model_card({"config": {"model": {"model": "/fsx/models/qwen"}}}, {"step": 3}, "me/x")
     assert "base_model:" not in card and "| base model | /fsx/models/qwen |" in card
     assert "training loss" not in card  # nothing recorded: nothing claimed
+
+
+def test_the_card_says_the_model_carries_the_chat_template_it_was_trained_with() -> None:
+    launch = {
+        "config": {"model": {"model": "out/base"}, "data": {"chat_template": "chat.jinja"}},
+        "chat_template": "{{ messages }}",
+    }
+    card = hub_push.model_card(launch, {"step": 3}, "me/x")
+    assert (
+        "| chat template | `--chat_template chat.jinja`, carried in the tokenizer: `tokenizer.apply_chat_template` "
+        "prompts the model as it was trained |"
+    ) in card
+    launch["config"]["data"] = {}  # the tokenizer's own
+    assert "| chat template | carried in the tokenizer: " in hub_push.model_card(launch, {"step": 3}, "me/x")
+    # No template (a base model pretrained on text), or a checkpoint of a kit before the record: nothing claimed.
+    for without in ({**launch, "chat_template": None}, {"config": launch["config"]}):
+        assert "chat template" not in hub_push.model_card(without, {"step": 3}, "me/x")
