@@ -18,16 +18,35 @@ WHEELHOUSE_DIR ?= wheelhouse
 WHEELHOUSE_OPTS := $(if $(WHEELHOUSE_PYTHON),--python $(WHEELHOUSE_PYTHON)) \
   $(if $(WHEELHOUSE_MACHINE),--machine $(WHEELHOUSE_MACHINE)) $(if $(WHEELHOUSE_GLIBC),--glibc $(WHEELHOUSE_GLIBC))
 
-# shellcheck lints the rendered launchers (the render tests; `make lint` is ruff alone and needs none); the SLURM
-# tests install their own packages (tests/slurm/cluster.sh).
+# As root on Debian, `make test` installs with apt-get what it needs and lacks, and first says what and why
+# (nothing when all is there): shellcheck, which lints the rendered launchers (the render tests; `make lint` is ruff
+# alone and needs none); ccache, optional, which `make warm` compiles DeepSpeed's ops through; and the packages of
+# the 2-node SLURM test cluster, which tests/slurm/cluster.sh installs when those tests start (its PACKAGES).
+# Not as root, a missing shellcheck stops it, and the SLURM tests are skipped.
+SLURM_PACKAGES := $(shell sed -n 's/^readonly PACKAGES=(\(.*\))$$/\1/p' tests/slurm/cluster.sh)
 tools:
-	@command -v shellcheck >/dev/null || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    apt-get install -y -qq shellcheck >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq shellcheck; }; \
-	  else echo "shellcheck is missing: install it (e.g. apt-get install shellcheck)" >&2; exit 1; fi; }
-	@# ccache, where it can be had (root on Debian): optional, `make warm` uses it when present.
-	@command -v ccache >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
-	  apt-get install -y -qq ccache >/dev/null 2>&1; } || true
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  tools=(); for tool in shellcheck ccache; do command -v "$$tool" >/dev/null || tools+=("$$tool"); done; \
+	  slurm=(); for pkg in $(SLURM_PACKAGES); do \
+	    [ "$$(dpkg-query -W -f='$${Status}' "$$pkg" 2>/dev/null)" = "install ok installed" ] || slurm+=("$$pkg"); \
+	  done; \
+	  if [ $${#tools[@]} -gt 0 ] || [ $${#slurm[@]} -gt 0 ]; then \
+	    echo "As root on Debian, the tests install with apt-get what they lack (with its dependencies):"; \
+	    for tool in "$${tools[@]}"; do case $$tool in \
+	      shellcheck) echo "  shellcheck, now: it lints the rendered launchers";; \
+	      ccache) echo "  ccache, now: DeepSpeed's ops compile through it, for other checkouts here to reuse" \
+	        "(ops built before it are rebuilt once)";; \
+	    esac; done; \
+	    [ $${#slurm[@]} -eq 0 ] || echo "  $${slurm[*]}, when the SLURM tests start (make test):" \
+	      "their 2-node cluster on this machine (tests/slurm/cluster.sh)"; \
+	  fi; \
+	  for tool in "$${tools[@]}"; do \
+	    apt-get install -y -qq "$$tool" >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq "$$tool"; } \
+	      || [ "$$tool" = ccache ]; \
+	  done; \
+	elif ! command -v shellcheck >/dev/null; then \
+	  echo "shellcheck is missing: install it (e.g. apt-get install shellcheck)" >&2; exit 1; \
+	fi
 
 env:
 	@python3 -m uv --version >/dev/null 2>&1 || command -v uv >/dev/null 2>&1 || python3 -m pip install --quiet uv

@@ -51,13 +51,64 @@ class Capacity:
     host_source: str
 
 
-def machine_capacity(gpu_memory_gib: float | None, host_memory_gib: float | None) -> Capacity:
-    """The given sizes, else this machine's first GPU (torch.cuda) and its RAM (psutil)."""
+@dataclass(frozen=True)
+class InstanceMemory:
+    gpu: str  # its GPU as torch names it (the peak for a forecast: observe.metrics.peak_tflops)
+    gpu_mib: int  # one GPU's memory as nvidia-smi reports it (memory.total), as `dskit doctor` reads a node's
+    host_gib: int  # the instance's RAM, as AWS lists it
+
+
+# The GPU and host memory of the instance types whose GPU count the health gate's table holds (THRESHOLDS; the
+# tests keep the two tables to the same types). From AWS's instance type pages and nvidia-smi on those GPUs.
+INSTANCE_MEMORY: dict[str, InstanceMemory] = {
+    "p4d.24xlarge": InstanceMemory("NVIDIA A100-SXM4-40GB", 40960, 1152),
+    "p4de.24xlarge": InstanceMemory("NVIDIA A100-SXM4-80GB", 81920, 1152),
+    "p5.48xlarge": InstanceMemory("NVIDIA H100 80GB HBM3", 81559, 2048),
+    "p5e.48xlarge": InstanceMemory("NVIDIA H200", 143771, 2048),
+    "p5en.48xlarge": InstanceMemory("NVIDIA H200", 143771, 2048),
+    "g5.48xlarge": InstanceMemory("NVIDIA A10G", 23028, 768),
+    "g6e.48xlarge": InstanceMemory("NVIDIA L40S", 46068, 1536),
+}
+
+
+@dataclass(frozen=True)
+class Instance:
+    """What an instance type gives a run: its GPUs (the health gate's count), their memory, its RAM."""
+
+    name: str
+    gpus: int
+    gpu: str
+    gpu_bytes: int
+    host_bytes: int
+
+
+def instance(instance_type: str | None) -> Instance | None:
+    """The instance type, when the kit knows it."""
+    from model_utils.launch.health_gate import THRESHOLDS
+
+    memory = INSTANCE_MEMORY.get(instance_type or "")
+    if instance_type is None or memory is None:
+        return None
+    gpus = THRESHOLDS[instance_type].gpus
+    return Instance(instance_type, gpus, memory.gpu, memory.gpu_mib * 2**20, memory.host_gib * GiB)
+
+
+def machine_capacity(
+    gpu_memory_gib: float | None, host_memory_gib: float | None, instance_type: str | None = None
+) -> Capacity:
+    """The given sizes, else the instance type's (when one is given: never this machine's), else this machine's
+    first GPU (torch.cuda) and its RAM (psutil)."""
     import psutil
     import torch
 
+    known = instance(instance_type)
+    unknown = f"no {instance_type} in the kit's instance table: pass"
     if gpu_memory_gib is not None:
         gpu, gpu_source = int(gpu_memory_gib * GiB), "--gpu_memory_gib"
+    elif known is not None:
+        gpu, gpu_source = known.gpu_bytes, f"{known.name}'s {known.gpu}"
+    elif instance_type is not None:
+        gpu, gpu_source = None, f"{unknown} --gpu_memory_gib"
     elif torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         gpu, gpu_source = int(props.total_memory), f"this machine's {props.name}"
@@ -65,6 +116,10 @@ def machine_capacity(gpu_memory_gib: float | None, host_memory_gib: float | None
         gpu, gpu_source = None, "no GPU on this machine: pass --gpu_memory_gib"
     if host_memory_gib is not None:
         host, host_source = int(host_memory_gib * GiB), "--host_memory_gib"
+    elif known is not None:
+        host, host_source = known.host_bytes, known.name
+    elif instance_type is not None:
+        host, host_source = None, f"{unknown} --host_memory_gib"
     else:
         host, host_source = int(psutil.virtual_memory().total), "this machine"
     return Capacity(gpu, gpu_source, host, host_source)
@@ -155,7 +210,8 @@ def recommend(shape: ModelShape, layout: ZeroLayout, cap: Capacity) -> Recommend
     power-of-two micro batch."""
     if cap.gpu_bytes is None:
         return Recommendation(
-            None, "pass --gpu_memory_gib (e.g. 80 for an H100) to get a configuration that fits"
+            None,
+            "pass --gpu_memory_gib (e.g. 80 for an H100) or --instance_type to get a configuration that fits",
         )
     batches = [2**k for k in range(int(math.log2(MAX_MICRO_BATCH)) + 1)]
     nearest_faster: str | None = None  # why the layout just faster than the chosen one does not fit
@@ -274,9 +330,20 @@ def render(est: MemoryEstimate) -> str:
     return "\n".join([*header, "", *device, "", *host])
 
 
-def _default_gpus_per_node() -> int:
+def gpus_per_node(given: int | None, instance_type: str | None) -> int:
+    """--gpus_per_node, else the instance type's GPUs, else this machine's, else 8."""
     import torch
 
+    known = instance(instance_type)
+    if given is not None:
+        if known is not None and given > known.gpus:
+            raise ConfigError(
+                f"--gpus_per_node {given}: a {known.name} has {known.gpus} GPUs: give at most {known.gpus}, or "
+                "leave it out (all of them)"
+            )
+        return given
+    if known is not None:
+        return known.gpus
     return torch.cuda.device_count() if torch.cuda.is_available() else 8
 
 
@@ -298,7 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--gpus_per_node",
         type=int,
         default=None,
-        help="GPUs (ranks) per node (default: this machine's, else 8)",
+        help="GPUs (ranks) per node (default: the --instance_type's, else this machine's, else 8)",
     )
     parser.add_argument(
         "--backend",
@@ -360,13 +427,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--gpu_memory_gib",
         type=float,
         default=None,
-        help="GPU memory to judge against (default: this machine's GPU)",
+        help="GPU memory to judge against (default: the --instance_type's GPU, else this machine's)",
     )
     parser.add_argument(
         "--host_memory_gib",
         type=float,
         default=None,
-        help="host RAM per node to judge against (default: this machine's)",
+        help="host RAM per node to judge against (default: the --instance_type's, else this machine's)",
     )
     forecast = parser.add_argument_group("forecast: time and cost of a planned run (with --tokens)")
     forecast.add_argument("--tokens", type=float, help="tokens the run will train on, e.g. 2e10")
@@ -378,8 +445,10 @@ def build_parser() -> argparse.ArgumentParser:
     forecast.add_argument(
         "--peak_tflops", type=float, help="the GPU's dense bf16 peak TFLOP/s (default: the bench file's)"
     )
-    forecast.add_argument(
-        "--instance_type", help="the nodes' instance type, for the price (e.g. p5.48xlarge)"
+    parser.add_argument(
+        "--instance_type",
+        help="the nodes' instance type (e.g. p5.48xlarge): their GPUs, GPU memory and RAM for the verdict, the "
+        "GPU's peak and the price for the forecast",
     )
     forecast.add_argument(
         "--price_per_hour", type=float, help="one node's price per hour (default: the table's)"
@@ -456,8 +525,16 @@ def forecast_inputs(ns: argparse.Namespace) -> ForecastInputs | None:
         peak = peak or measured_peak
     if not 0 < mfu <= 1:
         raise ConfigError(f"--mfu {ns.mfu} must be a fraction in (0, 1], e.g. 0.4 for 40%")
+    known = instance(ns.instance_type)
+    if peak is None and known is not None:
+        from model_utils.observe import metrics
+
+        peak = metrics.peak_tflops(known.gpu)
     if peak is None or not peak > 0:
-        raise ConfigError("a forecast needs the GPU's peak: --peak_tflops (e.g. 989 for an H100 SXM)")
+        raise ConfigError(
+            "a forecast needs the GPU's peak: --peak_tflops (e.g. 989 for an H100 SXM), or an --instance_type "
+            "whose GPU's peak the kit knows"
+        )
     if ns.price_per_hour is not None and ns.price_per_hour < 0:
         raise ConfigError("--price_per_hour must be 0 or more")
     price = cost.price_for(ns.instance_type, ns.market, cost.load_prices(cost.PRICES), ns.price_per_hour)
@@ -508,6 +585,7 @@ def main(argv: list[str]) -> int:
         raise ConfigError(
             f"{flag} is DeepSpeed's ZeRO: under --backend {ns.backend} use --fsdp_cpu_offload, or drop it"
         )
+    ranks = gpus_per_node(ns.gpus_per_node, ns.instance_type)
     explicit = {"micro_batch_size"} if ns.micro_batch_size is not None else set()
     optim: dict[str, Any] = {"deepspeed_config": ns.deepspeed_config, "backend": ns.backend}
     if ns.deepspeed_config != OptimArgs.deepspeed_config:
@@ -532,10 +610,9 @@ def main(argv: list[str]) -> int:
         explicit=frozenset(explicit),
     )
     settings = resolver.resolve_settings(cfg)
-    ranks = ns.gpus_per_node if ns.gpus_per_node is not None else _default_gpus_per_node()
     shape, layout = resolve_layout(settings, ns.nodes, ranks, ns.zero_stage, ns.offload)
     est = estimate(shape, layout)
-    cap = machine_capacity(ns.gpu_memory_gib, ns.host_memory_gib)
+    cap = machine_capacity(ns.gpu_memory_gib, ns.host_memory_gib, ns.instance_type)
     rec = recommend(shape, layout, cap)
     print(render(est))
     print()

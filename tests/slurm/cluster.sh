@@ -200,7 +200,7 @@ ensure_packages() {
         pkg_installed "$pkg" || missing+=("$pkg")
     done
     if ((${#missing[@]} > 0)); then
-        log "installing ${missing[*]} (log: ${APT_LOG})"
+        log "installing ${missing[*]} with apt-get, with their dependencies, for this test cluster (log: ${APT_LOG})"
         local apt=(apt-get install -y --no-install-recommends "${missing[@]}")
         if ! DEBIAN_FRONTEND=noninteractive "${apt[@]}" >"$APT_LOG" 2>&1; then
             DEBIAN_FRONTEND=noninteractive apt-get update >>"$APT_LOG" 2>&1 || true

@@ -182,7 +182,8 @@ def check_gpus(ctx: LaunchContext, gpus: GpuProbe) -> Result:
                 name,
                 Status.WARN,
                 f"{gpus.torch_count} GPUs{names}, but GPUS_PER_NODE=0: the run uses {ctx.cpu_ranks} CPU ranks",
-                "unset GPUS_PER_NODE (or render with --set gpus_per_node=N) to train on the GPUs",
+                f"to train on the GPUs: GPUS_PER_NODE={gpus.torch_count} ./train-singlenode.sh (or sbatch "
+                f"train.sbatch), or the launchers rendered with: dskit render --set gpus_per_node={gpus.torch_count}",
             )
         if gpus.torch_count != ctx.gpus_per_node:
             return Result(
@@ -190,7 +191,8 @@ def check_gpus(ctx: LaunchContext, gpus: GpuProbe) -> Result:
                 Status.WARN,
                 f"{gpus.torch_count} GPUs{names}, the launch values say {ctx.gpus_per_node}: "
                 f"{gpus.torch_count} ranks per node",
-                f"set GPUS_PER_NODE={gpus.torch_count} (or --set gpus_per_node) if this node is as intended",
+                f"if this node is as intended: dskit render --set gpus_per_node={gpus.torch_count} (the "
+                "launchers start a rank per GPU either way)",
             )
         return Result(name, Status.PASS, f"{gpus.torch_count} GPUs{names} = GPUS_PER_NODE")
     if ctx.cpu_ranks < 1:
@@ -198,15 +200,20 @@ def check_gpus(ctx: LaunchContext, gpus: GpuProbe) -> Result:
             name,
             Status.FAIL,
             "no GPU and CPU_RANKS=0: nothing to train on",
-            "set CPU_RANKS=2 or use GPU nodes",
+            "CPU_RANKS=2 ./train-singlenode.sh (or sbatch train.sbatch), or use GPU nodes",
         )
     cpu_run = f"no GPU: {ctx.cpu_ranks} CPU ranks per node over gloo"
     if ctx.gpus_per_node == 0 or (ctx.ds_accelerator or "").lower() == "cpu":
         why = "GPUS_PER_NODE=0" if ctx.gpus_per_node == 0 else "DS_ACCELERATOR=cpu"
         return Result(name, Status.PASS, f"{cpu_run} ({why})")
+    # No NVIDIA driver: a CPU machine, where the launchers start CPU ranks whatever GPUS_PER_NODE says.
+    if gpus.driver is None and gpus.smi_error is None:
+        return Result(name, Status.PASS, f"{cpu_run} (what the launchers start on a node without GPUs)")
+    driver = f"the NVIDIA driver {gpus.driver} is loaded" if gpus.driver else "nvidia-smi fails"
     return Result(
         name,
         Status.WARN,
-        f"{cpu_run}, though GPUS_PER_NODE={ctx.gpus_per_node}",
-        "on a GPU node: check the driver (nvidia-smi); on CPU nodes: GPUS_PER_NODE=0 (--set gpus_per_node=0)",
+        f"{cpu_run}: {driver} but no GPU is visible, though GPUS_PER_NODE={ctx.gpus_per_node}",
+        "check the GPUs: nvidia-smi (see 'torch CUDA vs driver'); to train on CPU ranks here on purpose: "
+        "GPUS_PER_NODE=0 ./train-singlenode.sh (or sbatch train.sbatch)",
     )

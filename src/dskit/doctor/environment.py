@@ -12,7 +12,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from dskit.env import lock_stamp, wheelhouse
 from dskit.env.uv import uv_command
@@ -108,9 +110,13 @@ def _extensions_root(ctx: LaunchContext) -> Path:
     return Path(get_default_build_root()) / f"py{sys.version_info.major}{sys.version_info.minor}_{accel}"
 
 
-def check_ops(ctx: LaunchContext, ops: tuple[str, ...]) -> Result:
-    """The ops this run JIT-builds (`ops`: builder class names, engines.jit_ops of the resolved run): built
-    already, or buildable here."""
+def check_ops(
+    ctx: LaunchContext, ops: tuple[str, ...], create_builder: Callable[[str], Any] | None = None
+) -> Result:
+    """The ops this run JIT-builds (`ops`: builder class names, engines.jit_ops of the resolved run): built, as
+    the ranks' load will take them (kernels.build_reason: not out of date), or buildable here.
+
+    `create_builder`: builder class name -> op builder (default: the accelerator's, as kernels.build_ops)."""
     startup.import_deepspeed()
     from deepspeed.accelerator import get_accelerator
 
@@ -120,14 +126,18 @@ def check_ops(ctx: LaunchContext, ops: tuple[str, ...]) -> Result:
     accelerator = get_accelerator()
     if not ops:
         return Result(name, Status.PASS, "this run builds none (torch's optimizer and collectives)")
+    kernels.prepare_jit_env()  # the ranks' ninja and TORCH_CUDA_ARCH_LIST: the build file theirs would write
     root = _extensions_root(ctx)
-    built, to_build, incompatible = [], [], []
+    built: list[str] = []
+    to_build: list[tuple[str, str]] = []  # (op, why the ranks' load compiles it)
+    incompatible: list[str] = []
     for class_name in ops:
-        builder = accelerator.create_op_builder(class_name)
+        builder = (create_builder or accelerator.create_op_builder)(class_name)
         if builder is None or type(builder).__name__ == "NotImplementedBuilder":
             continue
         op = builder.name
-        if kernels.op_is_built(op, root):
+        why = kernels.build_reason(builder, root)
+        if why is None:
             built.append(op)
             continue
         try:
@@ -137,10 +147,15 @@ def check_ops(ctx: LaunchContext, ops: tuple[str, ...]) -> Result:
         except Exception as e:
             compatible, reason = False, first_line(e)
         if compatible:
-            to_build.append(op)
+            to_build.append((op, why))
         else:
             incompatible.append(f"{op} ({reason})")
-    have = f"built in {root}: {', '.join(built)}" if built else f"none built yet in {root}"
+    stale = any(why != kernels.FIRST_USE for _, why in to_build)  # built, but the ranks' load recompiles it
+    have = (
+        f"built in {root}: {', '.join(built)}"
+        if built
+        else f"none {'ready' if stale else 'built yet'} in {root}"
+    )
     if incompatible:
         return Result(
             name,
@@ -150,13 +165,14 @@ def check_ops(ctx: LaunchContext, ops: tuple[str, ...]) -> Result:
         )
     if not to_build:
         return Result(name, Status.PASS, have)
+    listed = ", ".join(op if why == kernels.FIRST_USE else f"{op} ({why})" for op, why in to_build)
     from torch.utils.cpp_extension import is_ninja_available
 
     compiler = os.environ.get("CXX", "c++")
     missing = [] if is_ninja_available() else ["ninja"]
     if shutil.which(compiler) is None:
         missing.append(f"a C++ compiler ({compiler})")
-    if any(op.startswith("fused_") for op in to_build) and accelerator.device_name() == "cuda":
+    if any(op.startswith("fused_") for op, _ in to_build) and accelerator.device_name() == "cuda":
         from torch.utils.cpp_extension import CUDA_HOME
 
         if CUDA_HOME is None or not os.access(Path(CUDA_HOME) / "bin" / "nvcc", os.X_OK):
@@ -165,13 +181,13 @@ def check_ops(ctx: LaunchContext, ops: tuple[str, ...]) -> Result:
         return Result(
             name,
             Status.FAIL,
-            f"{have}; {', '.join(to_build)} must be built, but {', '.join(missing)} not found",
+            f"{have}; {listed} must be built, but {', '.join(missing)} not found",
             "install them (e.g. apt-get install ninja-build g++; the CUDA toolkit for nvcc), or build the ops "
             f"once on a node that has them: they are kept in {root}",
         )
     return Result(
         name,
         Status.PASS,
-        f"{have}; {', '.join(to_build)} will be built on first use (the first rank says so, with the time "
-        f"each takes; ninja and {compiler} found)",
+        f"{have}; the ranks will build {listed} as they start (the first rank says so, with the "
+        f"time each takes; ninja and {compiler} found)",
     )

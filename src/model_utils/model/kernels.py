@@ -27,9 +27,14 @@ import contextlib
 import functools
 import importlib
 import importlib.util
+import itertools
 import os
 import re
+import shlex
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
@@ -123,12 +128,97 @@ def extensions_dir(environ: Mapping[str, str] = os.environ) -> Path:
     return Path(environ.get(EXTENSIONS_DIR_ENV) or repo.EXTENSIONS_DIR)
 
 
-def op_is_built(op: str, root: Path) -> bool:
-    """Whether DeepSpeed loads op `op` without building it: installed prebuilt (DS_BUILD_OPS) or its library is
-    in the extensions dir (torch's cpp_extension builds op X into ROOT/X/X*.so)."""
+FIRST_USE = "first use on this machine"  # build_reason of an op not built yet
+
+# What torch runs as `ninja` while out_of_date has DeepSpeed write an op's build file: torch checks ninja with
+# `--version`, which this answers, then builds with it, which it refuses, so nothing is compiled.
+_NINJA_STAND_IN = '#!/bin/sh\n[ "$1" = --version ] && exec {ninja} --version\nexit 1\n'
+# A name of its own for each dry run: torch numbers a name's builds in a process (`op_v1`, ...) when they differ.
+_DRY_RUNS = itertools.count()
+
+
+def build_reason(builder: Any, root: Path) -> str | None:
+    """Why loading `builder`'s op (as DeepSpeed and the ranks do) compiles it, None when the load takes what is
+    built: FIRST_USE (no library in the extensions dir `root`: torch's cpp_extension builds op X into ROOT/X/X*.so)
+    or its build out of date (out_of_date). An op installed prebuilt (DS_BUILD_OPS) is never built."""
     from deepspeed.git_version_info import installed_ops
 
-    return bool(installed_ops.get(op)) or any((root / op).glob(f"{op}*.so"))
+    op = builder.name
+    if installed_ops.get(op):
+        return None
+    if not any((root / op).glob(f"{op}*.so")):
+        return FIRST_USE
+    return out_of_date(builder, root / op)
+
+
+@contextmanager
+def _environ(values: Mapping[str, str]) -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def out_of_date(builder: Any, build_dir: Path) -> str | None:
+    """Why the next load of `builder`'s op, built in `build_dir`, recompiles it (ninja's first reason), None when
+    it loads the library as it is.
+
+    torch's load writes the op's build.ninja anew and runs ninja, which recompiles what changed since the last
+    build: a command line (another compiler, ccache installed or gone, other flags) or a newer source. So this
+    asks ninja. DeepSpeed's own load of the op, into a scratch dir where a stand-in ninja builds nothing, writes
+    the build file the ranks' load would; ninja's dry run of it in `build_dir` (`ninja -n`, which writes nothing)
+    says what it would compile. That load goes under another name: torch keeps a record of each name it loaded
+    in a process, and the op's own must stay as the ranks' load will find it. The ninja is the one torch runs
+    (PATH, after prepare_jit_env)."""
+    from model_utils.launch import startup
+
+    ninja = shutil.which("ninja")
+    if ninja is None:
+        return "ninja is not installed: its build cannot be checked"  # and the load fails: it needs ninja
+    op = builder.name
+    stand_in_name = f"{op}_dskit_dry_run_{next(_DRY_RUNS)}"
+    with tempfile.TemporaryDirectory(prefix="dskit-op-dry-run-") as tmp:
+        scratch = Path(tmp)
+        stand_in = scratch / "bin" / "ninja"
+        stand_in.parent.mkdir()
+        stand_in.write_text(_NINJA_STAND_IN.format(ninja=shlex.quote(ninja)))
+        stand_in.chmod(0o755)
+        scratch_env = {
+            "PATH": f"{stand_in.parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            EXTENSIONS_DIR_ENV: tmp,
+        }
+        error: Exception | None = None
+        builder.name = stand_in_name
+        try:
+            with _environ(scratch_env), startup.cpu_info_computed_once(build_dir.parent):
+                builder.load(verbose=False)
+        # The stand-in's refusal once the build file is written; before it, the load's own failure.
+        except Exception as e:
+            error = e
+        finally:
+            builder.name = op
+        written = scratch / stand_in_name / "build.ninja"
+        if not written.is_file():
+            return f"its build cannot be checked: {first_line(error) if error else 'no build file written'}"
+        plan = scratch / "build.ninja"
+        plan.write_text(written.read_text().replace(stand_in_name, op))
+        proc = subprocess.run(
+            [ninja, "-n", "-d", "explain", "-C", str(build_dir), "-f", str(plan)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    output = proc.stdout + proc.stderr
+    if proc.returncode == 0 and "ninja: no work to do." in output:
+        return None
+    reasons = re.findall(r"^ninja (?:explain|error): (.+)$", output, re.MULTILINE)
+    return f"out of date since its last build, ninja: {reasons[0] if reasons else output.strip()[-200:]}"
 
 
 def _shown(path: Path) -> str:
@@ -146,10 +236,11 @@ def _took(seconds: float) -> str:
 def build_ops(
     builder_names: Iterable[str], device_type: str, create_builder: Callable[[str], Any] | None = None
 ) -> None:
-    """Build the DeepSpeed ops a run needs that are not built yet, before DeepSpeed loads them itself, each one
-    announced with its expected time and followed by its result (rank 0's lines: every rank calls load(), the
-    first to take torch's file lock in the op's build dir builds it and the others wait on that lock). A build
-    that fails is a ConfigError naming the op. Ops already built are left for DeepSpeed to load.
+    """Build the DeepSpeed ops a run needs that are not built yet or whose build is out of date (build_reason),
+    before DeepSpeed loads them itself, each one announced with why, its expected time and followed by its
+    result (rank 0's lines: every rank calls load(), the first to take torch's file lock in the op's build dir
+    builds it and the others wait on that lock). A build that fails is a ConfigError naming the op. Ops whose
+    build holds are left for DeepSpeed to load.
 
     `create_builder`: builder class name -> DeepSpeed op builder (default: the accelerator's), None or
     DeepSpeed's NotImplementedBuilder where this accelerator has no such op.
@@ -165,17 +256,16 @@ def build_ops(
     root = extensions_dir()
     for class_name in builder_names:
         builder = create_builder(class_name)
-        if (
-            builder is None
-            or type(builder).__name__ == "NotImplementedBuilder"
-            or op_is_built(builder.name, root)
-        ):
+        if builder is None or type(builder).__name__ == "NotImplementedBuilder":
+            continue
+        why = build_reason(builder, root)
+        if why is None:
             continue
         op = builder.name
         expected = BUILD_TIME.get((op, device_type), DEFAULT_BUILD_TIME)
         print0(
-            f"Building DeepSpeed op {op} (first use on this machine; {expected} on {device_type.upper()}; "
-            f"cached in {_shown(root)}; the other ranks wait for it) ..."
+            f"{'Building' if why == FIRST_USE else 'Rebuilding'} DeepSpeed op {op} ({why}; {expected} on "
+            f"{device_type.upper()}; cached in {_shown(root)}; the other ranks wait for it) ..."
         )
         started = time.monotonic()
         try:

@@ -167,6 +167,53 @@ def test_verdict_against_this_machine(capsys) -> None:
     assert "recommend: pass --gpu_memory_gib" in out
 
 
+def test_an_instance_type_gives_its_gpus_their_memory_and_its_ram(capsys) -> None:
+    """--instance_type p5.48xlarge: 8 H100s of 80 GB per node and 2 TiB of RAM, never this machine's; the GPU's
+    peak for the forecast too. Sizes given as flags still win."""
+    rc, out, err = run_cli(
+        capsys, "--model", "qwen3-0.6b", "--nodes", "2", "--instance_type", "p5.48xlarge", "--tokens", "2e10",
+        "--mfu", "0.4",
+    )  # fmt: skip
+    assert rc == 0, err
+    assert out.splitlines()[1].startswith("2 nodes x 8 GPUs, ")
+    verdict = next(line for line in out.splitlines() if line.startswith("verdict: "))
+    assert re.fullmatch(
+        r"verdict: fits — GPU [\d.]+ of 79\.65 GiB \(\d+%, p5\.48xlarge's NVIDIA H100 80GB HBM3\) fits; "
+        r"host RAM [\d.]+ of 2048\.00 GiB \(\d+%, p5\.48xlarge\) fits",
+        verdict,
+    ), verdict
+    assert (
+        out.strip()
+        .splitlines()[-1]
+        .startswith("forecast: 2e+10 tokens at MFU 40.0% of 989 TFLOP/s x 16 GPUs")
+    )
+    rc, out, _ = run_cli(
+        capsys, "--instance_type", "p5.48xlarge", "--gpus_per_node", "4", "--gpu_memory_gib", "40",
+        "--host_memory_gib", "512",
+    )  # fmt: skip
+    assert rc == 0 and out.splitlines()[1].startswith("1 node x 4 GPUs, ")
+    assert "of 40.00 GiB (" in out and "--gpu_memory_gib) " in out and "of 512.00 GiB (" in out
+
+
+def test_an_instance_type_the_kit_does_not_know_is_not_judged_by_this_machine(capsys) -> None:
+    rc, out, _ = run_cli(capsys, "--instance_type", "g5.xlarge", "--gpus_per_node", "1")
+    assert rc == 0
+    verdict = next(line for line in out.splitlines() if line.startswith("verdict: "))
+    assert verdict.startswith("verdict: unknown") and "this machine" not in verdict, verdict
+    assert "(no g5.xlarge in the kit's instance table: pass --gpu_memory_gib)" in verdict
+    assert "(no g5.xlarge in the kit's instance table: pass --host_memory_gib)" in verdict
+
+
+def test_the_instance_table_has_the_types_whose_gpus_the_health_gate_knows() -> None:
+    """One owner per fact: the GPU count of a type is the health gate's, its memory this table's."""
+    from model_utils.launch import health_gate
+
+    assert set(est.INSTANCE_MEMORY) == set(health_gate.THRESHOLDS)
+    assert est.instance("p5en.48xlarge") == est.Instance(
+        "p5en.48xlarge", 8, "NVIDIA H200", 143771 * 2**20, 2048 * GiB
+    )
+
+
 def write_ds(tmp_path: Path, zero: dict) -> str:
     ds = json.loads((REPO / "deepspeed" / "ds_config.json").read_text())
     ds["zero_optimization"] = zero
@@ -196,6 +243,10 @@ BAD = {
     "abbreviated flag": (["--node", "2"], "unrecognized arguments: --node 2"),
     "missing DeepSpeed config": (["--deepspeed_config", "nope.json"], "DeepSpeed config nope.json not found"),
     "unknown liger": (["--liger", "yes"], "argument --liger: invalid choice: 'yes'"),
+    "more GPUs than the instance": (
+        ["--instance_type", "p5.48xlarge", "--gpus_per_node", "16"],
+        "--gpus_per_node 16: a p5.48xlarge has 8 GPUs: give at most 8, or leave it out (all of them)",
+    ),
 }
 
 

@@ -9,8 +9,10 @@ engine: tests/e2e/test_model_setup.py.
 from __future__ import annotations
 
 import copy
+import os
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from dskit import cli
 from model_utils.config.arguments import ModelArgs
 from model_utils.errors import ConfigError
 from model_utils.model import kernels
+from support.fake_commands import executable
 from support.pretrained import tiny_model
 
 REPO = Path(__file__).resolve().parents[3]
@@ -237,6 +240,39 @@ def test_training_and_the_warm_step_share_the_jit_env_setup() -> None:
     assert "kernels.optimize_model(" in (REPO / "src" / "model_utils" / "loop" / "trainer.py").read_text()
 
 
+def test_make_tools_says_what_the_tests_install_and_why_before_it_does(tmp_path: Path) -> None:
+    """As root on Debian, `make tools` (the first step of `make test`) installs what the tests lack: it names each
+    package and why before apt-get runs, and the SLURM tests' packages, which tests/slurm/cluster.sh installs
+    later; nothing when all is there. apt-get, dpkg-query and `id` are stand-ins (nothing is installed here), and
+    PATH has nothing else but sed, so shellcheck and ccache are missing."""
+    out = tmp_path / "out"
+    bin_dir = tmp_path / "bin"
+    executable(bin_dir / "id", "#!/bin/sh\necho 0\n")  # root
+    executable(bin_dir / "dpkg-query", "#!/bin/sh\nexit 1\n")  # no package installed
+    executable(bin_dir / "apt-get", '#!/bin/sh\necho "apt-get $*" >> "$OUT"\n')
+    (bin_dir / "sed").symlink_to(shutil.which("sed"))
+    make = [shutil.which("make"), "-s", "-C", str(REPO), "tools"]
+    with out.open("a") as stdout:  # the stand-in apt-get appends to the same file: the order is kept
+        subprocess.run(make, env={"PATH": str(bin_dir), "OUT": str(out)}, stdout=stdout, check=True)
+    assert out.read_text().splitlines() == [
+        "As root on Debian, the tests install with apt-get what they lack (with its dependencies):",
+        "  shellcheck, now: it lints the rendered launchers",
+        "  ccache, now: DeepSpeed's ops compile through it, for other checkouts here to reuse (ops built before "
+        "it are rebuilt once)",
+        "  munge slurmctld slurmd slurm-client iproute2 util-linux, when the SLURM tests start (make test): their "
+        "2-node cluster on this machine (tests/slurm/cluster.sh)",
+        "apt-get install -y -qq shellcheck",
+        "apt-get install -y -qq ccache",
+    ]
+    executable(bin_dir / "dpkg-query", "#!/bin/sh\necho 'install ok installed'\n")
+    for tool in ("shellcheck", "ccache"):
+        executable(bin_dir / tool, "#!/bin/sh\n")
+    out.write_text("")
+    with out.open("a") as stdout:
+        subprocess.run(make, env={"PATH": str(bin_dir), "OUT": str(out)}, stdout=stdout, check=True)
+    assert out.read_text() == ""  # all there: nothing said, nothing installed
+
+
 def test_the_warm_step_builds_the_ops_the_default_cpu_run_loads() -> None:
     """`make warm` names its ops (one process each, side by side): those of the embedded default on CPU ranks, as
     the engine says (engines.jit_ops, which the ranks build and the doctor checks), so no timed test builds one."""
@@ -331,16 +367,76 @@ def test_a_first_build_is_announced_with_its_time_and_then_its_result(
     assert len(lines) == 2 and builder.loads == [False]  # torch's compiler lines stay out of the log
 
 
-def test_a_built_op_is_left_to_deepspeed_and_other_ranks_build_without_a_word(
+def test_other_ranks_build_without_a_word(
     extensions: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     builder = StandInBuilder("deepspeed_shm_comm", extensions)
     monkeypatch.setenv("RANK", "1")
-    kernels.build_ops(["ShareMemCommBuilder"], "cpu", {"ShareMemCommBuilder": builder}.get)
-    assert builder.loads == [False] and capsys.readouterr().out == ""  # rank 1 waits on the build, quietly
-    monkeypatch.setenv("RANK", "0")
     kernels.build_ops(["ShareMemCommBuilder", "NoSuchBuilder"], "cpu", {"ShareMemCommBuilder": builder}.get)
-    assert builder.loads == [False] and capsys.readouterr().out == ""  # built: DeepSpeed loads it itself
+    assert builder.loads == [False] and capsys.readouterr().out == ""  # rank 1 waits on the build, quietly
+
+
+# A real op of torch's JIT build, where what is asked is whether a build holds: ninja decides it from the build
+# file torch writes, the commands it last ran and the files' times.
+TINY_OP_SOURCE = 'extern "C" int dskit_tiny_op() { return 42; }\n'
+BUILD_IN_A_PROCESS = (
+    "import sys; from model_utils.model import kernels; kernels.prepare_jit_env(); "
+    "from torch.utils import cpp_extension; cpp_extension.load(sys.argv[1], [sys.argv[2]], is_python_module=False)"
+)
+
+
+class TinyOpBuilder:
+    """An op loaded as DeepSpeed's builders load theirs (torch's cpp_extension.load): one C++ file without torch's
+    headers, so it builds in a second where DeepSpeed's take minutes. `loads`: the names it was loaded under."""
+
+    def __init__(self, name: str, source: Path) -> None:
+        self.name, self.source, self.loads = name, source, []
+
+    def load(self, verbose: bool = False) -> str:
+        from torch.utils import cpp_extension
+
+        self.loads.append(self.name)
+        return cpp_extension.load(self.name, [str(self.source)], is_python_module=False, verbose=verbose)
+
+
+def tiny_op_built_without_ccache(name: str, tmp_path: Path) -> TinyOpBuilder:
+    """The op built as `make warm` built the ops on a machine without ccache (no compiler wrapper), in a process
+    of its own as by an earlier launch (torch remembers the ops it loaded in a process)."""
+    source = tmp_path / f"{name}.cpp"
+    source.write_text(TINY_OP_SOURCE)
+    env = {**os.environ, "TORCH_NO_COMPILER_WRAPPER": "1"}
+    subprocess.run([sys.executable, "-c", BUILD_IN_A_PROCESS, name, str(source)], env=env, check=True)
+    return TinyOpBuilder(name, source)
+
+
+def test_an_op_whose_build_no_longer_holds_is_rebuilt_and_says_so(
+    extensions: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ccache installed after the ops were built (`make test` installs it as root): torch then compiles through
+    it, so ninja recompiles every op at its next load. That rebuild is announced like a first one; an op whose
+    build holds is left to DeepSpeed without a word."""
+    builder = tiny_op_built_without_ccache("kernels_tiny_op", tmp_path)
+    library = extensions / "kernels_tiny_op" / "kernels_tiny_op.so"
+    built_at = library.stat().st_mtime_ns
+    create = {"TinyOpBuilder": builder}.get
+    monkeypatch.setenv("TORCH_NO_COMPILER_WRAPPER", "1")  # as it was built
+    kernels.build_ops(["TinyOpBuilder"], "cpu", create)
+    assert capsys.readouterr().out == "" and "kernels_tiny_op" not in builder.loads
+    assert library.stat().st_mtime_ns == built_at
+    # A ccache on PATH (a stand-in that runs the compiler; torch puts the ccache it finds before the compiler).
+    monkeypatch.delenv("TORCH_NO_COMPILER_WRAPPER")
+    executable(tmp_path / "ccache-bin" / "ccache", '#!/bin/sh\nexec "$@"\n')
+    monkeypatch.setenv("PATH", f"{tmp_path / 'ccache-bin'}{os.pathsep}{os.environ['PATH']}")
+    kernels.build_ops(["TinyOpBuilder"], "cpu", create)
+    lines = [line.split(" | ", 1)[1] for line in capsys.readouterr().out.splitlines()]
+    assert lines[0] == (
+        "Rebuilding DeepSpeed op kernels_tiny_op (out of date since its last build, ninja: command line changed "
+        "for kernels_tiny_op.o; a few minutes on CPU; cached in ext; the other ranks wait for it) ..."
+    ), lines
+    assert re.fullmatch(r"Built DeepSpeed op kernels_tiny_op in \d+s", lines[1]) and len(lines) == 2, lines
+    assert library.stat().st_mtime_ns != built_at  # rebuilt, as said
+    assert "cxx = ccache c++" in (extensions / "kernels_tiny_op" / "build.ninja").read_text()
+    assert kernels.build_reason(builder, extensions) is None  # the next load takes it as it is
 
 
 def test_a_failed_build_is_one_line_naming_the_op_with_its_output_kept(

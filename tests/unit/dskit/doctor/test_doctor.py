@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -127,6 +128,32 @@ def test_cpu_node_is_ready(cpu_node: Path, capsys: pytest.CaptureFixture[str]) -
     assert "4 checkpoints (3 kept + 1 being written)" in rows["checkpoint disk"][1]
     assert "needs ~" in rows["host RAM"][1] and "(2 nodes x 2 ranks)" in rows["host RAM"][1]
     assert not (cpu_node / "checkpoints").exists(), "the doctor created the checkpoint dir"
+
+
+def test_the_doctor_alone_on_a_cpu_machine_judges_what_a_launch_here_would_do(
+    cpu_node: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run by hand, without the launchers' variables (GPUS_PER_NODE then defaults to 8): the launchers would start
+    CPU ranks on this machine, so that is no warning."""
+    for name in (
+        "DS_ACCELERATOR",
+        "GPUS_PER_NODE",
+        "CPU_RANKS",
+        "CUDA_VERSION",
+        "EFA",
+        "SLURM_JOB_NUM_NODES",
+    ):
+        monkeypatch.delenv(name)
+    code, rows = run_doctor(capsys)
+    assert rows["GPUs"] == (
+        "PASS",
+        "no GPU: 2 CPU ranks per node over gloo (what the launchers start on a node without GPUs)",
+        "",
+    ), rows["GPUs"]
+    assert code == 0 and [name for name, row in rows.items() if row[0] in ("WARN", "FAIL")] in (
+        [],
+        ["host RAM"],  # only if other processes hold nearly all of this machine's RAM right now
+    ), rows
 
 
 def test_a_mixtures_sources_are_each_checked_as_a_dataset(
@@ -405,25 +432,63 @@ def test_fake_nvidia_smi_without_gpus(
     assert doctor.check_driver(gpus, "12.8", "2.x").status is status
 
 
+# An NVIDIA driver without a GPU it can see: a GPU node whose GPUs are gone (a CPU machine has no driver).
+DRIVER_NO_GPU = GpuProbe(0, 0, (), "570.124.06", None, None)
+
+
 @pytest.mark.parametrize(
-    ("ctx", "gpus", "status", "text"),
+    ("ctx", "gpus", "status", "text", "fix"),
     [
-        (context(), EIGHT_GPUS, Status.PASS, "8 GPUs (NVIDIA H100 80GB HBM3) = GPUS_PER_NODE"),
-        (context(gpus_per_node=4), EIGHT_GPUS, Status.WARN, "the launch values say 4"),
-        (context(gpus_per_node=0), EIGHT_GPUS, Status.WARN, "GPUS_PER_NODE=0"),
-        (context(ds_accelerator=None), NO_GPU, Status.WARN, "though GPUS_PER_NODE=8"),
-        (context(gpus_per_node=0, ds_accelerator=None), NO_GPU, Status.PASS, "(GPUS_PER_NODE=0)"),
-        (context(cpu_ranks=0), NO_GPU, Status.FAIL, "CPU_RANKS=0"),
+        (context(), EIGHT_GPUS, Status.PASS, "8 GPUs (NVIDIA H100 80GB HBM3) = GPUS_PER_NODE", ""),
+        (
+            context(gpus_per_node=4),
+            EIGHT_GPUS,
+            Status.WARN,
+            "the launch values say 4",
+            "dskit render --set gpus_per_node=8",
+        ),
+        (
+            context(gpus_per_node=0),
+            EIGHT_GPUS,
+            Status.WARN,
+            "GPUS_PER_NODE=0",
+            "GPUS_PER_NODE=8 ./train-singlenode.sh (or sbatch train.sbatch), or the launchers rendered with: "
+            "dskit render --set gpus_per_node=8",
+        ),
+        # the launchers start CPU ranks where there is no GPU: what they would do on this machine
+        (
+            context(ds_accelerator=None),
+            NO_GPU,
+            Status.PASS,
+            "no GPU: 2 CPU ranks per node over gloo (what the launchers start on a node without GPUs)",
+            "",
+        ),
+        (
+            context(ds_accelerator=None),
+            DRIVER_NO_GPU,
+            Status.WARN,
+            "the NVIDIA driver 570.124.06 is loaded but no GPU is visible, though GPUS_PER_NODE=8",
+            "GPUS_PER_NODE=0 ./train-singlenode.sh (or sbatch train.sbatch)",
+        ),
+        (context(gpus_per_node=0, ds_accelerator=None), NO_GPU, Status.PASS, "(GPUS_PER_NODE=0)", ""),
+        (context(cpu_ranks=0), NO_GPU, Status.FAIL, "CPU_RANKS=0", "CPU_RANKS=2 ./train-singlenode.sh"),
         # the launcher counts without torch (python_env.visible_gpus): its ranks must match torch's devices
-        (context(launcher_gpus=8), EIGHT_GPUS, Status.PASS, "= GPUS_PER_NODE"),
-        (context(launcher_gpus=4), EIGHT_GPUS, Status.FAIL, "the launcher counted 4 GPUs"),
-        (context(launcher_gpus=0), NO_GPU, Status.PASS, "no GPU"),
+        (context(launcher_gpus=8), EIGHT_GPUS, Status.PASS, "= GPUS_PER_NODE", ""),
+        (
+            context(launcher_gpus=4),
+            EIGHT_GPUS,
+            Status.FAIL,
+            "the launcher counted 4 GPUs",
+            "CUDA_VISIBLE_DEVICES",
+        ),
+        (context(launcher_gpus=0), NO_GPU, Status.PASS, "no GPU", ""),
     ],
     ids=[
         "match",
         "fewer-values",
         "gpus-ignored",
-        "gpu-expected",
+        "cpu-machine",
+        "gpus-gone",
         "cpu-cluster",
         "no-ranks",
         "launcher-agrees",
@@ -432,10 +497,13 @@ def test_fake_nvidia_smi_without_gpus(
     ],
 )
 def test_gpu_count_against_launch_values(
-    ctx: LaunchContext, gpus: GpuProbe, status: Status, text: str
+    ctx: LaunchContext, gpus: GpuProbe, status: Status, text: str, fix: str
 ) -> None:
+    """What the launchers would start here, and a fix that is something to type (a launch with its variable,
+    `dskit render` with its option)."""
     result = doctor.check_gpus(ctx, gpus)
-    assert result.status is status and text in result.found
+    assert result.status is status and text in result.found, result
+    assert fix in result.fix and (fix or not result.fix), result
 
 
 # --- 3. the CUDA toolkit (fake /usr/local/cuda-X trees) -------------------------------------------------
@@ -633,15 +701,74 @@ def test_ops_need_a_toolchain_when_not_built(
     ctx = context(extensions_dir=tmp_path / "extensions")  # nothing built there
     ops = ("ShareMemCommBuilder", "CPUAdamBuilder")
     result = doctor.check_ops(ctx, ops)
-    assert result.status is Status.PASS and "will be built on first use" in result.found
+    assert (
+        result.status is Status.PASS and "the ranks will build deepspeed_shm_comm, cpu_adam" in result.found
+    )
     (tmp_path / "empty-bin").mkdir()
     monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
     monkeypatch.delenv("CXX", raising=False)
     result = doctor.check_ops(ctx, ops)
     assert result.status is Status.FAIL, result
-    assert "cpu_adam" in result.found and "ninja, a C++ compiler (c++) not found" in result.found
+    # ninja: the environment's, which the ranks find too (kernels.prepare_jit_env), where it has one
+    missing = (
+        "a C++ compiler (c++) not found" if (Path(sys.executable).parent / "ninja").is_file() else "ninja"
+    )
+    assert "cpu_adam" in result.found and missing in result.found
     assert "ninja-build g++" in result.fix
     assert doctor.check_ops(ctx, ()).status is Status.PASS  # nothing to build: no toolchain needed
+
+
+# A real op of torch's JIT build (whether a build holds is ninja's verdict on real files), loaded as DeepSpeed's
+# builders load theirs: one C++ file without torch's headers, built in a second.
+BUILD_IN_A_PROCESS = (
+    "import sys; from model_utils.model import kernels; kernels.prepare_jit_env(); "
+    "from torch.utils import cpp_extension; cpp_extension.load(sys.argv[1], [sys.argv[2]], is_python_module=False)"
+)
+
+
+class TinyOpBuilder:
+    def __init__(self, name: str, source: Path) -> None:
+        self.name, self.source = name, source
+
+    def is_compatible(self, verbose: bool = False) -> bool:
+        return True
+
+    def load(self, verbose: bool = False) -> str:
+        from torch.utils import cpp_extension
+
+        return cpp_extension.load(self.name, [str(self.source)], is_python_module=False, verbose=verbose)
+
+
+def test_an_op_the_ranks_would_rebuild_is_not_called_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cpu_node: Path
+) -> None:
+    """The ops row says what the ranks' load will do: an op built before ccache was installed is rebuilt by it
+    (torch compiles through the ccache it finds on PATH), with ninja's reason. The check builds nothing."""
+    extensions = tmp_path / "extensions"
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(extensions))
+    source = tmp_path / "doctor_tiny_op.cpp"
+    source.write_text('extern "C" int dskit_tiny_op() { return 42; }\n')
+    # Built by an earlier launch (a process of its own) on this machine before it had ccache.
+    env = {**os.environ, "TORCH_NO_COMPILER_WRAPPER": "1"}
+    subprocess.run(
+        [sys.executable, "-c", BUILD_IN_A_PROCESS, "doctor_tiny_op", str(source)], env=env, check=True
+    )
+    ctx = context(extensions_dir=extensions)
+    create = {"TinyOpBuilder": TinyOpBuilder("doctor_tiny_op", source)}.get
+    monkeypatch.setenv("TORCH_NO_COMPILER_WRAPPER", "1")  # as it was built
+    assert doctor.check_ops(ctx, ("TinyOpBuilder",), create) == doctor.Result(
+        "DeepSpeed ops", Status.PASS, f"built in {extensions}: doctor_tiny_op"
+    )
+    files = {p: p.stat().st_mtime_ns for p in extensions.rglob("*")}
+    monkeypatch.delenv("TORCH_NO_COMPILER_WRAPPER")
+    executable(tmp_path / "ccache-bin" / "ccache", '#!/bin/sh\nexec "$@"\n')  # stands in for ccache
+    monkeypatch.setenv("PATH", f"{tmp_path / 'ccache-bin'}{os.pathsep}{os.environ['PATH']}")
+    result = doctor.check_ops(ctx, ("TinyOpBuilder",), create)
+    assert result.status is Status.PASS and result.found.startswith(
+        f"none ready in {extensions}; the ranks will build doctor_tiny_op (out of date since its last build, "
+        "ninja: command line changed for doctor_tiny_op.o) as they start"
+    ), result
+    assert {p: p.stat().st_mtime_ns for p in extensions.rglob("*")} == files  # nothing built, nothing written
 
 
 @pytest.mark.parametrize(
