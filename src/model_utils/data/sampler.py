@@ -124,12 +124,10 @@ def validation_plan(
     num_blocks: int, batches: int | None, micro_batch: int, dp_rank: int, dp_world: int
 ) -> ValidationPlan:
     """`batches` micro-batches per rank (the first full ones of the deal), or None: every block (a full pass).
-    The same blocks at every evaluation."""
-    if batches is None:
-        starts = list(range(0, num_blocks, micro_batch))
-    else:
-        rounds = min(batches, num_blocks // (micro_batch * dp_world))
-        starts = list(range(0, rounds * dp_world * micro_batch, micro_batch))
+    The same blocks at every evaluation. Fewer blocks than one micro-batch per rank: all of them, once (a rank
+    without one repeats one, uncounted)."""
+    rounds = None if batches is None else min(batches, num_blocks // (micro_batch * dp_world))
+    starts = list(range(0, num_blocks if not rounds else rounds * dp_world * micro_batch, micro_batch))
     dealt = [np.arange(s, min(s + micro_batch, num_blocks)) for s in starts]
     mine = dealt[dp_rank::dp_world]
     per_rank = -(-len(dealt) // dp_world)

@@ -65,7 +65,11 @@ def test_validation_slices_are_disjoint_and_fixed() -> None:
     assert (a.blocks, a.total_blocks) == (12, 21)
     small = validation_plan(num_blocks=5, batches=8, micro_batch=2, dp_rank=1, dp_world=2)
     assert [len(x) for x in small.batches] == [2] and max(blocks_read(small)) < 5 and small.blocks == 4
-    assert validation_plan(num_blocks=3, batches=8, micro_batch=2, dp_rank=0, dp_world=2).blocks == 0
+    # Fewer blocks than one micro-batch per rank: all of them, once; a rank without one repeats one, uncounted.
+    few = [validation_plan(num_blocks=3, batches=8, micro_batch=2, dp_rank=r, dp_world=2) for r in (0, 1)]
+    assert [p.blocks for p in few] == [3, 3] and sorted(i for p in few for i in blocks_read(p)) == [0, 1, 2]
+    one = [validation_plan(num_blocks=1, batches=8, micro_batch=1, dp_rank=r, dp_world=2) for r in (0, 1)]
+    assert [(p.batches[0].tolist(), p.weights) for p in one] == [([0], [1]), ([0], [0])]
 
 
 @pytest.mark.parametrize(
