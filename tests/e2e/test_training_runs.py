@@ -317,7 +317,7 @@ def test_launches_that_start_together_each_get_their_log_their_data_and_their_ow
     assert said.count("Data: tokenized") == 1, said  # one preparation; the other read it
     # A log each, its name said at the start, holding that launch's output alone.
     assert len(logs) == 3, [log.name for log in logs]
-    for name, text in out.items():
+    for text in out.values():
         (named,) = re.findall(r"^Logging to (logs/\S+)$", text, re.M)
         mine = texts[logs.index(REPO / named)]
         assert (

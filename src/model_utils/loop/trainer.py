@@ -154,7 +154,9 @@ class Trainer:
                 count, None if batches == ALL else batches, mb, self.dist.rank, self.dist.world_size
             )
             if count < mb * self.dist.world_size:
-                which = f"source {name}'s" if name is not None else split_origin(self.cfg.data, "validation")[0]
+                which = (
+                    f"source {name}'s" if name is not None else split_origin(self.cfg.data, "validation")[0]
+                )
                 print0(
                     f"Validation: {which} has {count} blocks, fewer than micro batch {mb} x "
                     f"{self.dist.world_size} ranks: each validation reads all {count} (a rank without one repeats "

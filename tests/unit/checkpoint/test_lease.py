@@ -5,8 +5,8 @@ touches nothing. Two real processes where it matters; the e2e launch is in tests
 from __future__ import annotations
 
 import dataclasses
-import os
 import json
+import os
 import socket
 import subprocess
 import sys
