@@ -112,16 +112,27 @@ def prepared(
     tokenizer: Any,
     tokenizer_name: str,
     run_first: Callable[[Callable[[], Any]], Any],
+    from_run_file: Callable[[str], str | None] = lambda flag: None,
 ) -> PreparedDataset:
-    """The prepared dataset a run reads: --dataset itself, or the cache of a small unprepared dataset."""
+    """The prepared dataset a run reads: --dataset itself, or the cache of a small unprepared dataset.
+    `from_run_file(flag)`: how to name a setting the run file gave (None: typed as a flag): a prepared dir ignores
+    those of its preparation's settings with one line (a shipped SFT run file serves prepared data too), and
+    refuses the typed ones, which would be silently ignored."""
     spec = TokenizerSpec.of(tokenizer, tokenizer_name)
     given = _prepared_dir(data)
     if given is not None:
-        fixed = sorted(f"--{f}" for f in _FIXED_AT_PREPARATION if f in explicit)
-        if fixed:
+        fixed = [f for f in _FIXED_AT_PREPARATION if f in explicit]
+        typed = sorted(f"--{f}" for f in fixed if from_run_file(f) is None)
+        if typed:
             raise ConfigError(
-                f"{' and '.join(fixed)} apply when data is prepared, and {given} is prepared already: "
+                f"{' and '.join(typed)} apply when data is prepared, and {given} is prepared already: "
                 "drop them (or give them to `dskit prepare-data` for a new preparation)"
+            )
+        ignored = [name for f in fixed if (name := from_run_file(f)) is not None]
+        if ignored:
+            print0(
+                f"Data: {' and '.join(ignored)} apply when data is prepared, and {given} is prepared already: "
+                "ignored (it keeps the settings `dskit prepare-data` gave it)"
             )
         # Its shards are verified on opening: on rank 0 first, then the other ranks find them in its record.
         dataset = run_first(lambda: token_shards.open_prepared(given))

@@ -291,17 +291,22 @@ def open_sources(
     run_first: Callable[[Callable[[], Any]], Any],
     seq_length: int,
     seed: int,
+    from_run_file: Callable[[str], str | None] = lambda flag: None,
 ) -> OpenedMixture:
-    """Each source prepared (or opened) as a single dataset is, keyed by its own options; the mixture of their
-    train blocks with its plan said in one line; their validation blocks."""
+    """Each source prepared (or opened) as a single dataset is, keyed by its own options (`from_run_file`: as
+    block_cache.prepared takes it); the mixture of their train blocks with its plan said in one line; their
+    validation blocks."""
     specs = data.source_specs
     for spec in specs:
         _check_exists(spec.name, data.for_source(spec))
     names, train, validation, contents = [], [], [], []
     for spec in specs:
         # The source's own keys join the explicit ones: a prepared dir refuses what it would ignore.
-        given = explicit | {key for key, _ in spec.options}
-        dataset = block_cache.prepared(data.for_source(spec), given, tokenizer, tokenizer_name, run_first)
+        own = {key for key, _ in spec.options}
+        dataset = block_cache.prepared(
+            data.for_source(spec), explicit | own, tokenizer, tokenizer_name, run_first,
+            lambda flag, own=own: None if flag in own else from_run_file(flag),
+        )  # fmt: skip
         names.append(spec.name)
         train.append(_source_blocks(spec.name, dataset, "train", seq_length))
         if dataset.holds_validation:

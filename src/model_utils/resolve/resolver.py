@@ -486,12 +486,21 @@ def _prepare(
     val_blocks: BlockSource | None
     if cfg.data.sources is not None:  # a weighted mixture: each source prepared as a single dataset is
         opened = mixture.open_sources(
-            cfg.data, cfg.explicit, tokenizer, tokenizer_name, run_first, seq, cfg.loop.seed
+            cfg.data,
+            cfg.explicit,
+            tokenizer,
+            tokenizer_name,
+            run_first,
+            seq,
+            cfg.loop.seed,
+            _from_run_file(cfg),
         )
         train_blocks, val_blocks, data_fingerprint = opened.train, opened.validation, opened.fingerprint
         rendered = None
     else:
-        dataset = block_cache.prepared(cfg.data, cfg.explicit, tokenizer, tokenizer_name, run_first)
+        dataset = block_cache.prepared(
+            cfg.data, cfg.explicit, tokenizer, tokenizer_name, run_first, _from_run_file(cfg)
+        )
         # The template its rows were rendered with (a prepared dir's own, whatever the flags say).
         rendered = dataset.manifest.get("chat")
         data_fingerprint = token_shards.content_fingerprint(dataset.manifest)
@@ -559,6 +568,11 @@ def _prepare(
                 "steps"
             )
     return run
+
+
+def _from_run_file(cfg: TrainConfig) -> Callable[[str], str | None]:
+    """A setting's name as a message says it when the run file gave it (TrainConfig.setting), else None."""
+    return lambda flag: cfg.setting(flag) if cfg.origin_of(flag).startswith("run file") else None
 
 
 def _fetch_hub(settings: RunSettings) -> RunSettings:

@@ -14,7 +14,7 @@ import pytest
 
 from dskit import prepare_data
 from model_utils.config.arguments import DataArgs
-from model_utils.data import token_shards
+from model_utils.data import block_cache, token_shards
 from model_utils.errors import ConfigError
 from support.prepared_data import DOCS, ids_of, run_data, write_jsonl
 
@@ -139,3 +139,31 @@ def test_a_preparation_that_fails_leaves_no_staging_dir(tmp_path: Path, tokenize
         run_data(data, tokenizer)
     prepared = next((tmp_path / "c" / "prepared").iterdir())
     assert not (prepared / ".staging").exists() or not list((prepared / ".staging").iterdir())
+
+
+def test_a_run_files_preparation_settings_are_ignored_on_prepared_data_with_a_line_and_typed_ones_refused(
+    tmp_path: Path, tokenizer, capsys
+) -> None:
+    """The shipped SFT run file sets data_format and chat_template; pointed at a prepared dir (which fixed its own
+    at preparation) they are ignored with one line naming them as the run file does, not an error that no flag
+    can undo; the same settings typed as flags are still refused (they would be silently ignored)."""
+    from support.prepared_data import corpus, prep
+
+    out = tmp_path / "prepared"
+    assert prep(out, "--dataset", str(corpus(tmp_path)), "--num_proc", "1") == 0
+    capsys.readouterr()
+    data = DataArgs(dataset=str(out), data_format="text", validation_fraction=0.1)
+    run_file = {"data_format": "data.data_format (run file configs/x.yaml)"}
+    dataset = block_cache.prepared(
+        data, frozenset({"data_format"}), tokenizer, "tiny-qwen3", lambda fn: fn(), run_file.get
+    )
+    assert dataset.tokens("train") > 0
+    assert (
+        f"Data: data.data_format (run file configs/x.yaml) apply when data is prepared, and {out} is prepared "
+        "already: ignored (it keeps the settings `dskit prepare-data` gave it)"
+    ) in capsys.readouterr().out
+    with pytest.raises(ConfigError, match=r"^--validation_fraction apply when data is prepared, and "):
+        block_cache.prepared(
+            data, frozenset({"data_format", "validation_fraction"}), tokenizer, "tiny-qwen3", lambda fn: fn(),
+            run_file.get,
+        )  # fmt: skip

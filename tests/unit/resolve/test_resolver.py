@@ -441,3 +441,41 @@ def test_only_a_run_that_may_prepare_chat_data_keeps_chat_templates_importable(t
     assert not may_render_chat_templates(parse_args(["--dataset", str(chats), "--data_format", "text"]))
     assert may_render_chat_templates(parse_args(["--dataset", str(chats)]))  # auto: it may hold conversations
     assert may_render_chat_templates(parse_args(["--data_format", "messages", "--dataset", str(chats)]))
+
+
+def test_the_shipped_sft_run_file_serves_prepared_conversations(tmp_path: Path, capsys, monkeypatch) -> None:
+    """configs/qwen3-0.6b-sft-lora.yaml on a dataset prepared with `dskit prepare-data`: the run file's data
+    settings that the preparation fixed are ignored with one line (no flag could drop a run-file key), and the run
+    resolves with the preparation's template."""
+    from dskit import prepare_data
+    from model_utils.assets import ASSETS_DIR
+    from model_utils.config.arguments import parse_args
+    from model_utils.resolve import resolver
+    from support.pretrained import save_tiny_qwen3
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    base = save_tiny_qwen3(tmp_path / "tiny-base")
+    chats, template = ASSETS_DIR / "tiny_conversations.jsonl", ASSETS_DIR / "tiny_chat_template.jinja"
+    prepared = tmp_path / "chats"
+    args = [
+        "--dataset",
+        str(chats),
+        "--chat_template",
+        str(template),
+        "--model",
+        str(base),
+        "--num_proc",
+        "1",
+    ]
+    assert prepare_data.main([str(prepared), *args]) == 0
+    capsys.readouterr()
+    sft = str(REPO / "configs" / "qwen3-0.6b-sft-lora.yaml")
+    cfg = parse_args(["--config", sft, "--model", str(base), "--dataset", str(prepared), "--seq_length", "256",
+                      "--checkpoint_dir", str(tmp_path / "ck"), "--data_cache_dir", str(tmp_path / "cache")])  # fmt: skip
+    run = resolver.prepare(cfg)
+    assert run.tokenizer.chat_template == template.read_text()
+    said = capsys.readouterr().out
+    assert (
+        f"Data: data.validation_fraction (run file {sft}) and data.data_format (run file {sft}) apply when data is "
+        f"prepared, and {prepared} is prepared already: ignored (it keeps the settings `dskit prepare-data` gave it)"
+    ) in said, said
