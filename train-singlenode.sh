@@ -35,6 +35,8 @@ done
 [[ -n "${DSKIT_SINGLENODE_LOGGED:-}" ]] || export DSKIT_LAUNCHED_AT="$EPOCHREALTIME"
 
 script=$(readlink -f "${BASH_SOURCE[0]}")
+# Relative paths among the flags are the caller's: the kit takes them from where they were typed.
+[[ -n "${DSKIT_SINGLENODE_LOGGED:-}" ]] || export DSKIT_CALLER_DIR="$PWD"
 cd "$(dirname "$script")"
 
 # A JOB_NAME given here names the log; else the log is named after the run once Python is set up (name_log).

@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import difflib
 import json
+import os
 import re
 import sys
 import typing
@@ -30,6 +31,7 @@ from model_utils import engines
 from model_utils.config import run_file, sources
 from model_utils.config.presets import PRESETS, PRETRAINED_LR
 from model_utils.errors import ConfigError
+from model_utils.launch import launch_env
 
 AUTO = "auto"
 ALL = "all"  # --validation_batches all: a full pass over the validation blocks
@@ -1151,12 +1153,37 @@ def _reject_unknown_flags(argv: list[str], known: set[str]) -> None:
         raise ConfigError(f"unknown flag --{name}: {hint}")
 
 
+# The flags whose relative paths a launcher's caller means from where they typed them (the launcher changes to the
+# kit's root, and says where it was started: launch_env.CALLER_DIR): inputs when they are there (a hub id stays
+# one), outputs always. A run file's paths are the kit root's, as its own documents say.
+CALLER_INPUTS = ("model", "tokenizer", "dataset", "validation_dataset", "deepspeed_config", "chat_template")
+CALLER_INPUTS += ("sample_prompts", "resume_from_checkpoint", CONFIG)
+CALLER_OUTPUTS = ("checkpoint_dir", "data_cache_dir", "report_dir", "metrics_file")
+
+
+def _from_caller_dir(given: dict[str, Any]) -> dict[str, Any]:
+    """The flags' relative paths taken from the launcher's caller's dir (CALLER_INPUTS, CALLER_OUTPUTS)."""
+    caller = os.environ.get(launch_env.CALLER_DIR)
+    if not caller or os.path.realpath(caller) == os.path.realpath(os.getcwd()):
+        return given
+    out = dict(given)
+    for name, value in given.items():
+        if not isinstance(value, str) or not value or os.path.isabs(value) or "://" in value:
+            continue
+        there = os.path.join(caller, os.path.expanduser(value))
+        if (name in CALLER_OUTPUTS and value not in (AUTO, "none")) or (
+            name in CALLER_INPUTS and os.path.exists(there)
+        ):
+            out[name] = os.path.normpath(there)
+    return out
+
+
 def parse_args(argv: list[str] | None = None, prog: str = "train_deepspeed.py") -> TrainConfig:
     """Defaults, then the run file (--config), then the flags: each later one overrides. Parsing only: the launch
     environment joins in resolution (resolve/resolver.py). `prog`: the command named in --help's usage."""
     argv = list(sys.argv[1:] if argv is None else argv)
     _reject_unknown_flags(argv, {*flag_fields(), CONFIG})
-    given = vars(build_parser(prog).parse_args(argv))
+    given = _from_caller_dir(vars(build_parser(prog).parse_args(argv)))
     values: dict[str, Any] = {}
     inline = None
     origins: tuple[tuple[str, str, str], ...] = ()

@@ -22,6 +22,9 @@ INSTANCE_TYPE = "DSKIT_INSTANCE_TYPE"
 # The launchers make the ranks offline (HF_HUB_OFFLINE=1) after the preflight fetched the model; this keeps what
 # the caller had set (empty: unset), for what goes to the hub after training (loop/observers/hub_push.py).
 CALLER_HF_HUB_OFFLINE = "DSKIT_CALLER_HF_HUB_OFFLINE"
+# train-singlenode.sh: the dir it was started from (it changes to the kit's root): the relative paths among the
+# flags are taken from there (config/arguments.py).
+CALLER_DIR = "DSKIT_CALLER_DIR"
 SINGLENODE_LOGGED = "DSKIT_SINGLENODE_LOGGED"  # train-singlenode.sh re-executed itself under its log tee
 # The launch's own id: its preflight takes the checkpoint dir's lease with it, and its rank 0 adopts that lease
 # (checkpoint/lease.py).

@@ -296,3 +296,31 @@ def test_the_hugging_face_names_table_points_at_real_flags() -> None:
             section = ds
             for part in key.split("."):
                 section = section[part]
+
+
+def test_relative_paths_typed_at_a_launcher_are_taken_from_where_they_were_typed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`dskit/train-singlenode.sh --model dskit/out/tiny-base` from the parent dir: the launcher changes to the kit's
+    root and names the caller's dir (DSKIT_CALLER_DIR); inputs found there and outputs are the caller's, a hub id
+    or a path found nowhere stays as typed, and a run file's own paths stay the kit root's."""
+    caller, kit = tmp_path / "work", tmp_path / "kit"
+    (caller / "dskit" / "out" / "tiny-base").mkdir(parents=True)
+    kit.mkdir()
+    (caller / "run.yaml").write_text("checkpoint:\n  checkpoint_dir: checkpoints/x\n")
+    monkeypatch.chdir(kit)
+    monkeypatch.setenv("DSKIT_CALLER_DIR", str(caller))
+    cfg = parse(
+        "--model", "dskit/out/tiny-base", "--dataset", "allenai/c4", "--data_cache_dir", "cache",
+        "--report_dir", "~/dskit-logs", "--metrics_file", "auto", "--config", "run.yaml",
+    )  # fmt: skip
+    assert cfg.model.model == str(caller / "dskit" / "out" / "tiny-base")
+    assert cfg.data.dataset == "allenai/c4" and cfg.data.data_cache_dir == str(caller / "cache")
+    assert (
+        cfg.report.report_dir == str(Path("~/dskit-logs").expanduser()) and cfg.report.metrics_file == "auto"
+    )
+    assert cfg.run_file == str(caller / "run.yaml") and cfg.checkpoint.checkpoint_dir == "checkpoints/x"
+    monkeypatch.setenv("DSKIT_CALLER_DIR", str(kit))  # typed in the kit's root: nothing to take elsewhere
+    assert parse("--data_cache_dir", "cache").data.data_cache_dir == "cache"
+    monkeypatch.delenv("DSKIT_CALLER_DIR")  # not through a launcher: the current dir is the caller's
+    assert parse("--model", "dskit/out/tiny-base").model.model == "dskit/out/tiny-base"

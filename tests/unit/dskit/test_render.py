@@ -339,6 +339,7 @@ record() {
   printf '%s\0' "$name" "$@" "ENV NCCL_HOSTILE=${NCCL_HOSTILE-}" "ENV DS_ACCELERATOR=${DS_ACCELERATOR-}" \
     "ENV MASTER_ADDR=${MASTER_ADDR-}" "ENV DSKIT_LOG_FILE=${DSKIT_LOG_FILE-}" "ENV PYTHONPATH=${PYTHONPATH-}" \
     "ENV EXE=$0" "ENV HF_HUB_OFFLINE=${HF_HUB_OFFLINE-}" "ENV DSKIT_LEASE_TOKEN=${DSKIT_LEASE_TOKEN-}" \
+    "ENV DSKIT_CALLER_DIR=${DSKIT_CALLER_DIR-}" \
     >"$STUB_CALLS/$(date +%s%N)-$name"
 }
 # A trainer that stopped early says why (trainer: DSKIT_STOP_REASON_FILE).
@@ -1287,3 +1288,14 @@ def test_the_launch_tells_the_preflights_outcomes_apart(
     assert (logs == []) == (preflight == 3), logs
     sbatch = Stubbed(tmp_path / "sbatch").run("train.sbatch", env={"STUB_PREFLIGHT_EXIT": str(preflight)})
     assert sbatch.returncode == status, sbatch.stdout + sbatch.stderr
+
+
+def test_singlenode_names_the_dir_it_was_started_from_for_the_flags_paths(tmp_path: Path) -> None:
+    """The launcher changes to the kit's root; the flags' relative paths are the caller's (config/arguments.py
+    takes them from DSKIT_CALLER_DIR): here, and on a node through srun, where the copy there keeps the caller's."""
+    for args in ((), ("n2",)):
+        stub = Stubbed(tmp_path / ("node" if args else "here"))
+        proc = stub.run("train-singlenode.sh", *args, "--model", "out/tiny-base")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        (torchrun,) = stub.recorded("torchrun", with_env=True)
+        assert env_of(torchrun, "DSKIT_CALLER_DIR") == str(stub.repo.parent)  # Stubbed.run's cwd
