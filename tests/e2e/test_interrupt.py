@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from model_utils.checkpoint import protocol
+from support import step_control
 from support.singlenode import launch_and_interrupt
 from support.torchrun import REPO
 
@@ -64,6 +65,28 @@ def test_a_second_ctrl_c_aborts_at_once_without_saving(tmp_path: Path) -> None:
     assert "Traceback" not in output and "KeyboardInterrupt" not in output, output[-4000:]
     assert seconds < 30, f"{seconds:.0f} s from the first Ctrl-C to the exit"
     assert protocol.newest_verified(tmp_path / "ckpt") is None  # nothing saved
+
+
+def test_a_second_ctrl_c_once_the_ranks_saved_says_so(tmp_path: Path) -> None:
+    """A quick second Ctrl-C after the save ("saved at step 3"): the ranks are ending, not stopped without saving;
+    the last line says what happened. The ranks hold at their end (after the save) until it comes."""
+    job = f"saved-abort-test-{os.getpid()}"
+
+    def twice(group: int) -> None:
+        os.killpg(group, signal.SIGINT)
+        step_control.wait_held(tmp_path / "holds", "end@3")
+        os.killpg(group, signal.SIGINT)
+
+    status, output, _ = launch_and_interrupt(tmp_path, job, twice, when="data@3,end@3x2")
+    assert status == 130, output[-4000:]
+    assert re.search(r"\| Saved checkpoint \S+/tiny_qwen3-3steps ", output), output[-4000:]
+    last = output.rstrip().splitlines()[-2]  # before the END line
+    assert (
+        last == "Ctrl-C again: the ranks had saved their checkpoint already and were ending: ended them now"
+    )
+    assert "aborted" not in output and "Traceback" not in output, output[-4000:]
+    target = protocol.newest_verified(tmp_path / "ckpt")
+    assert target is not None and protocol.tag_step(target.tag) == 3
 
 
 def test_usr1_to_the_pid_the_log_names_while_the_ranks_start_saves_and_stops(tmp_path: Path) -> None:

@@ -104,13 +104,18 @@ def test_two_instances_train_stop_on_sigterm_resume_and_export(work: Path) -> No
     holds = tmp_path / "holds"  # each rank holds as its step-3 save starts, until the stop reaches it
     procs = start(bases, free_port(), logs, volume, **step_control.env("checkpoint@3", holds))
     first_step = wait_for(r"Step 1/", logs[0], procs)
-    step_control.wait_held(holds, 2, alive=lambda: all(p.proc.poll() is None for p in procs))
+    step_control.wait_held(holds, "checkpoint@3", alive=lambda: all(p.proc.poll() is None for p in procs))
     signalled = time.monotonic()
     for proc in procs:  # SageMaker stops every instance's container
         proc.stop()
     assert [p.wait(timeout=120) for p in procs] == [143, 143], logs[0].read_text()[-4000:]
     stopped = time.monotonic()
-    assert sorted(p.name for p in holds.iterdir()) == ["held-0", "held-1", "released-0", "released-1"]
+    assert sorted(p.name for p in holds.iterdir()) == [
+        "held-checkpoint@3-0",
+        "held-checkpoint@3-1",
+        "released-checkpoint@3-0",
+        "released-checkpoint@3-1",
+    ]
     first = logs[0].read_text()
     # By "SIGUSR1" where this host's rank got its signal first, by "another rank" where the other host's did.
     preempted = re.search(r"Preempted: stop requested by (SIGUSR1|another rank); saved at step (\d+)", first)

@@ -88,7 +88,7 @@ def test_a_signal_to_one_rank_stops_all_ranks_at_one_step_with_a_checkpoint(
     holds = tmp_path / "holds"  # rank 1 holds as it starts step 3 until its signal (support/step_control.py)
 
     def signal_rank_1_in_step_3(pids: list[int], stdout: Path) -> None:
-        step_control.wait_held(holds, 1)
+        step_control.wait_held(holds, "data@3/1")
         os.kill(pids[1], signal.SIGUSR1)
 
     run = run_ranks(

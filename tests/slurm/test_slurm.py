@@ -137,7 +137,7 @@ def test_sbatch_trains_on_both_nodes_and_usr1_requeues_and_resumes(cluster, tmp_
         "--report_dir", str(logs), *step_control.FLAGS, sbatch_args=("--time=20",),
         env={"MAX_STEPS": "60", **step_control.env("data@11", holds)},
     )  # fmt: skip
-    step_control.wait_held(holds, 2)
+    step_control.wait_held(holds, "data@11")
     timing("2-node sbatch job: submit to step 11", time.monotonic() - job.started)
     signalled = time.monotonic()
     subprocess.run(["scancel", "--signal=USR1", "--batch", job.id], check=True)
@@ -199,7 +199,7 @@ def test_accelerate_sbatch_trains_one_world_across_both_nodes_and_resumes(
         values={"launcher": "accelerate", "accelerate_config": "configs/accelerate/deepspeed-zero2.yaml"},
         env=step_control.env("data@11", holds),
     )  # fmt: skip
-    step_control.wait_held(holds, 2)
+    step_control.wait_held(holds, "data@11")
     timing("accelerate: submit to step 11 of the first run", time.monotonic() - job.started)
     signalled = time.monotonic()
     subprocess.run(["scancel", "--signal=USR1", "--batch", job.id], check=True)
@@ -242,7 +242,7 @@ def test_node_failure_ends_job_and_requeued_run_resumes(cluster, tmp_path: Path,
         tmp_path, "--max_steps", "80", "--checkpoint_freq", "5", "--logging_freq", "5", *step_control.FLAGS,
         env=step_control.env("data@11", holds),
     )  # fmt: skip
-    step_control.wait_held(holds, 2)
+    step_control.wait_held(holds, "data@11")
     failed = time.monotonic()
     try:
         subprocess.run(
@@ -323,7 +323,7 @@ def test_a_hung_rank_requeues_the_job_without_its_node_and_it_resumes(
         "--hang_timeout", str(hang_timeout), *step_control.FLAGS, values={"nodes": 1, "cpu_ranks_per_node": 2},
         env=step_control.env("data@6/1", holds),
     )  # fmt: skip
-    step_control.wait_held(holds, 1)
+    step_control.wait_held(holds, "data@6/1")
     ranks = wait_for(
         "the job's 2 ranks", 60, lambda: (found := job_rank_pids(job.id)) and len(found) == 2 and found
     )

@@ -82,9 +82,7 @@ def launch_and_interrupt(
 
     def once_held() -> None:
         try:
-            step_control.wait_held(
-                holds, step_control.holding_ranks(when, ranks=2), lambda: proc.poll() is None
-            )
+            step_control.wait_held(holds, when, 2, lambda: proc.poll() is None)
             now()
         except BaseException as e:  # raised below, in the test's thread
             failed.append(e)

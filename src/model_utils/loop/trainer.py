@@ -657,10 +657,6 @@ class Trainer:
         else:
             why = self.hooks.stop.why if self.hooks.stop is not None else "asked on another rank"
             print0(step_line.stopped_line(s.step, reason, why))
-        if reason != "done" and self.dist.is_main and os.environ.get(launch_env.STOP_REASON_FILE):
-            reason_file = Path(os.environ[launch_env.STOP_REASON_FILE])
-            reason_file.parent.mkdir(parents=True, exist_ok=True)
-            reason_file.write_text(reason + "\n")
         if train_s > 0:
             overhead = self.reporter.overhead_s
             print0(
@@ -696,13 +692,20 @@ class Trainer:
         self.reporter.exclude(time.perf_counter() - paused)
         if last:
             return None
+        reason = None
         if stop:
-            return "preempted"
-        if walltime_stop:
-            return "walltime"
-        if asked:  # the asking observer's reason; a rank whose observers did not ask says "observer"
-            return self.hooks.stop.reason if self.hooks.stop is not None else "observer"
-        return None
+            reason = "preempted"
+        elif walltime_stop:
+            reason = "walltime"
+        elif asked:  # the asking observer's reason; a rank whose observers did not ask says "observer"
+            reason = self.hooks.stop.reason if self.hooks.stop is not None else "observer"
+        if reason is not None and self.dist.is_main and os.environ.get(launch_env.STOP_REASON_FILE):
+            # Saved, and stopping: the launcher's reason to requeue, and its word that the save is done (a second
+            # Ctrl-C from here on aborts nothing unsaved).
+            reason_file = Path(os.environ[launch_env.STOP_REASON_FILE])
+            reason_file.parent.mkdir(parents=True, exist_ok=True)
+            reason_file.write_text(reason + "\n")
+        return reason
 
     def _walltime_plan(self) -> walltime.Decision:
         if self.walltime is None:

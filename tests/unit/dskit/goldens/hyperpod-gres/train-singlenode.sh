@@ -276,6 +276,10 @@ train_here() {
 run_ranks() {
   interrupts=0
   undelivered=""
+  # Rank 0 writes why it stops here once its stop's checkpoint is saved (model_utils/loop/trainer.py): what a
+  # second Ctrl-C then ends is ranks that saved already.
+  DSKIT_STOP_REASON_FILE=$(mktemp "${TMPDIR:-/tmp}/dskit-stop-reason-XXXXXX")
+  export DSKIT_STOP_REASON_FILE
   # Ignored from before the fork: a Ctrl-C must not reach the launcher before setsid has taken it out of this
   # process group (a trapped signal is reset to its default in the child).
   trap '' INT
@@ -301,6 +305,7 @@ run_ranks() {
     break
   done
   trap - INT USR1
+  rm -f "$DSKIT_STOP_REASON_FILE"
   if [[ "$interrupts" -gt 0 && ("$status" -eq 0 || "$interrupts" -gt 1) ]]; then
     exit 130 # 128 + SIGINT, as for any command a Ctrl-C ended
   fi
@@ -314,7 +319,11 @@ stop_ranks() {
     interrupts=$((interrupts + 1))
   fi
   if [[ "$interrupts" -gt 1 ]]; then
-    echo "aborted (Ctrl-C again): the ranks are stopped without saving"
+    if [[ -s "$DSKIT_STOP_REASON_FILE" ]]; then
+      echo "Ctrl-C again: the ranks had saved their checkpoint already and were ending: ended them now"
+    else
+      echo "aborted (Ctrl-C again): the ranks are stopped without saving"
+    fi
     # The ranks first (their parent names them), in the same call as their launcher, so it has no time to report.
     mapfile -t ranks < <(pgrep -P "$launcher_pid" || true)
     kill -KILL "${ranks[@]}" "$launcher_pid" 2>/dev/null || true
