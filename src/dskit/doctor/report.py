@@ -5,6 +5,7 @@ line `dskit doctor` prints, and the guard that turns a crash inside a check into
 from __future__ import annotations
 
 import enum
+import functools
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,9 +44,11 @@ def format_table(results: list[Result], width: int = 120) -> str:
     text_w = max(30, (width - check_w - status_w - 6) // 2)
     head = f"{'check':<{check_w}}  {'status':<{status_w}}  {'found':<{text_w}}  fix"
     lines = [head, f"{'-' * check_w}  {'-' * status_w}  {'-' * text_w}  {'-' * text_w}"]
+    # Paths and commands stay whole (a cell grows instead), so they can be copied from the table.
+    wrap = functools.partial(textwrap.wrap, width=text_w, break_long_words=False, break_on_hyphens=False)
     for r in results:
-        found = textwrap.wrap(r.found, text_w) or [""]
-        fix = textwrap.wrap(r.fix, text_w) or [""]
+        found = wrap(r.found) or [""]
+        fix = wrap(r.fix) or [""]
         for i in range(max(len(found), len(fix))):
             left = r.check if i == 0 else ""
             status = r.status.value if i == 0 else ""
