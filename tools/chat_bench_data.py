@@ -1,7 +1,8 @@
 """A pair of files for timing `dskit prepare-data` on conversations against plain text of the same contents:
 OUT/chats.jsonl ({"messages": [...]}: an optional system message, then 1-3 user/assistant turns) and
 OUT/text.jsonl ({"text": ...}: each conversation's contents, one per line of a document). Words of README.md,
-a fixed seed; docs/data.md has the figures.
+a fixed seed; docs/data.md has the figures (DIR: a tokenizer with Qwen3's stock template, there the tiny BPE
+that tests/support/chat_data.py's chat_tokenizer gives Qwen3's special tokens and template).
 
     python tools/chat_bench_data.py OUT [--rows 6000] [--turn_chars 100,1200]
     .venv/bin/dskit bench --data OUT/chats.jsonl --tokenizer DIR --procs 1     # and OUT/text.jsonl

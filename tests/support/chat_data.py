@@ -1,6 +1,7 @@
 """Chat tokenizers and conversations for the data tests, built offline: the embedded tiny-qwen3 BPE with each
 model family's special tokens added and its stock chat template (tests/support/chat_templates: Qwen3, Llama-3.1
-and Gemma-3 as TRL vendors them, Mistral-7B-Instruct-v0.3 as published), saved like a hub tokenizer."""
+and Gemma-3 as TRL vendors them, Mistral-7B-Instruct-v0.3 as published; the kit's shipped tiny one), saved like
+a hub tokenizer."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from model_utils.assets import TOKENIZER_DIR
+from model_utils.assets import CHAT_TEMPLATE_PATH, TOKENIZER_DIR
 
 TEMPLATES = Path(__file__).parent / "chat_templates"
 
@@ -51,11 +52,13 @@ FAMILIES = {
         "<bos>",
         "<eos>",
     ),
+    # the shipped tiny template (a path: template_text reads it where it is), for the tiny tokenizer as it is
+    "tiny": Family("tiny", str(CHAT_TEMPLATE_PATH), "tiny_tagged.jinja", (), None, "<|endoftext|>"),
 }
 
 
 def template_text(name: str) -> str:
-    return (TEMPLATES / name).read_text()
+    return (TEMPLATES / name).read_text()  # an absolute path is read where it is
 
 
 def chat_tokenizer(family: Family, out: Path, template: str | None = None):

@@ -102,7 +102,7 @@ def encode(
                     f"{FLAG}: prompt {k} is a conversation and the tokenizer has no chat template: fix: pass "
                     "--chat_template FILE, or give it as text"
                 )
-            text = chat.render_prompt(template, prompt, getattr(tokenizer, "special_tokens_map", None) or {})
+            text = chat.render_prompt(tokenizer, template, prompt)
         else:
             text = prompt
         ids = tuple(tokenizer.encode(text, add_special_tokens=False))

@@ -1,6 +1,8 @@
 """Loss masks of prompt/completion and conversation rows: the same tokens and the same trained-on tokens as TRL's
-SFTTrainer (assistant_only_loss, completion_only_loss) for the Qwen3, Llama-3.1, Mistral and Gemma-3 templates,
-from the stock templates (no generation tags) by the prefix-render comparison; and a bad row in one line."""
+SFTTrainer (assistant_only_loss, completion_only_loss) for the Qwen3, Llama-3.1, Mistral, Gemma-3 and the shipped
+tiny templates, from the stock templates (no generation tags) by the prefix renders; the same as transformers'
+return_assistant_tokens_mask of their tagged renderings on generated conversations; only public APIs of other
+libraries; and a bad row in one line."""
 
 from __future__ import annotations
 
@@ -66,14 +68,14 @@ def _without_appended_eos(ours: tuple[list[int], list[int]], reference_ids: list
     return ids, trained
 
 
-@pytest.mark.parametrize("family", ["qwen3", "llama3_1", "mistral", "gemma3"])
+@pytest.mark.parametrize("family", ["qwen3", "llama3_1", "mistral", "gemma3", "tiny"])
 def test_assistant_masks_equal_trls(family: str, tmp_path) -> None:
     spec = FAMILIES[family]
     stock = chat_tokenizer(spec, tmp_path / "stock")
     chats = conversations(family)
     ours = _ours(stock, chats)
-    # TRL swaps its training template in for the stock Qwen3 and Gemma-3 ones; it has none for Llama-3.1 or
-    # Mistral, so it is given the stock template with generation tags added (the same rendering).
+    # TRL swaps its training template in for the stock Qwen3 and Gemma-3 ones; it has none for Llama-3.1, Mistral
+    # or the tiny one, so it is given the stock template with generation tags added (the same rendering).
     trl_tokenizer = (
         stock if family in ("qwen3", "gemma3") else chat_tokenizer(spec, tmp_path / "tagged", spec.tagged)
     )
@@ -207,17 +209,23 @@ def test_a_bad_conversation_is_one_line_naming_the_row(row, wrong: str, tmp_path
     assert line.startswith(f"data.jsonl row 1: {wrong}") and "\n" not in line
 
 
-def test_a_row_the_template_cannot_render_is_one_line(tmp_path) -> None:
+def test_a_row_the_template_cannot_render_is_one_line_naming_it_in_its_batch(tmp_path) -> None:
     tokenizer = chat_tokenizer(FAMILIES["mistral"], tmp_path / "tok")
     two_users = [
         {"role": "user", "content": "a"},
         {"role": "user", "content": "b"},
         {"role": "assistant", "content": "c"},
     ]
-    with pytest.raises(
-        ConfigError, match=r"^data.jsonl row 0: the chat template cannot render it \(.*alternate"
+    good = conversations("mistral")[:2]
+    for data_format, rows in (
+        (chat.MESSAGES, [*good, two_users]),
+        (chat.PROMPT_COMPLETION, [{"prompt": c[:-1], "completion": c[-1:]} for c in [*good, two_users]]),
     ):
-        _encoder(tokenizer, chat.MESSAGES).encode([two_users], lambda i: f"data.jsonl row {i}")
+        with pytest.raises(ConfigError) as raised:
+            _encoder(tokenizer, data_format).encode(rows, lambda i: f"data.jsonl row {i}")
+        line = str(raised.value)
+        assert line.startswith("data.jsonl row 2: the chat template cannot render") and "alternate" in line
+        assert "\n" not in line
 
 
 def test_the_first_row_with_nothing_to_train_on_is_named(tmp_path) -> None:
@@ -256,97 +264,17 @@ def test_auto_decides_by_the_first_rows_columns() -> None:
     assert chat.decide_format(DataArgs(data_format="text"), {"messages": []})[:2] == ("text", "text")
 
 
-@pytest.mark.parametrize("family", ["qwen3", "llama3_1", "mistral", "gemma3"])
-def test_the_renderer_renders_every_prefix_as_transformers_does(family: str) -> None:
-    """chat.Renderer (one conversion per conversation, the quickened sandbox) against render_jinja_template, the
-    renderer of apply_chat_template: every prefix, with and without the generation prompt, stock and tagged."""
-    from transformers.utils.chat_template_utils import render_jinja_template
-
-    spec = FAMILIES[family]
-    variables = {"bos_token": spec.bos or "", "eos_token": spec.eos}
-    modes = [{}, {"enable_thinking": False}] if family == "qwen3" else [{}]
-    for name in (spec.template, spec.tagged):
-        template = template_text(name)
-        for mode in modes:
-            renderer = chat.renderer(template, {**variables, **mode})
-            for messages in conversations(family):
-                prefixes = [(n, prompt) for n in range(1, len(messages) + 1) for prompt in (False, True)]
-                ours = renderer.render(messages, prefixes)
-                for (n, prompt), text in zip(prefixes, ours, strict=True):
-                    try:
-                        reference = render_jinja_template(
-                            conversations=[messages[:n]],
-                            chat_template=template,
-                            add_generation_prompt=prompt,
-                            **variables,
-                            **mode,
-                        )[0][0]
-                    except Exception:  # e.g. Mistral's alternation check on a prefix ending with a user turn
-                        continue
-                    assert text == reference, (name, mode, n, prompt)
-
-
-HOSTILE = [
-    "{{ messages.append(1) }}",  # mutating a list
-    "{{ messages[0].__class__.__mro__ }}",  # reaching the class hierarchy
-    # a dict's method before its key, a key, a missing key
-    "{% for m in messages %}{{ m.items is callable }}|{{ m.role }}|{{ m.nothing }}|{{ m.get('content') }}{% endfor %}",
-    "{{ ''.__class__ }}{{ namespace(a=1).a }}{{ 'x'.upper() }}",
-    "{{ messages[0].content.format('x') }}{{ messages[0].content.format('{0.__class__}', 1) }}",
-    # a str's methods, again once decided (and the unsafe ones each time)
-    "{% for i in range(3) %}{{ 'a,b'.split(',') }}{{ 'q'.startswith('q') }}{{ 'x'.__len__() }}{{ 'y'.format_map }}"
-    "{% endfor %}",
-]
-
-
-@pytest.mark.parametrize("template", HOSTILE)
-def test_the_quickened_sandbox_allows_and_refuses_what_jinjas_does(template: str) -> None:
-    from transformers.utils.chat_template_utils import render_jinja_template
-
-    messages = [{"role": "user", "content": "hi {0}"}, {"role": "assistant", "content": "yo"}]
-    try:
-        expected: object = render_jinja_template(conversations=[messages], chat_template=template)[0][0]
-    except Exception as e:
-        expected = (type(e), str(e))
-    try:
-        got: object = chat.renderer(template, {}).render(messages, [(2, False)])[0]
-    except Exception as e:
-        got = (type(e), str(e))
-    assert got == expected
-
-
-def test_the_sandbox_decides_each_attribute_of_a_type_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Most of a render's time was jinja's attribute check, made for every attribute read of every message: the
-    renderer's sandbox makes it once per (type, name), however many conversations it renders."""
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    checked: list[tuple[type, str]] = []
-    check = ImmutableSandboxedEnvironment.is_safe_attribute
-
-    def counted(self, obj, attr, value):
-        checked.append((type(obj), attr))
-        return check(self, obj, attr, value)
-
-    monkeypatch.setattr(ImmutableSandboxedEnvironment, "is_safe_attribute", counted)
-    monkeypatch.setattr(chat, "_renderers", {})
-    renderer = chat.renderer(template_text("qwen3.jinja"), {"eos_token": "<|im_end|>"})
-    for messages in conversations("qwen3") * 20:
-        renderer.render(messages, [(len(messages), False), (1, True)])
-    assert checked and len(checked) == len(set(checked))
-
-
-# Contents a template may render otherwise than a placeholder: ends it trims, its own markers, a role's name, a
-# placeholder's characters; each must take the renders of its own conversation. And contents that start as the
-# template's own text does.
+# Contents a template may treat specially: ends it trims, its own markers, a role's name, what its own text begins
+# with (the partial and whole renderings agree a while longer), markup.
 TRICKY_CONTENTS = [
     "  padded  ",
     "line\n",
     "<think>\nSeven is odd.\n</think>\n\nYes.",
     "<tool_response>42</tool_response>",
     "user",
-    "\ue0001\ue001",
-    "<thin ice>",  # what a template's own text begins with: the partial and whole renderings agree a while longer
+    "<thin ice>",
     "<b>bold</b>",
+    "Assistant: again",
 ]
 
 
@@ -369,49 +297,47 @@ def _generated_conversations(rng: random.Random, count: int) -> list[list[dict]]
     return chats
 
 
-@pytest.mark.parametrize("family", ["qwen3", "llama3_1", "mistral", "gemma3"])
-def test_spans_by_shape_equal_the_spans_of_every_prefix_rendered(family: str) -> None:
-    """The renderer renders one placeholder conversation per shape (its roles) and each conversation once, whole:
-    its text and spans equal those of rendering it prefix by prefix, for ordinary and tricky contents (and the
-    suite's conversations: reasoning fields, whitespace); and it renders far less."""
+@pytest.mark.parametrize("family", ["qwen3", "llama3_1", "mistral", "gemma3", "tiny"])
+def test_stock_masks_equal_return_assistant_tokens_mask_of_the_tagged_rendering(
+    family: str, tmp_path
+) -> None:
+    """The prefix renders against the oracle transformers gives a template with generation tags, on the suite's
+    conversations and generated ones with tricky contents: the same tokens, the same trained ones. Stock Qwen3
+    drops an earlier turn's <think> block and Mistral moves the system message; both are aligned."""
     spec = FAMILIES[family]
-    template = template_text(spec.template)
-    variables = {"bos_token": spec.bos or "", "eos_token": spec.eos}
-    rng = random.Random(0)
-    chats = [chat._clean(m) for m in conversations(family) + _generated_conversations(rng, 300)]
-    by_shape, every_prefix = chat.Renderer(template, variables), chat.Renderer(template, variables)
-    every_prefix.by_shape = False
-    rendered = {"by_shape": 0, "every_prefix": 0}
-    for name, ours in (("by_shape", by_shape), ("every_prefix", every_prefix)):
-        render = ours.render
-
-        def counted(messages, prefixes, plain=False, *, render=render, name=name):
-            rendered[name] += len(prefixes)
-            return render(messages, prefixes, plain)
-
-        ours.render = counted
-    for messages in chats:
-        assert by_shape.spans(messages) == every_prefix.spans(messages), messages
-    assert by_shape.by_shape  # no conversation's check disagreed
-    assert rendered["by_shape"] < 0.5 * rendered["every_prefix"], rendered
-
-
-def test_a_content_the_template_looks_into_takes_its_own_renders() -> None:
-    """A template whose generation prompt depends on what the last message holds ('#'), which its whole rendering
-    does not show: a conversation holding '#' after its shape's checked ones gets the spans of its own renders
-    (the answer from after "A:"), not the placeholders' (from after "A")."""
-    template = (
-        "{%- for m in messages %}{{ (m.role[0] | upper) ~ (':' if m.role == 'assistant' else '=') ~ m.content ~ '\\n' }}"
-        "{%- endfor %}{%- if add_generation_prompt %}{{ 'A:' if '#' in messages[-1].content else 'A' }}{%- endif %}"
-    )
-    renderer = chat.Renderer(template, {})
-
-    def trained(content: str) -> list[str]:
-        full, spans = renderer.spans(
-            [{"role": "user", "content": content}, {"role": "assistant", "content": "yes"}]
+    tokenizer = chat_tokenizer(spec, tmp_path / "tok")
+    tagged = template_text(spec.tagged)
+    chats = conversations(family) + _generated_conversations(random.Random(0), 150)
+    for messages, mine in zip(chats, _ours(tokenizer, chats), strict=True):
+        reference = tokenizer.apply_chat_template(
+            messages, chat_template=tagged, return_dict=True, return_assistant_tokens_mask=True
         )
-        assert full == f"U={content}\nA:yes\n"
-        return [full[start:end] for start, end in spans]
+        ids, trained = _without_appended_eos(mine, reference["input_ids"])
+        assert (ids, trained) == (reference["input_ids"], reference["assistant_masks"]), messages
 
-    assert [trained(f"q{k}") for k in range(3)] == [[":yes\n"]] * 3  # two checked, one by its shape
-    assert trained("q#") == ["yes\n"]
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.endswith("__")  # _name, not __future__ or __name__
+
+
+def test_only_public_apis_of_other_libraries() -> None:
+    """Chat tokenization goes through transformers' public apply_chat_template: no underscore name of another
+    library (an upgrade may change or drop it without notice), no jinja2 of its own (no patched sandbox)."""
+    import ast
+    import inspect
+
+    from model_utils.data import prompts
+
+    for module in (chat, prompts):
+        for node in ast.walk(ast.parse(inspect.getsource(module))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [getattr(node, "module", None) or ""] + [a.name for a in node.names]
+                assert not any(n.split(".")[0] == "jinja2" for n in names), (
+                    f"{module.__name__} imports jinja2"
+                )
+                private = [n for n in names if any(map(_private, n.split(".")))]
+                assert not private, f"{module.__name__} imports {private}: a private API of another library"
+            if isinstance(node, ast.Attribute) and _private(node.attr):
+                assert isinstance(node.value, ast.Name) and node.value.id == "self", (
+                    f"{module.__name__} line {node.lineno} reads .{node.attr}: a private API of another library"
+                )
