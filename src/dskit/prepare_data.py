@@ -219,7 +219,7 @@ def _run_units(
             _drain(updates, progress, workers)
             # Every process of the pool, also one whose pid has not come through `updates` yet: a worker left
             # alive would wait forever on the task queue's lock, which a stopped one may have held.
-            _stop(workers | set(getattr(pool, "_processes", None) or {}))
+            _stop(workers | {child.pid for child in multiprocessing.active_children() if child.pid})
         pool.shutdown(wait=True, cancel_futures=True)
         _drain(updates, progress, workers)
 

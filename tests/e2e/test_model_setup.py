@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from model_utils.model import kernels
+from support.compiled import compiled_in_place
 from support.pretrained import checkpointed
 from support.small_trainer import make_trainer
 
@@ -40,7 +40,7 @@ def test_compile_trains_like_eager_through_each_engine(
             backend,
         )
         module = trainer.engine.module
-        assert kernels.compiled_in_place(module) is compiled
+        assert compiled_in_place(module) is compiled
         assert not any(key.startswith("_orig_mod") for key in module.state_dict())
         trainer.engine.train()
         losses[compiled] = [trainer.step()[1] for _ in range(3)]
@@ -66,7 +66,7 @@ def test_trainer_checkpoints_under_deepspeed_and_compile(
         )
         module = trainer.engine.module
         assert checkpointed(module) == ([True, False] if value == "every_2" else [False, False])
-        assert kernels.compiled_in_place(module) is compiled
+        assert compiled_in_place(module) is compiled
         trainer.engine.train()
         losses[value] = [trainer.step()[1] for _ in range(3)]
         trainer.close()

@@ -254,7 +254,7 @@ def _guarded(row: Row, device: torch.device, train: Callable[[Row], None]) -> Ro
         row.error = "out of memory"
         print0(f"{row.name}: out of memory at micro batch {row.micro_batch_size}")
     finally:
-        torch._dynamo.reset()  # drop this row's compiled graphs (and the model they hold)
+        torch.compiler.reset()  # drop this row's compiled graphs (and the model they hold)
         _reset_memory(device)
     return row
 

@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
+from model_utils.compat import transformers_internals
 from model_utils.engines import generation, step_loss
 from model_utils.errors import ConfigError, first_line
 from model_utils.optim import schedules
@@ -79,7 +80,7 @@ def shard(model: torch.nn.Module, device: torch.device, bf16: bool, cpu_offload:
     if cpu_offload:
         # Pinned host memory needs CUDA; CPU ranks (the tests) offload to where they already are, unpinned.
         policy["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
-    layer_types = set(getattr(_hf_model(model), "_no_split_modules", None) or ())
+    layer_types = set(transformers_internals.no_split_modules(_hf_model(model).config))
     layers = [m for m in model.modules() if type(m).__name__ in layer_types]
     assert layers, f"no decoder layers ({layer_types}) in {type(model).__name__}"
     for layer in layers:

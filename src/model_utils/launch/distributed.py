@@ -88,14 +88,13 @@ def dump_collective_trace(info: DistInfo) -> str | None:
     and where; None without NCCL (gloo keeps no such record)."""
     if info.device.type != "cuda":
         return None
-    from torch._C import _distributed_c10d
-
+    from model_utils.compat import torch_internals
     from model_utils.launch import launch_env
 
     log = os.environ.get(launch_env.LOG_FILE)
     base = Path(log).with_suffix("") if log else Path(f"dskit-{os.getpid()}")
     path = base.parent / f"{base.name}.nccl-trace-rank{info.rank}.pkl"
-    path.write_bytes(_distributed_c10d._dump_nccl_trace())
+    path.write_bytes(torch_internals.nccl_flight_record())
     return f"NCCL flight recorder written to {path} (read it with torch's fr_trace tool)"
 
 

@@ -9,17 +9,16 @@ directories removed; stdio flushed), in the interpreter's order, and leaves.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import sys
-import threading
 from typing import NoReturn
+
+from model_utils.compat import python_internals
 
 
 def exit_now(status: int) -> NoReturn:
-    threading._shutdown()  # type: ignore[attr-defined]  # what Py_FinalizeEx does first: join non-daemon threads
-    atexit._run_exitfuncs()
+    python_internals.join_threads_and_run_atexit()  # what Py_FinalizeEx does first
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()

@@ -158,16 +158,13 @@ def _import_muon_compiling_lazily() -> None:
     """Import DeepSpeed's Muon module with its `@compiler.compile()` decorators lazy (see the module doc)."""
     if MUON_MODULE in sys.modules:
         return
-    from deepspeed.runtime import compiler
+    from model_utils.compat import deepspeed_internals
 
-    original = compiler.compile
-    compiler.compile = lambda: _lazy_compile
-    try:
-        importlib.import_module(MUON_MODULE)
-    except ImportError:
-        pass  # a DeepSpeed without Muon
-    finally:
-        compiler.compile = original
+    with (
+        deepspeed_internals.compile_decorator_replaced(lambda: _lazy_compile),
+        contextlib.suppress(ImportError),
+    ):
+        importlib.import_module(MUON_MODULE)  # (ImportError: a DeepSpeed without Muon)
 
 
 # Optional dependencies of transformers and accelerate that a training rank does not use (see the module doc).

@@ -410,11 +410,11 @@ def _flce_unless_zero3(model: Any, liger_forward: Callable[..., Any]) -> Callabl
 
 
 def _apply_liger(model: Any, fused_linear_cross_entropy_only: bool) -> None:
-    from liger_kernel.transformers import _apply_liger_kernel_to_instance
+    from model_utils.compat import liger_internals
 
     others = not fused_linear_cross_entropy_only
-    _apply_liger_kernel_to_instance(
-        model=model,
+    liger_internals.apply_to_instance(
+        model,
         rope=others,
         rms_norm=others,
         swiglu=others,
@@ -436,23 +436,6 @@ def apply_plan(model: Any, chosen: Plan, compile_model: bool = True) -> Any:
     return model
 
 
-@contextmanager
-def patches_undone(model: Any) -> Iterator[None]:
-    """Undo, on exit, what Liger patches in the model's modeling module (RoPE is a module-level function, the
-    norm and MLP classes are swapped): for a throwaway model (the micro-batch probe) built in a process that
-    later builds a plain one (dskit bench's reference)."""
-    module = sys.modules[type(model).__module__]
-    saved = dict(vars(module))
-    try:
-        yield
-    finally:
-        for name in set(vars(module)) - set(saved):
-            delattr(module, name)
-        for name, value in saved.items():
-            if vars(module).get(name) is not value:
-                setattr(module, name, value)
-
-
 def optimize_model(model: Any, model_args: ModelArgs, device: torch.device) -> Any:
     """Apply --liger and --compile to a freshly built model (before deepspeed.initialize); returns the model.
 
@@ -464,8 +447,3 @@ def optimize_model(model: Any, model_args: ModelArgs, device: torch.device) -> A
     if chosen.liger or chosen.compile:
         print0(f"Model: {chosen.describe()}" + (" (compiles on the first step)" if chosen.compile else ""))
     return model
-
-
-def compiled_in_place(module: torch.nn.Module) -> bool:
-    """Whether nn.Module.compile() was applied to this module (its calls then go through the compiled graph)."""
-    return getattr(module, "_compiled_call_impl", None) is not None

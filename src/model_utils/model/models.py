@@ -196,12 +196,13 @@ def attend_within_documents(model: Any, device: Any) -> bool:
 
 def flattens_documents(model: Any) -> bool:
     """Whether `model` (attend_within_documents' choice) reads document positions from one flattened row."""
-    return str(getattr(model.config, "_attn_implementation", "")) == VARLEN_ATTENTION
+    from model_utils.compat import transformers_internals
+
+    return transformers_internals.attn_implementation(model.config) == VARLEN_ATTENTION
 
 
 def decoder_layer_classes(model_config: Any) -> tuple[str, ...]:
-    """The class names of the model's decoder layers (its `_no_split_modules`): what FSDP shards one by one."""
-    from transformers import AutoModelForCausalLM
+    """The class names of the model's decoder layers: what FSDP shards one by one."""
+    from model_utils.compat import transformers_internals
 
-    model_class = AutoModelForCausalLM._model_mapping[type(model_config)]
-    return tuple(getattr(model_class, "_no_split_modules", None) or ())
+    return transformers_internals.no_split_modules(model_config)

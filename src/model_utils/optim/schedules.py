@@ -337,6 +337,8 @@ def start_at(scheduler: Any, step: int) -> None:
     loaded into, but the optimizer's lr loaded beside it is the saved run's)."""
     from torch.optim.lr_scheduler import LambdaLR
 
+    from model_utils.compat import torch_internals
+
     # DeepSpeed's warm-up schedulers start at iteration -1, i.e. lr 0 for the first optimizer step; step k
     # should run at iteration k-1 (the warm-up minimum ratio for step 1).
     if scheduler is not None and hasattr(scheduler, "last_batch_iteration"):
@@ -350,4 +352,4 @@ def start_at(scheduler: Any, step: int) -> None:
         ]
         for group, lr in zip(scheduler.optimizer.param_groups, lrs, strict=True):
             group["lr"] = lr
-        scheduler._last_lr = lrs
+        torch_internals.set_last_lr(scheduler, lrs)

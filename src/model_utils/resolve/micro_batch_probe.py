@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from model_utils.compat import liger_internals
 from model_utils.config.arguments import CHECKPOINTING_NONE
 from model_utils.errors import ConfigError
 from model_utils.launch import startup
@@ -219,7 +220,7 @@ def resolve(settings: RunSettings, n_train_blocks: int, n_val_blocks: int | None
     cache = ProbeCache(Path(cfg.data.data_cache_dir) / CACHE_FILE)
     with (
         _GpuProbe(model_config, ts.torch_dtype(), chosen, seq_length, reserve, checkpointing) as probe,
-        kernels.patches_undone(skeleton),
+        liger_internals.patches_undone(skeleton),
     ):
         found, from_cache = cached_search(
             cache,
