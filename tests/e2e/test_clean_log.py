@@ -34,7 +34,7 @@ KIT_LINES = {
     # the trainer and prepare (print0, warn0: the kit's own lines and warnings)
     "print0": rf"{STAMP} \| \S.*",
     "prepare": r"ok: \S+, train \d+ blocks x \d+ tokens, validation (none|\d+ blocks), .+",
-    # templates/train-singlenode.sh.j2 and templates/_common.sh.j2
+    # templates/train-singlenode.sh.j2, templates/_common.sh.j2 and src/dskit/launcher/
     "logging to": r"Logging to logs/\S+\.out",
     "start": rf"START {ISO} on \S+(, running on node \S+ through srun)?",
     "host": r"Host \S+: training here",

@@ -26,6 +26,11 @@ def test_the_real_doctor_stops_a_real_launcher(tmp_path: Path) -> None:
     for d in (repo / "src", calls):
         d.mkdir(parents=True)
     (repo / "src" / "train_deepspeed.py").write_text("")
+    for package in (
+        "dskit",
+        "model_utils",
+    ):  # the launchers' own steps (src/dskit/launcher/) are the kit's code
+        (repo / "src" / package).symlink_to(REPO / "src" / package)
     render.write_scripts(render.render_scripts(render.LaunchValues()), repo)
     # preflight (the doctor, then prepare) runs for real; the version probe is answered, other calls recorded
     executable(
@@ -37,6 +42,7 @@ def test_the_real_doctor_stops_a_real_launcher(tmp_path: Path) -> None:
         'printf "%s\\0" "$@" >"$CALLS/$(date +%s%N)"\n',
     )
     executable(bin_dir / "uv", NOOP)
+    (bin_dir / "python3").symlink_to(sys.executable)  # the launchers' own steps, under this interpreter
     env = {
         **{
             k: v

@@ -139,7 +139,7 @@ def probe_gpus() -> GpuProbe:
 
 
 def ranks_per_node(ctx: LaunchContext, gpus: GpuProbe) -> tuple[int, bool]:
-    """(ranks per node, on GPUs?) as the launchers' choose_ranks decides it."""
+    """(ranks per node, on GPUs?) as dskit/launcher/node.py's choose decides it."""
     if gpus.torch_count > 0 and ctx.gpus_per_node > 0:
         return gpus.torch_count, True
     return ctx.cpu_ranks, False

@@ -84,7 +84,7 @@ NVIDIA_SMI_QUERY = [
     "--query-gpu=index,pci.bus_id,ecc.errors.uncorrected.volatile.total",
     "--format=csv,noheader",
 ]
-INFINIBAND_SYSFS = Path("/sys/class/infiniband")  # where train.sbatch's efa_present looks
+INFINIBAND_SYSFS = Path("/sys/class/infiniband")  # where dskit/launcher/node.py looks (efa_devices)
 
 
 @dataclass

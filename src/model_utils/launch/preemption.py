@@ -69,8 +69,8 @@ def slurm_restart_count() -> int | None:
 
 def catches(pid: int, sig: signal.Signals) -> bool:
     """Whether process pid has a handler for sig (its SigCgt mask in /proc/PID/status). A launcher sends a rank
-    the stop only once it does: a rank still starting (before `install`) would die of USR1. The single-node
-    launcher's `signal_ranks` (templates/train-singlenode.sh.j2) reads the same mask in bash."""
+    the stop only once it does: a rank still starting (before `install`) would die of USR1 (dskit/launcher/stop.py
+    asks it of each rank before it sends a stop)."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:

@@ -3,7 +3,7 @@
     python -m model_utils.launch.supervise [TORCHRUN FLAGS] src/train_deepspeed.py [TRAINING FLAGS]
 
 What the launchers start instead of `python -m torch.distributed.run`, with the same arguments. torchrun runs in
-this process, so the ranks stay its children (the launchers' signal_ranks finds them by their parent). When a
+this process, so the ranks stay its children (dskit/launcher/stop.py finds them by their parent). When a
 rank fails, torchrun stops the others and reports it as a ChildFailedError traceback whose "Root Cause" block is
 buried among the ranks' own tracebacks; this ends the output instead with one line, e.g.
 

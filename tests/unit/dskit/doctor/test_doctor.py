@@ -830,10 +830,16 @@ def launch(
     for d in (repo / "src", calls):
         d.mkdir(parents=True, exist_ok=True)
     (repo / "src" / "train_deepspeed.py").write_text("")
+    for package in (
+        "dskit",
+        "model_utils",
+    ):  # the launchers' own steps (src/dskit/launcher/) are the kit's code
+        (repo / "src" / package).symlink_to(REPO / "src" / package)
     render.write_scripts(render.render_scripts(render.LaunchValues()), repo)
     executable(repo / ".venv" / "bin" / "python", FAKE_PYTHON)
     for name, text in {"uv": STUB, "srun": SRUN, "scontrol": SCONTROL}.items():
         executable(bin_dir / name, text)
+    (bin_dir / "python3").symlink_to(sys.executable)  # the launchers' own steps, under this interpreter
     full_env = {
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
         "HOME": os.environ.get("HOME", "/root"),

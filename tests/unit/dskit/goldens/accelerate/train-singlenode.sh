@@ -8,237 +8,50 @@
 # NODE (a first argument not starting with '-') runs it on that SLURM node through `srun -w NODE -N1`;
 # the repo must be on a filesystem the node shares. Without NODE it runs here.
 #   CUDA_VERSION=12.9 ./train-singlenode.sh node7 --max_steps 200
-# Bootstraps uv (pip) and the locked environment (uv sync --frozen) on first use; or DSKIT_PYTHON=/path/to/python
-# uses an interpreter that has torch already (a container's), and WHEELHOUSE=DIR installs with no network.
-# Output is teed to logs/<run name>_<timestamp>.out (--run_name, else model-backend[-lora]; the log starts as
-# logs/<job name>_<timestamp>.out until Python is set up; a JOB_NAME given keeps naming it), so
-# `tail -f logs/*.out` follows the run; the metrics file goes next to it. `dskit plot LOG` stitches every launch
-# of the log's run.
+# The run's Python: the locked .venv (uv sync --frozen; uv bootstrapped with pip), or DSKIT_PYTHON=/path/to/python
+# (one that has torch already, a container's), or WHEELHOUSE=DIR (installed with no network).
+# Output is teed to logs/<run name>_<timestamp>.out (--run_name, else model-backend[-lora]; logs/<JOB_NAME>_... with
+# a JOB_NAME given), so `tail -f logs/*.out` follows the run; the metrics file goes next to it. `dskit plot LOG`
+# stitches every launch of the log's run. Ctrl-C (or `kill -USR1 PID`, the pid the log names) saves a checkpoint
+# and stops the ranks; a second Ctrl-C ends them without saving.
 # Environment overrides: JOB_NAME, CONFIG MAX_STEPS CHECKPOINT_FREQ DATASET DATASET_CONFIG_NAME LOCAL_DATASET MODEL
 # (training defaults; flags given here win), DSKIT_PYTHON, WHEELHOUSE, CUDA_VERSION, GPUS_PER_NODE, CPU_RANKS,
 # OMP_NUM_THREADS (threads per rank; default: cores / ranks), ACCELERATE_CONFIG (accelerate's --config_file; empty:
 # plain --multi_gpu).
+#
+# Training flags: .venv/bin/dskit config --help lists every one (docs/flags.md), and
+# .venv/bin/dskit config [FLAGS...] prints the run they resolve to, without training.
 set -euo pipefail
-# -h or --help among the arguments: the usage at the top of this file and where the training flags are listed;
-# nothing is installed, logged or started (the ranks would each print every flag, then the job would go on).
+# -h or --help: the usage above, nothing installed, logged or started (each rank would print every flag).
 for arg in "$@"; do
-  case "$arg" in
-    -h | --help)
-      awk 'NR > 1 && !/^#/ { exit } NR > 5 && !/^#SBATCH/ { sub(/^# ?/, ""); print }' "${BASH_SOURCE[0]}"
-      echo
-      echo "Training flags: .venv/bin/dskit config --help lists every one (docs/flags.md), and"
-      echo ".venv/bin/dskit config [FLAGS...] prints the run they resolve to, without training."
-      exit 0
-      ;;
-  esac
+  if [[ "$arg" == -h || "$arg" == --help ]]; then
+    awk 'NR > 1 && !/^#/ { exit } NR > 5 && !/^#SBATCH/ { sub(/^# ?/, ""); print }' "${BASH_SOURCE[0]}"
+    exit 0
+  fi
 done
-# When the launch began, for the run's goodput ledger (`dskit cost`); the re-execution under the log's tee keeps it.
-[[ -n "${DSKIT_SINGLENODE_LOGGED:-}" ]] || export DSKIT_LAUNCHED_AT="$EPOCHREALTIME"
-
 script=$(readlink -f "${BASH_SOURCE[0]}")
-# Relative paths among the flags are the caller's: the kit takes them from where they were typed.
-[[ -n "${DSKIT_SINGLENODE_LOGGED:-}" ]] || export DSKIT_CALLER_DIR="$PWD"
-cd "$(dirname "$script")"
-
-# A JOB_NAME given here names the log; else the log is named after the run once Python is set up (name_log).
-log_named_by_job=${JOB_NAME:+yes}
-JOB_NAME=${JOB_NAME:-qwen3_0_6b-DeepSpeed}
-die() {
-  echo "error: $*" >&2
-  exit 2
-}
-
-# The locked environment (uv sync --frozen), bootstrapping uv with pip on first use. Several jobs may sync at
-# once: uv locks the environment, so they take turns.
-sync_env() {
-  local uv_cmd
-  # Nothing to do while the stamp of the last sync holds (dskit/env/lock_stamp.py): uv would spend ~1.5 s finding so.
-  if [[ -x .venv/bin/python ]] && .venv/bin/python -m dskit.env.lock_stamp check; then
-    return 0
-  fi
-  if command -v uv >/dev/null 2>&1; then
-    uv_cmd=(uv)
-  elif python3 -m uv --version >/dev/null 2>&1; then
-    uv_cmd=(python3 -m uv)
-  else
-    echo "uv not found: installing it with pip"
-    python3 -m pip install --quiet uv
-    uv_cmd=(python3 -m uv)
-  fi
-  # A first install is the one long quiet step before the preflight: say so.
-  [[ -x .venv/bin/python ]] || echo "Installing the locked environment into .venv (uv sync --frozen; the first" \
-    "time about 20 s with uv's cache, a few minutes without) ..."
-  # Bytecode compiled once at install (incremental later): each rank imports ~2,000 modules at start.
-  "${uv_cmd[@]}" sync --frozen --quiet --compile-bytecode
-  # A cache: where it cannot be written (a read-only checkout), the next launch syncs again.
-  .venv/bin/python -m dskit.env.lock_stamp write || true
-}
-
-# Sets py, the interpreter of this run. DSKIT_PYTHON: one that already has torch (a container's, a cluster
-# module's), used as it is. WHEELHOUSE: .venv installed from that directory with no network (over DSKIT_PYTHON
-# when both are set: only what it lacks, its torch kept). Else a .venv installed from a wheelhouse before, or the
-# locked .venv (uv sync). The kit's own code always comes from this checkout (PYTHONPATH).
-setup_python() {
-  export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-  if [[ -n "$DSKIT_PYTHON" ]] && ! command -v "$DSKIT_PYTHON" >/dev/null 2>&1; then
-    die "DSKIT_PYTHON=$DSKIT_PYTHON: no such interpreter on $(hostname): give the path of a Python that has torch" \
-      "(e.g. /usr/bin/python3 in a container), or unset it to use the kit's own .venv"
-  fi
-  if [[ -n "$WHEELHOUSE" ]]; then
-    local base=${DSKIT_PYTHON:-python3} overlay=()
-    [[ -z "$DSKIT_PYTHON" ]] || overlay=(--overlay)
-    "$base" -m dskit.env.wheelhouse install "$WHEELHOUSE" --venv .venv "${overlay[@]}" || exit "$?"
-    py=("$PWD/.venv/bin/python")
-  elif [[ -n "$DSKIT_PYTHON" ]]; then
-    py=("$DSKIT_PYTHON")
-    echo "Python: $DSKIT_PYTHON (DSKIT_PYTHON: used as it is, no uv sync)"
-  elif [[ -f .venv/dskit-wheelhouse.json ]]; then
-    py=("$PWD/.venv/bin/python")
-    echo "Python: .venv, installed from a wheelhouse (no uv sync; WHEELHOUSE=DIR updates it)"
-  else
-    sync_env
-    py=("$PWD/.venv/bin/python")
-  fi
-}
-
-# Checks that py has every package the kit needs at a compatible version (else one line naming what is missing
-# and the pip command that adds it without touching torch), then sets gpus (GPUs visible here) and prints the
-# versions this run uses.
-probe() {
-  local versions
-  versions=$("${py[@]}" -m dskit.env.python_env probe) || exit "$?"
-  read -r gpus python_version torch_version torch_cuda deepspeed_version <<<"$versions"
-  echo "Versions: python $python_version, torch $torch_version (CUDA $torch_cuda), deepspeed $deepspeed_version"
-}
-
-# The CUDA toolkit (for DeepSpeed's JIT ops) comes from /usr/local/cuda-$CUDA_VERSION; CPU nodes need none.
-setup_cuda() {
-  local home="/usr/local/cuda-$CUDA_VERSION"
-  if [[ ! -d "$home" ]]; then
-    die "CUDA toolkit $CUDA_VERSION not found at $home on $(hostname): install it there or set CUDA_VERSION" \
-      "to an installed one ($(cd /usr/local && echo cuda-* | tr '\n' ' '))"
-  fi
-  export CUDA_HOME="$home"
-  export PATH="$home/bin:$PATH"
-  export LD_LIBRARY_PATH="$home/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  echo "CUDA toolkit: $home"
-}
-
-# Sets nproc_per_node: every GPU of the node, or CPU_RANKS gloo ranks when it has none (or GPUS_PER_NODE=0);
-# then the ranks' threads (set_rank_threads).
-choose_ranks() {
-  if [[ "$gpus" -gt 0 && "$GPUS_PER_NODE" -gt 0 ]]; then
-    if [[ "$gpus" -ne "$GPUS_PER_NODE" ]]; then
-      echo "WARNING: $(hostname) has $gpus GPUs, the launch values say $GPUS_PER_NODE: using all $gpus"
-    fi
-    setup_cuda
-    nproc_per_node=$gpus
-    echo "Ranks per node: $nproc_per_node (GPUs)"
-  else
-    [[ "$CPU_RANKS" -gt 0 ]] || die "$(hostname) has no GPU and CPU_RANKS is 0: set CPU_RANKS or use GPU nodes"
-    nproc_per_node=$CPU_RANKS
-    export DS_ACCELERATOR=cpu
-    echo "Ranks per node: $nproc_per_node (CPU, no GPU on $(hostname))"
-  fi
-  set_rank_threads
-}
-
-# Exports OMP_NUM_THREADS for the ranks unless the caller set it: the cores this job has here (nproc) split
-# between the node's nproc_per_node ranks, at least 1 (torchrun would set 1 and print a banner saying so).
-set_rank_threads() {
-  if [[ -n "${OMP_NUM_THREADS:-}" ]]; then
-    echo "Threads per rank: OMP_NUM_THREADS=$OMP_NUM_THREADS (from the environment)"
-    return
-  fi
-  local cores
-  cores=$(nproc)
-  OMP_NUM_THREADS=$((cores / nproc_per_node))
-  [[ "$OMP_NUM_THREADS" -ge 1 ]] || OMP_NUM_THREADS=1
-  export OMP_NUM_THREADS
-  echo "Threads per rank: OMP_NUM_THREADS=$OMP_NUM_THREADS ($cores cores / $nproc_per_node ranks)"
-}
-
-# Sets accelerate_opts: `accelerate launch` options for NODES nodes of nproc_per_node ranks. With a config file
-# it picks the distributed type; no type flag is added then, as one would override the file's.
-accelerate_options() {
-  local nodes=$1 total
-  total=$((nodes * nproc_per_node))
-  accelerate_opts=(--num_machines="$nodes" --num_processes="$total")
-  if [[ -n "$ACCELERATE_CONFIG" ]]; then
-    [[ -f "$ACCELERATE_CONFIG" ]] ||
-      die "ACCELERATE_CONFIG=$ACCELERATE_CONFIG: no such file (an accelerate config YAML, relative to the repo)"
-    accelerate_opts+=(--config_file="$ACCELERATE_CONFIG")
-  else
-    [[ "$total" -ge 2 ]] || die "accelerate without a config file launches --multi_gpu, which needs at least 2" \
-      "ranks in all ($total here): set ACCELERATE_CONFIG to an accelerate config, or use launcher torchrun"
-    # accelerate's defaults, given so that it does not warn about each
-    accelerate_opts+=(--multi_gpu --mixed_precision=no --dynamo_backend=no)
-  fi
-  echo "accelerate launch: $nodes machine(s) x $nproc_per_node process(es)${ACCELERATE_CONFIG:+, config $ACCELERATE_CONFIG}"
-}
-
-# `dskit preflight` with this launch's settings (NODES EFA, then the training flags): `dskit doctor` (a table of
-# checks with their fixes), then `dskit prepare` (flags, model, data; builds the packed-data cache), in one
-# process so that torch, transformers and deepspeed are imported once, not once per command. Run once, before
-# anything expensive. It takes the checkpoint dir's lease for this launch (DSKIT_LEASE_TOKEN: the ranks' rank 0
-# adopts it), so a second launch into the dir is refused here. Its exit status (dskit/cli.py): 1, a doctor FAIL
-# (WARNs do not stop the launch); 2, its one-line error; 3, the run is complete (nothing to launch, not an error);
-# anything else, a crash. Then the ranks are offline (HF_HUB_OFFLINE=1).
-run_preflight() {
-  local nodes=$1 efa=$2 status=0
-  shift 2
-  DSKIT_LEASE_TOKEN="$(hostname)-$$-$EPOCHREALTIME"
-  export DSKIT_LEASE_TOKEN
-  CUDA_VERSION="$CUDA_VERSION" GPUS_PER_NODE="$GPUS_PER_NODE" CPU_RANKS="$CPU_RANKS" EFA="$efa" \
-    SLURM_JOB_NUM_NODES="$nodes" DSKIT_NODE_GPUS="$gpus" "${py[@]}" -m dskit.cli preflight "$@" || status=$?
-  case "$status" in
-    0) ;;
-    1) die "dskit doctor stopped the launch on $(hostname): fix what it reports above, then launch again" ;;
-    2) exit 2 ;;
-    3)
-      launch_complete
-      exit 0
-      ;;
-    *) die "dskit preflight crashed on $(hostname) (exit status $status): see its output above" ;;
-  esac
-  # The preflight fetched the hub model and tokenizer into the HF cache and pinned their commits: the ranks load
-  # from there and never touch the network (hundreds of ranks at once would hit the hub's rate limits). The
-  # caller's own setting is kept for what reaches the hub after training (--push_to_hub).
-  export DSKIT_CALLER_HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-}"
-  export HF_HUB_OFFLINE=1
-}
-
-# Extra environment for the ranks: none in the launch values (set env.NAME=VALUE to add some).
-export_extra_env() { :; }
-
-
-# JOB_NAME names the log (logs/<JOB_NAME>_<time>.out) and the srun job: a '/' there would make tee fail and the
-# log be lost while the run goes on, so such a name is refused before anything starts (the rule of render's
-# job_name and of --run_name).
-if [[ ! "$JOB_NAME" =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]]; then
-  die "JOB_NAME '$JOB_NAME' cannot name the log file logs/<JOB_NAME>_<time>.out: use letters, digits, '.', '_'" \
-    "or '-', starting with a letter or digit (e.g. JOB_NAME=${JOB_NAME//[^A-Za-z0-9._-]/_})"
+# When and where the launch began (the goodput ledger; relative paths among the flags are the caller's), and the
+# kit's code: this checkout's, whatever the Python (its steps: src/dskit/launcher/).
+if [[ -z "${DSKIT_SINGLENODE_LOGGED:-}" ]]; then
+  export DSKIT_LAUNCHED_AT="$EPOCHREALTIME" DSKIT_CALLER_DIR="$PWD"
+  export PYTHONPATH="${script%/*}/src${PYTHONPATH:+:$PYTHONPATH}"
 fi
-
-# Renames the log after what runs, asked of the kit (the same rule as the run id; no torch imported), and names it;
-# tee keeps writing to the renamed file. Left as it is when the flags do not parse: the preflight then says why.
-name_log() {
-  local name named
-  [[ -z "$log_named_by_job" ]] || return 0
-  if name=$("${py[@]}" -m model_utils.observe.run_name "$@" 2>/dev/null) &&
-    [[ "$name" =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]]; then
-    named="$PWD/logs/${name}_${DSKIT_LOG_FILE##*_}"
-    if [[ "$named" != "$DSKIT_LOG_FILE" && ! -e "$named" ]] && mv "$DSKIT_LOG_FILE" "$named"; then
-      DSKIT_LOG_FILE=$named
-    fi
-  fi
-  echo "Logging to logs/${DSKIT_LOG_FILE##*/}"
-}
-
-# The run is complete (run_preflight): nothing ran, so its log goes (the newest log stays the run's own).
-launch_complete() {
-  rm -f "$DSKIT_LOG_FILE"
-  echo "(nothing ran: logs/${DSKIT_LOG_FILE##*/} is not kept)"
+cd "${script%/*}"
+die() { echo "error: $*" >&2; exit 2; }
+# `dskit preflight` (NODES EFA FLAGS...): `dskit doctor`, then `dskit prepare`, in one process; it takes the
+# checkpoint dir's lease for this launch (rank 0 adopts it), and the ranks then load the hub files it fetched.
+run_preflight() {
+  local status=0
+  export DSKIT_LEASE_TOKEN="$HOSTNAME-$$-$EPOCHREALTIME"
+  CUDA_VERSION="$CUDA_VERSION" GPUS_PER_NODE="$GPUS_PER_NODE" CPU_RANKS="$CPU_RANKS" EFA="$2" \
+    SLURM_JOB_NUM_NODES="$1" DSKIT_NODE_GPUS="$gpus" "${py[@]}" -m dskit.cli preflight "${@:3}" || status=$?
+  case "$status" in
+    0) export DSKIT_CALLER_HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-}" HF_HUB_OFFLINE=1 ;;
+    1) die "dskit doctor stopped the launch on $HOSTNAME: fix what it reports above, then launch again" ;;
+    2) exit 2 ;;
+    3) rm -f "$DSKIT_LOG_FILE" && echo "(nothing ran: logs/${DSKIT_LOG_FILE##*/} is not kept)"; exit 0 ;;
+    *) die "dskit preflight crashed on $HOSTNAME (exit status $status): see its output above" ;;
+  esac
 }
 
 train_here() {
@@ -246,131 +59,53 @@ train_here() {
   CUDA_VERSION=${CUDA_VERSION:-12.8}
   CPU_RANKS=${CPU_RANKS:-2}
   GPUS_PER_NODE=${GPUS_PER_NODE:-8}
-  # The Python environment (see setup_python): an interpreter with torch preinstalled, and a wheelhouse directory.
-  DSKIT_PYTHON=${DSKIT_PYTHON:-}
-  WHEELHOUSE=${WHEELHOUSE:-}
-
-  # DeepSpeed's JIT-compiled ops: built once per checkout, reused by every node (the repo is on a shared
-  # filesystem); one dir per checkout also stops two checkouts from rebuilding each other's ops.
-  export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$PWD/.cache/torch_extensions}
-  # accelerate's config file (--config_file, relative to the repo): its distributed type, precision and DeepSpeed or
-  # FSDP settings reach the ranks, which map them onto dskit's flags or refuse them (docs/launchers.md). Empty:
-  # plain data parallel (--multi_gpu) with dskit's own engine and flags.
+  # accelerate's --config_file (relative to the repo; empty: plain --multi_gpu): docs/launchers.md.
   default_accelerate_config=configs/accelerate/deepspeed-zero2.yaml
   ACCELERATE_CONFIG=${ACCELERATE_CONFIG:-$default_accelerate_config}
-
-  # Training defaults: an empty value leaves the trainer's own default. Flags given on the command line come
-  # after these, and the last occurrence of a flag wins.
-  CONFIG=${CONFIG:-}
-  MAX_STEPS=${MAX_STEPS:-}
-  CHECKPOINT_FREQ=${CHECKPOINT_FREQ:-}
-  DATASET=${DATASET:-}
-  DATASET_CONFIG_NAME=${DATASET_CONFIG_NAME:-}
-  LOCAL_DATASET=${LOCAL_DATASET:-}
-  MODEL=${MODEL:-}
+  # The run's Python (dskit/launcher/interpreter.py): an interpreter with torch preinstalled, a wheelhouse directory.
+  export DSKIT_PYTHON=${DSKIT_PYTHON:-}
+  export WHEELHOUSE=${WHEELHOUSE:-}
+  # DeepSpeed's JIT-compiled ops: built once per checkout, reused by every node (the repo is on a shared filesystem).
+  export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$PWD/.cache/torch_extensions}
+  # Training defaults (empty: the trainer's own); flags given on the command line come after, and the last one wins.
   train_args=()
-  [[ -z "$CONFIG" ]] || train_args+=(--config "$CONFIG")
-  [[ -z "$MAX_STEPS" ]] || train_args+=(--max_steps "$MAX_STEPS")
-  [[ -z "$CHECKPOINT_FREQ" ]] || train_args+=(--checkpoint_freq "$CHECKPOINT_FREQ")
-  [[ -z "$DATASET" ]] || train_args+=(--dataset "$DATASET")
-  [[ -z "$DATASET_CONFIG_NAME" ]] || train_args+=(--dataset_config_name "$DATASET_CONFIG_NAME")
-  [[ -z "$LOCAL_DATASET" ]] || train_args+=(--local_dataset "$LOCAL_DATASET")
-  [[ -z "$MODEL" ]] || train_args+=(--model "$MODEL")
+  [[ -z "${CONFIG:=}" ]] || train_args+=(--config "$CONFIG")
+  [[ -z "${MAX_STEPS:=}" ]] || train_args+=(--max_steps "$MAX_STEPS")
+  [[ -z "${CHECKPOINT_FREQ:=}" ]] || train_args+=(--checkpoint_freq "$CHECKPOINT_FREQ")
+  [[ -z "${DATASET:=}" ]] || train_args+=(--dataset "$DATASET")
+  [[ -z "${DATASET_CONFIG_NAME:=}" ]] || train_args+=(--dataset_config_name "$DATASET_CONFIG_NAME")
+  [[ -z "${LOCAL_DATASET:=}" ]] || train_args+=(--local_dataset "$LOCAL_DATASET")
+  [[ -z "${MODEL:=}" ]] || train_args+=(--model "$MODEL")
   train_args+=("$@")
 
   echo "Host $(hostname): training here"
-  setup_python
-  name_log "${train_args[@]}"
-  probe
-  choose_ranks
-  export_extra_env
-  # Check this machine, the flags, the model and the data in one process before any rank starts, and build the
-  # packed-data cache (one node: no inter-node network to check).
+  py=("$(python3 -m dskit.launcher.interpreter)")
+  # The log is named after the run (a JOB_NAME given names it); tee writes on into the renamed file.
+  if [[ -z "${JOB_NAME:-}" ]]; then
+    DSKIT_LOG_FILE=$(python3 -m dskit.launcher.run_log rename "$DSKIT_LOG_FILE" "${py[@]}" -- "${train_args[@]}")
+  fi
+  # This node (dskit/launcher/node.py): what the run's Python has, the ranks (every GPU, or CPU_RANKS gloo ranks),
+  # the CUDA toolkit (/usr/local/cuda-$CUDA_VERSION), threads per rank.
+  node=$(CUDA_VERSION=$CUDA_VERSION GPUS_PER_NODE=$GPUS_PER_NODE CPU_RANKS=$CPU_RANKS python3 -m dskit.launcher.node \
+    "${py[@]}")
+  read -r gpus nproc_per_node threads cuda_home <<<"$node"
+  export OMP_NUM_THREADS=$threads
+  if [[ "$cuda_home" == - ]]; then
+    export DS_ACCELERATOR=cpu
+  else
+    export CUDA_HOME=$cuda_home PATH="$cuda_home/bin:$PATH"
+    export LD_LIBRARY_PATH="$cuda_home/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  fi
+  # `accelerate launch`'s options (dskit/launcher/accelerate.py): machines, processes, the config or --multi_gpu.
+  opts=$(python3 -m dskit.launcher.accelerate 1 "$nproc_per_node" "$ACCELERATE_CONFIG")
+  mapfile -t accelerate_opts <<<"$opts"
+
+  # Check this machine, the flags, the model and the data before any rank starts (one node: no network to check).
   run_preflight 1 auto "${train_args[@]}"
-  accelerate_options 1
-  # One machine: accelerate picks a free port itself (--main_process_port=0).
-  run_ranks "${py[@]}" -m accelerate.commands.launch "${accelerate_opts[@]}" --main_process_port=0 \
+  # Ctrl-C and USR1 (dskit/launcher/stop.py) go to the ranks, which save a checkpoint and stop; torchrun runs
+  # through model_utils.launch.supervise, which ends a failed run with one line naming the rank that failed.
+  python3 -m dskit.launcher.stop run "${py[@]}" -m accelerate.commands.launch "${accelerate_opts[@]}" \
     src/train_deepspeed.py "${train_args[@]}"
-}
-
-# Ctrl-C is a stop request. torchrun (or accelerate) runs in a session of its own (setsid), and starts each rank
-# in one of its own too, so the terminal's SIGINT reaches this script only: never torchrun, which would kill
-# the ranks 30 s into their save. The trap sends SIGINT to the ranks, which save a checkpoint after the step they
-# are in and exit; USR1 to this shell (the pid the log names) does the same. A second Ctrl-C kills them at once,
-# without saving.
-run_ranks() {
-  interrupts=0
-  undelivered=""
-  # Rank 0 writes why it stops here once its stop's checkpoint is saved (model_utils/loop/trainer.py): what a
-  # second Ctrl-C then ends is ranks that saved already.
-  DSKIT_STOP_REASON_FILE=$(mktemp "${TMPDIR:-/tmp}/dskit-stop-reason-XXXXXX")
-  export DSKIT_STOP_REASON_FILE
-  # Ignored from before the fork: a Ctrl-C must not reach the launcher before setsid has taken it out of this
-  # process group (a trapped signal is reset to its default in the child).
-  trap '' INT
-  setsid "$@" &
-  launcher_pid=$!
-  trap stop_ranks INT
-  trap 'stop_ranks USR1' USR1
-  echo "Ranks started: Ctrl-C here or \`kill -USR1 $BASHPID\` saves a checkpoint and stops them"
-  # Bash runs a trap only between commands, so wait in the background and re-wait after each trap; a stop that
-  # came before any rank could take it is sent again each second.
-  local status=0
-  while :; do
-    if [[ -n "$undelivered" ]] && kill -0 "$launcher_pid" 2>/dev/null; then
-      sleep 1
-      signal_ranks "$undelivered"
-      continue
-    fi
-    wait "$launcher_pid" || status=$?
-    if [[ "$status" -gt 128 ]] && kill -0 "$launcher_pid" 2>/dev/null; then
-      status=0
-      continue
-    fi
-    break
-  done
-  trap - INT USR1
-  rm -f "$DSKIT_STOP_REASON_FILE"
-  if [[ "$interrupts" -gt 0 && ("$status" -eq 0 || "$interrupts" -gt 1) ]]; then
-    exit 130 # 128 + SIGINT, as for any command a Ctrl-C ended
-  fi
-  return "$status"
-}
-
-# shellcheck disable=SC2317  # called by the INT and USR1 traps
-stop_ranks() {
-  local signal=${1:-INT}
-  if [[ "$signal" == INT ]]; then
-    interrupts=$((interrupts + 1))
-  fi
-  if [[ "$interrupts" -gt 1 ]]; then
-    if [[ -s "$DSKIT_STOP_REASON_FILE" ]]; then
-      echo "Ctrl-C again: the ranks had saved their checkpoint already and were ending: ended them now"
-    else
-      echo "aborted (Ctrl-C again): the ranks are stopped without saving"
-    fi
-    # The ranks first (their parent names them), in the same call as their launcher, so it has no time to report.
-    mapfile -t ranks < <(pgrep -P "$launcher_pid" || true)
-    kill -KILL "${ranks[@]}" "$launcher_pid" 2>/dev/null || true
-    return
-  fi
-  signal_ranks "$signal"
-}
-
-# Sends the stop signal to the ranks (the launcher's children `<python> -u src/train_deepspeed.py ...`) that
-# handle it already: USR1 (signal 10, SigCgt's bit 1 << 9 in /proc/PID/status) is caught once
-# preemption.install ran; before that, SIGINT would be a KeyboardInterrupt. One rank is enough: the ranks agree after each step. None yet (still
-# starting): `undelivered` keeps it for run_ranks to send again.
-# shellcheck disable=SC2317  # called by the INT and USR1 traps
-signal_ranks() {
-  local signal=$1 pid caught
-  undelivered=$signal
-  for pid in $(pgrep -P "$launcher_pid" -f '^[^ ]*python[^ ]* -u [^ ]*src/train_deepspeed\.py' || true); do
-    caught=$(sed -n 's/^SigCgt:[[:space:]]*//p' "/proc/$pid/status" 2>/dev/null || true)
-    if [[ -n "$caught" ]] && (((16#$caught >> 9) & 1)) && kill "-$signal" "$pid" 2>/dev/null; then
-      undelivered=""
-    fi
-  done
 }
 
 # Inside `srun` from the caller below: the caller already tees the output to the log.
@@ -383,49 +118,31 @@ where=(train_here)
 if [[ $# -gt 0 && "$1" != -* ]]; then
   node=$1
   shift
-  if ! command -v srun >/dev/null 2>&1 || ! command -v scontrol >/dev/null 2>&1; then
-    die "'$node' looks like a node name, but SLURM (srun, scontrol) is not installed here:" \
-      "run without it to train on this machine (training flags start with --)"
-  fi
+  { command -v srun && command -v scontrol; } >/dev/null 2>&1 || die "'$node' looks like a node name, but SLURM" \
+    "(srun, scontrol) is not installed here: run without it to train on this machine (training flags start with --)"
   scontrol show node "$node" >/dev/null 2>&1 ||
     die "node '$node' is not known to SLURM here: see \`sinfo -N\` for node names (training flags start with --)"
-  where=(srun --nodes=1 --ntasks=1 -w "$node" --job-name="$JOB_NAME" --unbuffered
-    --exclusive
-    "$script")
+  where=(srun --nodes=1 --ntasks=1 -w "$node" --job-name="${JOB_NAME:-qwen3_0_6b-DeepSpeed}" --unbuffered
+    --exclusive "$script")
   # srun passes the environment on: tells the copy on the node that this one tees its output to the log
   export DSKIT_SINGLENODE_LOGGED=1
 fi
 
-# Ctrl-C: the pipeline below handles it (run_ranks); this shell goes on to write the END line.
-trap : INT
-mkdir -p logs
-# A log of its own, made exclusively: a launch in the same second gets -2, -3, ...
-stamp="logs/${JOB_NAME}_$(date +%Y%m%d-%H%M%S)"
-log="$stamp.out"
-n=1
-until (set -C && : >"$log") 2>/dev/null; do
-  n=$((n + 1))
-  [[ -w logs && "$n" -lt 100 ]] || die "cannot create a log file in $PWD/logs: make that dir writable"
-  log="$stamp-$n.out"
-done
-# Named here when JOB_NAME names it; else once the kit has named the run (name_log).
-[[ -z "$log_named_by_job" ]] || echo "Logging to $log"
-# The trainer writes its metrics next to the log (logs/<name>.metrics.jsonl).
-export DSKIT_LOG_FILE="$PWD/$log"
-# Output goes through tee, so the ranks see a pipe: the progress bar is drawn on this terminal instead (only
-# here: a node reached through srun has no such terminal).
-if [[ -z "${node:-}" && -t 0 && -t 1 ]]; then
-  DSKIT_TTY=$(tty)
-  export DSKIT_TTY
-fi
-set +e
+# A log of its own (dskit/launcher/run_log.py), made exclusively: logs/<JOB_NAME>_<time>.out, until the run names it.
+trap : INT  # Ctrl-C: the ranks' stop (dskit/launcher/stop.py); this shell goes on to write the END line
+log=$(python3 -m dskit.launcher.run_log create "${JOB_NAME:-qwen3_0_6b-DeepSpeed}")
+[[ -z "${JOB_NAME:-}" ]] || echo "Logging to $log"
+export DSKIT_LOG_FILE="$PWD/$log"  # the trainer writes its metrics next to it
+# Output goes through tee, so the ranks see a pipe: the progress bar is drawn on this terminal instead (only here:
+# a node reached through srun has no such terminal).
+[[ -n "${node:-}" || ! -t 0 || ! -t 1 ]] || DSKIT_TTY=$(tty)
+export DSKIT_TTY
+set +e  # for the pipeline's status; `set -e` inside it
 {
-  set -e # `set +e` above is for the pipeline's status only
-  # The END line goes through the same tee: the log may have been renamed meanwhile (name_log).
+  set -e
+  # The END line goes through the same tee: the log may have been renamed meanwhile.
   trap 'status=$?; echo "END $(date -Is) exit status $status"' EXIT
   echo "START $(date -Is) on $(hostname)${node:+, running on node $node through srun}"
   "${where[@]}" "$@"
 } 2>&1 | tee -i -a "$log" # -i: a Ctrl-C must not end the log while the ranks save
-status=${PIPESTATUS[0]}
-set -e
-exit "$status"
+exit "${PIPESTATUS[0]}"
