@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         error_line(str(e))
         let_rank0_print()
         return 4
-    print0("Training finished")
+    print0("Validation finished" if cfg.loop.validation_only else "Training finished")
     return 0
 
 

@@ -13,7 +13,9 @@ the result from that log
 and the files it names: the last step, the last train and validation losses, the newest checkpoint, the metrics
 file, the MLflow run. A failed run raises `TrainingFailed` with the kit's own one-line message. Nothing of the
 training runtime is imported into the calling process: the orchestrator keeps its own imports and its own
-MLflow run (pass its id as `mlflow_parent_run_id`, and the training logs into a child of it).
+MLflow run (pass its id as `mlflow_parent_run_id`, and the training logs into a child of it). With
+`--validation_only true` among the flags the run measures a model without training it: `validation_loss`, and
+`final_step` the step of the model measured (docs/evaluation.md).
 
 `evaluate` runs `dskit eval` the same way (a subprocess: lm-eval and torch stay out of the caller) and returns
 its `EvalResult`; a checkpoint's results land in the training run's trackers (its MLflow child run, ...).
@@ -182,13 +184,16 @@ def _result(lines: list[str], seconds: float, root: Path) -> TrainResult:
     records = step_line.parse_log("\n".join(lines))
     train = [r for r in records if "loss" in r]
     val = [r for r in records if "val_loss" in r]
-    done = [end for end in map(step_line.parse_end, lines) if end is not None and end.reason == "done"]
+    ends = [end for end in map(step_line.parse_end, lines) if end is not None]
+    done = [end for end in ends if end.reason == "done"]
+    # A finished run's last step, or the step of the model a --validation_only run validated.
+    final = [end.step for end in ends if end.reason in ("done", step_line.VALIDATED)]
     saved = [path for path in map(step_line.parse_saved, lines) if path is not None]
     runs = [run for run in map(step_line.parse_run, lines) if run is not None]
     mlflow = [run_id for run_id in map(step_line.parse_mlflow, lines) if run_id is not None]
     metrics_file = runs[-1].metrics_file if runs else None  # None: --metrics_file none
     return TrainResult(
-        final_step=done[-1].step if done else (int(train[-1]["step"]) if train else None),
+        final_step=final[-1] if final else (int(train[-1]["step"]) if train else None),
         max_steps=done[-1].max_steps if done else None,
         train_loss=float(train[-1]["loss"]) if train else None,
         validation_loss=float(val[-1]["val_loss"]) if val else None,

@@ -61,7 +61,10 @@ def _prepare(train_args: list[str]) -> int:
 
 def _prepared(run: Any) -> int:
     val = "none" if run.val_blocks is None else f"{len(run.val_blocks)} blocks"
-    resume = f"resume from {run.resume.load_dir / run.resume.tag}" if run.resume else "fresh start"
+    tag = run.resume.load_dir / run.resume.tag if run.resume else None
+    resume = f"resume from {tag}" if tag else "fresh start"
+    if run.config.loop.validation_only:
+        resume = f"validation only of {tag or run.source.name}"
     print(
         f"ok: {run.source.name}, train {len(run.train_blocks)} blocks x {run.seq_length} tokens, "
         f"validation {val}, {resume}"

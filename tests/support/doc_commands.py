@@ -301,6 +301,14 @@ COMMANDS: dict[str, Run | DryRun | CoveredBy | Uncovered] = {
         "tests/e2e/test_sft.py::test_the_shipped_sft_run_file_trains_the_example_conversations_offline",
         "tiny_chat_template",
     ),
+    # docs/evaluation.md: the loss before and after a fine-tune (README's run, export and fine-tune above)
+    "./train-singlenode.sh --config configs/qwen3-0.6b-sft-lora.yaml --model out/tiny-base --dataset "
+    "src/model_utils/assets/tiny_conversations.jsonl --chat_template src/model_utils/assets/tiny_chat_template.jinja "
+    "--seq_length 256 --max_steps 24 --validation_only true": CoveredBy(
+        "tests/e2e/test_validation_only.py::"
+        "test_the_docs_recipe_measures_the_base_then_the_fine_tune_on_the_shipped_conversations",
+        "--validation_only",
+    ),
     # docs/cost.md
     ".venv/bin/dskit cost checkpoints --instance_type p5.48xlarge": CoveredBy(
         "tests/slurm/test_slurm.py::test_node_failure_ends_job_and_requeued_run_resumes", "--instance_type"
@@ -454,6 +462,10 @@ COMMANDS: dict[str, Run | DryRun | CoveredBy | Uncovered] = {
 
 # Output samples whose command the docs test does not run (every other sample's command is a Run), and why.
 OUTPUT_UNCHECKED: dict[str, str] = {
+    "./train-singlenode.sh --config configs/qwen3-0.6b-sft-lora.yaml --model out/tiny-base --dataset "
+    "src/model_utils/assets/tiny_conversations.jsonl --chat_template src/model_utils/assets/tiny_chat_template.jinja "
+    "--seq_length 256 --max_steps 24 --validation_only true": "needs README's run and export, and the fine-tune's "
+    "checkpoint (its covering test makes a base model and a fine-tune's checkpoint of its own)",
     ".venv/bin/dskit eval checkpoints/ --tasks dskit_tiny_mc": "needs a trained run's checkpoints (its covering "
     "test trains one)",
 }

@@ -156,8 +156,8 @@ def build_series(records: list[dict[str, Any]]) -> Timeline:
             resumes = {s for s in resumes if s <= step}
             skips = {s for s in skips if s <= step}
             rollbacks = [r for r in rollbacks if r.from_step <= step]
-            if record.get("resumed_from") is not None:
-                resumes.add(step)
+            if record.get("resumed_from") is not None and not record.get("validation_only"):
+                resumes.add(step)  # a --validation_only run's checkpoint is read, not resumed
             run_id = record.get("run_id", run_id)
         elif event == ROLLBACK:
             drop_after(step)

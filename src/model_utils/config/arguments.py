@@ -409,6 +409,19 @@ class LoopArgs:
             "the ranks"
         ),
     )
+    validation_only: bool = field(
+        default=False,
+        metadata=_flag(
+            "true: validate the model this run starts from (the checkpoint a resume would load, else --model) "
+            "once and end: no step trained, nothing saved (docs/evaluation.md)"
+        ),
+    )
+    validation_at_start: bool = field(
+        default=False,
+        metadata=_flag(
+            "true: validate before the first step too, recorded at step 0 (not again on a resume)"
+        ),
+    )
     seed: int = field(default=42, metadata=_flag("seed for initialisation, data order and dropout"))
     hang_timeout: float = field(
         default=300.0,

@@ -19,7 +19,7 @@ trace, comes before its own lines). The points, in the order a run meets them:
         after_evaluation(step, phase, s)     each evaluation just run: its phase and seconds (the ledger's)
         tags_in_use(tag) -> set[str]         rank 0, a checkpoint `tag` was saved: rotation spares these tags
         after_checkpoint_saved(saved)        after the rotation
-    on_end(state, reason)                    the loop ended: done, preempted, walltime, diverged, or a Stop's reason
+    on_end(state, reason)                    the loop ended: done, preempted, walltime, diverged, validated (--validation_only), or a Stop's reason
     on_close()                               always, errors too, last (Trainer.close)
 
 Every rank meets every point but tags_in_use (an observer that writes does so on rank 0, as the reporter does);

@@ -168,10 +168,19 @@ class Trainer:
     def _resume_or_start(self) -> TrainState:
         target = self.run.resume
         if target is None:
-            print0(step_line.fresh_line(self.cfg.checkpoint.checkpoint_dir))
+            if self.cfg.loop.validation_only:
+                print0(step_line.validation_only_line(self.run.source.name, 0))
+            else:
+                print0(step_line.fresh_line(self.cfg.checkpoint.checkpoint_dir))
             self.engine.start_schedule_at(0)
             return TrainState(run_id=decide_on_main(lambda: run_name.new_run_id(self.cfg), self.dist))
         state, target = self._load(target)
+        if self.cfg.loop.validation_only:
+            # An evaluation is a run of its own (its id, metrics file and tracker run) of the model at its step: it
+            # adds nothing to the runs of the checkpoint it reads.
+            print0(step_line.validation_only_line(target.path, state.step))
+            run_id = decide_on_main(lambda: run_name.new_run_id(self.cfg), self.dist)
+            return TrainState(step=state.step, tokens_seen=state.tokens_seen, run_id=run_id)
         if (mismatch := run_name.resume_mismatch(self.cfg, state.run_id)) is not None:
             warn0(mismatch)
         pos = state.position
@@ -203,7 +212,8 @@ class Trainer:
             self.run.settings,
             target.path,
             optimizer_groups=self.decay_groups.layout(),
-            data_fingerprint=self.run.data_fingerprint,
+            # An evaluation reads no training data: any data may be validated (resolver.prepare).
+            data_fingerprint=None if self.cfg.loop.validation_only else self.run.data_fingerprint,
         )
         why_weights_only = plan.weights_only
         saved_ranks = launch_record.saved_world_size(target.path)
@@ -509,13 +519,14 @@ class Trainer:
         plans, byte_lengths = self.val_plans, self.token_bytes
         assert plans is not None and byte_lengths is not None
         started = time.perf_counter()
-        self.hooks.on_phase(watchdog.VALIDATION, self.state.step)
         self.engine.eval()
         # Summed token losses in float64: the order of batches and ranks does not round it.
         sums: list[float] = []
         for _, first, plan in plans:
             loss_sum, targets, text_bytes = 0.0, 0, 0
             for indices, weight in zip(plan.batches, plan.weights, strict=True):
+                # Each batch is progress: a full pass (--validation_batches all) may outlast the watchdog's limit.
+                self.hooks.on_phase(watchdog.VALIDATION, self.state.step)
                 batch = self._val_batch(first + indices)  # on the host, where its text bytes are counted
                 # Every rank runs it, counted or not: ZeRO-3/FSDP gather the weights in each forward.
                 loss = self.engine.eval_loss(batch.to(self.dist.device))
@@ -573,6 +584,8 @@ class Trainer:
         self.last_save_time = time.monotonic()
 
     def fit(self) -> TrainState:
+        if self.cfg.loop.validation_only:
+            return self.validate_only()
         self.start()
         train_started = time.perf_counter()
         reason = None
@@ -581,8 +594,20 @@ class Trainer:
         self.finish(reason or "done", time.perf_counter() - train_started)
         return self.state
 
+    def validate_only(self) -> TrainState:
+        """--validation_only: the loop's validation of the model the run starts from, recorded as the loop records
+        it (the validation line, the metrics file, the trackers) at that model's step; no step, no save."""
+        assert self.reporter is not None
+        self.hooks.on_start(self.state)
+        self.hooks.after_validation(self.state.step, self.validate())
+        self.hooks.on_end(self.state, step_line.VALIDATED)
+        self.reporter.close()
+        print0(step_line.validated_line(self.state.step))
+        return self.state
+
     def start(self) -> None:
-        """What the loop does once before its first turn: the announcements and the observers' start."""
+        """What the loop does once before its first turn: the announcements, the observers' start and, with
+        --validation_at_start, a fresh run's validation at step 0 (its curve's start)."""
         assert self.reporter is not None
         run = self.run
         print0(
@@ -596,6 +621,8 @@ class Trainer:
         self.engine.train()
         if self.state.step >= self.max_steps:
             print0(f"Nothing to train: already at step {self.state.step} of {self.max_steps}")
+        if self.cfg.loop.validation_at_start and self.state.step == 0:
+            self.hooks.after_validation(0, self.validate())
         self.reporter.restart_clock()
 
     def advance(self) -> str | None:

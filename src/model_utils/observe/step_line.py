@@ -27,6 +27,7 @@ _DONE = re.compile(_AT + r"Done: step (\d+)/(\d+), (\d+) tokens seen")
 _PREEMPTED = re.compile(_AT + r"Preempted: stop requested by (.+); saved at step (\d+)")
 _WALLTIME = re.compile(_AT + r"Stopped at step (\d+) before the job's time limit; saved")
 _STOPPED = re.compile(_AT + r"Stopped at step (\d+) \((\S+)\): (.*); saved\s*$")
+_VALIDATED = re.compile(_AT + r"Validated the model at step (\d+): nothing trained or saved")
 _SAVED = re.compile(_AT + r"Saved checkpoint (.+) \([^()]*\)\s*$")
 _NOWHERE = "nowhere (--metrics_file none)"
 _RUN = re.compile(_AT + r"Run (\S+): metrics to (.+?)(?:, (\S+) under .*)?\s*$")
@@ -227,7 +228,7 @@ def parse_log(text: str) -> list[dict[str, Any]]:
 class End:
     """What an end line says: why the loop ended and at which step (the step count of a finished run too)."""
 
-    reason: str  # done, preempted, walltime, or the word an observer stopped the run with
+    reason: str  # done, preempted, walltime, validated (--validation_only), or the word an observer stopped it with
     step: int
     max_steps: int | None = None  # done only
     tokens_seen: int | None = None  # done only
@@ -259,6 +260,19 @@ def stopped_line(step: int, reason: str, why: str) -> str:
     return f"Stopped at step {step} ({reason}): {why}; saved"
 
 
+VALIDATED = "validated"  # why a --validation_only run ended: its end record's reason, its end line's
+
+
+def validation_only_line(model: Any, step: int) -> str:
+    """What a --validation_only run validates: a checkpoint's tag dir (at its step), or --model as built (step 0)."""
+    return f"Validation only: {model} at step {step}"
+
+
+def validated_line(step: int) -> str:
+    """A --validation_only run's end (End.reason VALIDATED)."""
+    return f"Validated the model at step {step}: nothing trained or saved"
+
+
 def parse_end(line: str) -> End | None:
     if match := _DONE.search(line):
         step, max_steps, tokens = (int(g) for g in match.groups())
@@ -269,6 +283,8 @@ def parse_end(line: str) -> End | None:
         return End("walltime", int(match.group(1)))
     if match := _STOPPED.search(line):
         return End(match.group(2), int(match.group(1)), detail=match.group(3))
+    if match := _VALIDATED.search(line):
+        return End(VALIDATED, int(match.group(1)))
     return None
 
 

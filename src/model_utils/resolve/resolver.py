@@ -92,6 +92,8 @@ class ResolvedRun:
         left to train (the launchers start no rank: not an error, a requeue of a finished job included); else
         None."""
         step = None if self.resume is None else protocol.tag_step(self.resume.tag)
+        if self.config.loop.validation_only:  # a finished run's checkpoint is measured, not trained
+            return None
         if step is None or self.max_steps is None or step < self.max_steps:
             return None
         assert self.resume is not None
@@ -259,7 +261,7 @@ def _train_settings(cfg: TrainConfig, gpu_only: bool = False) -> TrainSettings:
     """train_settings.resolve, and the accelerate config the ranks were launched with must agree with it."""
     ts = train_settings.resolve(cfg, gpu_only)
     if cfg.accelerate is not None:
-        if engines.engine_class(ts.backend).zero_stages:  # it reads the DeepSpeed config's ZeRO section
+        if engines.memory_model(ts.backend).zero_stages:  # it reads the DeepSpeed config's ZeRO section
             accelerate_env.check_deepspeed(cfg.accelerate, json.loads(ts.given_config), ts.path)
         else:
             accelerate_env.check_precision(cfg.accelerate, ts.precision, ts.path)
@@ -511,8 +513,15 @@ def _prepare(
     template = rendered or chat.options(cfg.data, tokenizer, chat.TEXT)
     if template["template_from"] != chat.TOKENIZER_TEMPLATE:
         tokenizer.chat_template = template["template"]
-    # Other data or another chat template refused before any rank trains (--new_data: the ranks reset its position).
-    if resume is not None:
+    if val_blocks is None and (cfg.loop.validation_only or cfg.loop.validation_at_start):
+        flag = "validation_only" if cfg.loop.validation_only else "validation_at_start"
+        raise ConfigError(
+            f"{cfg.setting(flag)} true: there is no validation data: give --validation_dataset, "
+            "--validation_split, or a --validation_fraction above 0 of --dataset"
+        )
+    # Other data or another chat template refused before any rank trains (--new_data: the ranks reset its position);
+    # an evaluation saves nothing: it measures the checkpoint on any data, in any template.
+    if resume is not None and not cfg.loop.validation_only:
         check_resume(
             settings, resume.path, data_fingerprint=data_fingerprint, chat_template=tokenizer.chat_template
         )

@@ -184,7 +184,7 @@ OTHER_TOOLS_OPTIONS = {"frozen", "check", "offline", "logdir", "backend"} | {
     # accelerate launch's (docs/launchers.md); srun's --auto-resume (HyperPod) and --gpus-per-node, read up to "-"
     "config_file", "multi_gpu", "num_processes", "num_machines", "machine_rank", "main_process_ip",
     "main_process_port", "rdzv_backend", "deepspeed_multinode_launcher", "mixed_precision", "dynamo_backend",
-    "cpu", "auto", "gpus",
+    "cpu", "auto", "gpus", "overlap",  # srun --overlap (docs/launchers.md: a step beside the job's)
     "revision",  # `hf download --revision` (docs/launchers.md: pre-filling the HF cache)
     "corpus", "set",  # tools/spike_guard_replay.py's (docs/spike-guard.md)
     "with_collective", "one_group", "split", "threads", "block", "rounds",  # tools/loop_overhead.py's (docs/hangs.md)
@@ -324,3 +324,21 @@ def test_relative_paths_typed_at_a_launcher_are_taken_from_where_they_were_typed
     assert parse("--data_cache_dir", "cache").data.data_cache_dir == "cache"
     monkeypatch.delenv("DSKIT_CALLER_DIR")  # not through a launcher: the current dir is the caller's
     assert parse("--model", "dskit/out/tiny-base").model.model == "dskit/out/tiny-base"
+
+
+def test_validation_only_and_at_start_are_loop_flags_of_the_command_line_and_the_run_file(
+    tmp_path: Path,
+) -> None:
+    """#43: measure a model without training it (--validation_only), and a run's baseline at step 0."""
+    cfg = parse("--validation_only", "true", "--validation_at_start", "true")
+    assert (cfg.loop.validation_only, cfg.loop.validation_at_start) == (True, True)
+    assert (parse().loop.validation_only, parse().loop.validation_at_start) == (False, False)
+    run = tmp_path / "run.yaml"
+    run.write_text("loop:\n  validation_only: true\n")
+    cfg = parse("--config", str(run))
+    assert (
+        cfg.loop.validation_only
+        and cfg.setting("validation_only") == f"loop.validation_only (run file {run})"
+    )
+    with pytest.raises(ConfigError, match="--validation_only"):
+        parse("--validation_only", "maybe")

@@ -92,6 +92,9 @@ def test_end_lines_round_trip(prefix: str) -> None:
     why = "step 9 took 41.0 s: 10x the median (--watchdog 10)"
     stopped = step_line.stopped_line(9, "watchdog", why)
     assert step_line.parse_end(prefix + stopped) == End("watchdog", 9, detail=why)
+    validated = step_line.validated_line(24)  # --validation_only: the model measured was the step-24 one
+    assert validated == "Validated the model at step 24: nothing trained or saved"
+    assert step_line.parse_end(prefix + validated) == End(step_line.VALIDATED, 24)
 
 
 def test_lines_that_are_no_end_line() -> None:
@@ -100,6 +103,8 @@ def test_lines_that_are_no_end_line() -> None:
         STAMP + "Training tiny_qwen3 for 8 steps: 1 ranks x micro batch 1",
         STAMP + "Saving early at step 3: the next checkpoint would land too close to the time limit",
         STAMP + "Stopped at step 3 somewhere else",
+        STAMP
+        + step_line.validation_only_line("checkpoints/tiny_qwen3-24steps", 24),  # where it starts, no end
     ):
         assert step_line.parse_end(line) is None, line
 

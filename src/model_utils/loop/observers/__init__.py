@@ -47,16 +47,21 @@ def named(names: tuple[tuple[str, str], ...]) -> list[Callable[[LoopContext], Ob
 
 def build(ctx: LoopContext) -> list[Observer]:
     """The observers this run has, in calling order: the kit's, then --observers' in their order, the reporter's
-    output last (see loop/hooks.py)."""
+    output last (see loop/hooks.py). A --validation_only run trains and saves nothing, and is no attempt of the run
+    whose checkpoint it reads (its ledger): of the kit's, the watchdog and the reporter's output only."""
+    kits: list[Observer | None] = [Watchdog.from_loop(ctx)]
+    if not ctx.run.config.loop.validation_only:
+        kits += [
+            S3Uploads.from_loop(ctx),
+            HubPush.from_loop(ctx),
+            Profiler.from_loop(ctx),
+            GuardRecords(ctx.reporter),
+            Stragglers.from_loop(ctx),
+            Ledger.from_loop(ctx),
+            Samples.from_loop(ctx),
+        ]
     found = [
-        Watchdog.from_loop(ctx),
-        S3Uploads.from_loop(ctx),
-        HubPush.from_loop(ctx),
-        Profiler.from_loop(ctx),
-        GuardRecords(ctx.reporter),
-        Stragglers.from_loop(ctx),
-        Ledger.from_loop(ctx),
-        Samples.from_loop(ctx),
+        *kits,
         *_made(named(ctx.run.config.loop.observer_names), ctx),
         Reporting.from_loop(ctx),
     ]

@@ -24,8 +24,10 @@ class Reporting(Observer):
         world_size: int,
         resumed_from: str | None,
         mixture: Mixture | None = None,
+        validation_only: bool = False,
     ) -> None:
         self.reporter = reporter
+        self.validation_only = validation_only  # said in the start record: the run validates and ends
         self.logging_freq, self.max_steps, self.world_size = logging_freq, max_steps, world_size
         self.resumed_from = resumed_from  # the tag the run resumed from
         self.mixture = mixture  # a mixture's shares go in the start record and every logged step
@@ -42,6 +44,7 @@ class Reporting(Observer):
             ctx.dist.world_size,
             resume.tag if resume is not None else None,
             blocks if isinstance(blocks, Mixture) else None,
+            ctx.run.config.loop.validation_only,
         )
 
     def on_start(self, state: TrainState) -> None:
@@ -54,6 +57,7 @@ class Reporting(Observer):
                 "world_size": self.world_size,
                 "max_steps": self.max_steps,
                 **({} if self.mixture is None else {"sources": self.mixture.plan.to_dict()}),
+                **({"validation_only": True} if self.validation_only else {}),
             }
         )
 

@@ -116,3 +116,28 @@ def test_observers_that_cannot_be_imported_are_one_line_each(
         f"--observers user_observers_b:Yours: user_observers_b ({tmp_path / 'user_observers_b.py'}) has no class or "
         "function 'Yours': fix the name"
     )
+
+
+def test_a_validation_only_run_is_watched_and_reported_and_nothing_else(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--validation_only trains and saves nothing: no profile, upload, push, guard, straggler or ledger record (the
+    run whose checkpoint it reads keeps its ledger); the user's observers still see it."""
+    (tmp_path / "user_observers.py").write_text(USER_OBSERVERS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    flags = [
+        "--max_steps",
+        "4",
+        "--seq_length",
+        "32",
+        "--validation_fraction",
+        "0.003",
+        "--profile_steps",
+        "2:3",
+    ]
+    flags += ["--push_to_hub", "me/tiny", "--observers", "user_observers:Mine", "--validation_only", "true"]
+    flags += ["--data_cache_dir", str(tmp_path / "cache"), "--checkpoint_dir", str(tmp_path / "ck")]
+    run = resolver.prepare(parse_args(flags), world_size=2)
+    main = DistInfo(rank=0, local_rank=0, world_size=2, device=torch.device("cpu"))
+    ctx = LoopContext(run, main, engine=None, reporter=Reporter(tmp_path / "run.metrics.jsonl"), start_step=0)  # type: ignore[arg-type]
+    assert [type(o).__name__ for o in observers.build(ctx)] == ["Watchdog", "Mine", "Reporting"]

@@ -75,7 +75,7 @@ def test_each_point_becomes_its_record_or_line() -> None:
 def test_from_the_loop_it_reads_the_run_and_the_tag_resumed_from() -> None:
     run = types.SimpleNamespace(
         resume=types.SimpleNamespace(tag="t-4steps"),
-        config=types.SimpleNamespace(loop=types.SimpleNamespace(logging_freq=10)),
+        config=types.SimpleNamespace(loop=types.SimpleNamespace(logging_freq=10, validation_only=False)),
         max_steps=100,
         train_blocks=np.zeros((3, 4)),
     )
@@ -105,7 +105,7 @@ def test_a_mixture_puts_its_plan_in_the_start_record_and_its_shares_read_in_each
     )
     run = types.SimpleNamespace(
         resume=None,
-        config=types.SimpleNamespace(loop=types.SimpleNamespace(logging_freq=2)),
+        config=types.SimpleNamespace(loop=types.SimpleNamespace(logging_freq=2, validation_only=False)),
         max_steps=10,
         train_blocks=mix,
     )
@@ -126,3 +126,18 @@ def test_a_mixture_puts_its_plan_in_the_start_record_and_its_shares_read_in_each
     order = mix.epoch_order(0)[:20]
     assert shares == {"web": np.mean(order < 30), "code": np.mean(order >= 30)}
     assert abs(shares["web"] - 0.75) <= 2 / 20  # interleaved: within two blocks of the share
+
+
+def test_a_validation_only_run_says_so_in_its_start_record() -> None:
+    reporter = Reporter()
+    reporting = Reporting(reporter, 2, 5, 1, "t-4steps", validation_only=True)  # type: ignore[arg-type]
+    reporting.on_start(TrainState(step=4, run_id="tiny_qwen3-2"))
+    reporting.after_validation(4, VALIDATION)
+    reporting.on_end(TrainState(step=4), "validated")
+    [(_, start), validation, (_, end)] = reporter.calls
+    assert (start["step"], start["resumed_from"], start["validation_only"]) == (4, "t-4steps", True)
+    assert validation == ("log_validation", 4, VALIDATION) and end == {
+        "event": "end",
+        "step": 4,
+        "reason": "validated",
+    }
