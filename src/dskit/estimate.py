@@ -1,7 +1,8 @@
 """`dskit estimate`: per-GPU memory and per-node host RAM of a DeepSpeed ZeRO run, and a configuration that fits.
 
-The memory model itself is model_utils/resolve/memory_estimate.py (a training rank uses it to choose the default
-DeepSpeed config on CUDA); this module renders it, judges it against a machine and recommends a layout.
+The memory model itself is model_utils/engines/memory.py with each engine's estimate, and a resolved run's layout
+resolve/memory_estimate.py's (a training rank uses them to choose the default DeepSpeed config on CUDA); this
+module renders it, judges it against a machine and recommends a layout.
 """
 
 from __future__ import annotations
@@ -17,25 +18,14 @@ from typing import Any
 
 from model_utils import engines
 from model_utils.config.arguments import CHECKPOINTING_NONE, every_n_layers
+from model_utils.engines.memory import GiB, Line, MemoryEstimate, ModelShape, ZeroLayout, check_zero, estimate
 from model_utils.errors import CommandParser, ConfigError
 from model_utils.model.activation_checkpointing import checkpointed_layers
 from model_utils.resolve import memory_estimate
-from model_utils.resolve.memory_estimate import (
-    FIT_FRACTION,
-    MAX_MICRO_BATCH,
-    OFFLOADS,
-    GiB,
-    Line,
-    MemoryEstimate,
-    ModelShape,
-    ZeroLayout,
-    check_zero,
-    estimate,
-    resolve_layout,
-)
+from model_utils.resolve.memory_estimate import FIT_FRACTION, MAX_MICRO_BATCH, OFFLOADS, resolve_layout
 
-# The memory model's names the doctor and tests/unit/model/test_lora.py reach through this module (the model's
-# own tests import it: tests/unit/resolve/test_memory_estimate.py).
+# The memory estimate's names the doctor and tests/unit/model/test_lora.py reach through this module (its own
+# tests import it: tests/unit/resolve/test_memory_estimate.py, tests/unit/engines/test_memory.py).
 estimate_for_config = memory_estimate.estimate_for_config
 model_shape = memory_estimate.model_shape
 with_lora = memory_estimate.with_lora
@@ -179,7 +169,7 @@ def candidates(layout: ZeroLayout, num_layers: int) -> list[tuple[ZeroLayout, li
     Stage 0 (plain data parallel) is left out: ZeRO-1 trains as fast with a fraction of the optimizer memory.
     FSDP2 has no stages, and no offload before offloading everything (--fsdp_cpu_offload).
     """
-    engine = engines.engine_class(layout.backend)
+    engine = engines.memory_model(layout.backend)
     levels: list[str] = []
     for level in CHECKPOINTING_LEVELS:  # every_4 and every_2 of a 2-layer model are the same one layer
         if not levels or checkpointed_layers(num_layers, level) > checkpointed_layers(num_layers, levels[-1]):
@@ -215,7 +205,7 @@ def recommend(shape: ModelShape, layout: ZeroLayout, cap: Capacity) -> Recommend
         )
     batches = [2**k for k in range(int(math.log2(MAX_MICRO_BATCH)) + 1)]
     nearest_faster: str | None = None  # why the layout just faster than the chosen one does not fit
-    zero_stages = engines.engine_class(layout.backend).zero_stages
+    zero_stages = engines.memory_model(layout.backend).zero_stages
     for base, selection in candidates(layout, shape.num_layers):
         checkpointing = base.activation_checkpointing
         smallest = estimate(shape, dataclasses.replace(base, micro_batch_size=1))
@@ -578,7 +568,7 @@ def main(argv: list[str]) -> int:
     if ns.zero_stage is not None:  # fail before loading the model; stages from the file are checked later
         offload = ns.offload or "none"
         check_zero(ns.zero_stage, offload != "none", offload == "optimizer+params")
-    if not engines.engine_class(ns.backend).zero_stages and (
+    if not engines.memory_model(ns.backend).zero_stages and (
         ns.zero_stage is not None or ns.offload is not None
     ):
         flag = "--zero_stage" if ns.zero_stage is not None else "--offload"

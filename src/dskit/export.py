@@ -52,7 +52,7 @@ from model_utils.model import lora
 from model_utils.storage import file_manifest
 
 if TYPE_CHECKING:
-    from model_utils.engines.base import Engine
+    from model_utils.engines.base import CheckpointFormat
 
 DTYPES = ("bf16", "fp32")
 
@@ -79,7 +79,7 @@ def resolve_tag(checkpoint: Path) -> tuple[Path, str]:
     return target.load_dir, target.tag
 
 
-def _check_tag(tag_dir: Path) -> tuple[type[Engine], Path]:
+def _check_tag(tag_dir: Path) -> tuple[type[CheckpointFormat], Path]:
     """The engine that wrote the tag and the tag's hf_config dir, after checking the tag is complete (its
     manifest verifies) and exportable."""
     from model_utils.checkpoint.protocol import HF_CONFIG_DIR
@@ -95,7 +95,7 @@ def _check_tag(tag_dir: Path) -> tuple[type[Engine], Path]:
             f"checkpoint {tag_dir} holds no training engine's files ({', '.join(engines.NAMES)} wrote none of "
             "them): export a tag of a dskit run"
         )
-    engine = engines.engine_class(name)
+    engine = engines.checkpoint_format(name)
     engine.check_exportable(tag_dir)
     hf_config = tag_dir / HF_CONFIG_DIR
     if not (hf_config / "config.json").is_file():

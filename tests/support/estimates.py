@@ -1,9 +1,10 @@
-"""ZeRO layouts for the memory estimate's tests (the runtime's model in resolve/memory_estimate.py and the
-`dskit estimate` command that renders it): the `shapes` fixture is in tests/unit/conftest.py."""
+"""ZeRO layouts for the memory estimate's tests (the runtime's model in engines/memory.py and each engine's module,
+a run's estimate in resolve/memory_estimate.py, the `dskit estimate` command that renders it): the `shapes` fixture
+is in tests/unit/conftest.py."""
 
 from __future__ import annotations
 
-from model_utils.resolve.memory_estimate import ZeroLayout
+from model_utils.engines.memory import ZeroLayout
 
 
 def layout(stage: int, offload: str, **kw) -> ZeroLayout:

@@ -68,7 +68,7 @@ class BenchEngine:
     def __init__(self, rank: int, shard_bytes: int) -> None:
         from model_utils import engines
 
-        self.rank, self.engine_type = rank, engines.engine_class(self.LAYOUT)
+        self.rank, self.engine_type = rank, engines.checkpoint_format(self.LAYOUT)
         self.payload = os.urandom(shard_bytes)  # generated before the clock starts
 
     def save(self, tag_dir: Path, client_state: dict[str, Any]) -> None:

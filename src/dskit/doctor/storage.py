@@ -41,7 +41,7 @@ def check_disk(cfg: TrainConfig, n_params: int | None, half_precision: bool) -> 
     if n_params is None:
         return Result(name, Status.WARN, "could not count the model's parameters (see 'host RAM')", "")
     # What a tag holds per parameter is the engine's (weights, fp32 masters, Adam's moments).
-    per_param = engines.engine_class(cfg.optim.backend).checkpoint_bytes_per_param(half_precision)
+    per_param = engines.checkpoint_format(cfg.optim.backend).checkpoint_bytes_per_param(half_precision)
     per_checkpoint = n_params * per_param
     copies = cfg.checkpoint.keep_checkpoints + 1
     needed = per_checkpoint * copies

@@ -144,7 +144,7 @@ def check_resume(
     trains with (its tokenizer's: a string, a dict of named ones, or None). The lr schedule is compared by the
     resolver (ScheduleSpec.resume_line)."""
     # The other engines are asked (imported) only when the run's own does not recognise the tag.
-    if backend is not None and not engines.engine_class(backend).owns_tag(tag_dir):
+    if backend is not None and not engines.checkpoint_format(backend).owns_tag(tag_dir):
         saved_backend = engines.engine_of_tag(tag_dir)
         if saved_backend is not None:
             raise ConfigError(
@@ -189,7 +189,7 @@ def _weights_only(
     """Why the checkpoint's optimizer state cannot be loaded into this run (None: it can)."""
     resolved = launch.get("resolved", {})
     saved_stage = _saved_zero_stage(launch)
-    sharded_by_stage = backend is not None and engines.engine_class(backend).zero_stages
+    sharded_by_stage = backend is not None and engines.memory_model(backend).zero_stages
     # Each ZeRO stage lays the optimizer state out in its own files (ZeRO-3 the weights too): DeepSpeed loads
     # none of another stage's, so the weights come from the consolidated masters (DeepSpeedEngine.load).
     if sharded_by_stage and zero_stage is not None and saved_stage is not None and saved_stage != zero_stage:

@@ -5,7 +5,7 @@ inside the directory it is handed, and answers for its own files (which tag it w
 another world size), so every engine gets the same guarantees.
 
 Save: every rank writes into a staging dir `.staging-<tag>` and checksums its own files right after writing them
-(the engine names each rank's shards: Engine.writer_rank); the ranks' checksums are gathered with their outcome
+(each rank's shards named by the engine: writer_rank); the ranks' checksums are gathered with their outcome
 (also the barrier), and rank 0 writes a manifest of every file's size and checksum (hashing only the files no rank
 claimed), renames the staging dir to `<tag>` (atomic), and only then replaces `latest` (temp file,
 fsync, rename). An engine's own `latest` (DeepSpeed's is a plain open() before its last barrier) is never used, so a crash
@@ -43,7 +43,7 @@ import torch
 
 from model_utils import engines
 from model_utils.checkpoint import launch_record
-from model_utils.engines.base import Engine
+from model_utils.engines.base import CheckpointFormat, Engine
 from model_utils.errors import CheckpointSaveFailed, ConfigError, first_line
 from model_utils.launch import launch_env
 from model_utils.observe import step_line
@@ -162,9 +162,9 @@ def select_resume(checkpoint_dir: str, resume_from: str | None) -> ResumeTarget 
     return target
 
 
-def writer_rank(engine: type[Engine] | Engine | None, rel: str) -> int | None:
+def writer_rank(engine: type[CheckpointFormat] | CheckpointFormat | None, rel: str) -> int | None:
     """The rank that wrote a tag's file `rel`: the protocol's own files (RNG states; rank 0's hf_config/ and
-    launch.json), else the engine's shards (Engine.writer_rank); None when unknown."""
+    launch.json), else the engine's shards (CheckpointFormat.writer_rank; a built engine's too); None if unknown."""
     if (m := _RNG_RE.match(rel)) is not None:
         return int(m[1])
     if rel == LAUNCH_FILE or rel.startswith(f"{HF_CONFIG_DIR}/"):
@@ -206,15 +206,15 @@ def verify_in_parallel(checkpoint_dir: str, resume_from: str | None = None) -> N
             return  # verified everywhere, or as far as the ranks can see it: rank 0's check finishes it
 
 
-def _verifier(engine_type: type[Engine] | None, rel: str, index: int, world: int) -> int:
+def _verifier(engine_type: type[CheckpointFormat] | None, rel: str, index: int, world: int) -> int:
     """The rank that checks a file at resume: its writer (whose node may still cache it), else one by turns."""
     writer = writer_rank(engine_type, rel)
     return (index if writer is None else writer) % world
 
 
-def _engine_type(tag_dir: Path) -> type[Engine] | None:
+def _engine_type(tag_dir: Path) -> type[CheckpointFormat] | None:
     name = engines.engine_of_tag(tag_dir)
-    return None if name is None else engines.engine_class(name)
+    return None if name is None else engines.checkpoint_format(name)
 
 
 # --- saving ---------------------------------------------------------------------------------------------
@@ -394,7 +394,7 @@ def rotate(
     keep: int,
     protect: set[str],
     keep_every: int | None = None,
-    engine: type[Engine] | None = None,
+    engine: type[CheckpointFormat] | None = None,
 ) -> list[str]:
     """Delete all but the newest `keep` complete tags; never a protected one (e.g. the one resumed from), nor,
     with `keep_every`, one whose step is a multiple of it (kept permanently). `engine`: the run's, whose copies
@@ -424,7 +424,7 @@ def _source_id(source: Path) -> str:
 
 
 def convert_universal(
-    engine: type[Engine] | Engine, source: ResumeTarget, root: Path
+    engine: type[CheckpointFormat] | CheckpointFormat, source: ResumeTarget, root: Path
 ) -> tuple[ResumeTarget, float | None]:
     """Rank 0: the universal copy of `source` in `root` (named by engine.converted_tag), converted once by the
     engine with the save's crash-safe protocol (staging dir, manifest, atomic rename) and reused while it

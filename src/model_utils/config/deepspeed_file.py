@@ -58,7 +58,7 @@ def default_in_use(cfg: TrainConfig) -> bool:
 
 def gpu_only_config(cfg: TrainConfig) -> str | None:
     """The GPU-only sibling of the run's engine's default config (see default_in_use), if it has one."""
-    return engines.engine_class(cfg.optim.backend).gpu_only_config
+    return engines.config_rules(cfg.optim.backend).gpu_only_config
 
 
 def given(cfg: TrainConfig, gpu_only: bool = False) -> tuple[str, dict[str, Any]]:
@@ -67,7 +67,7 @@ def given(cfg: TrainConfig, gpu_only: bool = False) -> tuple[str, dict[str, Any]
     resolution's choice on CUDA ranks, the default's GPU-only sibling)."""
     if cfg.deepspeed_inline is not None:
         return f"the run file {cfg.run_file}'s deepspeed section", json.loads(cfg.deepspeed_inline)
-    engine = engines.engine_class(cfg.optim.backend)
+    engine = engines.config_rules(cfg.optim.backend)
     path = cfg.optim.deepspeed_config if "deepspeed_config" in cfg.explicit else engine.default_config
     if gpu_only:
         assert default_in_use(cfg) and engine.gpu_only_config, (

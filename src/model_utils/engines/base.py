@@ -1,10 +1,9 @@
-"""The engine seam: what the trainer, the checkpoint protocol and the tools need of a training engine.
-
-DeepSpeed (deepspeed_engine.py) and PyTorch FSDP2 (fsdp_engine.py, --backend fsdp) implement it; the registry
-(engines/__init__.py) names them. The crash-safe checkpoint protocol (staging, manifest, atomic rename, `latest`,
-verified resume, rotation, S3) sits above this seam in checkpoint/protocol.py, so another engine only has to write
-and read its own sharded state inside the directory it is given. What an engine knows without being built (its
-checkpoint files, its conversions, its memory model) is class-level: static and class methods, class attributes.
+"""The engine seam, one small protocol per concern: `Engine`, a built engine (the trainer's step, this rank's state);
+`ConfigRules`, what the resolver settles before building; `CheckpointFormat`, a tag's files read without an engine;
+`MemoryModel`, the memory a layout takes. Each engine implements all four in one class (deepspeed_engine.py,
+fsdp_engine.py): its instances are the Engine, the class itself the other three, so a built engine answers those too
+(`type(engine).reshards_on_load`). The registry (engines/__init__.py) hands each caller the one it needs. The
+crash-safe checkpoint protocol sits above (checkpoint/protocol.py): an engine only handles its own files.
 """
 
 from __future__ import annotations
@@ -19,60 +18,41 @@ if TYPE_CHECKING:
     from model_utils.data.step_batches import Batch
 
 
+class Run(Protocol):
+    """What an engine reads of the run it is built from: resolve.resolver.ResolvedRun, which sits above engines/
+    (`settings.train` is its resolve.train_settings.TrainSettings: optim, schedule, precision, fsdp_cpu_offload)."""
+
+    settings: Any
+    max_steps: int | None
+    loads_schedule_state: bool  # False: a resume onto another --lr_schedule (load() leaves its state out)
+
+    def deepspeed_config(self) -> dict[str, Any]: ...
+
+
 class Engine(Protocol):
+    """The training step (the trainer), this rank's state (the checkpoint protocol), and building."""
+
     module: torch.nn.Module  # the model being trained (for export and for counting parameters)
-    # True: load() reads a checkpoint of any world size, optimizer state included (FSDP's DCP); False: one of
-    # another world size is rewritten by convert_universal first (DeepSpeed).
-    reshards_on_load: ClassVar[bool]
-    # True: the engine shards by ZeRO stage (0-3) with optimizer and parameter offload, as the memory model's
-    # layout says (memory_estimate.check_zero); False: it shards everything, with one switch to offload it all.
-    zero_stages: ClassVar[bool]
-    # The DeepSpeed-format config the engine trains with when none is given, and the default's GPU-only sibling
-    # that CUDA ranks pick where the memory estimate fits (None: the engine has none).
-    default_config: ClassVar[str]
-    gpu_only_config: ClassVar[str | None]
-    # True: the model is built in fp32, its sharded parameters being the master weights (FSDP); False: in the
-    # training precision, the engine keeping fp32 masters in its optimizer (DeepSpeed).
-    model_in_fp32: ClassVar[bool]
-
-    # --- the config (resolve/train_settings.py), before anything is built ---
+    title: ClassVar[str]  # the engine as the log names it ("DeepSpeed", "FSDP2")
 
     @staticmethod
-    def check_config(ds: dict[str, Any], path: str) -> None:
-        """Refuse, in one line, what a DeepSpeed-format config asks that this engine would silently not honour."""
+    def runs_schedule(implementation: str) -> str:
+        """How this engine runs the lr scheduler class `implementation` (ScheduleSpec.implementation), for the
+        schedule's line in the log and `dskit config`."""
         ...
 
     @staticmethod
-    def discards_nonfinite_steps(ds: dict[str, Any], precision: str) -> bool:
-        """Whether the engine throws a step with non-finite gradients away whole, under the checked config `ds`
-        (the spike guard's skip relies on it)."""
-        ...
-
-    @staticmethod
-    def jit_ops(ds: dict[str, Any], device_type: str) -> tuple[str, ...]:
-        """The DeepSpeed op builders (class names, e.g. "CPUAdamBuilder") the engine JIT-loads when it trains
-        under the checked config `ds` on ranks of `device_type` ("cpu", "cuda"); the registry's jit_ops adds the
-        process group's."""
-        ...
-
-    # --- building (trainer.create_engine); `run` is the resolved run (resolve.resolver.ResolvedRun) ---
-
-    @staticmethod
-    def prepare_model(model: torch.nn.Module, run: Any, device: torch.device) -> torch.nn.Module:
+    def prepare_model(model: torch.nn.Module, run: Run, device: torch.device) -> torch.nn.Module:
         """The model as the engine trains it, before anything holds its parameters (the optimizer's groups are
         built from what this returns): FSDP shards it, DeepSpeed leaves it as it is."""
         ...
 
     @classmethod
     def from_run(
-        cls,
-        model: torch.nn.Module,
-        run: Any,
-        device: torch.device,
-        param_groups: list[dict[str, Any]],
+        cls, model: torch.nn.Module, run: Run, device: torch.device, param_groups: list[dict[str, Any]]
     ) -> Engine:
-        """The engine for the resolved run (its optimizer and lr schedule: run.settings.train), around the
-        prepared model, training `param_groups`."""
+        """The engine for the run (its optimizer and lr schedule), around the prepared model, training
+        `param_groups`."""
         ...
 
     def train_step(
@@ -147,7 +127,48 @@ class Engine(Protocol):
         convert_universal (a checkpoint of another world size)."""
         ...
 
-    # --- a checkpoint tag's files, without an engine (checkpoint/protocol.py, dskit export, dskit doctor) ---
+    def close(self) -> None:
+        """Release the engine's hooks and buffers (another engine may be built in this process next)."""
+        ...
+
+
+class ConfigRules(Protocol):
+    """What an engine makes of a DeepSpeed-format config, before anything is built (resolve/train_settings.py,
+    config/deepspeed_file.py, the registry's jit_ops)."""
+
+    # The DeepSpeed-format config the engine trains with when none is given, and the default's GPU-only sibling
+    # that CUDA ranks pick where the memory estimate fits (None: the engine has none).
+    default_config: ClassVar[str]
+    gpu_only_config: ClassVar[str | None]
+    # True: the model is built in fp32, its sharded parameters being the master weights (FSDP); False: in the
+    # training precision, the engine keeping fp32 masters in its optimizer (DeepSpeed).
+    model_in_fp32: ClassVar[bool]
+
+    @staticmethod
+    def check_config(ds: dict[str, Any], path: str) -> None:
+        """Refuse, in one line, what a DeepSpeed-format config asks that this engine would silently not honour."""
+        ...
+
+    @staticmethod
+    def discards_nonfinite_steps(ds: dict[str, Any], precision: str) -> bool:
+        """Whether the engine throws a step with non-finite gradients away whole, under the checked config `ds`
+        (the spike guard's skip relies on it)."""
+        ...
+
+    @staticmethod
+    def jit_ops(ds: dict[str, Any], device_type: str) -> tuple[str, ...]:
+        """The DeepSpeed op builders (class names, e.g. "CPUAdamBuilder") the engine JIT-loads when it trains
+        under the checked config `ds` on ranks of `device_type` ("cpu", "cuda"); the registry's jit_ops adds the
+        process group's."""
+        ...
+
+
+class CheckpointFormat(Protocol):
+    """A checkpoint tag's files as this engine writes them, read without an engine."""
+
+    # True: load() reads a checkpoint of any world size, optimizer state included (FSDP's DCP); False: one of
+    # another world size is rewritten by convert_universal first (DeepSpeed).
+    reshards_on_load: ClassVar[bool]
 
     @staticmethod
     def owns_tag(tag_dir: Path) -> bool:
@@ -195,11 +216,18 @@ class Engine(Protocol):
         """Bytes one parameter takes in a tag (weights, masters, optimizer state), for the doctor's disk check."""
         ...
 
-    # --- the memory model (resolve/memory_estimate.py); the layout's `backend` names the engine ---
+
+class MemoryModel(Protocol):
+    """GPU memory and host RAM of a run laid out for this engine: memory.py's types (`Any` here: memory.py imports the
+    registry, which imports this module), a ModelShape in a ZeroLayout (naming its engine) taking a MemoryEstimate."""
+
+    # True: the engine shards by ZeRO stage (0-3) with optimizer and parameter offload, as the layout says
+    # (memory.check_zero); False: it shards everything, with one switch to offload it all.
+    zero_stages: ClassVar[bool]
 
     @staticmethod
-    def estimate_memory(shape: Any, layout: Any) -> Any:
-        """memory_estimate.MemoryEstimate of a ModelShape trained in a ZeroLayout by this engine."""
+    def estimate_memory(m: Any, lay: Any) -> Any:
+        """The memory a model of shape `m` takes trained in layout `lay` by this engine."""
         ...
 
     @staticmethod
@@ -211,19 +239,4 @@ class Engine(Protocol):
     def layout_flags(layout: Any) -> list[str] | None:
         """The training flags that select the layout's sharding and offload (a shipped config, a switch), or None
         where the kit ships nothing that does: `dskit estimate` recommends only layouts these select."""
-        ...
-
-    # --- the log's words for what trains ---
-
-    # The engine as the log names it ("DeepSpeed", "FSDP2").
-    title: ClassVar[str]
-
-    @staticmethod
-    def runs_schedule(implementation: str) -> str:
-        """How this engine runs the lr scheduler class `implementation` (ScheduleSpec.implementation), for the
-        schedule's line in the log and `dskit config`."""
-        ...
-
-    def close(self) -> None:
-        """Release the engine's hooks and buffers (another engine may be built in this process next)."""
         ...

@@ -1,7 +1,7 @@
 """DeepSpeed behind the engine seam (base.py), `--backend deepspeed`: ZeRO stages, offload and precision come from its
-config. Everything DeepSpeed-specific outside training itself lives here too: the files of its checkpoint tags, the
-conversion of a tag for another world size (its universal layout), reading a tag's full weights for `dskit
-export`, and which memory model and checkpoint size apply.
+config. DeepSpeedEngine implements every protocol of the seam: the step, what it reads of a config, its checkpoint
+format (the files of its tags, the conversion of a tag for another world size into its universal layout, reading a
+tag's full weights for `dskit export`) and its memory model (ZeRO's model states and buffers: estimate_zero).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from model_utils.config.deepspeed_file import get
-from model_utils.engines import deepspeed_config, generation, step_loss
+from model_utils.engines import deepspeed_config, generation, memory, step_loss
+from model_utils.engines.memory import Line, MemoryEstimate, ModelShape, ZeroLayout
 from model_utils.errors import ConfigError
 from model_utils.launch import startup
 from model_utils.model import kernels
@@ -26,8 +27,7 @@ from model_utils.optim import schedules
 
 if TYPE_CHECKING:
     from model_utils.data.step_batches import Batch
-    from model_utils.resolve.memory_estimate import MemoryEstimate, ModelShape, ZeroLayout
-    from model_utils.resolve.resolver import ResolvedRun
+    from model_utils.engines.base import Run
 
 # DeepSpeed's global timers (deepspeed.utils.timer): summed over the micro-batches of one optimizer step, and
 # reset at its accumulation boundary. Its *_microstep timers hold the last micro-batch only.
@@ -113,11 +113,147 @@ def jit_ops(ds: dict[str, Any], device_type: str) -> tuple[str, ...]:
     return tuple(ops)
 
 
+# --- the memory model: ZeRO's model states and buffers (the rest: memory.py) ---
+
+
+def _elements(n: int) -> str:
+    """An element count as DeepSpeed configs write it: 500000000 -> '5e8'."""
+    mantissa, exponent = f"{n:e}".split("e")
+    return f"{float(mantissa):g}e{int(exponent)}"
+
+
+def _pinned(nbytes: int, pin: bool) -> int:
+    # PyTorch's CachingHostAllocator rounds every pinned allocation up to a power of two (its default
+    # pinned_max_round_threshold), so a 149 MB fp32 partition locks 256 MiB.
+    return 1 << (nbytes - 1).bit_length() if pin and nbytes > 1 else nbytes
+
+
+def _pinned_subgroups(numel: int, bytes_per: int, sub_group_size: int, pin: bool) -> int:
+    """ZeRO-3 allocates its per-partition CPU buffers per sub-group of at most sub_group_size elements."""
+    full, rest = divmod(numel, max(sub_group_size, 1))
+    return full * _pinned(sub_group_size * bytes_per, pin) + _pinned(rest * bytes_per, pin)
+
+
+def estimate_zero(m: ModelShape, lay: ZeroLayout) -> MemoryEstimate:
+    """DeepSpeed ZeRO (--backend deepspeed) at any stage and offload: what DeepSpeed 0.19 allocates
+    (runtime/zero/stage_1_and_2.py, stage3.py) for a model built in full in every process (no zero.Init) and AdamW.
+    The model states follow DeepSpeed's own estimators (estimate_zero2/3_model_states_mem_needs) within 10% for
+    the configurations tests/unit/engines/test_deepspeed_engine.py compares; each place that counts differently
+    says why."""
+    P, N, b = m.total_params, lay.world_size, lay.dtype_bytes
+    part = memory.ceil_div(P, N)  # each rank's partition of the flat parameter buffer
+    L, big = m.largest_layer_params, m.largest_param
+    off_opt = lay.offload_optimizer
+    # The parameters that hold gradients and optimizer states: all, or under LoRA the adapters alone (the frozen
+    # base reaches no optimizer group). Parameters themselves (the bf16 base) count in full either way.
+    lora = m.trainable_params is not None
+    full_params, full_part = P, part
+    if lora:
+        assert m.trainable_params is not None and m.largest_trainable_param is not None
+        P, part = m.trainable_params, memory.ceil_div(m.trainable_params, N)
+        L, big = min(L, P), m.largest_trainable_param  # a layer's gradient: at most the trainable ones
+
+    # --- parameters, gradients, optimizer states on the GPU ---
+    # Optimizer states are the fp32 master weights and Adam's m and v: 12 bytes per parameter of the partition.
+    # Gradients include the fp32 copy DeepSpeed makes of the partition's gradients for the step (4 bytes), as
+    # DeepSpeed's estimators count it (their "18 = 2 + 4 + 4 + 8").
+    if lay.stage == 3:
+        # Parameters under stage3_param_persistence_threshold (norms) stay whole on every rank: well under 1%
+        # of a real model, and left out as DeepSpeed's estimator leaves them out.
+        params = (0 if lay.offload_params else b * full_part) + b * m.largest_layer_params
+        params_how = f"{'' if lay.offload_params else '1/' + str(N) + ' partition + '}largest layer gathered"
+        # The fp32 copy of the partition's gradients exists only during the step, when no layer is gathered,
+        # so the larger of the two counts. DeepSpeed's estimator counts 18 bytes per partitioned parameter and
+        # leaves out the bf16 parameter partition itself (it does count it when the optimizer is offloaded).
+        grads = (0 if off_opt else b * part) + max(b * L, 0 if off_opt else 4 * part)
+        grads_how = "largest layer's" + ("" if off_opt else f" or the fp32 step copy, + 1/{N} partition")
+    else:
+        params, params_how = b * full_params, "whole model on every GPU"
+        if lay.stage == 0:
+            grads, grads_how = (b + 4) * P, "whole model, bf16 and fp32"
+        elif lay.stage == 1:
+            grads = b * P + (0 if off_opt else 4 * part)
+            grads_how = "whole model (ZeRO-1 does not partition them)" + (
+                "" if off_opt else " + fp32 partition"
+            )
+        else:
+            grads = 0 if off_opt else (b + 4) * part
+            grads_how = "reduced into the CPU partition" if off_opt else f"1/{N} partition, bf16 and fp32"
+    if lay.stage == 0:
+        optim, optim_how = 12 * P, "fp32 master + Adam m, v, whole model"
+    elif off_opt:
+        optim, optim_how = 0, "on the CPU"
+    else:
+        optim, optim_how = 12 * part, f"fp32 master + Adam m, v of a 1/{N} partition"
+
+    # --- DeepSpeed's buffers ---
+    if lay.stage == 3:
+        # One reduce bucket per dtype (stage3.py), and the parameters prefetched ahead of the running layer.
+        buffers = (
+            b * lay.reduce_bucket_size if lay.contiguous_gradients else 0
+        ) + b * lay.prefetch_bucket_size
+        buffers_how = f"reduce bucket {_elements(lay.reduce_bucket_size)}, prefetch {_elements(lay.prefetch_bucket_size)}"
+    else:
+        contiguous = lay.contiguous_gradients or off_opt  # DeepSpeed forces contiguous gradients with offload
+        if lay.stage == 0 or not contiguous:
+            n_buckets, bucket_numel = 1, min(P, lay.reduce_bucket_size)
+        else:
+            n_buckets, bucket_numel = (2 if lay.overlap_comm else 1), lay.reduce_bucket_size
+        # The largest gradient exists once outside the bucket before it is copied in; with offload it is staged
+        # through a GPU buffer of the same size. The all-gather after the step works in place in the flat
+        # parameter buffer (all_gather_into_tensor over NCCL), so allgather_bucket_size costs nothing extra.
+        buffers = n_buckets * b * bucket_numel + b * big + (b * big if off_opt else 0)
+        buffers_how = f"reduce buckets {n_buckets} x {_elements(bucket_numel)}, largest gradient" + (
+            ", offload staging" if off_opt else ""
+        )
+        buffers_how += "; all-gather in place"
+
+    states = (
+        Line("parameters", params, params_how),
+        Line("gradients", grads, grads_how),
+        Line("optimizer states", optim, optim_how),
+        Line("buffers", buffers, buffers_how),
+    )
+
+    # --- host RAM per node ---
+    P = full_params  # the build holds the whole model
+    ranks = lay.ranks_per_node
+    pin = lay.pin_memory
+    # DeepSpeed's estimators assume the fp32 model built on the CPU in every process (their "4 * n_gpus"),
+    # true for presets; a pretrained model is loaded directly in bf16, so it takes half that.
+    build = int(ranks * m.build_bytes_per_param * P * memory.BUILD_BUFFER_FACTOR)
+    per_rank, offload_how = 0, ""
+    if lay.stage in (1, 2) and off_opt:
+        # stage_1_and_2.py: pinned fp32 master partition, a pinned bf16 copy of it, pinned fp32 gradients and a
+        # pinned staging buffer of the largest parameter; CPU Adam's m and v are ordinary memory. DeepSpeed's
+        # estimator counts 16 bytes per parameter and leaves out the bf16 copy and the staging buffer.
+        per_rank = (
+            _pinned(4 * part, pin) + _pinned(b * part, pin) + _pinned(4 * part, pin) + _pinned(b * big, pin)
+        ) + 8 * part
+        if lay.gradient_accumulation_steps > 1:
+            per_rank += _pinned(b * part, pin)  # gradients accumulated on the CPU between boundaries
+        offload_how = "fp32 master, its bf16 copy, fp32 grads, staging buffer, Adam m and v"
+    elif lay.stage == 3 and (off_opt or lay.offload_params):
+        sub = lay.sub_group_size
+        if off_opt:
+            # stage3.py: fp32 master and Adam m, v in ordinary memory; pinned fp32 gradients per sub-group and
+            # the pinned bf16 gradient partition. DeepSpeed's estimator counts 16 bytes (18 with parameters).
+            per_rank += 12 * part + _pinned_subgroups(part, 4, sub, pin) + _pinned(b * part, pin)
+            offload_how = "fp32 master, Adam m and v, fp32 and bf16 grads"
+        if lay.offload_params:
+            per_rank += _pinned(b * full_part, pin)
+            offload_how += (", " if offload_how else "") + "bf16 parameters"
+    offload = ranks * per_rank
+    pinned_note = "; pinned ones rounded up to 2^n bytes" if pin and offload else ""
+    build_how = f"{m.total_params / 1e6:.2f}M params x {m.build_bytes_per_param} B"
+    return memory.estimate_of(m, lay, states, (build, build_how), (offload, f"{offload_how}{pinned_note}"))
+
+
 class DeepSpeedEngine:
     title = "DeepSpeed"
     # A checkpoint of another world size goes through convert_universal first (trainer._load).
     reshards_on_load = False
-    # ZeRO stages 0-3, with optimizer and parameter offload (memory_estimate.check_zero).
+    # ZeRO stages 0-3, with optimizer and parameter offload (memory.check_zero).
     zero_stages = True
     default_config = "deepspeed/ds_config.json"  # ZeRO-2, optimizer offloaded to the CPU
     gpu_only_config = "deepspeed/ds_config_gpu.json"  # ZeRO-2, no offload: CUDA ranks where it fits
@@ -137,13 +273,8 @@ class DeepSpeedEngine:
     def check_config(ds: dict[str, Any], path: str) -> None:
         """DeepSpeed reads every key of its own config: its checks run for both engines (deepspeed_config.check)."""
 
-    @staticmethod
-    def discards_nonfinite_steps(ds: dict[str, Any], precision: str) -> bool:
-        return deepspeed_config.discards_nonfinite_steps(ds, precision)
-
-    @staticmethod
-    def jit_ops(ds: dict[str, Any], device_type: str) -> tuple[str, ...]:
-        return jit_ops(ds, device_type)
+    discards_nonfinite_steps = staticmethod(deepspeed_config.discards_nonfinite_steps)
+    jit_ops = staticmethod(jit_ops)
 
     def __init__(
         self,
@@ -171,14 +302,14 @@ class DeepSpeedEngine:
         self._loads_schedule_state = True
 
     @staticmethod
-    def prepare_model(model: torch.nn.Module, run: ResolvedRun, device: torch.device) -> torch.nn.Module:
+    def prepare_model(model: torch.nn.Module, run: Run, device: torch.device) -> torch.nn.Module:
         return model  # deepspeed.initialize partitions the model itself
 
     @classmethod
     def from_run(
         cls,
         model: torch.nn.Module,
-        run: ResolvedRun,
+        run: Run,
         device: torch.device,
         param_groups: list[dict[str, Any]],
     ) -> DeepSpeedEngine:
@@ -450,13 +581,9 @@ class DeepSpeedEngine:
     def checkpoint_bytes_per_param(half_precision: bool) -> int:
         return _CHECKPOINT_BYTES_PER_PARAM[half_precision]
 
-    # --- the memory model (resolve/memory_estimate.py) ---
+    # --- the memory model (estimate_zero above, memory.py) ---
 
-    @staticmethod
-    def estimate_memory(shape: ModelShape, layout: ZeroLayout) -> MemoryEstimate:
-        from model_utils.resolve import memory_estimate
-
-        return memory_estimate.estimate_zero(shape, layout)
+    estimate_memory = staticmethod(estimate_zero)
 
     @staticmethod
     def runs_schedule(implementation: str) -> str:

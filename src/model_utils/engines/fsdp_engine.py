@@ -10,7 +10,7 @@ kit's LambdaLR for wsd/linear, schedules.py), so both engines train the same lr.
 DeepSpeed-format config asks that this engine would not honour. A checkpoint is Distributed Checkpoint (DCP)
 shards of model and optimizer in `dcp/` plus one small torch file of the scheduler and the client state, written
 by rank 0; DCP reshards on load, so a resume on another world size needs no conversion. `dskit export` reads those shards
-here too (read_full_state_dict).
+here too (read_full_state_dict). Its memory model: estimate_fsdp.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 from model_utils.compat import transformers_internals
-from model_utils.engines import generation, step_loss
+from model_utils.engines import generation, memory, step_loss
+from model_utils.engines.memory import Line, MemoryEstimate, ModelShape, ZeroLayout
 from model_utils.errors import ConfigError, first_line
 from model_utils.optim import schedules
 from model_utils.optim.schedules import ScheduleSpec
@@ -55,8 +56,7 @@ DEFAULT_BETAS, DEFAULT_EPS, DEFAULT_WEIGHT_DECAY = (0.9, 0.999), 1e-8, 0.01
 
 if TYPE_CHECKING:
     from model_utils.data.step_batches import Batch
-    from model_utils.resolve.memory_estimate import MemoryEstimate, ModelShape, ZeroLayout
-    from model_utils.resolve.resolver import ResolvedRun
+    from model_utils.engines.base import Run
 
 # A tag's files: DCP shards of model and optimizer in dcp/ (one .distcp file per rank and DCP's .metadata), and
 # rank 0's small file of scheduler and client state.
@@ -91,6 +91,45 @@ def shard(model: torch.nn.Module, device: torch.device, bf16: bool, cpu_offload:
 
 def _hf_model(model: torch.nn.Module) -> Any:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def estimate_fsdp(m: ModelShape, lay: ZeroLayout) -> MemoryEstimate:
+    """FSDP2 (--backend fsdp), kept simple: every rank holds 1/N of the fp32 master parameters, their fp32
+    gradients and Adam's m and v (16 bytes per trainable parameter / N; LoRA: the frozen base's 4 bytes / N only),
+    plus, during compute, the running decoder layer and the prefetched next one gathered in the compute dtype,
+    and the running layer's unsharded fp32 gradient before its reduce-scatter. With accumulation the unsharded
+    gradients of the whole model stay between micro-batches (no reduce until the last). --fsdp_cpu_offload moves
+    the shards (parameters, gradients, optimizer) to host RAM; the gathered layers stay on the GPU."""
+    P, N, b = m.total_params, lay.world_size, lay.dtype_bytes
+    T = m.trainable_params if m.trainable_params is not None else P
+    L = m.largest_layer_params
+    off = lay.offload_optimizer
+    shard_p, shard_t = memory.ceil_div(P, N), memory.ceil_div(T, N)
+    params = (0 if off else 4 * shard_p) + 2 * b * L
+    params_how = ("" if off else f"fp32 1/{N} shard + ") + "2 layers gathered (running, prefetched)"
+    grads = (0 if off else 4 * shard_t) + 4 * min(L, T)
+    grads_how = ("" if off else f"fp32 1/{N} shard + ") + "the running layer's unsharded fp32 gradient"
+    if lay.gradient_accumulation_steps > 1:
+        grads += b * T
+        grads_how += "; unsharded gradients kept between micro-batches"
+    optim = 0 if off else 8 * shard_t
+    optim_how = "on the CPU" if off else f"Adam m, v of a 1/{N} shard (the shard is the fp32 master)"
+    states = (
+        Line("parameters", params, params_how),
+        Line("gradients", grads, grads_how),
+        Line("optimizer states", optim, optim_how),
+        Line("buffers", 0, "FSDP2's all-gather and reduce-scatter buffers are the layers counted above"),
+    )
+    ranks = lay.ranks_per_node
+    build = int(ranks * 4 * P * memory.BUILD_BUFFER_FACTOR)  # built in fp32 on every rank before sharding
+    offload = ranks * (4 * shard_p + 12 * shard_t) if off else 0
+    return memory.estimate_of(
+        m,
+        lay,
+        states,
+        (build, f"{P / 1e6:.2f}M params x 4 B"),
+        (offload, "fp32 shard, its gradients, Adam m and v"),
+    )
 
 
 class FsdpEngine:
@@ -144,7 +183,7 @@ class FsdpEngine:
         self._grad_norm: float | None = None
 
     @staticmethod
-    def prepare_model(model: torch.nn.Module, run: ResolvedRun, device: torch.device) -> torch.nn.Module:
+    def prepare_model(model: torch.nn.Module, run: Run, device: torch.device) -> torch.nn.Module:
         ts = run.settings.train
         return shard(model, device, ts.precision == "bf16", ts.fsdp_cpu_offload)
 
@@ -152,7 +191,7 @@ class FsdpEngine:
     def from_run(
         cls,
         model: torch.nn.Module,
-        run: ResolvedRun,
+        run: Run,
         device: torch.device,
         param_groups: list[dict[str, Any]],
     ) -> FsdpEngine:
@@ -419,13 +458,9 @@ class FsdpEngine:
     def checkpoint_bytes_per_param(half_precision: bool) -> int:
         return CHECKPOINT_BYTES_PER_PARAM  # fp32 masters whatever the compute precision
 
-    # --- the memory model (resolve/memory_estimate.py) ---
+    # --- the memory model (estimate_fsdp above, memory.py) ---
 
-    @staticmethod
-    def estimate_memory(shape: ModelShape, layout: ZeroLayout) -> MemoryEstimate:
-        from model_utils.resolve import memory_estimate
-
-        return memory_estimate.estimate_fsdp(shape, layout)
+    estimate_memory = staticmethod(estimate_fsdp)
 
     @staticmethod
     def runs_schedule(implementation: str) -> str:

@@ -64,7 +64,7 @@ class TrainSettings:
         optimizer); fp32 under FSDP, whose sharded parameters are the masters (bf16 is its compute policy)."""
         import torch
 
-        return torch.float32 if engines.engine_class(self.backend).model_in_fp32 else self.torch_dtype()
+        return torch.float32 if engines.config_rules(self.backend).model_in_fp32 else self.torch_dtype()
 
     def lr_at(self, total_steps: int, steps: list[int]) -> list[float]:
         """The lr each optimizer step (1-based) of a run of total_steps runs at."""
@@ -97,7 +97,7 @@ def resolve(cfg: TrainConfig, gpu_only: bool = False) -> TrainSettings:
                 f"{cfg.setting(flag)} applies to --backend {f.metadata['engine']} only, not "
                 f"{cfg.setting('backend')} {backend}: {f.metadata['elsewhere']}"
             )
-    engine = engines.engine_class(backend)
+    engine = engines.config_rules(backend)
     path, ds = given(cfg, gpu_only)
     engine.check_config(ds, path)
     deepspeed_config.refuse_train_batch_size(ds, path)

@@ -1,6 +1,6 @@
 """`dskit estimate`: the verdict and the recommendation for given memory sizes (activation checkpointing only
 when that makes it fit), the printed table, flags over the DeepSpeed config, and bad input as one line. The memory
-model's figures themselves: tests/unit/resolve/test_memory_estimate.py.
+model's figures themselves: tests/unit/engines/test_memory.py and each engine's test file.
 
 Models are counted on the meta device: nothing is downloaded, nothing is allocated. There is no GPU here, so GPU
 sizes are given with --gpu_memory_gib (and host RAM with --host_memory_gib).

@@ -1,5 +1,6 @@
 """The engine registry: its names are the --backend choices, an engine's module is imported only when asked for,
-and each engine recognises the checkpoint tags it wrote."""
+each engine recognises the checkpoint tags it wrote, a new engine is one module and one registry line, and the
+engines sit below the packages that use them."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ from pathlib import Path
 
 import pytest
 
+import import_graph
 from model_utils import engines
 from model_utils.checkpoint import protocol
 from model_utils.config.arguments import BACKENDS, OptimArgs
-from model_utils.engines import deepspeed_engine, fsdp_engine
+from model_utils.engines import deepspeed_engine, fsdp_engine, memory
 from model_utils.errors import ConfigError
+from support.estimates import layout
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -95,7 +98,7 @@ def test_each_engine_recognises_its_own_tags_and_no_other(tmp_path: Path, kind: 
     tag = _tag(tmp_path, *files, "rng_state_rank0.pt", "launch.json")
     assert engines.engine_of_tag(tag) == owner
     for name in engines.NAMES:
-        assert engines.engine_class(name).owns_tag(tag) == (name == owner), name
+        assert engines.checkpoint_format(name).owns_tag(tag) == (name == owner), name
     assert protocol.is_tag_dir(tag) == (owner is not None)
     assert not protocol.is_tag_dir(tmp_path)  # the dir of tags is none
 
@@ -104,27 +107,67 @@ def test_only_an_engine_that_does_not_reshard_names_a_converted_copy() -> None:
     assert deepspeed_engine.DeepSpeedEngine.converted_tag("t-4steps") == "t-4steps-universal"
     assert fsdp_engine.FsdpEngine.converted_tag("t-4steps") is None
     for name in engines.NAMES:
-        engine = engines.engine_class(name)
-        assert (engine.converted_tag("t-4steps") is None) == engine.reshards_on_load
+        fmt = engines.checkpoint_format(name)
+        assert (fmt.converted_tag("t-4steps") is None) == fmt.reshards_on_load
 
 
 def test_a_third_engine_is_one_module_and_one_registry_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Each caller reaches the new engine through the registry by the protocol it needs: its checkpoint tags, the
+    ops its config loads, its memory model (a layout naming it is estimated and described by it)."""
     (tmp_path / "toy_engine.py").write_text(
         textwrap.dedent("""
             class ToyEngine:
                 reshards_on_load = True
+                zero_stages = False
 
                 @staticmethod
                 def owns_tag(tag_dir):
                     return (tag_dir / "toy.state").is_file()
+
+                @staticmethod
+                def jit_ops(ds, device_type):
+                    return ("ToyBuilder",)
+
+                @staticmethod
+                def estimate_memory(shape, layout):
+                    return f"toy memory of {shape}"
+
+                @staticmethod
+                def describe_layout(layout):
+                    return "one toy rank"
         """)
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setitem(engines.ENGINES, "toy", "toy_engine:ToyEngine")
-    assert engines.engine_class("toy").__name__ == "ToyEngine"
+    toy = engines.engine_class("toy")
+    assert toy.__name__ == "ToyEngine"
+    assert (
+        engines.checkpoint_format("toy") is engines.memory_model("toy") is engines.config_rules("toy") is toy
+    )
     assert engines.engine_of_tag(_tag(tmp_path / "ck", "toy.state")) == "toy"
+    assert engines.jit_ops("toy", {}, "cpu") == ("ShareMemCommBuilder", "ToyBuilder")
+    lay = layout(7, "optimizer+params", backend="toy")  # no ZeRO stages: not checked as one
+    assert (memory.estimate("a shape", lay), lay.describe()) == ("toy memory of a shape", "one toy rank")
+
+
+def test_the_engines_import_nothing_above_them() -> None:
+    """engines/ sits below checkpoint/, resolve/ and loop/ (which import it): none of its modules imports them, not
+    under TYPE_CHECKING nor inside a function either."""
+    _, edges, _ = import_graph.graph()
+    above = ("model_utils.checkpoint", "model_utils.resolve", "model_utils.loop", "dskit")
+    upward = sorted(
+        f"{source} -> {target}"
+        for source, targets in edges.items()
+        if source == "model_utils.engines" or source.startswith("model_utils.engines.")
+        for target in targets
+        if target.startswith(above)
+    )
+    assert upward == []
+    assert (
+        "model_utils.engines.memory" in edges["model_utils.resolve.memory_estimate"]
+    )  # the model, from below
 
 
 # --- the DeepSpeed ops a resolved run JIT-loads (built and announced by the ranks, checked by dskit doctor) ---

@@ -1,6 +1,6 @@
 """--activation_checkpointing none|full|every_N: the same training, fewer saved activations, bad values refused,
 and the resolved run. Through the real Trainer with torch.compile: tests/e2e/test_model_setup.py. The estimate's
-activation memory per level: tests/unit/resolve/test_memory_estimate.py; `dskit estimate`'s recommendation:
+activation memory per level: tests/unit/engines/test_memory.py; `dskit estimate`'s recommendation:
 tests/unit/dskit/test_estimate.py.
 
 On CPU in fp32 with the tiny preset (2 decoder layers: every_2 checkpoints layer 0 of 2). Liger's kernels need a
