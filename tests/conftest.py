@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 
 import pytest
@@ -28,6 +29,8 @@ from support.s3_server import (  # noqa: F401  (fixtures)
     s3,
     s3_denied,
 )
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -61,8 +64,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[object]:
-    with tier_lock.holding(quiet=item.get_closest_marker("quiet") is not None):
-        return (yield)
+    # The stop signals' handlers as they were: an in-process trainer or SageMaker entry installs its own, and
+    # a SIGTERM handler left behind is inherited by every pool worker forked later (lm-eval's bootstrap), which
+    # then survives its pool's terminate: the suite hung there.
+    handlers = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    try:
+        with tier_lock.holding(quiet=item.get_closest_marker("quiet") is not None):
+            return (yield)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
 
 
 @pytest.fixture(scope="session", autouse=True)

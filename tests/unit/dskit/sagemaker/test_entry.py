@@ -150,8 +150,11 @@ def test_the_failure_file_holds_no_credentials(tmp_path: Path) -> None:
     ]
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def fresh_stop(monkeypatch: pytest.MonkeyPatch):
+    """A stop state of the test's own, and this process's SIGTERM handler as it was after the test: entry.main()
+    installs the job's handler (left in the test process, it kept pytest from ending on SIGTERM, and the pool
+    workers lm-eval forks later would ignore their pool's terminate: a hung suite)."""
     state = entry.StopState()
     monkeypatch.setattr(entry, "STOP", state)
     before = signal.getsignal(signal.SIGTERM)
