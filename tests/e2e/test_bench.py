@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from dskit import cli
-from model_utils.model import kernels
+from model_utils.compat import liger_internals
 from model_utils.observe import metrics
 from support.pretrained import tiny_model
 
@@ -105,7 +105,9 @@ def test_bench_on_gpu(tmp_path: Path, single_rank, monkeypatch: pytest.MonkeyPat
     out = tmp_path / "bench.json"
     configs = ["deepspeed/ds_config.json", "deepspeed/ds_config_gpu.json", "deepspeed/ds_config_zero3.json"]
     argv = ["bench", "--model", "tiny-qwen3", "--seq_length", "256", "--micro_batch_size", "auto"]
-    with kernels.patches_undone(tiny_model()):  # the kit's rows patch transformers' Qwen3 module with Liger
+    with liger_internals.patches_undone(
+        tiny_model()
+    ):  # the kit's rows patch transformers' Qwen3 module with Liger
         assert cli.main([*argv, "--steps", "3", "--deepspeed_config", *configs, "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [r["kind"] for r in rows] == ["reference", "dskit", "dskit", "dskit"]

@@ -149,6 +149,7 @@ def _model_step(compiled: bool) -> dict[str, Any]:
     the same weights eagerly."""
     from transformers import AutoModelForCausalLM
 
+    from model_utils.compat import liger_internals
     from model_utils.config.presets import PRESETS
     from model_utils.model import kernels
     from support.compiled import compiled_in_place
@@ -163,7 +164,7 @@ def _model_step(compiled: bool) -> dict[str, Any]:
     ids = torch.randint(0, config.vocab_size, (2, 16))
     loss_eager = eager(input_ids=ids, labels=ids).loss
     loss_eager.backward()
-    with kernels.patches_undone(fast):
+    with liger_internals.patches_undone(fast):
         kernels.apply_plan(fast, kernels.Plan(liger=True, compile=compiled))
         out = fast(input_ids=ids, labels=ids)
         out.loss.backward()

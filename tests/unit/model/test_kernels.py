@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from dskit import cli
+from model_utils.compat import liger_internals
 from model_utils.config.arguments import ModelArgs
 from model_utils.errors import ConfigError
 from model_utils.model import kernels
@@ -277,7 +278,7 @@ def test_liger_matches_eager_on_gpu(compiled: bool) -> None:
     loss_eager.backward()
     with torch.no_grad():
         logits_eager = eager.eval()(input_ids=ids).logits
-    with kernels.patches_undone(fast):  # computed before: Liger swaps RoPE module-wide
+    with liger_internals.patches_undone(fast):  # computed before: Liger swaps RoPE module-wide
         kernels.optimize_model(fast, ModelArgs(liger="on", compile=compiled), CUDA)
         assert compiled_in_place(fast.model) is compiled
         out = fast.train()(input_ids=ids, labels=ids)

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from dskit import cli
+from model_utils.compat import liger_internals
 from model_utils.config.arguments import CUDA_GLOBAL_BATCH_TOKENS, parse_args
 from model_utils.errors import ConfigError
 from model_utils.launch import startup
@@ -333,6 +334,8 @@ def test_real_probe_on_gpu(tmp_path: Path) -> None:
     # What was found trains: forward and backward at that size fit beside the ballast.
     with (
         micro_batch_probe._GpuProbe(model_config, torch.bfloat16, kernels.Plan(True, False), 256, 0) as probe,
-        kernels.patches_undone(tiny_model()),  # Liger's module-wide patches must not reach later tests
+        liger_internals.patches_undone(
+            tiny_model()
+        ),  # Liger's module-wide patches must not reach later tests
     ):
         assert probe(found)
