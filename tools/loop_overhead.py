@@ -130,6 +130,7 @@ def _rank(
     from model_utils.data.sampler import BlockSampler, DataPosition
     from model_utils.launch import distributed, startup
     from model_utils.loop import consensus
+    from model_utils.loop.hooks import REQUESTS
     from model_utils.loop.trainer import Trainer
     from model_utils.observe import watchdog
     from model_utils.optim import param_groups
@@ -171,7 +172,7 @@ def _rank(
             batch = torch.as_tensor(blocks.rows(indices).tokens)
             loss = engine(input_ids=batch, labels=batch).loss
             if ns.with_collective and last:
-                agreeing.agree(loss.detach(), [False] * 6, targets=1)
+                agreeing.agree(loss.detach(), [False] * len(REQUESTS), targets=1)
             engine.backward(loss)
             engine.step()
         position = sampler.advance(position)
@@ -187,12 +188,12 @@ def _rank(
         trainer.start()
         for _ in range(ns.warmup):
             reference_step()
-            trainer.advance()
+            trainer.step()
         spent: dict[str, list[tuple[float, float]]] = {REFERENCE: [], KIT: []}
         by_thread: dict[str, dict[str, float]] = {REFERENCE: {}, KIT: {}}
         profiles = {p: cProfile.Profile(time.thread_time) for p in (REFERENCE, KIT)}
         for phase in [REFERENCE, KIT] * ns.rounds + [REFERENCE]:
-            step = reference_step if phase == REFERENCE else trainer.advance
+            step = reference_step if phase == REFERENCE else trainer.step
             dist.barrier()  # each block starts with the ranks together
             if ns.profile and rank == 0:
                 profiles[phase].enable()

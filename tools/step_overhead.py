@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-FLAGS = 6  # the stop/save decision's flags (Trainer._decision_flags)
+FLAGS = 5  # what a rank may ask of the step's collective (loop/hooks.py REQUESTS)
 STRAGGLER_EVERY = 20
 
 

@@ -176,7 +176,7 @@ def test_cpu_offload_trains_in_process(tmp_path: Path, single_rank) -> None:
     trainer = make_trainer(tmp_path, single_rank, "--backend", "fsdp", "--fsdp_cpu_offload", "true")
     try:
         trainer.engine.train()
-        losses = [trainer.step()[1] for _ in range(3)]
+        losses = [trainer.step().loss for _ in range(3)]
         assert all(loss == loss for loss in losses) and losses[-1] < losses[0], losses
         assert {p.device.type for p in trainer.engine.module.parameters()} == {"cpu"}
         assert trainer.engine.optimizer_steps() == 3

@@ -1,4 +1,4 @@
-"""The spike guard in real DeepSpeed runs, with real faults injected (model_utils/loop/faults.py).
+"""The spike guard in real DeepSpeed runs, with real faults injected (support/faults.py).
 
 What a skipped step must equal is a run that never saw its data: the fault `drop@N` consumes the N-th step's
 data without training, so a guarded run with a spike at N and an unguarded run dropping N must train the same
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from model_utils.errors import RunDiverged
-from model_utils.launch import launch_env
+from support import faults
 from support.deepspeed_files import config_with
 from support.metrics_file import step_records, tensorboard_scalars
 from support.rank_pool import ENV, REPO, run_ranks, train
@@ -50,18 +50,19 @@ CONFIGS = {
 
 def run_steps(tmp_path: Path, dist, monkeypatch, fault: str, *flags: str) -> list[tuple[bool, float]]:
     """(step stands, loss) for each turn of the loop until step 6, in this process."""
-    monkeypatch.setenv(launch_env.SPIKE_FAULT, fault)
+    monkeypatch.setenv(faults.FAULTS, fault)
     # A short window judging from its filling, for a short run; a wide margin, so the early descent's ups and
     # downs are no spikes.
     window = (
         [] if "off" in flags else ["--spike_window", "3", "--spike_warmup_steps", "0", "--spike_sigma", "50"]
     )
-    trainer = make_trainer(tmp_path, dist, "--max_steps", "6", *window, *flags)
+    trainer = make_trainer(tmp_path, dist, "--max_steps", "6", *window, *faults.FLAGS, *flags)
     try:
         trainer.engine.train()
         turns = []
         while trainer.state.step < 6:
-            turns.append(trainer.step())
+            report = trainer.step()
+            turns.append((report.trained, report.loss))
         return turns
     finally:
         trainer.close()
@@ -109,7 +110,7 @@ def guarded_flags(cache: Path, out: Path) -> list[str]:
         "--max_steps", "12", "--logging_freq", "1", "--checkpoint_freq", "4", "--micro_batch_size", "1",
         "--gradient_accumulation_steps", "2", "--seq_length", "32", "--validation_fraction", "0",
         "--warmup_steps", "2", "--data_cache_dir", str(cache),
-        "--checkpoint_dir", str(out / "ckpt"), "--metrics_file", str(out / "metrics.jsonl"),
+        "--checkpoint_dir", str(out / "ckpt"), "--metrics_file", str(out / "metrics.jsonl"), *faults.FLAGS,
     ]  # fmt: skip
 
 
@@ -139,12 +140,12 @@ def test_a_skip_and_a_rollback_on_two_ranks_equal_a_run_that_never_saw_their_dat
             str(guarded / "logs"),
         ],
         tmp_path,
-        env={**ENV, launch_env.SPIKE_FAULT: "loss@6,grad@10"},
+        env={**ENV, **faults.env("loss@6,grad@10")},
     )
     train(
         [*guarded_flags(cache, plain), "--spike_guard", "off"],
         tmp_path,
-        env={**ENV, launch_env.SPIKE_FAULT: "drop@6,drop@10"},
+        env={**ENV, **faults.env("drop@6,drop@10")},
     )
     assert "Spike guard: skipped step 6: loss" in out and "no update, its data is consumed" in out
     assert "Spike guard: grad norm" in out and "rolled back from step 9 to step 8 (tiny_qwen3-8steps)" in out
@@ -164,7 +165,7 @@ def test_a_skip_and_a_rollback_on_two_ranks_equal_a_run_that_never_saw_their_dat
     saved = torch.load(
         guarded / "ckpt" / "tiny_qwen3-12steps" / "mp_rank_00_model_states.pt", weights_only=False
     )
-    state = saved["dskit"]["train_state"]["guard"]
+    state = saved["dskit"]["train_state"]["observers"]["spike_guard"]
     assert (state["skipped_steps"], state["rollbacks"], state["skipped_data"]) == (1, 1, [[[0, 36], [0, 40]]])
     (run_dir,) = (guarded / "logs" / "tensorboard").iterdir()
     scalars = tensorboard_scalars(run_dir)
@@ -189,7 +190,7 @@ def test_damage_that_comes_back_after_every_rollback_stops_the_run_with_one_line
         ],
         nproc=1,
         cwd=tmp_path,
-        env={**ENV, launch_env.SPIKE_FAULT: "grad@6+"},
+        env={**ENV, **faults.env("grad@6+")},
     )
     # The rank exits with status 4 (not 2: no flag is wrong); the launcher then fails the whole job.
     assert proc.returncode != 0 and proc.exitcodes == [4], (proc.stdout + proc.stderr)[-3000:]

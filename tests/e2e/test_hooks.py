@@ -13,10 +13,11 @@ import pytest
 from model_utils.config.arguments import parse_args
 from model_utils.launch import launch_env
 from model_utils.loop import trainer as training
-from model_utils.loop.hooks import Hooks, Observer, StepReport, Stop
+from model_utils.loop.hooks import Observer, StepReport, Stop
+from model_utils.loop.observers.reporting import Reporting
 from model_utils.observe import step_line
 from model_utils.resolve import resolver
-from support.observers import Recorder
+from support.observers import Recorder, find
 
 pytestmark = pytest.mark.e2e
 
@@ -42,11 +43,14 @@ def test_a_run_meets_the_points_in_order_and_an_observers_stop_is_honoured(
     trainer = make_trainer(tmp_path, single_rank)
     assert [type(o).__name__ for o in trainer.hooks.observers] == [
         "Watchdog",
-        "GuardRecords",
+        "Guard",
         "Ledger",
+        "Validator",
+        "Walltime",
+        "Checkpointer",
         "Reporting",
     ]
-    trainer.hooks = Hooks([watchdog, *trainer.hooks.observers])
+    trainer.hooks.attach([watchdog, *trainer.hooks.observers])
     try:
         state = trainer.fit()
     finally:
@@ -77,7 +81,7 @@ def test_a_run_meets_the_points_in_order_and_an_observers_stop_is_honoured(
     # What a watchdog or a tracker gets each step.
     for r in watchdog.reports:
         assert r.state is trainer.state and r.lr > 0 and r.grad_norm is not None and r.grad_norm > 0
-        assert 0 <= r.data_wait_s < r.seconds and r.time_left is None  # no SLURM time limit here
+        assert 0 <= r.data_wait_s < r.seconds
     # The reporter logged step 2 from the same numbers: the mean loss of steps 1 and 2 (one rank).
     (logged,) = [r for r in records if "loss" in r]
     assert logged["step"] == 2 and logged["lr"] == pytest.approx(watchdog.reports[1].lr)
@@ -94,8 +98,8 @@ def test_a_failing_observer_ends_the_run_with_its_error_and_everything_is_closed
     calls: list[tuple[Any, ...]] = []
     trainer = make_trainer(tmp_path, single_rank)
     closed = []
-    monkeypatch.setattr(trainer.reporter.tracker, "close", lambda: closed.append("tracker"))
-    trainer.hooks = Hooks([Failing(), Recorder("r", calls), *trainer.hooks.observers])
+    monkeypatch.setattr(find(trainer, Reporting).reporter.tracker, "close", lambda: closed.append("tracker"))
+    trainer.hooks.attach([Failing(), Recorder("r", calls), *trainer.hooks.observers])
     with pytest.raises(RuntimeError, match="observer failed at step 1"):
         try:
             trainer.fit()

@@ -43,7 +43,7 @@ def test_compile_trains_like_eager_through_each_engine(
         assert compiled_in_place(module) is compiled
         assert not any(key.startswith("_orig_mod") for key in module.state_dict())
         trainer.engine.train()
-        losses[compiled] = [trainer.step()[1] for _ in range(3)]
+        losses[compiled] = [trainer.step().loss for _ in range(3)]
         trainer.close()
     # Steps 2 and 3 ran after optimizer updates: the compiled module trained exactly as the eager one did.
     assert losses[True] == pytest.approx(losses[False], abs=2e-3)
@@ -68,7 +68,7 @@ def test_trainer_checkpoints_under_deepspeed_and_compile(
         assert checkpointed(module) == ([True, False] if value == "every_2" else [False, False])
         assert compiled_in_place(module) is compiled
         trainer.engine.train()
-        losses[value] = [trainer.step()[1] for _ in range(3)]
+        losses[value] = [trainer.step().loss for _ in range(3)]
         trainer.close()
     assert "Activation checkpointing: 1 of 2 decoder layers (every_2)" in capsys.readouterr().out
     # bf16 training: the compiled graph may fuse differently, as in the compile test above.

@@ -1,5 +1,5 @@
 """The straggler report in real 2-rank runs (tiny model, CPU): rank 1 slowed by an injected 20% delay in each
-step (loop/faults.py `slow`) is named in one warning line and in the metrics file within 100 steps; 1,000 clean
+step (support/faults.py `slow`) is named in one warning line and in the metrics file within 100 steps; 1,000 clean
 steps name nobody. The verdict's rules: tests/unit/loop/test_stragglers.py."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from model_utils.launch import launch_env
+from support import faults
 from support.rank_pool import ENV, train
 
 pytestmark = [pytest.mark.e2e, pytest.mark.quiet]
@@ -30,7 +30,7 @@ def comparisons(path: Path) -> list[dict]:
 
 
 def test_a_rank_slowed_by_a_fifth_is_named_within_100_steps(tmp_path: Path) -> None:
-    out = train(flags(tmp_path, 100), tmp_path, env={**ENV, launch_env.SPIKE_FAULT: "slow@1+/1"})
+    out = train([*flags(tmp_path, 100), *faults.FLAGS], tmp_path, env={**ENV, **faults.env("slow@1+/1")})
     warnings = [line for line in out.splitlines() if "WARNING: Straggler:" in line]
     found = comparisons(tmp_path / "metrics.jsonl")
     # The node health gate ran before the first step: its CPU subset (launch/health_gate.py), one line.

@@ -29,8 +29,11 @@ from model_utils.data.step_batches import StepBatches
 from model_utils.launch import launch_env
 from model_utils.launch.walltime import Decision, WalltimePlanner
 from model_utils.loop import trainer as training
+from model_utils.loop.observers.reporting import Reporting
+from model_utils.loop.observers.walltime import Walltime
 from model_utils.observe import log as rank_log
 from model_utils.resolve import resolver
+from support.observers import find
 from support.wandb_offline import offline_runs
 
 pytestmark = pytest.mark.e2e
@@ -101,7 +104,9 @@ def requeued(tmp_path_factory: pytest.TempPathFactory, single_rank) -> Requeued:
         first_out = io.StringIO()
         with contextlib.redirect_stdout(first_out):
             trainer = make_trainer(tmp, single_rank, 8, "--report_to", "tensorboard,wandb")
-            trainer.walltime = ScriptedPlanner(8, {3: Decision(save_now=True), 5: Decision(stop_now=True)})
+            find(trainer, Walltime).planner = ScriptedPlanner(
+                8, {3: Decision(save_now=True), 5: Decision(stop_now=True)}
+            )
             try:
                 first_state = trainer.fit()
             finally:
@@ -126,8 +131,8 @@ def requeued(tmp_path_factory: pytest.TempPathFactory, single_rank) -> Requeued:
         bar=bar,
         first_state=first_state,
         resumed_state=resumed_state,
-        flops_per_token=trainer.flops_per_token,
-        overhead_s=trainer.reporter.overhead_s if trainer.reporter else 0.0,
+        flops_per_token=find(trainer, Reporting).reporter.flops_per_token,
+        overhead_s=find(trainer, Reporting).reporter.overhead_s,
         first=first,
         second=records(metrics_file)[len(first) :],
     )
@@ -276,6 +281,8 @@ class NestedRun:
     experiment_id: str
     first_state: training.TrainState
     second_state: training.TrainState
+    first_tracker: dict  # the tracker's ids each job kept (the reporting observer's state)
+    second_tracker: dict
     first_out: str
     records: list[dict]  # both jobs' metrics records
     env_run_id_after_prepare: str | None
@@ -305,7 +312,7 @@ def nested(tmp_path_factory: pytest.TempPathFactory, single_rank) -> NestedRun:
         with contextlib.redirect_stdout(first_out):
             trainer = make_trainer(tmp, single_rank, 4, *flags)
             env_run_id = os.environ.get("MLFLOW_RUN_ID")
-            trainer.walltime = ScriptedPlanner(4, {2: Decision(stop_now=True)})
+            find(trainer, Walltime).planner = ScriptedPlanner(4, {2: Decision(stop_now=True)})
             try:
                 first_state = trainer.fit()
             finally:
@@ -316,12 +323,15 @@ def nested(tmp_path_factory: pytest.TempPathFactory, single_rank) -> NestedRun:
                 second_state = again.fit()
             finally:
                 again.close()
+    first_tracker, second_tracker = find(trainer, Reporting).tracker, find(again, Reporting).tracker
     return NestedRun(
         tmp=tmp,
         parent=parent,
         experiment_id=experiment_id,
         first_state=first_state,
         second_state=second_state,
+        first_tracker=first_tracker,
+        second_tracker=second_tracker,
         first_out=first_out.getvalue(),
         records=records(tmp / "logs" / "job_9.metrics.jsonl"),
         env_run_id_after_prepare=env_run_id,
@@ -333,8 +343,8 @@ def test_nested_mlflow_child_run_is_continued_by_the_requeued_job(nested: Nested
 
     assert nested.env_run_id_after_prepare is None  # the ranks dropped MLFLOW_RUN_ID
     assert nested.first_state.step == 2 and nested.second_state.step == 4
-    child = nested.first_state.tracker_state["mlflow"]["run_id"]
-    assert nested.second_state.tracker_state["mlflow"]["run_id"] == child
+    child = nested.first_tracker["mlflow"]["run_id"]
+    assert nested.second_tracker["mlflow"]["run_id"] == child
     client = MlflowClient(tracking_uri=f"sqlite:///{nested.tmp / 'logs' / 'mlflow.db'}")
     runs = client.search_runs([nested.experiment_id])
     assert sorted(r.info.run_id for r in runs) == sorted([nested.parent, child])
@@ -360,7 +370,7 @@ def test_dskit_eval_records_into_the_runs_own_mlflow_run(nested: NestedRun, monk
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     lines: list[str] = []
     result = evaluate(nested.tmp / "ckpt", ["dskit_tiny_mc"], on_line=lines.append)
-    child = nested.second_state.tracker_state["mlflow"]["run_id"]
+    child = nested.second_tracker["mlflow"]["run_id"]
     assert result.step == 4 and result.recorded == [f"mlflow {child}"]
     client = MlflowClient(tracking_uri=f"sqlite:///{nested.tmp / 'logs' / 'mlflow.db'}")
     assert sorted(r.info.run_id for r in client.search_runs([nested.experiment_id])) == sorted(
@@ -394,7 +404,7 @@ def test_profile_trace_of_the_window_is_written_and_uploaded(nested: NestedRun) 
     names = {e.get("name") for e in events}
     assert "optimizer_step_3" in names and "optimizer_step_2" not in names
     client = MlflowClient(tracking_uri=f"sqlite:///{nested.tmp / 'logs' / 'mlflow.db'}")
-    child = nested.second_state.tracker_state["mlflow"]["run_id"]
+    child = nested.second_tracker["mlflow"]["run_id"]
     assert [a.path for a in client.list_artifacts(child, "profiler")] == [f"profiler/{traces[0]}"]
 
 
@@ -413,7 +423,7 @@ def test_close_after_a_failed_step_ends_the_tracker_and_the_worker(
     decays = [group["weight_decay"] for group in trainer.engine._engine.optimizer.param_groups]
     assert decays == [0.1, 0.0], decays
     closed = []
-    monkeypatch.setattr(trainer.reporter.tracker, "close", lambda: closed.append("tracker"))
+    monkeypatch.setattr(find(trainer, Reporting).reporter.tracker, "close", lambda: closed.append("tracker"))
     monkeypatch.setattr(trainer.engine, "train_step", lambda *_: (_ for _ in ()).throw(RuntimeError("boom")))
     with pytest.raises(RuntimeError, match="boom"):
         try:

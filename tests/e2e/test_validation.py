@@ -24,11 +24,13 @@ from model_utils.config.arguments import parse_args
 from model_utils.data import token_bytes
 from model_utils.loop import trainer as training
 from model_utils.loop.observers.samples import Samples
+from model_utils.loop.observers.validation import Validator
 from model_utils.model.models import build_model
 from model_utils.observe import step_line
 from model_utils.observe.ledger_file import LEDGER
 from model_utils.resolve import resolver
 from support.metrics_file import sample_records, tensorboard_scalars, tensorboard_texts
+from support.observers import find
 from support.pretrained import save_tiny_qwen3
 from support.rank_pool import REPO, train
 from support.small_trainer import make_trainer
@@ -134,12 +136,12 @@ def test_the_trainer_logs_and_records_its_validation_and_samples_the_same_under_
 ) -> None:
     metrics = tmp_path / "metrics.jsonl"
     trainer = make_trainer(
-        tmp_path, single_rank, "--validation_fraction", "0.003", "--validation_batches", "all",
+        tmp_path, single_rank, "--max_steps", "3", "--validation_fraction", "0.003", "--validation_batches", "all",
         "--validation_freq", "3", "--metrics_file", str(metrics), *SAMPLE_FLAGS, "--sample_every", "2",
         "--report_to", "tensorboard", "--report_dir", str(tmp_path / "logs"),
     )  # fmt: skip
     try:
-        [sampler] = [o for o in trainer.hooks.observers if isinstance(o, Samples)]
+        sampler = find(trainer, Samples)
         seed_samples = (
             sampler.generate()
         )  # the seed's weights under ZeRO-2 (the default config), as the pool's
@@ -211,7 +213,7 @@ def test_a_validation_dataset_smaller_than_one_batch_per_rank_is_read_whole_and_
     run = resolver.prepare(cfg, world_size=1)
     trainer = training.Trainer(run, single_rank)
     try:
-        validated = trainer.validate()
+        validated = find(trainer, Validator).evaluate(0)
     finally:
         trainer.close()
     assert (validated.blocks, validated.total_blocks) == (3, 3) and validated.score.targets > 0

@@ -19,7 +19,6 @@ import pytest
 from dskit import api, cli, plot
 from model_utils.checkpoint import lease
 from model_utils.config.arguments import parse_args
-from model_utils.loop import hooks
 from model_utils.loop import trainer as training
 from model_utils.loop.hooks import Observer, Validation
 from model_utils.loop.state import TrainState
@@ -242,7 +241,7 @@ def test_a_validation_only_run_starts_validates_and_ends_each_batch_a_step_of_pr
     trainer = training.Trainer(resolver.prepare(cfg, world_size=1), single_rank)
     points = Points()
     try:
-        trainer.hooks = hooks.Hooks([*trainer.hooks.observers, points])
+        trainer.hooks.attach([*trainer.hooks.observers, points])
         trainer.fit()
     finally:
         trainer.close()

@@ -20,7 +20,9 @@ from model_utils.config.arguments import parse_args
 from model_utils.launch import distributed
 from model_utils.loop import trainer as training
 from model_utils.loop.observers.samples import Samples
+from model_utils.loop.observers.validation import Validator
 from model_utils.resolve import resolver
+from support.observers import find
 
 
 def main() -> None:
@@ -29,7 +31,7 @@ def main() -> None:
     run = resolver.prepare_on_ranks(parse_args(flags), dist)  # as the rank's entry prepares
     trainer = training.Trainer(run, dist)
     try:
-        validation = trainer.validate()
+        validation = find(trainer, Validator).evaluate(trainer.state.step)
         samplers = [o for o in trainer.hooks.observers if isinstance(o, Samples)]
         samples = [text for sampler in samplers for text in sampler.generate()]
     finally:

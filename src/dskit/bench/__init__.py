@@ -423,8 +423,8 @@ def run_kit(work: Workload, run: resolver.ResolvedRun, dist: distributed.DistInf
             "zero_optimization"
         )  # what DeepSpeed got
         try:
-            trainer.engine.train()
-            measured = _run_steps(lambda: trainer.step()[1], dist.device, work.warmup, work.steps)
+            trainer.start()
+            measured = _run_steps(lambda: trainer.step().loss, dist.device, work.warmup, work.steps)
             work.record(row, start, setup_s, measured, _peak_memory_gib(dist.device))
         finally:
             trainer.close()  # releases the engine's hooks and buffers before the next row
@@ -457,15 +457,18 @@ def single_process_group() -> Iterator[distributed.DistInfo]:
 
 def guard_overhead(work: Workload, run: resolver.ResolvedRun, dist: distributed.DistInfo) -> str:
     """Median step time with the spike guard off and on, alternating step by step in one run."""
+    from model_utils.loop.observers.guard import Guard
     from model_utils.loop.trainer import Trainer
 
     trainer = Trainer(run, dist)
     try:
-        trainer.engine.train()
+        trainer.start()
         for _ in range(run.config.guard.spike_window + work.warmup):
             trainer.step()  # fills the guard's windows: from here on it judges every step
-        guard = trainer.guard
-        modes = {mode: partial(setattr, guard, "mode", mode) for mode in ("off", "skip")}
+        hooks, judged = trainer.hooks, trainer.hooks.observers
+        unjudged = [o for o in judged if not isinstance(o, Guard)]
+        assert len(unjudged) < len(judged), "the spike guard is on in this run"
+        modes = {"off": partial(hooks.attach, unjudged), "skip": partial(hooks.attach, judged)}
         medians = _interleaved_step_times(trainer, dist.device, work.steps, modes)
     finally:
         trainer.close()
@@ -509,7 +512,7 @@ def packing_overhead(
         "stream": StepBatches(stream.train_blocks, trainer.sampler, dist.device, trainer.flatten),
     }
     try:
-        trainer.engine.train()
+        trainer.start()
         for _ in range(work.warmup):
             trainer.step()
         packings = {

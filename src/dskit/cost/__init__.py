@@ -11,7 +11,7 @@ attempt's: to its last record) on every node it held, and splits into:
     samples         generating from --sample_prompts (the loop's evaluation point)
     restarts        steps trained again after a crash, preemption or requeue resumed from an earlier checkpoint
     rollbacks       steps trained again after the spike guard went back to a checkpoint
-    discarded       turns that trained nothing (spike-guard skips)
+    discarded       turns that trained nothing (spike-guard skips, the step a rollback threw away)
     other           the rest: logging, the end of the run, shutting down
 
 Queue wait (submit to launch, where the scheduler says) is reported beside it, unpaid. Goodput is the productive

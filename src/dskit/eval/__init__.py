@@ -238,6 +238,7 @@ class TrainingRun:
     @classmethod
     def of_tag(cls, tag_dir: Path) -> TrainingRun:
         from model_utils.checkpoint import launch_record, protocol
+        from model_utils.loop.state import tracker_ids
 
         launch = launch_record.read(tag_dir) or {}
         state = protocol.read_train_state(tag_dir)
@@ -247,7 +248,7 @@ class TrainingRun:
             step=int(state["step"]),
             run_id=str(state.get("run_id") or ""),
             report=dict(config.get("report") or {}),
-            tracker_state=dict(state.get("tracker_state") or {}),
+            tracker_state=tracker_ids(state),
             config=config,
         )
 

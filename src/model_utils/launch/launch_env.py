@@ -37,7 +37,6 @@ HANG_HOSTS_FILE = "DSKIT_HANG_HOSTS_FILE"
 WATCHDOG_DIR = "DSKIT_WATCHDOG_DIR"
 # The launcher's temporary dir (launch/supervise.py, launch/scratch.py): the ranks' heartbeats go in it.
 LAUNCH_DIR = "DSKIT_LAUNCH_DIR"
-SPIKE_FAULT = "DSKIT_SPIKE_FAULT"  # tests only: a loss or gradient fault on a step's data (faults.py)
 # The SageMaker entry (dskit.sagemaker.entry), set in the job's environment by `dskit sagemaker submit`:
 # the root of SageMaker's /opt/ml tree (another dir runs the contract anywhere); uv: `uv sync --frozen` in the
 # job, image: the image holds the environment; ranks per instance without GPUs (gloo); the first host's port.

@@ -23,7 +23,7 @@ from model_utils.data.sampler import DataPosition
 
 # The next action after a step the guard judged.
 CONTINUE, ROLLBACK, STOP = "continue", "rollback", "stop"
-# Its events (hooks.GuardEvent.kind), as the metrics file records them and `dskit plot` marks them (a rollback
+# Its events, as the metrics file records them and `dskit plot` marks them (a rollback
 # event is named as its action); here, not in hooks, so that the plot reads them without importing torch.
 SPIKE_SKIP, SPIKE_GRAD_NORM = "spike_skip", "spike_grad_norm"
 

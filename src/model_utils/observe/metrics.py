@@ -146,22 +146,20 @@ def flops_per_token(model_config: Any, seq_length: int, lora_args: Any = None) -
 
 @dataclass
 class StepClock:
-    """Where the time of the steps since the last log line went: fetching batches vs everything else."""
+    """Where the time of the steps since the last log line went: fetching batches vs everything else. Only the
+    steps' own time counts (validation, evaluations, checkpoint saves and the log lines are not training)."""
 
-    started: float = field(default_factory=time.perf_counter)
+    busy_s: float = 0.0  # the steps' seconds, discarded ones included
     data_wait_s: float = 0.0
-    steps: int = 0
+    steps: int = 0  # trained ones
     loss_sum: float = 0.0
     trained_tokens: int = 0  # this rank's targets (tokens trained on) over the steps
-    excluded_s: float = 0.0  # validation and checkpoint saves: not training throughput
     phase_ms: dict[str, float] = field(default_factory=dict)  # the engine's wall-clock breakdown, summed
 
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.started - self.excluded_s
-
     def step_time(self) -> float:
+        """Seconds per trained step: a discarded step's time is the price of the ones that stand."""
         assert self.steps > 0
-        return self.elapsed() / self.steps
+        return self.busy_s / self.steps
 
 
 @dataclass(frozen=True)

@@ -101,20 +101,18 @@ class Reporter:
     def restart_clock(self) -> None:
         self.clock = metrics.StepClock()
 
-    def data_waited(self, seconds: float) -> None:
-        self.clock.data_wait_s += seconds
-
-    def step_done(self, loss: float, trained_tokens: int, phase_ms: dict[str, float] | None = None) -> None:
-        """A step's loss (this rank's share: the mean over ranks is the step's loss) and this rank's targets."""
-        self.clock.loss_sum += loss
-        self.clock.trained_tokens += trained_tokens
-        self.clock.steps += 1
-        for name, ms in (phase_ms or {}).items():
-            self.clock.phase_ms[name] = self.clock.phase_ms.get(name, 0.0) + ms
-
-    def exclude(self, seconds: float) -> None:
-        """Validation and checkpoint saves: not training throughput."""
-        self.clock.excluded_s += seconds
+    def step_clocked(self, report: Any) -> None:
+        """A step (loop/hooks.py's StepReport): its seconds and data wait, and a trained one's loss (this rank's
+        share: the mean over ranks is the step's loss), targets and the engine's wall-clock breakdown."""
+        clock = self.clock
+        clock.busy_s += report.seconds
+        clock.data_wait_s += report.data_wait_s
+        if report.trained:
+            clock.loss_sum += report.loss
+            clock.trained_tokens += report.trained_tokens
+            clock.steps += 1
+            for name, ms in report.phase_ms.items():
+                clock.phase_ms[name] = clock.phase_ms.get(name, 0.0) + ms
 
     def step_time(self) -> float:
         """Seconds per step: this interval's, else the last logged interval's."""
@@ -123,18 +121,15 @@ class Reporter:
     # --- output ---
 
     def log_step(
-        self,
-        state: Any,
-        lr: float,
-        grad_norm: float | None,
-        time_left: float | None,
-        data_shares: dict[str, float] | None = None,
+        self, report: Any, time_left: float | None, data_shares: dict[str, float] | None = None
     ) -> dict[str, Any]:
-        """The log line, the metrics record and the tracker, for the steps since the previous log line.
-        `data_shares`: a mixture's realised token share of each source over the data read so far."""
+        """The log line, the metrics record and the tracker, for the steps since the previous log line, at the
+        step `report` (loop/hooks.py's StepReport). `data_shares`: a mixture's realised token share of each source
+        over the data read so far."""
         started = time.perf_counter()
+        state, lr, grad_norm = report.state, report.lr, report.grad_norm
         clock = self.clock
-        elapsed = clock.elapsed()
+        elapsed = clock.busy_s
         step_time = clock.step_time()
         alloc, peak, rss = metrics.memory_gib(self.dist.device)
         (loss, data_wait, trained_tokens), (alloc, peak, rss) = mean_and_max(
@@ -166,7 +161,7 @@ class Reporter:
             "host_rss_gib": rss,
             "data_wait_frac": data_wait,
             "step_time_s": step_time,
-            "skipped_steps": state.skipped_steps,
+            "skipped_steps": report.skipped_steps,
             "tokens_seen": state.tokens_seen,
             "epoch": state.position.epoch,
             "consumed": state.position.consumed,

@@ -16,8 +16,9 @@ import pytest
 from model_utils.config.arguments import GuardArgs, parse_args
 from model_utils.data.sampler import DataPosition
 from model_utils.errors import ConfigError
-from model_utils.loop import faults, spike_guard
+from model_utils.loop import spike_guard
 from model_utils.resolve import resolver
+from support import faults
 from support.deepspeed_files import config_with
 
 
@@ -207,7 +208,7 @@ def test_a_recorded_clean_run_replayed_through_the_default_guard_is_never_rolled
 
 @pytest.mark.parametrize("kind", ["loss", "grad"])
 def test_every_fault_injected_into_the_clean_run_after_the_warm_up_is_caught_at_its_step(kind: str) -> None:
-    """faults.py's damage (x FACTOR on the loss, or on the gradient only: the grad norm) at 15 steps spread over
+    """support/faults.py's damage (x FACTOR on the loss, or on the gradient only: the grad norm) at 15 steps spread over
     the judged part of the run, one per replay (which ends there): each is caught at its step, nothing else is."""
     losses, grad_norms = clean_trace()
     for step in range(GuardArgs().spike_warmup_steps + 1, len(losses) + 1, 197):

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
-import types
 from pathlib import Path
 
 import psutil
@@ -78,25 +76,6 @@ def test_memory_on_cpu_is_host_rss_only() -> None:
     alloc, peak, rss = metrics.memory_gib(torch.device("cpu"))
     assert alloc is None and peak is None
     assert rss == pytest.approx(psutil.Process().memory_info().rss / 2**30, rel=0.2)
-
-
-def test_step_clock_leaves_out_validation_and_saves(monkeypatch) -> None:
-    now = [1_000_000.0]  # a long uptime: absolute values that a relative tolerance would blur
-    monkeypatch.setattr(metrics, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
-    clock = metrics.StepClock(started=1_000_000.0 - 40.0)
-    clock.excluded_s = 5.0
-    clock.steps = 7
-    assert clock.elapsed() == 35.0
-    assert clock.step_time() == 5.0
-    now[0] += 0.25
-    assert clock.elapsed() == 35.25
-
-
-def test_step_clock_starts_now_by_default() -> None:
-    before = time.perf_counter()
-    clock = metrics.StepClock()
-    after = time.perf_counter()
-    assert before <= clock.started <= after
 
 
 def test_metrics_file_appends_strict_json(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from model_utils.config.arguments import parse_args
 from model_utils.launch import launch_env
+from model_utils.loop.hooks import DISCARDED, TRAINED, StepReport
 from model_utils.loop.state import TrainState
 from model_utils.observe import metrics, trackers
 from model_utils.observe.reporter import Reporter, metrics_path
@@ -24,6 +25,25 @@ def test_metrics_file_location(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(launch_env.LOG_FILE, "/x/logs/train_7.out")
     assert metrics_path("auto", "logs", "run") == Path("/x/logs/train_7.metrics.jsonl")
     assert metrics_path("m.jsonl", "logs", "run") == Path("m.jsonl")
+
+
+def stepped(n: int, outcome: str = TRAINED, seconds: float = 2.0, loss: float = 0.5) -> StepReport:
+    return StepReport(n, outcome, loss, 1e-3, None, 0.25, seconds, TrainState(step=n), trained_tokens=63)
+
+
+def test_a_discarded_steps_time_counts_in_the_step_time_and_its_loss_does_not(
+    tmp_path: Path, gloo_rank
+) -> None:
+    reporter = Reporter(parse_args(["--metrics_file", "none"]), gloo_rank, 10, 64, 1e6, None)
+    reporter.tracker = RecordingTracker()  # type: ignore[assignment]
+    reporter.step_clocked(stepped(1, seconds=1.0, loss=2.0))
+    reporter.step_clocked(stepped(2, DISCARDED, seconds=1.0, loss=float("nan")))
+    reporter.step_clocked(stepped(2, seconds=2.0, loss=4.0))
+    assert reporter.step_time() == 2.0  # 4 s for 2 steps that stand
+    record = reporter.log_step(stepped(2), None)
+    assert (record["loss"], record["step_time_s"], record["tokens_per_s"]) == (3.0, 2.0, 32.0)
+    assert record["data_wait_frac"] == pytest.approx(0.75 / 4.0)
+    assert reporter.step_time() == 2.0 and reporter.clock.steps == 0  # the last interval's, until the next
 
 
 class RecordingTracker:
@@ -41,8 +61,8 @@ def test_a_mixtures_shares_and_source_scores_reach_the_record_the_line_and_the_t
     reporter = Reporter(cfg, gloo_rank, 10, 64, 1e6, None)
     reporter.metrics = metrics.MetricsFile(tmp_path / "m.jsonl")
     reporter.tracker = tracker = RecordingTracker()  # type: ignore[assignment]
-    reporter.step_done(2.0, 63)
-    record = reporter.log_step(TrainState(step=1), 1e-3, 0.5, None, {"web": 0.75, "code": 0.25})
+    reporter.step_clocked(stepped(1))
+    record = reporter.log_step(stepped(1), None, {"web": 0.75, "code": 0.25})
     assert (record["share/web"], record["share/code"]) == (0.75, 0.25)
     web, code = (
         metrics.Score(200.0, 100, 250),
@@ -87,8 +107,8 @@ def test_a_mixtures_shares_and_source_scores_reach_the_record_the_line_and_the_t
         "| 4 of 8 blocks (200 target tokens) | took 1.2 s | per source web 2.0000 ppl 7.39 bits/byte 1.1542"
         in out
     )
-    reporter.step_done(2.0, 63)
-    plain = reporter.log_step(TrainState(step=2), 1e-3, 0.5, None)
+    reporter.step_clocked(stepped(2))
+    plain = reporter.log_step(stepped(2), None)
     assert not any(key.startswith("share/") for key in plain)  # one dataset: no shares
 
 

@@ -11,8 +11,9 @@ from collections.abc import Callable
 
 from model_utils.errors import ConfigError
 from model_utils.loop.hooks import Observer
+from model_utils.loop.observers.checkpointer import Checkpointer
 from model_utils.loop.observers.context import LoopContext
-from model_utils.loop.observers.guard_records import GuardRecords
+from model_utils.loop.observers.guard import Guard
 from model_utils.loop.observers.hub_push import HubPush
 from model_utils.loop.observers.ledger import Ledger
 from model_utils.loop.observers.profiler import Profiler
@@ -20,6 +21,8 @@ from model_utils.loop.observers.reporting import Reporting
 from model_utils.loop.observers.s3_uploads import S3Uploads
 from model_utils.loop.observers.samples import Samples
 from model_utils.loop.observers.stragglers import Stragglers
+from model_utils.loop.observers.validation import Validator
+from model_utils.loop.observers.walltime import Walltime
 from model_utils.loop.observers.watchdog import Watchdog
 
 
@@ -47,23 +50,30 @@ def named(names: tuple[tuple[str, str], ...]) -> list[Callable[[LoopContext], Ob
 
 def build(ctx: LoopContext) -> list[Observer]:
     """The observers this run has, in calling order: the kit's, then --observers' in their order, the reporter's
-    output last (see loop/hooks.py). A --validation_only run trains and saves nothing, and is no attempt of the run
-    whose checkpoint it reads (its ledger): of the kit's, the watchdog and the reporter's output only."""
-    kits: list[Observer | None] = [Watchdog.from_loop(ctx)]
-    if not ctx.run.config.loop.validation_only:
-        kits += [
-            S3Uploads.from_loop(ctx),
-            HubPush.from_loop(ctx),
-            Profiler.from_loop(ctx),
-            GuardRecords(ctx.reporter),
-            Stragglers.from_loop(ctx),
-            Ledger.from_loop(ctx),
-            Samples.from_loop(ctx),
+    output last (see loop/hooks.py). The reporter's is made first: it opens the run's files and tracker, which
+    others write to."""
+    only = ctx.run.config.loop.validation_only  # validates and ends: writes nothing of a training run's
+    walltime = None if only else Walltime.from_loop(ctx)
+    reporting = Reporting(ctx, walltime.time_left if walltime is not None else lambda: None)
+    user = _made(named(ctx.run.config.loop.observer_names), ctx)
+    if only:
+        return [
+            o for o in (Watchdog.from_loop(ctx), Validator.from_loop(ctx), *user, reporting) if o is not None
         ]
     found = [
-        *kits,
-        *_made(named(ctx.run.config.loop.observer_names), ctx),
-        Reporting.from_loop(ctx),
+        Watchdog.from_loop(ctx),
+        S3Uploads.from_loop(ctx),
+        HubPush.from_loop(ctx),
+        Profiler.from_loop(ctx),
+        Guard.from_loop(ctx),
+        Stragglers.from_loop(ctx),
+        Ledger.from_loop(ctx),
+        Validator.from_loop(ctx),
+        Samples.from_loop(ctx),
+        walltime,
+        Checkpointer(ctx),
+        *user,
+        reporting,
     ]
     return [observer for observer in found if observer is not None]
 

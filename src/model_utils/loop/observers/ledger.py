@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from model_utils.launch import launch_env
-from model_utils.loop.hooks import GuardEvent, Observer, SavedCheckpoint, StepReport
+from model_utils.loop.hooks import Observer, Rollback, SavedCheckpoint, StepReport
 from model_utils.loop.state import TrainState
 from model_utils.observe.ledger_file import LEDGER, append, instance_type, job_record, process_started_at
 
@@ -107,7 +107,7 @@ class Ledger(Observer):
         return None
 
     def after_validation(self, step: int, validation: Validation) -> None:
-        # Validation runs right after the step's observers (Trainer.after_step): from the turn's end to here.
+        # Validation runs right after the step's observers: from the step's end to here.
         self._flush_steps()
         self._append(
             "validation",
@@ -126,10 +126,9 @@ class Ledger(Observer):
         self._flush_steps()
         self._append("checkpoint", step=saved.step, seconds=saved.save_s)
 
-    def on_guard_event(self, event: GuardEvent) -> None:
-        if event.rollback is not None:
-            self._flush_steps()
-            self._append("rollback", from_step=event.rollback.from_step, to_step=event.step)
+    def after_rollback(self, rollback: Rollback) -> None:
+        self._flush_steps()
+        self._append("rollback", from_step=rollback.from_step, to_step=rollback.step)
 
     def on_end(self, state: TrainState, reason: str) -> None:
         self._flush_steps()

@@ -1,10 +1,9 @@
 """`--profile_steps A:B` on rank 0 (observe/profiling.py): the profiler starts before step A's engine step, each
 applied step is a range on its timeline, and after step B the trace is written, kept with the tracker's run, and
-its writing left out of the throughput."""
+its writing is not a step (the throughput counts the steps' time)."""
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
 from model_utils.loop.hooks import Observer, StepReport, Stop
@@ -33,11 +32,9 @@ class Profiler(Observer):
     def after_step(self, report: StepReport) -> Stop | None:
         if not report.applied:
             return None
-        started = time.perf_counter()
         trace = self.profiler.step_done(report.step)
         if trace is not None:
             self.reporter.artifact(trace, "profiler")
-            self.reporter.exclude(time.perf_counter() - started)  # writing the trace is not training
         return None
 
     def on_close(self) -> None:

@@ -46,8 +46,8 @@ class Samples(Observer):
             report.sample_max_new_tokens,
         )
 
-    def evaluation_due(self, step: int, last: bool) -> str | None:
-        return watchdog.SAMPLES if step % self.every == 0 or last else None
+    def evaluation_due(self, step: int, last: bool, start: bool = False) -> str | None:
+        return watchdog.SAMPLES if not start and (step % self.every == 0 or last) else None
 
     def evaluate(self, step: int) -> None:
         started = time.perf_counter()

@@ -1,7 +1,7 @@
 """What an observer is built from: a context of a real resolved run (the tiny preset, the embedded corpus) gives
-the run's observers in calling order (the watchdog first, the reporter's output last), the profiler and the
-straggler report only on the rank that writes the run's files (S3 uploads: test_s3_uploads.py); the context
-cannot be changed."""
+the run's observers in calling order (the watchdog first, the time limit's say before the checkpointer's save,
+the reporter's output last), the profiler, the straggler report and the time limit only on the rank that
+writes the run's files (S3 uploads: test_s3_uploads.py); the context cannot be changed."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ from model_utils.config.arguments import parse_args
 from model_utils.errors import ConfigError
 from model_utils.launch.distributed import DistInfo
 from model_utils.loop import observers
+from model_utils.loop.hooks import Hooks
 from model_utils.loop.observers.context import LoopContext
+from model_utils.loop.state import TrainState
 from model_utils.resolve import resolver
 
 
@@ -23,34 +25,56 @@ class Reporter:
     def __init__(self, output_base: Path | None) -> None:
         self.output_base = output_base
 
+    def open(self, run_id: str, tracker: dict, resumed_at: int | None) -> dict:
+        return tracker
+
+
+class Engine:
+    title = "DeepSpeed"
+
+
+def context(
+    run: resolver.ResolvedRun, dist: DistInfo, output_base: Path | None, step: int = 0
+) -> LoopContext:
+    return LoopContext(run, dist, Engine(), Reporter(output_base), Hooks(), TrainState(step=step))  # type: ignore[arg-type]
+
 
 def test_the_runs_observers_from_its_context(tmp_path: Path) -> None:
     flags = ["--max_steps", "4", "--seq_length", "32", "--validation_fraction", "0", "--profile_steps", "2:3"]
     flags += ["--data_cache_dir", str(tmp_path / "cache"), "--checkpoint_dir", str(tmp_path / "ck")]
     run = resolver.prepare(parse_args(flags), world_size=2)
     main = DistInfo(rank=0, local_rank=0, world_size=2, device=torch.device("cpu"))
-    ctx = LoopContext(run, main, engine=None, reporter=Reporter(tmp_path / "run.metrics.jsonl"), start_step=0)  # type: ignore[arg-type]
+    ctx = context(run, main, tmp_path / "run.metrics.jsonl")
     built = observers.build(ctx)
     assert [type(o).__name__ for o in built] == [
         "Watchdog",
         "Profiler",
-        "GuardRecords",
+        "Guard",
         "Stragglers",
         "Ledger",
+        "Walltime",
+        "Checkpointer",
         "Reporting",
     ]
-    other = LoopContext(run, dataclasses.replace(main, rank=1), None, Reporter(None), 0)  # type: ignore[arg-type]
-    assert [type(o).__name__ for o in observers.build(other)] == ["Watchdog", "GuardRecords", "Reporting"]
+    other = context(run, dataclasses.replace(main, rank=1), None)
+    assert [type(o).__name__ for o in observers.build(other)] == [
+        "Watchdog",
+        "Guard",
+        "Checkpointer",
+        "Reporting",
+    ]
     quiet = parse_args([*flags, "--hang_timeout", "0", "--straggler_every", "0"])
     off = dataclasses.replace(ctx, run=resolver.prepare(quiet, world_size=2))
     assert [type(o).__name__ for o in observers.build(off)] == [
         "Profiler",
-        "GuardRecords",
+        "Guard",
         "Ledger",
+        "Walltime",
+        "Checkpointer",
         "Reporting",
     ]
     with pytest.raises(dataclasses.FrozenInstanceError):
-        ctx.start_step = 2  # type: ignore[misc]
+        ctx.state = TrainState(step=2)  # type: ignore[misc]
 
 
 USER_OBSERVERS = """
@@ -81,12 +105,19 @@ def test_the_users_observers_come_after_the_kits_and_before_the_reporters_output
     flags += ["--observers", "user_observers:Mine, user_observers:only_on_rank_1"]
     run = resolver.prepare(parse_args(flags), world_size=2)
     main = DistInfo(rank=0, local_rank=0, world_size=2, device=torch.device("cpu"))
-    ctx = LoopContext(run, main, engine=None, reporter=Reporter(None), start_step=3)  # type: ignore[arg-type]
+    ctx = context(run, main, None, step=3)
     built = observers.build(ctx)
-    assert [type(o).__name__ for o in built] == ["GuardRecords", "Stragglers", "Ledger", "Mine", "Reporting"]
-    assert built[3].start_step == 3  # type: ignore[attr-defined]
+    kits = ["Guard", "Stragglers", "Ledger", "Walltime", "Checkpointer"]
+    assert [type(o).__name__ for o in built] == [*kits, "Mine", "Reporting"]
+    assert built[len(kits)].start_step == 3  # type: ignore[attr-defined]
     other = dataclasses.replace(ctx, dist=dataclasses.replace(main, rank=1))
-    assert [type(o).__name__ for o in observers.build(other)] == ["GuardRecords", "Mine", "Mine", "Reporting"]
+    assert [type(o).__name__ for o in observers.build(other)] == [
+        "Guard",
+        "Checkpointer",
+        "Mine",
+        "Mine",
+        "Reporting",
+    ]
 
     wrong = dataclasses.replace(
         ctx, run=resolver.prepare(parse_args([*flags, "--observers", "user_observers:not_an_observer"]), 2)
@@ -139,5 +170,5 @@ def test_a_validation_only_run_is_watched_and_reported_and_nothing_else(
     flags += ["--data_cache_dir", str(tmp_path / "cache"), "--checkpoint_dir", str(tmp_path / "ck")]
     run = resolver.prepare(parse_args(flags), world_size=2)
     main = DistInfo(rank=0, local_rank=0, world_size=2, device=torch.device("cpu"))
-    ctx = LoopContext(run, main, engine=None, reporter=Reporter(tmp_path / "run.metrics.jsonl"), start_step=0)  # type: ignore[arg-type]
-    assert [type(o).__name__ for o in observers.build(ctx)] == ["Watchdog", "Mine", "Reporting"]
+    ctx = context(run, main, tmp_path / "run.metrics.jsonl")
+    assert [type(o).__name__ for o in observers.build(ctx)] == ["Watchdog", "Validator", "Mine", "Reporting"]

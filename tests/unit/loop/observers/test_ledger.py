@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from dskit import cost
-from model_utils.data.sampler import DataPosition
-from model_utils.loop.hooks import DISCARDED, TRAINED, GuardEvent, Rollback, SavedCheckpoint, StepReport
+from model_utils.loop.hooks import DISCARDED, ROLLED_BACK, TRAINED, Rollback, SavedCheckpoint, StepReport
 from model_utils.loop.observers import ledger
 from model_utils.loop.state import TrainState
 from model_utils.observe import watchdog
@@ -20,7 +19,7 @@ from model_utils.observe.metrics import Score, Validation
 
 
 def report(step: int, outcome: str = TRAINED, seconds: float = 0.01) -> StepReport:
-    return StepReport(step, outcome, 1.0, 1e-3, None, 0.0, seconds, None, TrainState(step=step))
+    return StepReport(step, outcome, 1.0, 1e-3, None, 0.0, seconds, TrainState(step=step))
 
 
 def records(path: Path) -> list[dict]:
@@ -39,28 +38,28 @@ def test_a_run_writes_start_steps_validation_evaluation_checkpoint_rollback_end_
     book.after_validation(2, Validation(Score(128.0, 128, 512), blocks=4, total_blocks=4, seconds=0.5))
     book.after_evaluation(2, watchdog.SAMPLES, 0.125)
     book.after_checkpoint_saved(SavedCheckpoint(2, "t-2steps", tmp_path, 0.25))
-    back = Rollback(
-        from_step=3, tag="t-2steps", reason="spikes", skip_from=DataPosition(), skip_to=DataPosition()
-    )
     book.after_step(report(3))
-    book.on_guard_event(GuardEvent("rollback", 2, {}, rollback=back))
-    book.on_guard_event(GuardEvent("spike_skip", 3, {}))  # not a rollback: no record
-    book.on_end(TrainState(step=3), "done")
+    # Step 4's verdict took the run back to step 2 before its report (the loop's order).
+    book.after_rollback(Rollback("spikes", must=False, from_step=4, tag="t-2steps", step=2))
+    book.after_step(report(4, ROLLED_BACK))
+    book.on_end(TrainState(step=4), "done")
     book.on_close()
     book.on_close()  # idempotent
     got = records(path)
     assert [r["event"] for r in got] == [
-        "start", "steps", "validation", "evaluation", "checkpoint", "steps", "rollback", "end", "closed",
+        "start", "steps", "validation", "evaluation", "checkpoint", "steps", "rollback", "steps", "end", "closed",
     ]  # fmt: skip
     steps = got[1]
     assert (steps["first"], steps["last"], steps["trained"], steps["untrained"]) == (1, 2, 2, 1)
     assert steps["trained_s"] == pytest.approx(0.02) and steps["untrained_s"] == pytest.approx(0.01)
     assert got[3] == {**got[3], "step": 2, "phase": "samples", "seconds": 0.125}
-    assert got[4]["seconds"] == 0.25 and got[6] == {**got[6], "from_step": 3, "to_step": 2}
-    assert got[7]["reason"] == "done" and all(a["t"] <= b["t"] for a, b in itertools.pairwise(got))
-    # What dskit cost makes of it: step 3 was rolled back, steps 1-2 stand.
+    assert got[4]["seconds"] == 0.25 and got[6] == {**got[6], "from_step": 4, "to_step": 2}
+    assert (got[5]["last"], got[7]["trained"], got[7]["untrained"]) == (3, 0, 1)  # step 4's time, untrained
+    assert got[8]["reason"] == "done" and all(a["t"] <= b["t"] for a, b in itertools.pairwise(got))
+    # What dskit cost makes of it: step 3 is trained again (a rollback's waste), step 4 trained nothing, 1-2 stand.
     acct = cost.account(got)
     assert acct.trained_steps == 2 and acct.attempts[0].seconds["rollbacks"] == pytest.approx(0.01)
+    assert acct.attempts[0].seconds["discarded"] == pytest.approx(0.02)
     assert acct.attempts[0].seconds["samples"] == 0.125
 
 

@@ -1,6 +1,6 @@
 """`--profile_steps A:B` at the loop's points, with the real profiler (observe/profiling.py) and a stand-in
 reporter: built only on the rank that writes the run's files and only when asked; each applied step is one range,
-the trace is handed to the tracker and its writing left out of the throughput; a run that stops inside the window
+the trace is handed to the tracker; a run that stops inside the window
 writes none."""
 
 from __future__ import annotations
@@ -21,13 +21,9 @@ class Reporter:
     def __init__(self, output_base: Path | None) -> None:
         self.output_base = output_base
         self.artifacts: list[tuple[Path, str]] = []
-        self.excluded: list[float] = []
 
     def artifact(self, path: Path, folder: str) -> None:
         self.artifacts.append((path, folder))
-
-    def exclude(self, seconds: float) -> None:
-        self.excluded.append(seconds)
 
 
 def context(window: tuple[int, int] | None, reporter: Reporter, start_step: int = 0) -> Any:
@@ -41,7 +37,7 @@ def turn(profiler: Profiler, step: int, outcome: str = hooks.TRAINED) -> None:
     profiler.before_step(step)
     torch.ones(32, 32) @ torch.ones(32, 32)
     assert (
-        profiler.after_step(StepReport(step, outcome, 2.0, 1e-3, None, 0.0, 0.1, None, TrainState(step=step)))
+        profiler.after_step(StepReport(step, outcome, 2.0, 1e-3, None, 0.0, 0.1, TrainState(step=step)))
         is None
     )
 
@@ -52,7 +48,7 @@ def test_built_only_when_asked_and_where_the_run_writes_its_files(tmp_path: Path
     assert Profiler.from_loop(context((2, 3), Reporter(tmp_path / "run.metrics.jsonl"))) is not None
 
 
-def test_the_trace_goes_to_the_tracker_and_its_writing_is_not_training(tmp_path: Path) -> None:
+def test_the_trace_goes_to_the_tracker(tmp_path: Path) -> None:
     reporter = Reporter(tmp_path / "run.metrics.jsonl")
     profiler = Profiler.from_loop(context((2, 3), reporter))
     assert profiler is not None
@@ -63,7 +59,6 @@ def test_the_trace_goes_to_the_tracker_and_its_writing_is_not_training(tmp_path:
     turn(profiler, 3)
     trace = tmp_path / "run.profile-steps2-3.pt.trace.json.gz"
     assert reporter.artifacts == [(trace, "profiler")] and trace.is_file()
-    assert len(reporter.excluded) == 1 and reporter.excluded[0] >= 0
     profiler.on_close()
     assert reporter.artifacts == [(trace, "profiler")]
 

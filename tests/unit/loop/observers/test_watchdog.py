@@ -15,7 +15,7 @@ from model_utils.observe.watchdog import Monitor
 
 
 def report(step: int, outcome: str, seconds: float) -> StepReport:
-    return StepReport(step, outcome, 2.5, 1e-3, 0.7, 0.01, seconds, None, TrainState(step=step))
+    return StepReport(step, outcome, 2.5, 1e-3, 0.7, 0.01, seconds, TrainState(step=step))
 
 
 def test_the_loops_points_reach_the_monitor(tmp_path: Path) -> None:
@@ -29,7 +29,7 @@ def test_the_loops_points_reach_the_monitor(tmp_path: Path) -> None:
     observer.on_phase(watchdog.CHECKPOINT, 5)  # a long phase: written at once, not at the thread's next round
     assert [(b.step, b.phase) for b in monitor.beats()] == [(5, watchdog.CHECKPOINT)]
     observer.after_step(report(5, hooks.TRAINED, 0.4))
-    observer.after_step(report(6, hooks.DROPPED, 9.0))  # no step ran: not a step time
+    observer.after_step(report(6, hooks.DISCARDED, 9.0))  # no update applied: not a step time
     assert monitor.step_median() == 0.4
     observer.on_end(TrainState(step=6), "done")
     assert monitor.beats() == [] and not (tmp_path / "beats").exists()
