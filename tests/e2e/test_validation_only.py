@@ -248,7 +248,7 @@ def test_a_validation_only_run_starts_validates_and_ends_each_batch_a_step_of_pr
     batches = len(trainer.run.val_blocks)  # micro batch 1: a block a batch
     assert points.met == [
         ("on_start", 0),
-        *[(watchdog.VALIDATION, 0)] * batches,
+        *[(watchdog.VALIDATION, 0)] * (1 + batches),  # the loop's entering the phase, then each batch
         ("after_validation", 0),
         (step_line.VALIDATED, 0),
     ]

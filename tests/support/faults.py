@@ -1,5 +1,5 @@
 """Faults injected into a real run, for the spike guard's and the straggler report's tests: what a corrupted batch,
-a bad step or a slow rank does. An observer the test adds with `--observers support.faults:Faults` (FLAGS), set by
+a bad step or a slow rank does. An observer the test adds with `--observers support.faults:observer` (FLAGS), set by
 the environment (`env`), so that every rank of any launcher gets it.
 
 FAULTS is a comma-separated list of `KIND@N`, acting on the N-th step of data this rank draws (every draw counts:
@@ -30,7 +30,7 @@ from model_utils.data.sampler import DataPosition
 from model_utils.loop.hooks import Observer, StepReport, Stop
 from model_utils.loop.observers.context import LoopContext
 
-FLAGS = ["--observers", "support.faults:Faults"]
+FLAGS = ["--observers", "support.faults:observer"]
 FAULTS = "FAULTS"
 FACTOR = 1000.0
 KINDS = ("loss", "grad", "drop", "slow")
@@ -121,3 +121,8 @@ class Faults(Observer):
 
     def on_close(self) -> None:
         self._hook.remove()
+
+
+def observer(ctx: LoopContext) -> Faults | None:
+    """What --observers calls on each rank: the faults FAULTS names for this rank, else none."""
+    return Faults.from_loop(ctx)

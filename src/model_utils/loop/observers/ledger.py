@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from model_utils.launch import launch_env
 from model_utils.loop.hooks import Observer, Rollback, SavedCheckpoint, StepReport
 from model_utils.loop.state import TrainState
+from model_utils.observe import watchdog
 from model_utils.observe.ledger_file import LEDGER, append, instance_type, job_record, process_started_at
 
 if TYPE_CHECKING:
@@ -119,6 +120,8 @@ class Ledger(Observer):
         return None
 
     def after_evaluation(self, step: int, phase: str, seconds: float) -> None:
+        if phase == watchdog.VALIDATION:
+            return  # its own record (after_validation)
         self._flush_steps()
         self._append("evaluation", step=step, phase=phase, seconds=seconds)
 

@@ -37,6 +37,7 @@ def test_a_run_writes_start_steps_validation_evaluation_checkpoint_rollback_end_
     book.after_step(report(2))
     book.after_validation(2, Validation(Score(128.0, 128, 512), blocks=4, total_blocks=4, seconds=0.5))
     book.after_evaluation(2, watchdog.SAMPLES, 0.125)
+    book.after_evaluation(2, watchdog.VALIDATION, 0.5)  # its own record above: not twice
     book.after_checkpoint_saved(SavedCheckpoint(2, "t-2steps", tmp_path, 0.25))
     book.after_step(report(3))
     # Step 4's verdict took the run back to step 2 before its report (the loop's order).
