@@ -56,18 +56,18 @@ env:
 	@$(PY) -m dskit.env.lock_stamp write  # the launchers then skip their uv sync (src/dskit/env/lock_stamp.py)
 
 # DeepSpeed compiles its CPU ops on first use (~1-2 min each); do it once here, not inside a timed test.
-# Through the same set-up as training (model_utils.model.kernels.prepare_jit_env: extensions dir, TORCH_CUDA_ARCH_LIST).
+# Through the same set-up as training (model_utils.launch.ops.prepare_jit_env: extensions dir, TORCH_CUDA_ARCH_LIST).
 # One process per op, side by side: each compiles on one core (torch's file lock is per op).
 # torch compiles through ccache where it is on PATH (`make tools` installs it as root on Debian): with the
 # checkout as ccache's base dir (its paths made relative, the -g build dir not hashed) another checkout on this
 # machine takes the compiled objects from the cache (~70 s of compiling -> ~3 s).
-# The ops of the embedded default on CPU ranks, as the engine names them (engines.jit_ops; tests/unit/model/
-# test_kernels.py holds this list to it).
+# The ops of the embedded default on CPU ranks, as the engine names them (engines.jit_ops; tests/unit/launch/
+# test_ops.py holds this list to it).
 WARM_OPS := ShareMemCommBuilder CPUAdamBuilder
 warm: env
 	@export CCACHE_BASEDIR="$(CURDIR)" CCACHE_NOHASHDIR=1; \
 	pids=(); for op in $(WARM_OPS); do \
-	  $(PY) -c "from model_utils.model import kernels; kernels.warm_deepspeed_ops(['$$op'])" & pids+=($$!); \
+	  $(PY) -c "from model_utils.launch import ops; ops.warm_deepspeed_ops(['$$op'])" & pids+=($$!); \
 	done; status=0; for pid in "$${pids[@]}"; do wait "$$pid" || status=$$?; done; exit "$$status"
 
 lint: env

@@ -147,6 +147,32 @@ def levels(known: dict[str, Path], edges: dict[str, set[str]]) -> int:
     return max((walk(name, frozenset()) for name in known), default=0)
 
 
+def layer_of(module: str, layers: tuple[tuple[str, ...], ...], package: str = "model_utils") -> int | None:
+    """The index in `layers` of the package (or top-level module) `module` belongs to, None when undeclared."""
+    part = module.split(".")[1] if module.count(".") else None
+    return next((i for i, names in enumerate(layers) if part in names), None)
+
+
+def upward(
+    edges: dict[str, set[str]], layers: tuple[tuple[str, ...], ...], package: str = "model_utils"
+) -> list[str]:
+    """The imports (`edges`: every one, deferred and TYPE_CHECKING included) of a module of `package` from a layer
+    above its own, and its modules in no layer, each as one line."""
+    found = []
+    for source, targets in sorted(edges.items()):
+        if not source.startswith(package + "."):
+            continue
+        mine = layer_of(source, layers, package)
+        if mine is None:
+            found.append(f"{source}: in no layer")
+            continue
+        for target in sorted(targets):
+            theirs = layer_of(target, layers, package) if target.startswith(package + ".") else None
+            if theirs is not None and theirs > mine:
+                found.append(f"{source} -> {target}: layer {theirs} above {mine}")
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--edges", action="store_true", help="print every edge")

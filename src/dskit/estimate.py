@@ -20,6 +20,7 @@ from model_utils import engines
 from model_utils.config.arguments import CHECKPOINTING_NONE, every_n_layers
 from model_utils.engines.memory import GiB, Line, MemoryEstimate, ModelShape, ZeroLayout, check_zero, estimate
 from model_utils.errors import CommandParser, ConfigError
+from model_utils.model import models
 from model_utils.model.activation_checkpointing import checkpointed_layers
 from model_utils.resolve import memory_estimate
 from model_utils.resolve.memory_estimate import FIT_FRACTION, MAX_MICRO_BATCH, OFFLOADS, resolve_layout
@@ -532,10 +533,9 @@ def forecast_inputs(ns: argparse.Namespace) -> ForecastInputs | None:
 
 
 def forecast_line(inputs: ForecastInputs, settings: Any, nodes: int, ranks: int) -> str:
-    from model_utils.observe import metrics
 
     seq = settings.config.data.seq_length or 2048
-    per_token = metrics.flops_per_token(settings.model_config, seq, settings.config.lora)
+    per_token = models.flops_per_token(settings.model_config, seq, settings.config.lora)
     f = forecast(per_token, inputs.tokens, nodes * ranks, nodes, inputs.mfu, inputs.peak_tflops, inputs.price)
     money = (
         f" = ${f.cost:,.0f} at ${inputs.price.per_hour:g}/h ({f.price_what})"

@@ -16,10 +16,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from model_utils.config import deepspeed_file
 from model_utils.config import run_file as run_file_format
 from model_utils.config.arguments import ONE_OF, SAMPLE_ONLY, SECTIONS, GuardArgs, engine_only_flags
 from model_utils.observe import redact
+from model_utils.resolve import train_settings
 from model_utils.resolve.resolver import ResolvedRun
 
 _WSD_ONLY = ("decay_fraction", "decay_type", "decay_from_step")
@@ -57,9 +57,9 @@ def run_file(run: ResolvedRun) -> dict[str, Any]:
     sections["guard"]["spike_guard"] = run.settings.spike_guard
     for flag in GuardArgs.unused_in(run.settings.spike_guard):
         flat[flag][flag] = None
-    if deepspeed_file.default_in_use(cfg):
+    if train_settings.default_in_use(cfg):
         return sections  # no section: fed back, CUDA ranks still choose between the default and GPU-only
-    return {**sections, run_file_format.DEEPSPEED: deepspeed_file.given(cfg)[1]}
+    return {**sections, run_file_format.DEEPSPEED: train_settings.given(cfg)[1]}
 
 
 def dump(run: ResolvedRun) -> str:
@@ -67,10 +67,10 @@ def dump(run: ResolvedRun) -> str:
         "The resolved run (dskit config --format yaml): train it with --config THIS_FILE. Flags given after\n"
         "--config override it; null means not given."
     )
-    if deepspeed_file.default_in_use(run.config):
+    if train_settings.default_in_use(run.config):
         header += (
             f"\nNo deepspeed section: the default {run.settings.train.path} (on CUDA ranks "
-            f"{deepspeed_file.gpu_only_config(run.config)} where the memory estimate fits the GPU)."
+            f"{train_settings.gpu_only_config(run.config)} where the memory estimate fits the GPU)."
         )
     sections = redact.tree(run_file(run))  # printed: a tracking URI's password stays out of the terminal
     deepspeed = sections.pop(run_file_format.DEEPSPEED, None)

@@ -1,4 +1,4 @@
-"""model_utils.launch.accelerate_env against environments made by real `accelerate launch` runs.
+"""model_utils.config.accelerate_env against environments made by real `accelerate launch` runs.
 
 Each accelerate config below is launched once (what `accelerate launch --config_file X dump_env.py` runs, on CPU:
 accelerate's own parser, launch_command and launchers, one launch after the other in one process); the tiny
@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from model_utils.config import accelerate_env
+from model_utils.config.accelerate_env import AccelerateRequest
 from model_utils.config.arguments import parse_args
 from model_utils.config.deepspeed_file import load_deepspeed_json
 from model_utils.errors import ConfigError
-from model_utils.launch import accelerate_env
-from model_utils.launch.accelerate_env import AccelerateRequest
 from model_utils.resolve import resolver
 
 REPO = Path(__file__).resolve().parents[2]

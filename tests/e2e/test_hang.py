@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from model_utils import launch_env
 from model_utils.checkpoint import protocol
-from model_utils.launch import launch_env
 from model_utils.observe import watchdog
 from support import step_control
 from support.rank_pool import ENV, run_ranks

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from model_utils import launch_env
 from model_utils.config.arguments import parse_args
-from model_utils.launch import launch_env
 from model_utils.loop import trainer as training
 from model_utils.loop.hooks import Observer, StepReport, Stop
 from model_utils.loop.observers.reporting import Reporting

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
+from model_utils import launch_env
 from model_utils.config.arguments import parse_args
 from model_utils.data.step_batches import StepBatches
-from model_utils.launch import launch_env
 from model_utils.launch.walltime import Decision, WalltimePlanner
 from model_utils.loop import trainer as training
 from model_utils.loop.observers.reporting import Reporting

@@ -1,4 +1,4 @@
-"""Process ids for the tests of stale-holder checks (launch/processes.py's callers)."""
+"""Process ids for the tests of stale-holder checks (processes.py's callers)."""
 
 from __future__ import annotations
 

@@ -82,9 +82,9 @@ def _warm_imports() -> None:
     # a Python subprocess, ~1 s; model_utils.launch.startup caches it within a rank).
     import cpuinfo
 
-    from model_utils.model import kernels
+    from model_utils.launch import ops
 
-    kernels.warm_deepspeed_ops(["ShareMemCommBuilder", "CPUAdamBuilder"])
+    ops.warm_deepspeed_ops(["ShareMemCommBuilder", "CPUAdamBuilder"])
     cpuinfo.get_cpu_info = functools.cache(cpuinfo.get_cpu_info)
     cpuinfo.get_cpu_info()
     import torch

@@ -6,6 +6,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import import_graph
+from model_utils import LAYERS
+
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 
@@ -100,3 +103,46 @@ def test_the_private_use_check_finds_each_kind(tmp_path: Path) -> None:
         "import torch._dynamo",
         "threading._shutdown",
     ]
+
+
+def test_no_runtime_module_imports_from_a_layer_above_its_own() -> None:
+    """model_utils.LAYERS, over every import of the runtime: module level, inside functions, under TYPE_CHECKING."""
+    _, edges, deferred = import_graph.graph()
+    assert import_graph.upward(edges, LAYERS) == []
+    runtime = {s: t for s, t in edges.items() if s.startswith("model_utils.")}
+    assert sum(len(t) for t in runtime.values()) > 300  # the whole runtime's imports, not a part
+    assert sum(len(t) for s, t in deferred.items() if s in runtime) > 20  # the function-level ones too
+    parts = {p.stem for p in (SRC / "model_utils").glob("*.py") if p.stem != "__init__"}
+    parts |= {p.parent.name for p in (SRC / "model_utils").glob("*/__init__.py")}
+    assert parts == {name for layer in LAYERS for name in layer}  # every package and module declared, once
+
+
+def test_the_layer_check_finds_imports_from_above_deferred_and_type_checking_too(tmp_path: Path) -> None:
+    root = tmp_path / "model_utils"
+    files = {
+        "__init__.py": "",
+        "low/__init__.py": "",
+        "low/a.py": "def f():\n    from model_utils.high import b\n",
+        "low/c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from model_utils.high.b import B\n",
+        "high/__init__.py": "",
+        "high/b.py": "from model_utils.low import a\nclass B: ...\n",
+        "stray.py": "",
+    }
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    known = import_graph.modules(tmp_path, ("model_utils",))
+    edges = {name: {t for t, _ in import_graph.imports(name, path, known)} for name, path in known.items()}
+    assert import_graph.upward(edges, (("low",), ("high",))) == [
+        "model_utils.low.a -> model_utils.high.b: layer 1 above 0",
+        "model_utils.low.c -> model_utils.high.b: layer 1 above 0",
+        "model_utils.stray: in no layer",
+    ]
+
+
+def test_the_architecture_doc_draws_the_declared_layers() -> None:
+    """docs/architecture.md's Layers block: one line per layer, top first, its names before two spaces."""
+    doc = (SRC.parent / "docs" / "architecture.md").read_text()
+    block = doc[doc.index("## Layers") :].split("```text\n", 1)[1].split("```", 1)[0]
+    drawn = [tuple(line.split("  ")[0].split(", ")) for line in block.splitlines() if line.strip()]
+    assert drawn == list(reversed(LAYERS))

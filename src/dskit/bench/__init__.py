@@ -34,13 +34,13 @@ from typing import TYPE_CHECKING, Any
 
 from dskit import columns
 from model_utils.assets import TOKENIZER_DIR
-from model_utils.config import deepspeed_file
 from model_utils.config.arguments import AUTO, LIGER_CHOICES, GuardArgs, OptimArgs, TrainConfig, parse_args
 from model_utils.config.deepspeed_file import load_deepspeed_json
 from model_utils.data.sampler import BlockSampler, DataPosition
 from model_utils.errors import CommandParser, ConfigError
 from model_utils.launch import startup
 from model_utils.observe.log import print0
+from model_utils.resolve import train_settings
 
 # torch (and what imports it) is imported where a benchmark runs, never at module level: `dskit bench --help`
 # and `dskit gpu-check --help` (this package's submodule) stay instant.
@@ -361,7 +361,7 @@ def _json_or_text(raw: str) -> Any:
 
 def _default_config(backend: str) -> str:
     """The DeepSpeed-format config --backend `backend` trains with when none is given."""
-    return deepspeed_file.given(TrainConfig(optim=OptimArgs(backend=backend)))[0]
+    return train_settings.given(TrainConfig(optim=OptimArgs(backend=backend)))[0]
 
 
 def vary_variants(base: str, specs: list[str], out_dir: Path) -> list[Variant]:
@@ -599,7 +599,7 @@ def main(argv: list[str]) -> int:
     import torch
     from deepspeed.accelerator import get_accelerator
 
-    from model_utils.model import kernels
+    from model_utils.model import kernels, models
     from model_utils.observe import metrics
     from model_utils.resolve import resolver
 
@@ -638,7 +638,7 @@ def main(argv: list[str]) -> int:
                 accumulation=ns.gradient_accumulation_steps,
                 steps=ns.steps,
                 warmup=ns.warmup_steps,
-                flops_per_token=metrics.flops_per_token(first.model_config, first.seq_length),
+                flops_per_token=models.flops_per_token(first.model_config, first.seq_length),
                 peak_tflops=metrics.peak_tflops(metrics.device_name(dist.device), ns.peak_tflops),
             )
             print0(

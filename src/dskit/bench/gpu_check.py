@@ -350,7 +350,7 @@ class Context:
 
 def step_ops(ctx: Context, log: Path, limit: int, report: Report) -> list[Check]:
     name = "ops: DeepSpeed CPU Adam"
-    code = "from model_utils.model import kernels; kernels.warm_deepspeed_ops(['CPUAdamBuilder'])"
+    code = "from model_utils.launch import ops; ops.warm_deepspeed_ops(['CPUAdamBuilder'])"
     result = run_step([ctx.python, "-c", code], limit, log, ctx.env)
     return [_ran(name, result, limit) or Check(name, "pass", "built or loaded", result.seconds, limit)]
 

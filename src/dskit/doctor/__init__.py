@@ -142,11 +142,10 @@ def run_jit_ops(cfg: TrainConfig, settings: Any, ctx: LaunchContext, gpus: GpuPr
     """The DeepSpeed ops the ranks of this run will JIT-load (engines.jit_ops), for the config they will train
     with: on GPUs with the kit's default config, the one the memory estimate picks there, as the ranks do."""
     from model_utils import engines
-    from model_utils.config import deepspeed_file
     from model_utils.resolve import resolver, train_settings
 
     ranks, on_gpus = ranks_per_node(ctx, gpus)
-    if settings is not None and on_gpus and gpus.memory_bytes and deepspeed_file.default_in_use(cfg):
+    if settings is not None and on_gpus and gpus.memory_bytes and train_settings.default_in_use(cfg):
         settings = resolver.choose_default_config(settings, gpus.memory_bytes, ranks * ctx.nodes)
     ts = settings.train if settings is not None else train_settings.resolve(cfg)
     # The micro batch and the step count do not change which optimizer runs.

@@ -114,19 +114,19 @@ def check_ops(
     ctx: LaunchContext, ops: tuple[str, ...], create_builder: Callable[[str], Any] | None = None
 ) -> Result:
     """The ops this run JIT-builds (`ops`: builder class names, engines.jit_ops of the resolved run): built, as
-    the ranks' load will take them (kernels.build_reason: not out of date), or buildable here.
+    the ranks' load will take them (launch/ops.py's build_reason: not out of date), or buildable here.
 
-    `create_builder`: builder class name -> op builder (default: the accelerator's, as kernels.build_ops)."""
+    `create_builder`: builder class name -> op builder (default: the accelerator's, as launch/ops.py's build_ops)."""
     startup.import_deepspeed()
     from deepspeed.accelerator import get_accelerator
 
-    from model_utils.model import kernels
+    from model_utils.launch import ops as op_builds
 
     name = "DeepSpeed ops"
     accelerator = get_accelerator()
     if not ops:
         return Result(name, Status.PASS, "this run builds none (torch's optimizer and collectives)")
-    kernels.prepare_jit_env()  # the ranks' ninja and TORCH_CUDA_ARCH_LIST: the build file theirs would write
+    op_builds.prepare_jit_env()  # the ranks' ninja and TORCH_CUDA_ARCH_LIST: the build file theirs would write
     root = _extensions_root(ctx)
     built: list[str] = []
     to_build: list[tuple[str, str]] = []  # (op, why the ranks' load compiles it)
@@ -136,7 +136,7 @@ def check_ops(
         if builder is None or type(builder).__name__ == "NotImplementedBuilder":
             continue
         op = builder.name
-        why = kernels.build_reason(builder, root)
+        why = op_builds.build_reason(builder, root)
         if why is None:
             built.append(op)
             continue
@@ -150,7 +150,7 @@ def check_ops(
             to_build.append((op, why))
         else:
             incompatible.append(f"{op} ({reason})")
-    stale = any(why != kernels.FIRST_USE for _, why in to_build)  # built, but the ranks' load recompiles it
+    stale = any(why != op_builds.FIRST_USE for _, why in to_build)  # built, but the ranks' load recompiles it
     have = (
         f"built in {root}: {', '.join(built)}"
         if built
@@ -165,7 +165,7 @@ def check_ops(
         )
     if not to_build:
         return Result(name, Status.PASS, have)
-    listed = ", ".join(op if why == kernels.FIRST_USE else f"{op} ({why})" for op, why in to_build)
+    listed = ", ".join(op if why == op_builds.FIRST_USE else f"{op} ({why})" for op, why in to_build)
     from torch.utils.cpp_extension import is_ninja_available
 
     compiler = os.environ.get("CXX", "c++")

@@ -25,8 +25,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from dskit.launcher import check, main
+from model_utils import launch_env
 from model_utils.errors import CommandParser, ConfigError
-from model_utils.launch import launch_env
 from model_utils.observe.watchdog import HANG_EXIT
 
 WALLTIME = "walltime"  # the trainer's stop reason for the time limit (launch/walltime.py)

@@ -30,8 +30,9 @@ from pathlib import Path
 from types import FrameType
 
 from dskit.launcher import main
+from model_utils import launch_env
 from model_utils.errors import ConfigError
-from model_utils.launch import launch_env, preemption
+from model_utils.launch import preemption
 
 RANK_SCRIPT = "src/train_deepspeed.py"
 PROC = Path("/proc")

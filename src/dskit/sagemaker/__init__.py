@@ -31,8 +31,8 @@ from typing import Any
 
 from dskit.sagemaker import job_contract
 from dskit.sagemaker.values import DEFAULT_IMAGE, SageMakerValues, bucket_of, load
+from model_utils import launch_env
 from model_utils.errors import CommandParser, ConfigError, first_line
-from model_utils.launch import launch_env
 from model_utils.observe import redact, step_line
 from model_utils.repo import REPO_ROOT as REPO
 

@@ -47,8 +47,9 @@ from pathlib import Path
 from types import FrameType
 
 from dskit.sagemaker.job_contract import DEFAULT_BASE, OWNED_FLAGS, READABLE_INPUT_MODES
+from model_utils import launch_env
 from model_utils.errors import ConfigError
-from model_utils.launch import launch_env, preemption
+from model_utils.launch import preemption
 from model_utils.observe import redact
 from model_utils.repo import REPO_ROOT as REPO
 

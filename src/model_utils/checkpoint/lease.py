@@ -33,8 +33,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from model_utils import launch_env, processes
 from model_utils.errors import ConfigError
-from model_utils.launch import launch_env, processes
 from model_utils.observe.log import print0, warn0
 from model_utils.storage import file_manifest
 

@@ -41,11 +41,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from model_utils import engines
+from model_utils import engines, launch_env
 from model_utils.checkpoint import launch_record
 from model_utils.engines.base import CheckpointFormat, Engine
 from model_utils.errors import CheckpointSaveFailed, ConfigError, first_line
-from model_utils.launch import launch_env
 from model_utils.observe import step_line
 from model_utils.observe.log import error_line, print0, warn0
 from model_utils.storage import file_manifest

@@ -8,7 +8,7 @@ abbreviations are refused.
 The config is the user's, as given, and frozen: what is derived from it (the sequence length, the optimizer and
 schedule settings, the micro batch, max_steps from --epochs, the default lr) is resolved once by
 resolve/resolver.py. Parsing reads the run file and the flags only, and checks what needs nothing but them: the
-launch environment (an accelerate config) joins the config in resolution (launch/accelerate_env.py), and so do
+launch environment (an accelerate config) joins the config in resolution (config/accelerate_env.py), and so do
 the checks that depend on it.
 """
 
@@ -27,17 +27,17 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from model_utils import engines
+from model_utils import launch_env
 from model_utils.config import run_file, sources
 from model_utils.config.presets import PRESETS, PRETRAINED_LR
 from model_utils.errors import ConfigError
-from model_utils.launch import launch_env
 
 AUTO = "auto"
 ALL = "all"  # --validation_batches all: a full pass over the validation blocks
 CONFIG = "config"  # --config RUN.yaml: the run file (run_file.py), not a field: it sets the fields
 LIGER_CHOICES = (AUTO, "on", "off")
-BACKENDS = engines.NAMES  # --backend: the registered training engines
+# --backend: the training engines, the first the default (engines/__init__.py registers each by this name)
+BACKENDS = ("deepspeed", "fsdp")
 # The global batch on CUDA when no batch flag is given (with micro batch auto): 2^18 tokens, the top of the
 # range the H100 anchors for a 0.6B model use (16 x 8 x 2048, where CPU offload reached 94% of GPU-only); README.
 CUDA_GLOBAL_BATCH_TOKENS = 262_144
@@ -285,7 +285,7 @@ PER_SOURCE_KEYS = tuple(f.name for f in dataclasses.fields(DataArgs) if f.name n
 @dataclass(frozen=True)
 class OptimArgs:
     backend: str = field(
-        default=engines.DEFAULT,
+        default=BACKENDS[0],
         metadata=_flag(
             "the training engine: 'deepspeed' (ZeRO, from the DeepSpeed config) or 'fsdp' (PyTorch FSDP2, "
             "sharded checkpoints in Distributed Checkpoint format; docs/fsdp.md)"

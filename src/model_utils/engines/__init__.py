@@ -2,8 +2,9 @@
 is the only way to an engine's module from outside engines/ (tests/unit/engines/test_no_backend_branches.py).
 
 An engine is named by its --backend value; its module is imported on first use, so a rank imports the engine it
-trains with and no other. The config parser reads the names here: this module imports nothing heavy. A third
-engine is one new module implementing base.py's protocols and one line in ENGINES.
+trains with and no other. The config, a layer below, names them (--backend's choices, config/arguments.py
+BACKENDS; tests/unit/engines/test_registry.py holds the two equal). A third engine is one new module implementing
+base.py's protocols, one line in ENGINES and its name there.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from model_utils.errors import ConfigError
+from model_utils.launch import ops
 
 if TYPE_CHECKING:
     from model_utils.engines.base import CheckpointFormat, ConfigRules, Engine, MemoryModel
@@ -70,18 +72,8 @@ def engine_of_tag(tag_dir: Path) -> str | None:
     return None
 
 
-# The DeepSpeed op builders the process group loads, by the ranks' device type: launch/distributed.py starts it
-# with deepspeed.init_distributed under every engine; CPU ranks' shared-memory collectives (build_shm_op in
-# deepspeed/comm/torch.py), nothing on GPUs (NCCL).
-COMM_OPS: dict[str, tuple[str, ...]] = {"cpu": ("ShareMemCommBuilder",)}
-
-
-def comm_ops(device_type: str) -> tuple[str, ...]:
-    return COMM_OPS.get(device_type, ())
-
-
 def jit_ops(backend: str, ds: dict[str, Any], device_type: str) -> tuple[str, ...]:
     """Every DeepSpeed op builder (class name) a run of engine `backend` with the checked DeepSpeed-format config
     `ds` on ranks of `device_type` ("cpu", "cuda") JIT-loads: the process group's, then the engine's. The ranks
-    build these (kernels.build_ops, announced) and `dskit doctor` checks them."""
-    return comm_ops(device_type) + config_rules(backend).jit_ops(ds, device_type)
+    build these (ops.build_ops, announced) and `dskit doctor` checks them."""
+    return ops.comm_ops(device_type) + config_rules(backend).jit_ops(ds, device_type)

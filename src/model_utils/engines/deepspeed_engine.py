@@ -20,8 +20,7 @@ from model_utils.config.deepspeed_file import get
 from model_utils.engines import deepspeed_config, generation, memory, step_loss
 from model_utils.engines.memory import Line, MemoryEstimate, ModelShape, ZeroLayout
 from model_utils.errors import ConfigError
-from model_utils.launch import startup
-from model_utils.model import kernels
+from model_utils.launch import ops, startup
 from model_utils.observe.log import print0
 from model_utils.optim import schedules
 
@@ -288,7 +287,7 @@ class DeepSpeedEngine:
         config then has no scheduler section)."""
         deepspeed = startup.import_deepspeed()
         # The CPU's description beside the ops built for it: one probe per host and boot, not per rank.
-        with startup.cpu_info_computed_once(kernels.extensions_dir()), startup.schedule_start_unlogged():
+        with startup.cpu_info_computed_once(ops.extensions_dir()), startup.schedule_start_unlogged():
             self._engine, _, _, _ = deepspeed.initialize(
                 model=model,
                 model_parameters=param_groups or [p for p in model.parameters() if p.requires_grad],
@@ -320,7 +319,7 @@ class DeepSpeedEngine:
         ds = run.deepspeed_config()
         if device.type == "cpu":
             ds = torch_adam_on_cpu(ds)
-        kernels.build_ops(jit_ops(ds, device.type), device.type)  # announced, before DeepSpeed loads them
+        ops.build_ops(jit_ops(ds, device.type), device.type)  # announced, before DeepSpeed loads them
         engine = cls(model, ds, param_groups, lr_scheduler=scheduler)
         engine._loads_schedule_state = run.loads_schedule_state
         return engine

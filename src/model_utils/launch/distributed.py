@@ -65,13 +65,12 @@ def init_distributed(collective_timeout_s: float | None = None) -> DistInfo:
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
-    from model_utils import engines
-    from model_utils.model import kernels
+    from model_utils.launch import ops
 
     # Before the first op build (CPU ranks build DeepSpeed's shm comm op here): the checkout's ops dir, also for
     # a rank that no launcher of the kit started (accelerate launch, a bare torchrun).
-    kernels.prepare_jit_env()
-    kernels.build_ops(engines.comm_ops(device.type), device.type)  # a first build announced, with its time
+    ops.prepare_jit_env()
+    ops.build_ops(ops.comm_ops(device.type), device.type)  # a first build announced, with its time
     with startup.op_built_lines_dropped():  # each CPU rank's "... built successfully"
         timeout = {} if collective_timeout_s is None else {"timeout": timedelta(seconds=collective_timeout_s)}
         deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name(), **timeout)
@@ -88,8 +87,8 @@ def dump_collective_trace(info: DistInfo) -> str | None:
     and where; None without NCCL (gloo keeps no such record)."""
     if info.device.type != "cuda":
         return None
+    from model_utils import launch_env
     from model_utils.compat import torch_internals
-    from model_utils.launch import launch_env
 
     log = os.environ.get(launch_env.LOG_FILE)
     base = Path(log).with_suffix("") if log else Path(f"dskit-{os.getpid()}")
@@ -110,16 +109,6 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=device)
     torch.distributed.all_reduce(t)
     return t.tolist()
-
-
-def global_mean(value: torch.Tensor) -> float:
-    """The mean across ranks of a one-element device tensor, as a float on every rank (one collective)."""
-    world = torch.distributed.get_world_size()
-    if world == 1:  # gloo takes ~0.1 ms to all-reduce even alone: 0.6% of a tiny CPU step
-        return float(value.item())
-    t = value.detach().to(torch.float64).reshape(1)
-    torch.distributed.all_reduce(t)
-    return t.item() / world
 
 
 def mean_and_max(

@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from model_utils import launch_env
 from model_utils.errors import NodeUnhealthy, first_line
-from model_utils.launch import launch_env
 from model_utils.observe import ledger_file
 
 if TYPE_CHECKING:  # torch is imported where the gate runs: `dskit doctor` reads the table without it
@@ -241,17 +241,6 @@ def busbw_floor(
     if floor is None:
         return None, f"no floor for {instance or 'an unknown instance type'}: set --health_min_busbw"
     return (floor.node_busbw if nodes == 1 else floor.job_busbw), f"{instance}, {THRESHOLDS_DATE}"
-
-
-def describe_thresholds() -> list[str]:
-    """The table, as `dskit doctor` shows it."""
-    lines = [f"cpu: gloo all-reduce >= {CPU_FLOOR_GBPS:g} GB/s"]
-    for name, f in THRESHOLDS.items():
-        lines.append(
-            f"{name}: {f.gpus} GPUs, {f.efa_devices} EFA, all-reduce >= {f.node_busbw:g} GB/s in a node, "
-            f">= {f.job_busbw:g} GB/s across nodes"
-        )
-    return lines
 
 
 # --- the gate ---

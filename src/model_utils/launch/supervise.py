@@ -29,10 +29,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from model_utils.launch import launch_env, scratch
+from model_utils import launch_env, scratch
 from model_utils.observe import step_line, watchdog
 
-LAUNCH = "launch"  # the kind of this launcher's temporary dir (launch/scratch.py)
+LAUNCH = "launch"  # the kind of this launcher's temporary dir (scratch.py)
 
 
 def _how(exitcode: int) -> str:
@@ -79,7 +79,7 @@ def main(argv: list[str]) -> int:
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    scratch.remove_ended(LAUNCH)  # of this host's launchers that were killed (launch/scratch.py)
+    scratch.remove_ended(LAUNCH)  # of this host's launchers that were killed (scratch.py)
     scratch.remove_ended(watchdog.HEARTBEATS)  # of ranks under another launcher whose parent has ended
     launch_dir = scratch.make(LAUNCH)
     os.environ[launch_env.LAUNCH_DIR] = str(launch_dir)  # the ranks' heartbeats go in it

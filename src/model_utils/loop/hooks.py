@@ -38,8 +38,9 @@ that must stay on disk; `requests` and `keeps` go through the step's collective.
 caught: it ends the run (the entry point's one-line ConfigError, else a traceback), and Trainer.close still closes
 every observer.
 
-State: an observer with a `name` keeps `state_dict()` in every checkpoint under that name and gets it back by
-`load_state_dict` on a resume (the Trainer's TrainState keeps only the step, the tokens and the data position).
+State: an observer with a `name` keeps `state_dict()` in every checkpoint under that name and gets it back when it
+is built on a resume (`from_loop`: LoopContext.saved, by name; a rollback's in `after_rollback`: Rollback.saved);
+the Trainer's TrainState keeps only the step, the tokens, the data position and the run id.
 """
 
 from __future__ import annotations
@@ -148,9 +149,6 @@ class Observer:
     def state_dict(self) -> dict[str, Any]:
         return {}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
-
     def on_start(self, state: TrainState) -> None:
         pass
 
@@ -254,11 +252,6 @@ class Hooks:
     def state_dicts(self) -> dict[str, dict[str, Any]]:
         """Every named observer's state, by name: what a checkpoint keeps beside the TrainState."""
         return {o.name: o.state_dict() for o in self.observers if o.name}
-
-    def load_state_dicts(self, states: dict[str, dict[str, Any]]) -> None:
-        for observer in self.observers:
-            if observer.name and observer.name in states:
-                observer.load_state_dict(states[observer.name])
 
     # --- the points ---
 

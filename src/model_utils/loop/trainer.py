@@ -29,12 +29,12 @@ from model_utils.launch.distributed import DistInfo, decide_on_main
 from model_utils.launch.preemption import StopRequest
 from model_utils.loop import consensus, hooks, observers, resume, stragglers
 from model_utils.loop.hooks import DISCARDED, INTERRUPTED, PREEMPTED, REQUESTS, ROLLED_BACK, TRAINED
+from model_utils.loop.reporter import Reporter
 from model_utils.loop.state import TrainState
 from model_utils.model import activation_checkpointing, kernels, lora, models
 from model_utils.model.models import build_model
 from model_utils.observe import metrics, run_name, step_line, watchdog
 from model_utils.observe.log import print0, warn0
-from model_utils.observe.reporter import Reporter
 from model_utils.optim import param_groups
 from model_utils.resolve.resolver import ResolvedRun
 
@@ -98,7 +98,7 @@ class Trainer:
             new_id = None if loaded else decide_on_main(lambda: run_name.new_run_id(self.cfg), dist)
             self.state = loaded.state if loaded else TrainState(run_id=new_id or "")
             self.signals = StopRequest()  # a preemption's USR1, Ctrl-C: stop after the step, saved
-            flops = metrics.flops_per_token(run.model_config, run.seq_length, self.cfg.lora)
+            flops = models.flops_per_token(run.model_config, run.seq_length, self.cfg.lora)
             peak = metrics.peak_tflops(metrics.device_name(dist.device), self.cfg.report.peak_tflops)
             reporter = Reporter(self.cfg, dist, self.max_steps, run.tokens_per_step, flops, peak)
             saved = loaded.observers if loaded else {}

@@ -108,12 +108,9 @@ def _shaping(args: LoraArgs | None) -> tuple[Any, ...] | None:
     return (args.lora_r, names_list(args.lora_target_modules), names_list(args.lora_modules_to_save))
 
 
-def check_resume(tag_dir: Any, args: LoraArgs) -> None:
-    """Refuse to resume a checkpoint whose parameters are not this run's: with or without LoRA, or another rank
-    or module set (the names and shapes differ, so DeepSpeed could load none of it)."""
-    from model_utils.checkpoint import launch_record
-
-    launch = launch_record.read(tag_dir)
+def check_resume(tag_dir: Any, launch: dict[str, Any] | None, args: LoraArgs) -> None:
+    """Refuse to resume a checkpoint (tag_dir, its launch record) whose parameters are not this run's: with or
+    without LoRA, or another rank or module set (the names and shapes differ, so DeepSpeed could load none)."""
     if launch is None:
         return
     saved = _shaping(saved_args(launch))

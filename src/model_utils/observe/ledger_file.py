@@ -13,7 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from model_utils.launch import launch_env
+from model_utils import launch_env
 
 LEDGER = "dskit-ledger.jsonl"
 _EC2_PRODUCT_NAME = Path("/sys/devices/virtual/dmi/id/product_name")  # the instance type on EC2 Nitro hosts

@@ -11,7 +11,7 @@ import sys
 import time
 from typing import TextIO
 
-from model_utils.launch import launch_env
+from model_utils import launch_env
 from model_utils.observe import redact, step_line
 
 

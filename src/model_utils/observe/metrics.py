@@ -111,39 +111,6 @@ def device_name(device: torch.device) -> str:
     return "cpu"
 
 
-def matmul_parameters(model: torch.nn.Module) -> int:
-    """Parameters that multiply activations: all of them, less an untied input embedding (a table lookup)."""
-    total = sum(p.numel() for p in model.parameters())
-    embedding = model.get_input_embeddings()
-    output = model.get_output_embeddings()
-    tied = output is not None and output.weight is embedding.weight
-    return total if tied else total - embedding.weight.numel()
-
-
-def flops_per_token(model_config: Any, seq_length: int, lora_args: Any = None) -> float:
-    """Training FLOPs per token (forward + backward), counted on the meta device from the architecture: the same
-    whatever an engine has done to the live parameters (ZeRO-3 leaves each rank empty placeholders of them).
-    Every weight costs 2 per token forward and 2 for its input's gradient; one that trains 2 more for its own
-    gradient: 6N in full training, 4 per frozen weight and 6 per adapter weight under LoRA (`lora_args`, when
-    enabled). Plus the attention scores' 6 x layers x heads x head_dim x seq."""
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(model_config)
-        weights = matmul_parameters(model)
-        trained = weights
-        if lora_args is not None and lora_args.enabled:
-            from model_utils.model import lora
-
-            model = lora.wrap(model, lora_args)
-            trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
-            weights += trained
-    heads = model_config.num_attention_heads
-    head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // heads
-    attention = 6 * model_config.num_hidden_layers * heads * head_dim * seq_length
-    return 4.0 * weights + 2.0 * trained + attention
-
-
 @dataclass
 class StepClock:
     """Where the time of the steps since the last log line went: fetching batches vs everything else. Only the

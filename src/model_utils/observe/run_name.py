@@ -9,12 +9,18 @@ before any rank starts (`python -m model_utils.observe.run_name FLAGS`), so this
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 
 from model_utils.config.arguments import TrainConfig, parse_args
 from model_utils.errors import ConfigError
-from model_utils.model.models import short_name
+
+
+def short_name(model: str) -> str:
+    """A --model as used in checkpoint tags and run names: 'Qwen/Qwen3-0.6B' -> 'qwen3_0_6b'."""
+    base = model.rstrip("/").rsplit("/", 1)[-1]
+    return re.sub(r"[^a-z0-9]+", "_", base.lower()).strip("_") or "model"
 
 
 def run_name(cfg: TrainConfig) -> str:

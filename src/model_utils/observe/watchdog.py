@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
 
-from model_utils.launch import launch_env, processes, scratch
+from model_utils import launch_env, processes, scratch
 from model_utils.observe import step_line
 
 HANG_EXIT = 75  # EX_TEMPFAIL: the job may succeed when run again (on other nodes): a launcher's requeue
@@ -157,7 +157,7 @@ def judge(
     return Verdict(me, frozen, behind, waiting, now, hang_timeout)
 
 
-HEARTBEATS = "watchdog"  # the kind of this host's heartbeat dirs (launch/scratch.py)
+HEARTBEATS = "watchdog"  # the kind of this host's heartbeat dirs (scratch.py)
 
 
 def heartbeat_dir() -> Path:

@@ -23,14 +23,14 @@ from typing import TYPE_CHECKING, Any
 
 from model_utils import engines
 from model_utils.checkpoint import launch_record, protocol
-from model_utils.config import deepspeed_file
+from model_utils.config import accelerate_env
 from model_utils.config.arguments import AUTO, CUDA_GLOBAL_BATCH_TOKENS, PACKING_DOCUMENTS, TrainConfig
 from model_utils.data import block_cache, chat, mixture, prompts, sampler, token_shards
 from model_utils.data.documents import EMBEDDED
 from model_utils.data.packing import PackedBlocks
 from model_utils.data.rows import BlockSource
 from model_utils.errors import ConfigError
-from model_utils.launch import accelerate_env, startup
+from model_utils.launch import startup
 from model_utils.model import hub, lora, models
 from model_utils.observe.log import print0
 from model_utils.resolve import batch_layout, train_settings
@@ -169,9 +169,9 @@ class ResolvedRun:
                 **self.settings.to_dict(),
                 **(
                     {
-                        "deepspeed_config": f"{ts.path}; on CUDA ranks {deepspeed_file.gpu_only_config(self.config)} where the memory estimate fits the GPU"
+                        "deepspeed_config": f"{ts.path}; on CUDA ranks {train_settings.gpu_only_config(self.config)} where the memory estimate fits the GPU"
                     }
-                    if self.world_size is None and deepspeed_file.default_in_use(self.config)
+                    if self.world_size is None and train_settings.default_in_use(self.config)
                     else {}
                 ),
                 "global_batch_tokens": tokens,
@@ -252,7 +252,7 @@ def _resolve_settings(
         ):  # an FSDP request (--backend fsdp): they must be what FSDP shards
             accelerate_env.check_wrapped_layers(cfg.accelerate, models.decoder_layer_classes(model_config))
     settings = RunSettings(cfg, source, model_config, seq_length, ts, _spike_guard_mode(cfg, ts))
-    if gpu_bytes is not None and deepspeed_file.default_in_use(cfg):
+    if gpu_bytes is not None and train_settings.default_in_use(cfg):
         settings = choose_default_config(settings, gpu_bytes, world_size)
     return settings
 
@@ -478,7 +478,7 @@ def _prepare(
     resume = decide_once(lambda: _select_resume(cfg))
     if resume is not None:  # refuse another architecture or block length before any data work
         check_resume(settings, resume.path)
-        lora.check_resume(resume.path, cfg.lora)
+        lora.check_resume(resume.path, launch_record.read(resume.path), cfg.lora)
     tokenizer = models.load_tokenizer(settings.source, cfg.model.tokenizer, settings.tokenizer)
     models.check_vocab(tokenizer, settings.model_config)
     tokenizer_name = cfg.model.tokenizer or settings.source.name

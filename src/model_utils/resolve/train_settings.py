@@ -18,12 +18,47 @@ from typing import Any
 
 from model_utils import engines
 from model_utils.config.arguments import AUTO, TrainConfig, engine_only_flags
-from model_utils.config.deepspeed_file import adopt, given, precision_of
+from model_utils.config.deepspeed_file import adopt, load_deepspeed_json, precision_of
 from model_utils.engines import deepspeed_config
 from model_utils.errors import ConfigError
 from model_utils.optim import settings as optim_settings
 from model_utils.optim.schedules import ScheduleSpec
 from model_utils.optim.settings import OptimSettings
+
+
+def default_in_use(cfg: TrainConfig) -> bool:
+    """Whether the run reads its engine's default config and that default has a GPU-only sibling (no
+    --deepspeed_config, no run-file section): on CUDA ranks resolution then picks the sibling where the memory
+    estimate says it fits."""
+    return (
+        cfg.deepspeed_inline is None
+        and "deepspeed_config" not in cfg.explicit
+        and gpu_only_config(cfg) is not None
+    )
+
+
+def gpu_only_config(cfg: TrainConfig) -> str | None:
+    """The GPU-only sibling of the run's engine's default config (see default_in_use), if it has one."""
+    return engines.config_rules(cfg.optim.backend).gpu_only_config
+
+
+def given(cfg: TrainConfig, gpu_only: bool = False) -> tuple[str, dict[str, Any]]:
+    """The DeepSpeed-format config this run reads, as given (its path, or what names it), before any flag is
+    merged in: the run file's section, --deepspeed_config, or the engine's default file (with `gpu_only`,
+    resolution's choice on CUDA ranks, the default's GPU-only sibling)."""
+    if cfg.deepspeed_inline is not None:
+        return f"the run file {cfg.run_file}'s deepspeed section", json.loads(cfg.deepspeed_inline)
+    engine = engines.config_rules(cfg.optim.backend)
+    path = cfg.optim.deepspeed_config if "deepspeed_config" in cfg.explicit else engine.default_config
+    if gpu_only:
+        assert default_in_use(cfg) and engine.gpu_only_config, (
+            "an explicit DeepSpeed config is never replaced"
+        )
+        path = engine.gpu_only_config
+    explicit = "deepspeed_config" in cfg.explicit and not gpu_only
+    return path, load_deepspeed_json(
+        path, cfg.setting("deepspeed_config") if explicit else "the kit's default"
+    )
 
 
 @dataclass(frozen=True)

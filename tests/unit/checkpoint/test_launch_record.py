@@ -192,7 +192,7 @@ def _resume(tag: Path, config: object, **changed: object) -> str:
     flags = ["--lr_schedule", str(changed.pop("lr_schedule", "cosine"))]
     schedule = train_settings.resolve(parse_args(flags)).schedule
     try:
-        lora.check_resume(tag, changed.pop("lora", LoraArgs()))  # type: ignore[arg-type]
+        lora.check_resume(tag, launch_record.read(tag), changed.pop("lora", LoraArgs()))  # type: ignore[arg-type]
         plan = launch_record.check_resume(
             tag,
             model,

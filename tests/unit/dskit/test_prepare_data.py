@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from model_utils import processes
 from model_utils.config.arguments import DataArgs
 from model_utils.data import token_shards
 from model_utils.errors import ConfigError
-from model_utils.launch import processes
 from support.prepared_data import corpus, ids_of, prep, run_data, stream
 
 

@@ -15,8 +15,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from model_utils import launch_env
 from model_utils.errors import NodeUnhealthy
-from model_utils.launch import health_gate, launch_env
+from model_utils.launch import health_gate
 
 # Recorded: `nvidia-smi --query-gpu=index,pci.bus_id,ecc.errors.uncorrected.volatile.total --format=csv,noheader`
 SMI_HEALTHY = "".join(f"{i}, 00000000:{16 * (i + 1):02X}:1C.0, 0\n" for i in range(8))

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from dskit import estimate as est
+from model_utils.checkpoint import launch_record
 from model_utils.config.arguments import LoraArgs, parse_args
 from model_utils.config.presets import PRESETS
 from model_utils.errors import ConfigError
@@ -167,20 +168,22 @@ def test_a_checkpoint_resumes_only_into_the_same_adapters(tmp_path: Path) -> Non
     section = dataclasses.asdict(LoraArgs(lora_r=4))
     (tag / "launch.json").write_text(json.dumps({"config": {"lora": section}}))
     lora.check_resume(
-        tag, LoraArgs(lora_r=4, lora_alpha=8, lora_dropout=0.1)
+        tag, launch_record.read(tag), LoraArgs(lora_r=4, lora_alpha=8, lora_dropout=0.1)
     )  # scaling and dropout may change
     with pytest.raises(ConfigError) as err:
-        lora.check_resume(tag, LoraArgs())
+        lora.check_resume(tag, launch_record.read(tag), LoraArgs())
     assert str(err.value) == (
         f"checkpoint {tag} was trained with --lora_r 4 --lora_target_modules q_proj,k_proj,v_proj,o_proj, not "
         "without LoRA: resume with its LoRA flags, or use a new --checkpoint_dir"
     )
     with pytest.raises(ConfigError, match="not with --lora_r 8 --lora_target_modules q_proj,v_proj"):
-        lora.check_resume(tag, LoraArgs(lora_r=8, lora_target_modules="q_proj,v_proj"))
+        lora.check_resume(
+            tag, launch_record.read(tag), LoraArgs(lora_r=8, lora_target_modules="q_proj,v_proj")
+        )
     (tag / "launch.json").write_text(json.dumps({"config": {"lora": dataclasses.asdict(LoraArgs())}}))
-    lora.check_resume(tag, LoraArgs())
+    lora.check_resume(tag, launch_record.read(tag), LoraArgs())
     with pytest.raises(ConfigError, match="was trained without LoRA, not with --lora_r 4"):
-        lora.check_resume(tag, LoraArgs(lora_r=4))
+        lora.check_resume(tag, launch_record.read(tag), LoraArgs(lora_r=4))
 
 
 def test_the_adapters_init_comes_from_the_seed_not_from_what_ran_before(base: Path) -> None:

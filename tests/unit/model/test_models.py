@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from model_utils.config.presets import PRESETS
 from model_utils.data.step_batches import Batch, gather
@@ -199,3 +200,41 @@ def test_cuda_with_flash_attn_switches_to_varlen_attention_or_keeps_sdpa_saying_
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # not installed: SDPA, silently
     untouched = AttentionRecorder(refuse=False)
     assert not models.attend_within_documents(untouched, cuda) and not models.flattens_documents(untouched)
+
+
+def test_qwen3_0_6b_flops_per_token_matches_the_hand_count() -> None:
+    """6N + causal attention: N = 596.0M (tied embedding counted once, as the output projection)."""
+    config = PRESETS["qwen3-0.6b"].build_config()
+    n = 596_049_920
+    attention = 6 * 28 * 16 * 128 * 2048  # layers x heads x head_dim x seq
+    assert models.flops_per_token(config, 2048) == 6 * n + attention
+    assert models.flops_per_token(config, 2048) / 1e9 == pytest.approx(4.281, abs=1e-3)
+
+
+def test_untied_input_embedding_is_not_a_matmul() -> None:
+    config = PRESETS["tiny-qwen3"].build_config()
+    config.tie_word_embeddings = False
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    total = sum(p.numel() for p in model.parameters())
+    assert models.matmul_parameters(model) == total - config.vocab_size * config.hidden_size
+    config.tie_word_embeddings = True
+    with torch.device("meta"):
+        tied = AutoModelForCausalLM.from_config(config)
+    assert models.matmul_parameters(tied) == sum(p.numel() for p in tied.parameters())
+
+
+def test_lora_flops_count_no_weight_gradient_for_the_frozen_weights() -> None:
+    """LoRA r=16 on q, k, v, o of Qwen3-0.6B: the 596.0M frozen weights cost 4 per token (forward, input
+    gradient), the 4.59M adapter weights 6; counted from the architecture, so a ZeRO-3 engine's empty parameter
+    placeholders cannot turn it into near zero."""
+    from model_utils.config.arguments import LoraArgs
+
+    config = PRESETS["qwen3-0.6b"].build_config()
+    n = 596_049_920
+    per_layer = 16 * ((1024 + 2048) + (1024 + 1024) + (1024 + 1024) + (2048 + 1024))  # r x (in + out)
+    adapters = 28 * per_layer
+    attention = 6 * 28 * 16 * 128 * 2048
+    lora = models.flops_per_token(config, 2048, LoraArgs(lora_r=16))
+    assert lora == 4 * n + 6 * adapters + attention
+    assert models.flops_per_token(config, 2048, LoraArgs()) == 6 * n + attention  # LoRA off: full training

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from model_utils.launch import launch_env
+from model_utils import launch_env
 from model_utils.observe import log
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from model_utils.launch import launch_env, scratch
+from model_utils import launch_env, scratch
 from model_utils.observe import watchdog
 from model_utils.observe.watchdog import Beat, Monitor, allowance, collective_timeout_s, judge
 

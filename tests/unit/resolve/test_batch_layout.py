@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from model_utils.config import deepspeed_file
 from model_utils.config.arguments import CUDA_GLOBAL_BATCH_TOKENS, parse_args
 from model_utils.errors import ConfigError
 from model_utils.repo import REPO_ROOT
@@ -137,6 +136,6 @@ def test_the_default_config_on_cuda_is_gpu_only_where_the_estimate_fits(
     assert resolver.resolve_settings(cfg).train.path == "deepspeed/ds_config.json"
     for flags in (["--deepspeed_config", "deepspeed/ds_config.json"], ["--backend", "fsdp"]):
         given = parse_args([*flags, "--seq_length", "32"])
-        assert not deepspeed_file.default_in_use(given)
+        assert not train_settings.default_in_use(given)
         path = resolver.resolve_settings(given, gpu_bytes=80 * GiB).train.path
-        assert path == deepspeed_file.given(given)[0] and "deepspeed config:" not in capsys.readouterr().out
+        assert path == train_settings.given(given)[0] and "deepspeed config:" not in capsys.readouterr().out

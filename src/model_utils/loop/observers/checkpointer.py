@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from model_utils import launch_env
 from model_utils.checkpoint import launch_record, protocol
-from model_utils.launch import launch_env
 from model_utils.loop.hooks import SAVE, Observer, SavedCheckpoint, StepReport
 from model_utils.loop.state import OBSERVERS, TrainState
 from model_utils.observe import watchdog

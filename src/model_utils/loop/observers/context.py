@@ -9,8 +9,8 @@ if TYPE_CHECKING:
     from model_utils.engines.base import Engine
     from model_utils.launch.distributed import DistInfo
     from model_utils.loop.hooks import Hooks
+    from model_utils.loop.reporter import Reporter
     from model_utils.loop.state import TrainState
-    from model_utils.observe.reporter import Reporter
     from model_utils.resolve.resolver import ResolvedRun
 
 

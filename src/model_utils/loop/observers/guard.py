@@ -16,7 +16,7 @@ from model_utils.observe.log import print0, warn0
 
 if TYPE_CHECKING:
     from model_utils.loop.observers.context import LoopContext
-    from model_utils.observe.reporter import Reporter
+    from model_utils.loop.reporter import Reporter
 
 
 class Guard(Observer):

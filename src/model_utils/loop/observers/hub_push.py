@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from model_utils.launch import launch_env
+from model_utils import launch_env
 from model_utils.loop.hooks import Observer
 from model_utils.loop.state import TrainState
 from model_utils.observe.log import print0, warn0

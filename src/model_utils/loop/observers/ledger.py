@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from model_utils.launch import launch_env
+from model_utils import launch_env
 from model_utils.loop.hooks import Observer, Rollback, SavedCheckpoint, StepReport
 from model_utils.loop.state import TrainState
 from model_utils.observe import watchdog

@@ -11,7 +11,7 @@ from model_utils.observe.profiling import StepProfiler
 
 if TYPE_CHECKING:
     from model_utils.loop.observers.context import LoopContext
-    from model_utils.observe.reporter import Reporter
+    from model_utils.loop.reporter import Reporter
 
 
 class Profiler(Observer):

@@ -1,4 +1,4 @@
-"""The reporter's output (observe/reporter.py), fed from the loop's points alone: what runs (said at the start),
+"""The reporter's output (loop/reporter.py), fed from the loop's points alone: what runs (said at the start),
 the start, checkpoint and end records, a log line every --logging_freq steps (the progress bar between them, the
 step clock fed with each step), the validation line, and the end line. The reporter renders them and fans them
 out to the metrics file and the tracker, whose run (its state: the tracker's ids) a resume continues."""

@@ -709,7 +709,7 @@ def test_ops_need_a_toolchain_when_not_built(
     monkeypatch.delenv("CXX", raising=False)
     result = doctor.check_ops(ctx, ops)
     assert result.status is Status.FAIL, result
-    # ninja: the environment's, which the ranks find too (kernels.prepare_jit_env), where it has one
+    # ninja: the environment's, which the ranks find too (ops.prepare_jit_env), where it has one
     missing = (
         "a C++ compiler (c++) not found" if (Path(sys.executable).parent / "ninja").is_file() else "ninja"
     )
@@ -721,7 +721,7 @@ def test_ops_need_a_toolchain_when_not_built(
 # A real op of torch's JIT build (whether a build holds is ninja's verdict on real files), loaded as DeepSpeed's
 # builders load theirs: one C++ file without torch's headers, built in a second.
 BUILD_IN_A_PROCESS = (
-    "import sys; from model_utils.model import kernels; kernels.prepare_jit_env(); "
+    "import sys; from model_utils.launch import ops; ops.prepare_jit_env(); "
     "from torch.utils import cpp_extension; cpp_extension.load(sys.argv[1], [sys.argv[2]], is_python_module=False)"
 )
 
@@ -905,12 +905,12 @@ def test_committed_launchers_call_preflight_once() -> None:
 
 def test_doctor_run_alone_looks_for_the_ops_where_a_rank_builds_them() -> None:
     """No TORCH_EXTENSIONS_DIR (doctor typed by hand, not from a launcher): the checkout's dir, which a rank's
-    kernels.prepare_jit_env picks too, not torch's ~/.cache default, which no entry of the kit uses."""
+    ops.prepare_jit_env picks too, not torch's ~/.cache default, which no entry of the kit uses."""
     from model_utils import repo
-    from model_utils.model import kernels
+    from model_utils.launch import ops
 
     assert doctor.LaunchContext.from_env({}).extensions_dir == repo.EXTENSIONS_DIR
     environ: dict[str, str] = {}
-    kernels.prepare_jit_env(environ)
+    ops.prepare_jit_env(environ)
     assert environ["TORCH_EXTENSIONS_DIR"] == str(repo.EXTENSIONS_DIR)
     assert doctor.LaunchContext.from_env({"TORCH_EXTENSIONS_DIR": "/x"}).extensions_dir == Path("/x")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dskit.launcher import requeue
-from model_utils.launch import launch_env
+from model_utils import launch_env
 from support.recorded_commands import Commands
 
 REPO = Path(__file__).resolve().parents[4]

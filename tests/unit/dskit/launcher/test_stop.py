@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from dskit.launcher import stop
-from model_utils.launch import processes
+from model_utils import processes
 
 REPO = Path(__file__).resolve().parents[4]
 

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from model_utils import launch_env
 from model_utils.config.arguments import parse_args
-from model_utils.launch import launch_env
 from model_utils.loop.hooks import DISCARDED, SAVE, TRAINED, StepReport
 from model_utils.loop.observers import checkpointer
 from model_utils.loop.state import TrainState

@@ -1,5 +1,5 @@
 """The reporter's output at the loop's points, over a stand-in reporter that writes down what it is asked (the
-reporter itself: tests/unit/observe/test_reporter.py; in a real run: tests/e2e/test_hooks.py): what runs, said at
+reporter itself: tests/unit/loop/test_reporter.py; in a real run: tests/e2e/test_hooks.py): what runs, said at
 the start; the start, checkpoint and end records; every step clocked (but one a rollback undid); a log line every
 --logging_freq steps and at the last step, the progress bar between them; the validation line; the end line; and
 the tracker's run ids, its state, continued by a resume."""

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from model_utils.launch import launch_env
+from model_utils import launch_env
 from model_utils.launch.distributed import DistInfo, mean_and_max
 from model_utils.observe import metrics, step_line, trackers
 from model_utils.observe.log import end_progress0, print0, progress0, progress_shown

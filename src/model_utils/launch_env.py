@@ -35,7 +35,7 @@ FAULT_INJECT = "DSKIT_FAULT_INJECT"  # tests only: a rank SIGKILLs itself at a n
 HANG_HOSTS_FILE = "DSKIT_HANG_HOSTS_FILE"
 # The hang watchdog's heartbeat files of a host's ranks (observe/watchdog.py; default: under the temp dir).
 WATCHDOG_DIR = "DSKIT_WATCHDOG_DIR"
-# The launcher's temporary dir (launch/supervise.py, launch/scratch.py): the ranks' heartbeats go in it.
+# The launcher's temporary dir (launch/supervise.py, scratch.py): the ranks' heartbeats go in it.
 LAUNCH_DIR = "DSKIT_LAUNCH_DIR"
 # The SageMaker entry (dskit.sagemaker.entry), set in the job's environment by `dskit sagemaker submit`:
 # the root of SageMaker's /opt/ml tree (another dir runs the contract anywhere); uv: `uv sync --frozen` in the

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from model_utils.launch import launch_env
+from model_utils import launch_env
 from model_utils.repo import REPO_ROOT
 
 

@@ -1,4 +1,4 @@
-"""launch/processes.py: whether a process of this host runs (this one, one that ended, a zombie not yet reaped)."""
+"""processes.py: whether a process of this host runs (this one, one that ended, a zombie not yet reaped)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from model_utils.launch import processes
+from model_utils import processes
 
 
 def test_a_running_process_runs_and_an_ended_or_unreaped_one_does_not() -> None:

@@ -17,7 +17,7 @@ import socket
 import tempfile
 from pathlib import Path
 
-from model_utils.launch import processes
+from model_utils import processes
 
 
 def prefix(kind: str, pid: int | None = None) -> str:

@@ -1,4 +1,4 @@
-"""launch/scratch.py: a launch's temporary dirs named after host, user and pid, and the removal of those whose
+"""scratch.py: a launch's temporary dirs named after host, user and pid, and the removal of those whose
 process has ended (only this host's and user's, only by the pid in the name)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from model_utils.launch import processes, scratch
+from model_utils import processes, scratch
 from support.processes import ended_pid
 
 

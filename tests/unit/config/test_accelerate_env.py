@@ -1,11 +1,11 @@
-"""model_utils.launch.accelerate_env without accelerate: a rank torchrun started is not read as one. The mapping
+"""model_utils.config.accelerate_env without accelerate: a rank torchrun started is not read as one. The mapping
 of real `accelerate launch` environments: tests/e2e/test_accelerate_env.py."""
 
 from __future__ import annotations
 
 import os
 
-from model_utils.launch import accelerate_env
+from model_utils.config import accelerate_env
 
 
 def test_not_launched_by_accelerate() -> None:

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from model_utils import launch_env
 from model_utils.config.arguments import parse_args
-from model_utils.launch import launch_env
 from model_utils.loop.hooks import DISCARDED, TRAINED, StepReport
+from model_utils.loop.reporter import Reporter, metrics_path
 from model_utils.loop.state import TrainState
 from model_utils.observe import metrics, trackers
-from model_utils.observe.reporter import Reporter, metrics_path
 
 
 def test_metrics_file_location(monkeypatch: pytest.MonkeyPatch) -> None:
