@@ -25,7 +25,6 @@ from model_utils.loop.state import TrainState
 from model_utils.observe import step_line, watchdog
 from model_utils.observe.ledger_file import LEDGER
 from model_utils.resolve import resolver
-from support.checkpoint_tags import fake_tag
 from support.deepspeed_files import config_with
 from support.metrics_file import tensorboard_scalars
 from support.pretrained import save_tiny_qwen3
@@ -263,30 +262,6 @@ def test_what_cannot_be_validated_is_one_line(tmp_path: Path, capsys: pytest.Cap
             f"error: {flag} true: there is no validation data: give --validation_dataset, --validation_split, or a "
             "--validation_fraction above 0 of --dataset"
         )
-
-
-def test_the_preflight_launches_the_validation_of_a_complete_run(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A run at its --max_steps is complete (the launchers start no rank): its validation is launched all the same,
-    holding the dir's lease as every launch does."""
-    tag = fake_tag(tmp_path / "ck", 5)
-    monkeypatch.setenv("DSKIT_LEASE_TOKEN", "this-launch")
-    monkeypatch.setenv("CPU_RANKS", "2")
-    monkeypatch.setenv("GPUS_PER_NODE", "0")
-    flags = [
-        "--checkpoint_dir",
-        str(tmp_path / "ck"),
-        "--max_steps",
-        "5",
-        "--data_cache_dir",
-        str(tmp_path / "d"),
-    ]
-    assert cli.main(["preflight", *flags]) == cli.COMPLETE
-    assert cli.main(["preflight", *flags, "--validation_only", "true"]) == 0
-    out = capsys.readouterr().out
-    assert f"validation only of {tag}\n" in out and "run complete" not in out.split("validation only")[1], out
-    assert json.loads((tmp_path / "ck" / lease.LEASE_FILE).read_text())["token"] == "this-launch"
 
 
 @pytest.mark.launcher

@@ -279,7 +279,7 @@ def test_preflight_of_a_complete_run_says_so_and_exits_complete_releasing_the_la
     from model_utils.checkpoint import lease
     from support.checkpoint_tags import fake_tag
 
-    fake_tag(tmp_path / "ck", 5)
+    tag = fake_tag(tmp_path / "ck", 5)
     monkeypatch.setenv("DSKIT_LEASE_TOKEN", "this-launch")
     monkeypatch.setenv("CPU_RANKS", "2")
     monkeypatch.setenv("GPUS_PER_NODE", "0")
@@ -301,6 +301,10 @@ def test_preflight_of_a_complete_run_says_so_and_exits_complete_releasing_the_la
     assert cli.main(["preflight", *flags, "--max_steps", "6"]) == 0
     held = json.loads((tmp_path / "ck" / lease.LEASE_FILE).read_text())
     assert (held["token"], held["pid"]) == ("this-launch", os.getppid())  # the launcher's, for its rank 0
+    # The complete run's validation is launched all the same (its launch holds the lease as every launch does).
+    capsys.readouterr()
+    assert cli.main(["preflight", *flags, "--validation_only", "true"]) == 0
+    assert f"validation only of {tag}\n" in capsys.readouterr().out
 
 
 def test_a_crash_is_reported_as_one_and_not_as_a_doctor_fail(capsys, monkeypatch) -> None:
