@@ -10,7 +10,7 @@ import importlib
 from collections.abc import Callable
 
 from model_utils.errors import ConfigError
-from model_utils.loop.hooks import Observer
+from model_utils.loop.hooks import Hooks, Observer
 from model_utils.loop.observers.checkpointer import Checkpointer
 from model_utils.loop.observers.context import LoopContext
 from model_utils.loop.observers.guard import Guard
@@ -51,41 +51,35 @@ def named(names: tuple[tuple[str, str], ...]) -> list[Callable[[LoopContext], Ob
 def build(ctx: LoopContext) -> list[Observer]:
     """The observers this run has, in calling order: the kit's, then --observers' in their order, the reporter's
     output last (see loop/hooks.py). The reporter's is made first: it opens the run's files and tracker, which
-    others write to."""
+    others write to. When one cannot be made, those made already are closed (a tracker's run, the watchdog's
+    thread) before the error goes on."""
     only = ctx.run.config.loop.validation_only  # validates and ends: writes nothing of a training run's
     walltime = None if only else Walltime.from_loop(ctx)
     reporting = Reporting(ctx, walltime.time_left if walltime is not None else lambda: None)
-    user = _made(named(ctx.run.config.loop.observer_names), ctx)
-    if only:
-        return [
-            o for o in (Watchdog.from_loop(ctx), Validator.from_loop(ctx), *user, reporting) if o is not None
+    made: list[Observer] = [reporting]
+    kits: list[Callable[[LoopContext], Observer | None]] = [Watchdog.from_loop]
+    if not only:
+        kits += [
+            S3Uploads.from_loop,
+            HubPush.from_loop,
+            Profiler.from_loop,
+            Guard.from_loop,
+            Stragglers.from_loop,
         ]
-    found = [
-        Watchdog.from_loop(ctx),
-        S3Uploads.from_loop(ctx),
-        HubPush.from_loop(ctx),
-        Profiler.from_loop(ctx),
-        Guard.from_loop(ctx),
-        Stragglers.from_loop(ctx),
-        Ledger.from_loop(ctx),
-        Validator.from_loop(ctx),
-        Samples.from_loop(ctx),
-        walltime,
-        Checkpointer(ctx),
-        *user,
-        reporting,
-    ]
-    return [observer for observer in found if observer is not None]
-
-
-def _made(
-    factories: list[Callable[[LoopContext], Observer | None]], ctx: LoopContext
-) -> list[Observer | None]:
-    made = [factory(ctx) for factory in factories]
-    for factory, observer in zip(factories, made, strict=True):
-        if observer is not None and not isinstance(observer, Observer):
-            raise ConfigError(
-                f"--observers: {factory.__module__}:{factory.__qualname__} returned a {type(observer).__name__}, "
-                "not an Observer: subclass model_utils.loop.hooks.Observer"
-            )
+        kits += [Ledger.from_loop, Validator.from_loop, Samples.from_loop, lambda _: walltime, Checkpointer]
+    else:
+        kits += [Validator.from_loop]
+    try:
+        for factory in [*kits, *named(ctx.run.config.loop.observer_names)]:
+            observer = factory(ctx)
+            if observer is not None and not isinstance(observer, Observer):
+                raise ConfigError(
+                    f"--observers: {factory.__module__}:{factory.__qualname__} returned a "
+                    f"{type(observer).__name__}, not an Observer: subclass model_utils.loop.hooks.Observer"
+                )
+            if observer is not None:
+                made.insert(-1, observer)
+    except BaseException:
+        Hooks(made).on_close()
+        raise
     return made

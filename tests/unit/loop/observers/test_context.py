@@ -24,6 +24,10 @@ from model_utils.resolve import resolver
 class Reporter:
     def __init__(self, output_base: Path | None) -> None:
         self.output_base = output_base
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
 
     def open(self, run_id: str, tracker: dict, resumed_at: int | None) -> dict:
         return tracker
@@ -128,6 +132,7 @@ def test_the_users_observers_come_after_the_kits_and_before_the_reporters_output
         "--observers: user_observers:not_an_observer returned a object, not an Observer: subclass "
         "model_utils.loop.hooks.Observer"
     )
+    assert wrong.reporter.closed  # what was made before it is closed: the run's files and tracker
 
 
 def test_observers_that_cannot_be_imported_are_one_line_each(
