@@ -207,13 +207,9 @@ class Reporter:
         """A record in the metrics file only (start, end, checkpoint)."""
         self.metrics.write(record)
 
-    def guard_event(self, record: dict[str, Any], counters: dict[str, float]) -> None:
-        """A spike guard skip or rollback: a metrics-file record and a point on the tracker's guard curves."""
-        self.metrics.write(record)
-        self.tracker.log_metrics(int(record["step"]), counters)
-
     def measured(self, record: dict[str, Any], tracked: dict[str, float]) -> None:
-        """An observer's measurement (the straggler report): a metrics-file record and points on the tracker."""
+        """An observer's record in the metrics file (a straggler report, a spike guard skip or rollback) and its
+        points on the tracker (the report's shares, the guard's counters) at the record's step."""
         self.metrics.write(record)
         self.tracker.log_metrics(int(record["step"]), tracked)
 

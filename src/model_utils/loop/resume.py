@@ -30,9 +30,12 @@ class Loaded:
     target: protocol.ResumeTarget  # the checkpoint actually read (a universal copy's, for another world size)
 
 
-def start(run: ResolvedRun, dist: DistInfo, engine: Any, groups: list[list[int]]) -> Loaded | None:
-    """The loop's state at its start: the resumed checkpoint's (run.resume, which the preflight chose), said in
-    one line; None for a fresh run (its lr schedule at step 0)."""
+def start(
+    run: ResolvedRun, dist: DistInfo, engine: Any, groups: list[list[int]]
+) -> tuple[TrainState, dict[str, dict[str, Any]]]:
+    """The loop's state at its start and what each observer saved, by name: the resumed checkpoint's (run.resume,
+    which the preflight chose), said in one line; a fresh run's (its lr schedule at step 0, a new run id, decided
+    on rank 0), nothing saved."""
     cfg = run.config
     if run.resume is None:
         if cfg.loop.validation_only:
@@ -40,7 +43,7 @@ def start(run: ResolvedRun, dist: DistInfo, engine: Any, groups: list[list[int]]
         else:
             print0(step_line.fresh_line(cfg.checkpoint.checkpoint_dir))
         engine.start_schedule_at(0)
-        return None
+        return TrainState(run_id=decide_on_main(lambda: run_name.new_run_id(cfg), dist)), {}
     loaded = load(run, dist, engine, groups, run.resume)
     state, target = loaded.state, loaded.target
     if cfg.loop.validation_only:
@@ -48,14 +51,14 @@ def start(run: ResolvedRun, dist: DistInfo, engine: Any, groups: list[list[int]]
         # adds nothing to the runs of the checkpoint it reads.
         print0(step_line.validation_only_line(target.path, state.step))
         run_id = decide_on_main(lambda: run_name.new_run_id(cfg), dist)
-        return Loaded(TrainState(state.step, state.tokens_seen, run_id=run_id), {}, target)
+        return TrainState(state.step, state.tokens_seen, run_id=run_id), {}
     if (mismatch := run_name.resume_mismatch(cfg, state.run_id)) is not None:
         warn0(mismatch)
     pos = state.position
     print0(step_line.resumed_line(target.path, state.step, pos.epoch, pos.consumed, engine.lr()))
     if run.schedule_change is not None:
         print0(run.schedule_change)
-    return loaded
+    return state, loaded.observers
 
 
 def load(

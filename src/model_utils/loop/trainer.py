@@ -33,7 +33,7 @@ from model_utils.loop.reporter import Reporter
 from model_utils.loop.state import TrainState
 from model_utils.model import activation_checkpointing, kernels, lora, models
 from model_utils.model.models import build_model
-from model_utils.observe import metrics, run_name, step_line, watchdog
+from model_utils.observe import metrics, step_line, watchdog
 from model_utils.observe.log import print0, warn0
 from model_utils.optim import param_groups
 from model_utils.resolve.resolver import ResolvedRun
@@ -94,14 +94,11 @@ class Trainer:
             self.engine, decay_groups, self.flatten = create_engine(run, dist)
             self.groups = decay_groups.layout()
             self.batches = step_batches.StepBatches(run.train_blocks, self.sampler, dist.device, self.flatten)
-            loaded = resume.start(run, dist, self.engine, self.groups)
-            new_id = None if loaded else decide_on_main(lambda: run_name.new_run_id(self.cfg), dist)
-            self.state = loaded.state if loaded else TrainState(run_id=new_id or "")
+            self.state, saved = resume.start(run, dist, self.engine, self.groups)
             self.signals = StopRequest()  # a preemption's USR1, Ctrl-C: stop after the step, saved
             flops = models.flops_per_token(run.model_config, run.seq_length, self.cfg.lora)
             peak = metrics.peak_tflops(metrics.device_name(dist.device), self.cfg.report.peak_tflops)
             reporter = Reporter(self.cfg, dist, self.max_steps, run.tokens_per_step, flops, peak)
-            saved = loaded.observers if loaded else {}
             context = observers.LoopContext(
                 run, dist, self.engine, reporter, self.hooks, self.state, saved, self.groups, self.flatten
             )
@@ -178,13 +175,8 @@ class Trainer:
         # The step's collective decided (with several ranks, in the step; with one, here and now).
         requests = self._requests(self.agreement or self._agree(step, None))
         stop = None if report.last else self.hooks.stop_reason(requests)
-        by = (
-            self.signals.signal_name
-            if stop == "preempted"
-            else self.hooks.stop.why
-            if self.hooks.stop
-            else None
-        )
+        asked = self.hooks.stop.why if self.hooks.stop else None  # an observer's Stop on this rank
+        by = self.signals.signal_name if stop == "preempted" else asked
         if INTERRUPTED in requests and stop is not None:
             print0(step_line.interrupted_line(self.state.step))
         report = dataclasses.replace(report, requests=requests, stop=stop, stopped_by=by)

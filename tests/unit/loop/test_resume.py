@@ -4,6 +4,7 @@ test_resume_changes.py, test_guarded_runs.py)."""
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -24,12 +25,25 @@ class ScheduleOnly:
         self.started_at.append(step)
 
 
-@pytest.mark.parametrize(("flags", "line"), [((), "fresh"), (("--validation_only", "true"), "validat")])
-def test_a_fresh_start_starts_the_schedule_at_zero_and_says_so(gloo_rank, capsys, flags, line) -> None:
+def fresh_start(gloo_rank, capsys, *flags: str):  # type: ignore[no-untyped-def]
     run = SimpleNamespace(resume=None, config=parse_args(list(flags)), source=SimpleNamespace(name="tiny"))
     engine = ScheduleOnly()
-    assert resume.start(run, gloo_rank, engine, []) is None  # type: ignore[arg-type]
-    assert engine.started_at == [0] and line in capsys.readouterr().out.lower()
+    state, saved = resume.start(run, gloo_rank, engine, [])  # type: ignore[arg-type]
+    assert engine.started_at == [0] and state.step == 0 and saved == {}
+    return state, capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("flags", "line"), [((), "fresh"), (("--validation_only", "true"), "validat")])
+def test_a_fresh_start_starts_the_schedule_at_zero_and_says_so(gloo_rank, capsys, flags, line) -> None:
+    _, out = fresh_start(gloo_rank, capsys, *flags)
+    assert line in out.lower()
+
+
+def test_a_fresh_start_is_named_after_what_runs_or_its_run_name(gloo_rank, capsys, monkeypatch) -> None:
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    state, _ = fresh_start(gloo_rank, capsys, "--backend", "fsdp", "--lora_r", "4")
+    assert re.fullmatch(r"tiny_qwen3-fsdp-lora-\d{8}-\d{6}", state.run_id)
+    assert fresh_start(gloo_rank, capsys, "--run_name", "warmup-sweep.3")[0].run_id == "warmup-sweep.3"
 
 
 def test_a_checkpoint_missing_on_a_ranks_host_is_one_line_not_the_engines_assertion(

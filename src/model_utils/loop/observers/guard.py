@@ -55,9 +55,8 @@ class Guard(Observer):
         return True
 
     def before_step(self, step: int) -> None:
-        self.guard.step_starting(
-            self.position
-        )  # the step runs (a later observer may have passed over its data)
+        # The step runs: its data is the position this observer took last (a later one may have passed over some).
+        self.guard.step_starting(self.position)
 
     def keeps(self, step: int, loss: float) -> bool:
         self.loss = loss
@@ -130,7 +129,7 @@ class Guard(Observer):
 
     def _event(self, kind: str, step: int, fields: dict[str, Any]) -> None:
         """The metrics file's record (docs/spike-guard.md) and the tracker's counters."""
-        self.reporter.guard_event({"event": kind, "step": step, **fields}, self.guard.counters())
+        self.reporter.measured({"event": kind, "step": step, **fields}, self.guard.counters())
 
     @staticmethod
     def _diverged(step: int, why: str) -> None:

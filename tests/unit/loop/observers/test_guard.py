@@ -22,7 +22,7 @@ class Reporter:
     def __init__(self) -> None:
         self.events: list[dict] = []
 
-    def guard_event(self, record: dict, counters: dict) -> None:
+    def measured(self, record: dict, counters: dict) -> None:
         self.events.append({**record, **counters})
 
 
