@@ -37,6 +37,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     # As in the kit's processes (launch/startup.py): this one comes to hold about 700,000 objects and each full
     # collection walked them all (on tests/unit/data and tests/unit/loop, 11 full collections took 1.3 s of 21 s).
     startup.fewer_full_collections()
+    # This process renders chat templates (the chat, export and eval tests) and also runs the in-process Trainer,
+    # whose resolver imports transformers without jinja2 for a run without chat data: the first import decides for
+    # the whole session, so it is made here, with them, not by whichever test comes first.
+    startup.import_transformers(chat_templates=True)
     if tier_lock.side_by_side():
         # Beside the other tier both cores are busy: torch's second thread in this process (its in-process models)
         # mostly spins waiting for a core. Measured on a torch-heavy file beside two busy cores: 14 CPU-s with one
