@@ -9,9 +9,10 @@ training and gets back a small, serialisable result.
 
 It runs the launcher once as a subprocess, as a person would (`./train-singlenode.sh [NODE]`, or `sbatch
 train.sbatch` with `slurm=True`, then waits for the job), streams its log line by line to `on_line`, and reads
-the result from that log
-and the files it names: the last step, the last train and validation losses, the newest checkpoint, the metrics
-file, the MLflow run. A failed run raises `TrainingFailed` with the kit's own one-line message. Nothing of the
+the result from the run's summary (a JSON file the run writes where DSKIT_RUN_SUMMARY names: observe/
+run_summary.py), never from the log's text: the last step, the last train and validation losses, the newest
+checkpoint, the metrics file, the MLflow run. A failed run raises `TrainingFailed` with the kit's own one-line
+message (the one the launcher or a rank wrote where DSKIT_ERROR_FILE names). Nothing of the
 training runtime is imported into the calling process: the orchestrator keeps its own imports and its own
 MLflow run (pass its id as `mlflow_parent_run_id`, and the training logs into a child of it). With
 `--validation_only true` among the flags the run measures a model without training it: `validation_loss`, and
@@ -37,11 +38,11 @@ from pathlib import Path
 from typing import Any
 
 from dskit.eval import EvalResult
-from model_utils.observe import step_line
+from model_utils import launch_env
+from model_utils.observe import run_summary, step_line
 from model_utils.repo import REPO_ROOT
 
 _SUBMITTED = re.compile(r"^(\d+)(?:;\S+)?$")
-_LOG_END = re.compile(r"^END \S+ exit status (\d+)")  # the launcher's last line of each run of the job
 # Job states in which a job may still run (a requeued one comes back): sbatch --wait waits through them too.
 _ACTIVE = {
     "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING",
@@ -127,7 +128,7 @@ class _SlurmJob:
         shown = subprocess.run(["scontrol", "-o", "show", "job", self.id], capture_output=True, text=True)
         fields = dict(re.findall(r"(\w+)=(\S*)", shown.stdout))
         if "JobState" not in fields:
-            # Gone from the controller (MinJobAge): the log's END line tells how it ended. Else the controller
+            # Gone from the controller (MinJobAge): the run summary tells how it ended. Else the controller
             # was busy: asked again at the next poll.
             if "Invalid job id" in shown.stderr:
                 self.state = None
@@ -148,17 +149,20 @@ class _SlurmJob:
         while self.running():
             time.sleep(POLL_SECONDS / 4)
 
-    def status(self, lines: list[str]) -> int:
-        """The job's exit status, as `sbatch --wait` returns it."""
+    def status(self, summary: dict[str, Any]) -> int:
+        """The job's exit status, as `sbatch --wait` returns it; of a job SLURM has forgotten, the one its end
+        wrote into the run summary (dskit/launcher/requeue.py), else 1."""
         if self.state is None:
-            ends = [int(m.group(1)) for m in map(_LOG_END.match, lines) if m]
-            return ends[-1] if ends else 1
+            status = summary.get("exit_status")
+            return status if isinstance(status, int) else 1
         if self.state == "COMPLETED":
             return 0
         return self.exit_code or 1
 
 
-def _slurm_lines(command: list[str], root: Path, env: dict[str, str], status: list[int]) -> Iterator[str]:
+def _slurm_lines(
+    command: list[str], root: Path, env: dict[str, str], summary: Path, status: list[int]
+) -> Iterator[str]:
     """Submit (sbatch --parsable prints the job id), follow the job's log until the job ends; its exit status
     goes into `status`. A job that ended other than COMPLETED adds a last line naming its state."""
     submitted = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True)
@@ -168,49 +172,40 @@ def _slurm_lines(command: list[str], root: Path, env: dict[str, str], status: li
         status.append(submitted.returncode or 1)
         return
     job = _SlurmJob(match.group(1))
-    lines: list[str] = []
     if job.log is not None:
-        for line in _follow(job.log, job.running):
-            lines.append(line)
-            yield line
+        yield from _follow(job.log, job.running)
     job.wait()
-    status.append(job.status(lines))
+    status.append(job.status(run_summary.read(summary)))
     if job.state not in (None, "COMPLETED"):
         yield f"SLURM job {job.id} ended {job.state} (exit code {job.exit_code})"
 
 
-def _result(lines: list[str], seconds: float, root: Path) -> TrainResult:
-    """What the log says (its lines are step_line's); paths made absolute (the launcher runs in the repo)."""
-    records = step_line.parse_log("\n".join(lines))
-    train = [r for r in records if "loss" in r]
-    val = [r for r in records if "val_loss" in r]
-    ends = [end for end in map(step_line.parse_end, lines) if end is not None]
-    done = [end for end in ends if end.reason == "done"]
-    # A finished run's last step, or the step of the model a --validation_only run validated.
-    final = [end.step for end in ends if end.reason in ("done", step_line.VALIDATED)]
-    saved = [path for path in map(step_line.parse_saved, lines) if path is not None]
-    runs = [run for run in map(step_line.parse_run, lines) if run is not None]
-    mlflow = [run_id for run_id in map(step_line.parse_mlflow, lines) if run_id is not None]
-    metrics_file = runs[-1].metrics_file if runs else None  # None: --metrics_file none
+def _result(summary: dict[str, Any], seconds: float) -> TrainResult:
+    """The run summary's values (observe/run_summary.py); paths in it are absolute."""
+    # A finished run's last step, or the step of the model a --validation_only run validated; else the last logged.
+    finished = summary.get("end") in ("done", step_line.VALIDATED)
     return TrainResult(
-        final_step=final[-1] if final else (int(train[-1]["step"]) if train else None),
-        max_steps=done[-1].max_steps if done else None,
-        train_loss=float(train[-1]["loss"]) if train else None,
-        validation_loss=float(val[-1]["val_loss"]) if val else None,
-        checkpoint=str(root / saved[-1]) if saved else None,
-        metrics_file=str(root / metrics_file) if metrics_file is not None else None,
-        run_id=runs[-1].run_id if runs else None,
-        mlflow_run_id=mlflow[-1] if mlflow else None,
+        final_step=summary.get("end_step") if finished else summary.get("step"),
+        max_steps=summary.get("max_steps"),
+        train_loss=summary.get("train_loss"),
+        validation_loss=summary.get("validation_loss"),
+        checkpoint=summary.get("checkpoint"),
+        metrics_file=summary.get("metrics_file"),  # None: --metrics_file none
+        run_id=summary.get("run_id"),
+        mlflow_run_id=summary.get("mlflow_run_id"),
         exported=None,
         seconds=seconds,
     )
 
 
-def _error(lines: list[str], status: int, what: str = "training") -> str:
-    for line in reversed(lines):
-        message = step_line.parse_error(line)
-        if message is not None:
-            return message
+def _error(error_file: Path, lines: list[str], status: int, what: str = "training") -> str:
+    """The message of the kit's error line (DSKIT_ERROR_FILE); a crash without one: the status and the last lines."""
+    try:
+        message = error_file.read_text().strip()
+    except OSError:
+        message = ""
+    if message:
+        return message
     tail = " | ".join(lines[-3:]) if lines else "no output"
     return f"{what} exited with status {status}: {tail}"
 
@@ -243,52 +238,64 @@ def train(
     if slurm:
         submit = [*sbatch_args, str(sbatch_script if sbatch_script is not None else root / "train.sbatch")]
     command = _command(config, flags, node, submit, mlflow_parent_run_id, root)
-    child_env = {**os.environ, **(env or {})}
-    # The orchestrator's own MLflow run must not leak into the ranks: MLflow would resume it, not nest under it.
-    child_env.pop("MLFLOW_RUN_ID", None)
-    started = time.monotonic()
-    lines: list[str] = []
-
-    def take(stream: Iterator[str]) -> None:
-        for line in stream:
-            lines.append(line)
-            if on_line is not None:
-                on_line(line)
-
-    if slurm:
-        ended: list[int] = []
-        take(_slurm_lines(command, root, child_env, ended))
-        status = ended[0]
-    else:
-        proc = subprocess.Popen(
-            command, cwd=root, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        assert proc.stdout is not None
-        try:
-            take(line.rstrip("\n") for line in proc.stdout)
-        finally:
-            status = proc.wait()
-    if status != 0:
-        raise TrainingFailed(_error(lines, status))
-    result = _result(lines, time.monotonic() - started, root)
-    if export_dir is not None:
+    # The run's summary and error message, in the repo (on a cluster, where every node writes: it is shared).
+    (root / ".cache").mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="dskit-api-", dir=root / ".cache") as scratch:
+        summary, error_file = Path(scratch) / "summary.json", Path(scratch) / "error"
+        child_env = {
+            **os.environ,
+            **(env or {}),
+            launch_env.RUN_SUMMARY: str(summary),
+            launch_env.ERROR_FILE: str(error_file),
+        }
+        # The orchestrator's own MLflow run must not leak into the ranks: MLflow would resume it, not nest under it.
+        child_env.pop("MLFLOW_RUN_ID", None)
+        started = time.monotonic()
+        if slurm:
+            ended: list[int] = []
+            lines = _taken(_slurm_lines(command, root, child_env, summary, ended), on_line)
+            status = ended[0]
+        else:
+            status, lines = _run(command, root, child_env, on_line)
+        if status != 0:
+            raise TrainingFailed(_error(error_file, lines, status))
+        result = _result(run_summary.read(summary), time.monotonic() - started)
+        if export_dir is None:
+            return result
         if result.checkpoint is None:
             raise TrainingFailed(
                 "the run saved no checkpoint to export: set --checkpoint_freq or --max_steps"
             )
-        exported = subprocess.run(
-            [sys.executable, "-m", "dskit.cli", "export", result.checkpoint, str(export_dir)],
-            cwd=root,
-            env=child_env,
-            capture_output=True,
-            text=True,
-        )
-        if exported.returncode != 0:
-            raise TrainingFailed(
-                _error((exported.stdout + exported.stderr).splitlines(), exported.returncode)
-            )
-        result = dataclasses.replace(result, exported=str(export_dir))
-    return result
+        export = [sys.executable, "-m", "dskit.cli", "export", result.checkpoint, str(export_dir)]
+        status, lines = _run(export, root, child_env, None)
+        if status != 0:
+            raise TrainingFailed(_error(error_file, lines, status, "dskit export"))
+        return dataclasses.replace(result, exported=str(export_dir))
+
+
+def _taken(stream: Iterator[str], on_line: Callable[[str], None] | None) -> list[str]:
+    """The lines of `stream`, each passed to `on_line` as it comes."""
+    lines = []
+    for line in stream:
+        lines.append(line)
+        if on_line is not None:
+            on_line(line)
+    return lines
+
+
+def _run(
+    command: list[str], root: Path, env: dict[str, str], on_line: Callable[[str], None] | None
+) -> tuple[int, list[str]]:
+    """A command's exit status and output lines (stdout and stderr as they interleave), streamed to `on_line`."""
+    proc = subprocess.Popen(
+        command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert proc.stdout is not None
+    try:
+        lines = _taken((line.rstrip("\n") for line in proc.stdout), on_line)
+    finally:
+        status = proc.wait()
+    return status, lines
 
 
 def evaluate(
@@ -304,28 +311,12 @@ def evaluate(
     a tag dir (e.g. TrainResult.checkpoint) or an exported model dir; `tasks` shipped task names, lm-eval task
     YAML files or lm-eval task names; `flags` dskit eval's others (--limit, --batch_size, --report_to, ...).
     Each output line goes to `on_line` as it comes; a failure raises EvaluationFailed with the one-line error."""
-    root = Path(repo)
     with tempfile.TemporaryDirectory(prefix="dskit-api-eval-") as scratch:
-        output = Path(scratch) / "result.json"
+        output, error_file = Path(scratch) / "result.json", Path(scratch) / "error"
         command = [sys.executable, "-m", "dskit.cli", "eval", str(model), "--tasks", ",".join(tasks), *flags]
         command += ["--output", str(output)]
-        proc = subprocess.Popen(
-            command,
-            cwd=root,
-            env={**os.environ, **(env or {})},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        assert proc.stdout is not None
-        lines: list[str] = []
-        try:
-            for line in proc.stdout:
-                lines.append(line.rstrip("\n"))
-                if on_line is not None:
-                    on_line(lines[-1])
-        finally:
-            status = proc.wait()
+        child_env = {**os.environ, **(env or {}), launch_env.ERROR_FILE: str(error_file)}
+        status, lines = _run(command, Path(repo), child_env, on_line)
         if status != 0:
-            raise EvaluationFailed(_error(lines, status, "dskit eval"))
+            raise EvaluationFailed(_error(error_file, lines, status, "dskit eval"))
         return EvalResult.from_dict(json.loads(output.read_text()))

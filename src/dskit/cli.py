@@ -29,13 +29,18 @@ def _config(args: list[str]) -> int:
                 )
             output, args = value, args[:i] + args[i + (1 if "=" in arg else 2) :]
             break
-    prog = "dskit config [--format json|yaml]"
+    from dskit import machine
+
+    planned, args = machine.split(args)
+    prog = f"dskit config [--format json|yaml] {machine.USAGE}"
     if any(a in ("-h", "--help") for a in args):
         parse_args(args, prog=prog)  # prints the help to stdout and exits
+    cfg = parse_args(args, prog=prog)
     from model_utils.resolve import resolver  # torch: after --help, which must stay instant
 
     with contextlib.redirect_stdout(sys.stderr):  # stdout is the JSON (or YAML) alone, for scripts
-        run = resolver.prepare(parse_args(args, prog=prog))
+        ranks_on = machine.machine(planned)
+        run = resolver.prepare(cfg, plan=ranks_on.ranks)
         if run.complete:
             print(run.complete)
     if output == "yaml":
@@ -43,7 +48,9 @@ def _config(args: list[str]) -> int:
 
         print(run_yaml.dump(run), end="")
     else:
-        print(json.dumps(redact.tree(run.to_dict()), indent=2, default=str))
+        resolved = run.to_dict()
+        resolved["resolved"] = {"machine": ranks_on.to_dict(), **resolved["resolved"]}
+        print(json.dumps(redact.tree(resolved), indent=2, default=str))
     return 0
 
 

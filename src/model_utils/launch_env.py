@@ -7,9 +7,11 @@ import os
 
 LOG_FILE = "DSKIT_LOG_FILE"  # the run's log: the metrics file goes next to it
 STOP_REASON_FILE = "DSKIT_STOP_REASON_FILE"  # train.sbatch: why the ranks stopped early (it then requeues)
-# The first `error:` line (observe.log.error_line) of a rank on this host goes here too (the SageMaker entry
-# makes it the job's FailureReason).
+# The message of the first `error:` line (observe.log.error_line) of a rank on this host goes here too: the
+# SageMaker entry makes it the job's FailureReason, dskit.api the message of the error it raises.
 ERROR_FILE = "DSKIT_ERROR_FILE"
+# The run's outcome as one JSON object (observe/run_summary.py), where the tool that started it reads it (dskit.api).
+RUN_SUMMARY = "DSKIT_RUN_SUMMARY"
 TTY = "DSKIT_TTY"  # the launcher's terminal: rank 0 draws its progress bar there, never into the log
 # When the launcher started (Unix seconds; the rendered launchers' first line, the SageMaker entry's start): where
 # an attempt's paid time begins in the run's goodput ledger (loop/observers/ledger.py).

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from dskit import api
-from model_utils.observe import step_line
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.e2e, pytest.mark.launcher]
@@ -51,11 +50,9 @@ def test_kedro_example_trains_as_one_node_and_returns_a_serialisable_result(tmp_
     started = next(i for i, line in enumerate(kedro_log) if "Running node: train" in line)
     ended = next(i for i, line in enumerate(kedro_log) if "Completed node: train" in line)
     steps = [
-        line
-        for line in kedro_log[started:ended]
-        if re.search(r" INFO training: .*\| Step \d+/10 \| Loss ", line)
+        re.search(r" INFO training: .*\| Step (\d+)/10 \| Loss ", line) for line in kedro_log[started:ended]
     ]
-    assert [step_line.parse(line)["step"] for line in steps] == [5, 10], kedro_log[started:ended]
+    assert [int(m.group(1)) for m in steps if m] == [5, 10], kedro_log[started:ended]
     # Nested: the training logged into a child of the orchestrator's own MLflow run (the real store, read back).
     from mlflow.tracking import MlflowClient
 
@@ -84,23 +81,3 @@ def test_api_result_and_a_failed_launch(tmp_path: Path) -> None:
     with pytest.raises(api.EvaluationFailed) as failed:
         api.evaluate(tmp_path / "nope", ["dskit_tiny_mc"], on_line=None)
     assert str(failed.value).startswith(f"{tmp_path / 'nope'} does not exist: pass a run's checkpoint dir")
-    result = api._result(
-        [
-            "2026-11-23 10:00:00 | Run tiny_qwen3-1: metrics to logs/x.metrics.jsonl",
-            "2026-11-23 10:00:01 | Step 5/5 | Loss 6.5000 | lr 1.00e-04",
-            "2026-11-23 10:00:01 | Step 5/5 | Validation Loss 6.2500 | Perplexity 518.01",
-            "2026-11-23 10:00:01 | Saved checkpoint checkpoints/tiny_qwen3-5steps (0.003 GB in 0.03 s, 0.09 GB/s)",
-            "2026-11-23 10:00:01 | Done: step 5/5, 1024 tokens seen",
-        ],
-        1.0,
-        tmp_path,
-    )
-    assert (result.final_step, result.max_steps, result.train_loss, result.validation_loss) == (
-        5,
-        5,
-        6.5,
-        6.25,
-    )
-    assert result.checkpoint == str(tmp_path / "checkpoints/tiny_qwen3-5steps")
-    assert result.metrics_file == str(tmp_path / "logs/x.metrics.jsonl") and result.run_id == "tiny_qwen3-1"
-    assert json.loads(json.dumps(result.to_dict())) == result.to_dict()

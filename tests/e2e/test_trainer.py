@@ -180,16 +180,10 @@ def test_metrics_records_of_the_logged_steps(requeued: Requeued) -> None:
 def test_the_log_line_is_the_record_rendered(requeued: Requeued) -> None:
     from model_utils.observe import step_line
 
-    lines = {}
-    for line in requeued.log.read_text().splitlines():
-        parsed = step_line.parse(line)
-        if parsed is not None and "loss" in parsed:
-            lines.setdefault(parsed["step"], parsed)
+    log = requeued.log.read_text()
     for record in (r for r in requeued.first if "loss" in r):
-        shown = lines[record["step"]]
-        assert shown["loss"] == pytest.approx(record["loss"], abs=1e-4)
-        assert shown["lr"] == pytest.approx(record["lr"], rel=1e-2)
-        assert shown["host_rss_gib"] == pytest.approx(record["host_rss_gib"], abs=0.05)
+        shown = step_line.step_line(record, 8).rpartition(" | ETA")[0]  # the ETA's job time left aside
+        assert f"| {shown} | ETA " in log, (shown, log)
 
 
 def test_requeue_resumes_and_continues_the_run_and_its_metrics_file(requeued: Requeued) -> None:
@@ -226,11 +220,10 @@ def test_plot_of_the_real_run_marks_the_resume(requeued: Requeued) -> None:
     plotted = plot.load_run(requeued.log)
     assert plotted.resumes == (5,) and plotted.run_id == requeued.first_state.run_id
     assert plotted.series["loss"].steps == (2, 4, 6, 8)
-    # The log alone (no metrics file next to it) gives the same steps, parsed from the lines.
+    # The log alone (no metrics file next to it): tools never read the log's text.
     bare = requeued.tmp / "bare.out"
     bare.write_text(requeued.log.read_text())
-    from_log = plot.load_run(bare)
-    assert from_log.series["loss"].steps == (2, 4, 6, 8) and from_log.resumes == (5,)
+    assert cli.main(["plot", str(bare)]) == 2
 
 
 def test_tensorboard_run_is_continued(requeued: Requeued) -> None:

@@ -166,11 +166,7 @@ def test_the_trainer_logs_and_records_its_validation_and_samples_the_same_under_
     )
     assert record["val_ppl"] == pytest.approx(math.exp(record["val_loss"]))
     assert 0 < record["val_bpb"] < record["val_loss"] / math.log(2) and record["val_s"] > 0
-    parsed = step_line.parse(lines[0])
-    assert parsed is not None and parsed["val_blocks"] == blocks and parsed["val_tokens"] == targets
-    assert parsed["val_loss"] == pytest.approx(record["val_loss"], abs=5e-5)
-    assert parsed["val_bpb"] == pytest.approx(record["val_bpb"], abs=5e-5)
-    assert parsed["val_s"] == pytest.approx(record["val_s"], abs=0.05)
+    assert lines[0].endswith(step_line.validation_line(record, trainer.run.max_steps)), lines[0]
 
     # Samples after step 2 (--sample_every) and after the last, step 3: in the log, the metrics file, TensorBoard.
     assert "Samples at step 2: 2 prompts in " in out and "Samples at step 3: 2 prompts in " in out

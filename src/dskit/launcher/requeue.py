@@ -27,6 +27,7 @@ from pathlib import Path
 from dskit.launcher import check, main
 from model_utils import launch_env
 from model_utils.errors import CommandParser, ConfigError
+from model_utils.observe import run_summary
 from model_utils.observe.watchdog import HANG_EXIT
 
 WALLTIME = "walltime"  # the trainer's stop reason for the time limit (launch/walltime.py)
@@ -106,6 +107,7 @@ def finish(
             return 0
         print(f"{why} after {done} hang requeues (max_hang_requeues {max_hang_requeues}): not requeueing")
     print(end_line(status), flush=True)
+    run_summary.update({"exit_status": status})  # for dskit.api, when SLURM has forgotten the job
     return status
 
 

@@ -6,7 +6,8 @@ metrics file, and a requeued SLURM job appends to its one: every job of the run,
 directory, is stitched in the order the jobs started. A resume restarts the story at its step, so what the
 interrupted job logged after that checkpoint is dropped and the resumed job's records win; a spike guard rollback
 does the same. Resumes are drawn as vertical lines, rollbacks as the span of steps undone, skipped steps as
-crosses on the loss panel. A log whose run wrote no metrics file is plotted from its "Step N/M | ..." lines.
+crosses on the loss panel. It reads the metrics records only, never the log's text: a run with `--metrics_file none`
+cannot be plotted.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from typing import Any
 from dskit.plot.png import save_png
 from model_utils.errors import CommandParser, ConfigError, first_line
 from model_utils.loop.spike_guard import ROLLBACK, SPIKE_SKIP
-from model_utils.observe import step_line
 
 # Record keys that are plotted, in the metrics JSONL's names.
 PLOTTED = (
@@ -125,11 +125,6 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return records
 
 
-def parse_log(path: Path) -> list[dict[str, Any]]:
-    """Records in the metrics file's terms from a run log's plain lines (no memory before the log had it)."""
-    return step_line.parse_log(path.read_text(errors="replace"))
-
-
 def build_series(records: list[dict[str, Any]]) -> Timeline:
     """The timeline of records in the order they were written.
 
@@ -179,16 +174,6 @@ def build_series(records: list[dict[str, Any]]) -> Timeline:
 
 def metrics_path_of_log(log: Path) -> Path:
     return log.with_name(log.stem + METRICS_SUFFIX)
-
-
-def _metrics_named_in_log(log: Path) -> Path | None:
-    """The metrics file a log's "Run ID: metrics to PATH" line names (the trainer's choice), when it exists."""
-    for line in reversed(log.read_text(errors="replace").splitlines()):
-        named = step_line.parse_run(line)
-        if named is not None and named.metrics_file is not None:
-            path = Path(named.metrics_file)
-            return path if path.is_file() else None
-    return None
 
 
 def run_segments(records: list[dict[str, Any]]) -> list[tuple[str | None, list[dict[str, Any]]]]:
@@ -248,14 +233,12 @@ def load_run(target: str | Path, search_dir: Path = Path("logs")) -> RunSeries:
                 f"'Run ID: metrics to ...'), --dir where its metrics files are, or {USAGE_HINT}"
             )
         return _checked(sources, records)
-    if path.suffix in (".jsonl", ".json"):
-        metrics = path
-    else:
-        metrics = metrics_path_of_log(path)
-        if not metrics.is_file():
-            metrics = _metrics_named_in_log(path) or path
-    if metrics == path and metrics.suffix not in (".jsonl", ".json"):
-        return _checked((path,), parse_log(path))
+    metrics = path if path.suffix in (".jsonl", ".json") else metrics_path_of_log(path)
+    if not metrics.is_file():
+        raise ConfigError(
+            f"{path} has no metrics file beside it ({metrics}): the log names the run's metrics file in its line "
+            f"'Run ID: metrics to ...' (none with --metrics_file none): plot that file or the run id"
+        )
     records = read_metrics(metrics)
     own_run = build_series(records).run_id
     if own_run is None:
@@ -268,11 +251,9 @@ def load_run(target: str | Path, search_dir: Path = Path("logs")) -> RunSeries:
 def _checked(sources: tuple[Path, ...], records: list[dict[str, Any]]) -> RunSeries:
     timeline = build_series(records)
     if not any(s.steps for s in timeline.series.values()):
-        source = sources[-1]
-        what = "metrics records" if source.suffix in (".jsonl", ".json") else "'Step N/M | Loss ...' lines"
         raise ConfigError(
-            f"{source} has no {what} with loss, lr, throughput or memory: plot a run that has logged at least "
-            f"one step ({USAGE_HINT})"
+            f"{sources[-1]} has no metrics records with loss, lr, throughput or memory: plot a run that has logged "
+            f"at least one step ({USAGE_HINT})"
         )
     return RunSeries(sources, timeline)
 

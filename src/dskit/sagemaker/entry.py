@@ -50,7 +50,7 @@ from dskit.sagemaker.job_contract import DEFAULT_BASE, OWNED_FLAGS, READABLE_INP
 from model_utils import launch_env
 from model_utils.errors import ConfigError
 from model_utils.launch import preemption
-from model_utils.observe import redact
+from model_utils.observe import redact, step_line
 from model_utils.repo import REPO_ROOT as REPO
 
 
@@ -520,11 +520,11 @@ def _fail(contract: Contract, message: str) -> None:
         pass
 
 
-def failure_reason(error_line: str | None, status: int, host: str, tail: list[str]) -> str:
-    """The kit's own error line when a rank wrote one; else (a crash) a generic line and the log's last lines,
-    as many as fit in FAILURE_LIMIT bytes."""
-    if error_line:
-        return error_line.strip()
+def failure_reason(message: str | None, status: int, host: str, tail: list[str]) -> str:
+    """The kit's own error line when a rank wrote one (its message: `message`); else (a crash) a generic line and
+    the log's last lines, as many as fit in FAILURE_LIMIT bytes."""
+    if message and message.strip():
+        return step_line.error_line(message.strip())
     head = f"torchrun exited with status {status} on {host} (a crash, no error line from the kit); log tail:"
     lines: list[str] = []
     room = FAILURE_LIMIT - len(head.encode()) - 1
@@ -623,8 +623,8 @@ def run(contract: Contract) -> int:
     reason_file = Path(env[launch_env.STOP_REASON_FILE])
     stopped = stop.received_at is not None or reason_file.is_file()
     if status != 0:
-        error_line = error_file.read_text() if error_file.is_file() else None
-        _fail(contract, failure_reason(error_line, status, contract.current_host, output.last()))
+        message = error_file.read_text() if error_file.is_file() else None
+        _fail(contract, failure_reason(message, status, contract.current_host, output.last()))
         log(f"torchrun exited with status {status}")
         return status
     if stopped:

@@ -50,16 +50,15 @@ def hung(failures: dict[int, Any]) -> bool:
     return any(failure.exitcode == watchdog.HANG_EXIT for failure in failures.values())
 
 
-def summary(failures: dict[int, Any], host: str, error_line: str | None) -> str:
+def summary(failures: dict[int, Any], host: str, message: str | None) -> str:
     """The one line for torchrun's failures ({global rank: ProcessFailure}): the first one (by time; a rank that
     ended by SIGTERM, torchrun's own stop of the others, only when none ended otherwise), how it ended, and the
-    kit's error line from this host's ranks if one was written."""
+    message of the kit's error line from this host's ranks if one was written."""
 
     def stopped(failure: Any) -> bool:
         return failure.exitcode == -signal.SIGTERM
 
     rank, failure = min(failures.items(), key=lambda item: (stopped(item[1]), item[1].timestamp, item[0]))
-    message = step_line.parse_error(error_line) if error_line else None
     if hung(failures) and message:
         return step_line.error_line(message)  # the watchdog's line names the stuck rank, its host and phase
     line = (

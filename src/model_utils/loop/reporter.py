@@ -2,7 +2,8 @@
 component that the trainer closes on every exit path.
 
 Rank 0 writes; other ranks keep the clock (their numbers enter rank 0's line through one collective) and write
-nowhere. The log line is rendered from the record by step_line.py, which `dskit plot` also parses with.
+nowhere. The log line is rendered from the record by step_line.py; tools read the records (the metrics file, the
+run summary: observe/run_summary.py), never the line.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from model_utils import launch_env
 from model_utils.launch.distributed import DistInfo, mean_and_max
-from model_utils.observe import metrics, step_line, trackers
+from model_utils.observe import metrics, run_summary, step_line, trackers
 from model_utils.observe.log import end_progress0, print0, progress0, progress_shown
 
 
@@ -94,6 +95,15 @@ class Reporter:
         # A profiler trace goes next to the metrics file, or where the file would be when it is off.
         self.output_base = path or metrics_path("auto", report.report_dir, run_id)
         print0(step_line.run_line(run_id, path, report.report_to, report.report_dir))
+        mlflow = tracker_state.get("mlflow", {})
+        self._summarize(
+            {
+                "run_id": run_id,
+                "metrics_file": None if path is None else str(path.resolve()),
+                "mlflow_run_id": mlflow.get("run_id"),
+                "max_steps": self.max_steps,
+            }
+        )
         return tracker_state
 
     # --- the clock ---
@@ -173,6 +183,7 @@ class Reporter:
         record.update({f"ds_{name}_ms": ms / clock.steps for name, ms in clock.phase_ms.items()})
         print0(step_line.step_line(record, self.max_steps, time_left))
         self.metrics.write(record)
+        self._summarize({"step": state.step, "train_loss": loss})
         self.tracker.log_metrics(state.step, record)
         self.clock = metrics.StepClock()
         self.recent_step_s = step_time
@@ -191,6 +202,7 @@ class Reporter:
         record = {"step": step, **validation_record(validation)}
         print0(step_line.validation_line(record, self.max_steps))
         self.metrics.write(record)
+        self._summarize({"validation_step": step, "validation_loss": record["val_loss"]})
         self.tracker.log_metrics(step, {k: v for k, v in record.items() if k != "step"})
 
     def log_samples(self, step: int, samples: list[tuple[str, str]], seconds: float) -> None:
@@ -204,8 +216,17 @@ class Reporter:
         self.tracker.log_metrics(step, {"sample_s": seconds})
 
     def event(self, record: dict[str, Any]) -> None:
-        """A record in the metrics file only (start, end, checkpoint)."""
+        """A record in the metrics file (start, end, checkpoint); a checkpoint and the end in the run summary."""
         self.metrics.write(record)
+        if record["event"] == "checkpoint":
+            tag_dir = Path(self.config.checkpoint.checkpoint_dir) / record["tag"]
+            self._summarize({"checkpoint": str(tag_dir.resolve())})
+        elif record["event"] == "end":
+            self._summarize({"end": record["reason"], "end_step": record["step"]})
+
+    def _summarize(self, fields: dict[str, Any]) -> None:
+        if self.dist.is_main:
+            run_summary.update(fields)
 
     def measured(self, record: dict[str, Any], tracked: dict[str, float]) -> None:
         """An observer's record in the metrics file (a straggler report, a spike guard skip or rollback) and its

@@ -81,13 +81,18 @@ def error_line(message: str) -> None:
     """The single line a user sees for a mistake; printed by rank 0 only so N ranks do not repeat it. Every rank
     records it in DSKIT_ERROR_FILE when that is set (the first line on a host wins): a host whose ranks do not
     include rank 0 has its reason too. Secrets redacted (a URI's password, a token flag's value)."""
-    line = step_line.error_line(redact.text(message))
+    message = redact.text(message)
     if _rank() == 0:
-        print(line, file=sys.stderr, flush=True)
+        print(step_line.error_line(message), file=sys.stderr, flush=True)
+    record_error(message)
+
+
+def record_error(message: str) -> None:
+    """The message into DSKIT_ERROR_FILE when that is set, unless a line came first."""
     if path := os.environ.get(launch_env.ERROR_FILE):
         try:
             with open(path, "x") as f:
-                f.write(line + "\n")
+                f.write(message + "\n")
         except OSError:
             pass  # written already (first wins), or unwritable: the line is in the log
 

@@ -1,13 +1,11 @@
-"""Every run-log line that is read back: rendered here and parsed back here, so the two cannot drift apart.
+"""The run log's lines, rendered from the records they show (people read the log; tools read the records).
 
-The step and validation lines come from the metrics record (one table of fields below); `dskit plot` parses a log
-without its metrics file with the same table. `dskit.api` reads a finished run from its log: the end line, the
-checkpoints saved, the metrics file and run name, the MLflow run, and the one-line error of a failed run.
+The step and validation lines come from the metrics record (one table of fields below), which SageMaker's metric
+definitions also scrape (metric_regex); the lines that say how a run started and ended, the checkpoints it saved,
+its files and trackers, and the one-line error.
 
     Step 10/100 | Loss 7.1234 | lr 3.00e-03 | grad_norm 1.23 | tokens/s 2600 (1300/device) | trained tokens/s 2500 | ... | ETA 0:00:42
     Step 40/40 | Validation Loss 5.2213 | Perplexity 185.17 | bits/byte 1.9325 | 16 of 1,777 blocks (32,752 target tokens) | took 2.3 s
-
-A parser finds its line after rank 0's timestamp (`2026-11-23 12:00:00 | <line>`) or at the start of a line.
 """
 
 from __future__ import annotations
@@ -17,22 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-NUMBER = r"([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))"
-COUNT = r"(\d{1,3}(?:,\d{3})*)"  # a whole number with thousands separators: format ","
-_AT = r"(?:^|\|)\s*"  # where a message starts: the line's start or after the timestamp
-_STEP = re.compile(_AT + r"Step (\d+)/\d+\s*\|(.*)$")
-_RESUMED = re.compile(_AT + r"Resumed from .+? at step (\d+)")
-_FRESH = re.compile(_AT + r"No (?:verified )?checkpoint in .*: starting fresh")
-_DONE = re.compile(_AT + r"Done: step (\d+)/(\d+), (\d+) tokens seen")
-_PREEMPTED = re.compile(_AT + r"Preempted: stop requested by (.+); saved at step (\d+)")
-_WALLTIME = re.compile(_AT + r"Stopped at step (\d+) before the job's time limit; saved")
-_STOPPED = re.compile(_AT + r"Stopped at step (\d+) \((\S+)\): (.*); saved\s*$")
-_VALIDATED = re.compile(_AT + r"Validated the model at step (\d+): nothing trained or saved")
-_SAVED = re.compile(_AT + r"Saved checkpoint (.+) \([^()]*\)\s*$")
 _NOWHERE = "nowhere (--metrics_file none)"
-_RUN = re.compile(_AT + r"Run (\S+): metrics to (.+?)(?:, (\S+) under .*)?\s*$")
-_MLFLOW = re.compile(_AT + r"MLflow run (\S+) in experiment ")
-_ERROR = re.compile(r"^(?:\S+ \| )?error: (.*)$")
 
 
 @dataclass(frozen=True)
@@ -53,21 +36,6 @@ class Field:
             format(v if f == "," else v * self.scale, f) for v, f in zip(values, self.formats, strict=True)
         ]
         return f"{self.label} {self.template.format(*shown)}".lstrip()
-
-    def pattern(self) -> re.Pattern[str]:
-        parts = re.escape(self.template).split(re.escape("{}"))
-        value = parts[0] + "".join(
-            (COUNT if f == "," else NUMBER) + rest for f, rest in zip(self.formats, parts[1:], strict=True)
-        )
-        label = f"{re.escape(self.label)} " if self.label else ""
-        return re.compile(rf"^{label}{value}$")
-
-    def read(self, groups: tuple[str, ...]) -> dict[str, Any]:
-        """The record's values from a match of `pattern`."""
-        return {
-            key: int(text.replace(",", "")) if f == "," else float(text) / self.scale
-            for key, f, text in zip(self.keys, self.formats, groups, strict=True)
-        }
 
 
 STEP_FIELDS: tuple[Field, ...] = (
@@ -98,11 +66,6 @@ VALIDATION_FIELDS: tuple[Field, ...] = (
     ),
     Field("took", ("val_s",), (".1f",), "{} s"),
 )
-_PATTERNS: tuple[tuple[Field, re.Pattern[str]], ...] = tuple(
-    (f, f.pattern()) for f in (*STEP_FIELDS, *VALIDATION_FIELDS)
-)
-
-
 # Log scrapers with a regex engine of their own (SageMaker's metric definitions) get plain groups and classes only:
 # no look-arounds, no non-capturing groups, the first group the value.
 PLAIN_NUMBER = r"([-+]?[0-9][0-9.eE+-]*|nan|inf)"
@@ -137,7 +100,7 @@ def _line(record: dict[str, Any], max_steps: int, fields: tuple[Field, ...], tai
     return " | ".join(parts + tail)
 
 
-# --- the records: steps, validations, starts (`dskit plot`) -------------------------------------------------
+# --- the records: steps, validations, starts -------------------------------------------------
 
 
 # A mixture's keys, one per source (data/mixture.py): the realised token share of the data read, in the step
@@ -178,8 +141,7 @@ SAMPLE_SHOWN = 60  # characters of a sample's prompt (its end) and text (its sta
 
 
 def samples_lines(step: int, samples: list[tuple[str, str]], seconds: float) -> list[str]:
-    """The samples in brief, one line each (the metrics file and the trackers have them whole); never a "Step
-    N/M |" line, which `parse` would read as a step record."""
+    """The samples in brief, one line each (the metrics file and the trackers have them whole)."""
 
     def one_line(text: str) -> str:
         return " ".join(text.split())
@@ -201,38 +163,7 @@ def fresh_line(checkpoint_dir: str) -> str:
     return f"No verified checkpoint in {checkpoint_dir}: starting fresh"
 
 
-def parse(line: str) -> dict[str, Any] | None:
-    """The record (in the metrics file's keys) or start event a log line shows, else None."""
-    if match := _STEP.search(line):
-        record: dict[str, Any] = {"step": int(match.group(1))}
-        for part in match.group(2).split("|"):
-            for field, pattern in _PATTERNS:
-                if found := pattern.match(part.strip()):
-                    record.update(field.read(found.groups()))
-        return record
-    if match := _RESUMED.search(line):
-        return {"event": "start", "step": int(match.group(1)), "resumed_from": "checkpoint"}
-    if _FRESH.search(line):
-        return {"event": "start", "step": 0, "resumed_from": None}
-    return None
-
-
-def parse_log(text: str) -> list[dict[str, Any]]:
-    return [record for line in text.splitlines() if (record := parse(line)) is not None]
-
-
-# --- how the loop ended (dskit.api) ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class End:
-    """What an end line says: why the loop ended and at which step (the step count of a finished run too)."""
-
-    reason: str  # done, preempted, walltime, validated (--validation_only), or the word an observer stopped it with
-    step: int
-    max_steps: int | None = None  # done only
-    tokens_seen: int | None = None  # done only
-    detail: str | None = None  # who asked for a preemption, why an observer stopped the run
+# --- how the loop ended ------------------------------------------------------------------------
 
 
 def done_line(step: int, max_steps: int, tokens_seen: int) -> str:
@@ -269,44 +200,16 @@ def validation_only_line(model: Any, step: int) -> str:
 
 
 def validated_line(step: int) -> str:
-    """A --validation_only run's end (End.reason VALIDATED)."""
+    """A --validation_only run's end (its end record's reason: VALIDATED)."""
     return f"Validated the model at step {step}: nothing trained or saved"
 
 
-def parse_end(line: str) -> End | None:
-    if match := _DONE.search(line):
-        step, max_steps, tokens = (int(g) for g in match.groups())
-        return End("done", step, max_steps, tokens)
-    if match := _PREEMPTED.search(line):
-        return End("preempted", int(match.group(2)), detail=match.group(1))
-    if match := _WALLTIME.search(line):
-        return End("walltime", int(match.group(1)))
-    if match := _STOPPED.search(line):
-        return End(match.group(2), int(match.group(1)), detail=match.group(3))
-    if match := _VALIDATED.search(line):
-        return End(VALIDATED, int(match.group(1)))
-    return None
-
-
-# --- checkpoints, the run's files and trackers, errors (dskit.api) -------------------------------------------
+# --- checkpoints, the run's files and trackers, errors -------------------------------------------
 
 
 def saved_line(tag_dir: Path, detail: str) -> str:
     """A checkpoint is complete; `detail`: its size and write speed."""
     return f"Saved checkpoint {tag_dir} ({detail})"
-
-
-def parse_saved(line: str) -> str | None:
-    """The checkpoint dir a saved line names, as written (relative to the launcher's working dir)."""
-    match = _SAVED.search(line)
-    return match.group(1) if match else None
-
-
-@dataclass(frozen=True)
-class RunFiles:
-    run_id: str  # the kit's run name (metrics file, TensorBoard run)
-    metrics_file: str | None  # None: --metrics_file none
-    report_to: str  # the tracker, "none" without one
 
 
 def run_line(run_id: str, metrics_file: Path | None, report_to: str, report_dir: str) -> str:
@@ -315,31 +218,12 @@ def run_line(run_id: str, metrics_file: Path | None, report_to: str, report_dir:
     return f"Run {run_id}: metrics to {where}{tracker}"
 
 
-def parse_run(line: str) -> RunFiles | None:
-    match = _RUN.search(line)
-    if match is None:
-        return None
-    run_id, where, tracker = match.groups()
-    return RunFiles(run_id, None if where == _NOWHERE else where, tracker or "none")
-
-
 def mlflow_line(mlflow_run_id: str, experiment: str, tracking_uri: str, parent_run_id: str | None) -> str:
-    """The MLflow run a job logs to (`tracking_uri` without credentials): the line an orchestrator reads."""
+    """The MLflow run a job logs to (`tracking_uri` without credentials)."""
     child = f", child of {parent_run_id}" if parent_run_id is not None else ""
     return f"MLflow run {mlflow_run_id} in experiment {experiment!r} at {tracking_uri}{child}"
-
-
-def parse_mlflow(line: str) -> str | None:
-    match = _MLFLOW.search(line)
-    return match.group(1) if match else None
 
 
 def error_line(message: str) -> str:
     """The one line a user sees for a mistake (stderr; the launchers print theirs the same way)."""
     return f"error: {message}"
-
-
-def parse_error(line: str) -> str | None:
-    """The message of an error line, bare or after one `WORD | ` prefix."""
-    match = _ERROR.match(line.strip())
-    return match.group(1) if match else None

@@ -573,9 +573,7 @@ def _open_mlflow(
     state = {"run_id": mlflow_run_id, "tracking_uri": redact.uri(uri), "experiment": experiment}
     if parent_run_id is not None:
         state["parent_run_id"] = parent_run_id
-    print0(
-        step_line.mlflow_line(mlflow_run_id, experiment, redact.uri(uri), parent_run_id)
-    )  # dskit.api reads it
+    print0(step_line.mlflow_line(mlflow_run_id, experiment, redact.uri(uri), parent_run_id))
     return MlflowTracker(client, mlflow_run_id), state
 
 

@@ -42,6 +42,7 @@ from typing import TextIO
 
 from model_utils import launch_env, processes, scratch
 from model_utils.observe import step_line
+from model_utils.observe.log import record_error
 
 HANG_EXIT = 75  # EX_TEMPFAIL: the job may succeed when run again (on other nodes): a launcher's requeue
 DUMP_SIGNAL = signal.SIGUSR2  # faulthandler prints the rank's stack on it, even when it holds the GIL
@@ -298,16 +299,10 @@ class Monitor:
             _say(f"watchdog: {beat.who()}, frozen in {beat.where()}: its stacks")
             ask_for_stacks(beat.pid)
             time.sleep(self.dump_wait_s)
-        line = step_line.error_line(verdict.describe())
-        _say(line)
+        _say(step_line.error_line(verdict.describe()))
         # Each host's judge names its own stuck ranks' hosts.
         launch_env.name_bad_hosts([b.host for b in verdict.stuck], "a rank stopped advancing (hang)")
-        if path := os.environ.get(launch_env.ERROR_FILE):
-            try:
-                with open(path, "x") as f:
-                    f.write(line + "\n")
-            except OSError:
-                pass  # another host rank's line came first; this one is in the log
+        record_error(verdict.describe())
         self._leave(verdict.frozen)
 
     def _leave(self, frozen: tuple[Beat, ...]) -> None:

@@ -21,6 +21,19 @@ def trains_on_cuda() -> bool:
     return get_accelerator().device_name() == "cuda"
 
 
+@dataclass(frozen=True)
+class Ranks:
+    """The ranks a run trains on: how many, and the memory of each one's GPU (None: CPU ranks). On the ranks,
+    what they found; in `dskit config`, the machine it plans for."""
+
+    world_size: int
+    gpu_bytes: int | None
+
+    @property
+    def on_cuda(self) -> bool:
+        return self.gpu_bytes is not None
+
+
 def accumulation_for(tokens: int, micro_batch_size: int, world_size: int, seq_length: int) -> int:
     """The accumulation whose global batch comes nearest `tokens`: round(N / (micro x ranks x seq)), at least 1."""
     return max(1, round(tokens / (micro_batch_size * world_size * seq_length)))

@@ -48,7 +48,8 @@ class ResolvedRun:
     train_blocks: BlockSource  # a prepared dataset's TokenBlocks, or a mixture of sources (data/mixture.py)
     val_blocks: BlockSource | None
     resume: protocol.ResumeTarget | None
-    world_size: int | None  # None outside the ranks (`dskit prepare`/`config`): per-rank values stay open
+    # None outside the ranks (`dskit prepare`): per-rank values stay open; `dskit config` plans for a machine.
+    world_size: int | None
     micro_batch_size: int | str  # AUTO only outside the ranks: rank 0 probes its GPU
     steps_per_epoch: int | None
     max_steps: int | None  # --max_steps, or --epochs x steps_per_epoch
@@ -156,7 +157,11 @@ class ResolvedRun:
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved run as `dskit config` prints it."""
-        per_rank_open = "per rank: known when the ranks start"
+        per_rank_open = (
+            "per rank: known when the ranks start"
+            if self.world_size is None
+            else "set at launch, from the micro batch rank 0 probes on its GPU"
+        )
         mb_known = isinstance(self.micro_batch_size, int)
         ts, layout = self.settings.train, self.layout
         accumulation_known = ts.global_batch_tokens is None or layout is not None
@@ -167,11 +172,15 @@ class ResolvedRun:
             "config": self.config.to_dict(),
             "resolved": {
                 **self.settings.to_dict(),
+                # The kit's default DeepSpeed config, as the ranks' GPUs choose it (unplanned: what they may choose).
                 **(
                     {
-                        "deepspeed_config": f"{ts.path}; on CUDA ranks {train_settings.gpu_only_config(self.config)} where the memory estimate fits the GPU"
+                        "deepspeed_config": ts.path
+                        if self.world_size is not None
+                        else f"{ts.path}; on CUDA ranks {train_settings.gpu_only_config(self.config)} where the "
+                        "memory estimate fits the GPU"
                     }
-                    if self.world_size is None and train_settings.default_in_use(self.config)
+                    if train_settings.default_in_use(self.config)
                     else {}
                 ),
                 "global_batch_tokens": tokens,
@@ -439,32 +448,41 @@ def prepare(
     decide_once: Callable[[Callable[[], Any]], Any] = _here,
     settings: RunSettings | None = None,
     fetch_hub: bool = False,
+    plan: batch_layout.Ranks | None = None,
 ) -> ResolvedRun:
     """Resolve model, tokenizer, sequence length, DeepSpeed settings, checkpoint target and packed data.
 
-    `world_size` is the ranks' (None in one-process tools); `run_first` runs a cache-building function on one
+    `world_size` is the ranks' (None in one-process tools); `plan` (`dskit config`, not on the ranks): the ranks
+    to resolve for, so that what the ranks derive from their hardware is shown (what only a GPU probe settles, the
+    micro batch `auto`, stays open); `run_first` runs a cache-building function on one
     rank before the others (they then read the cache); `decide_once` runs a decision (which checkpoint
     verifies, the probed micro batch) on one rank and shares it. `settings`: resolve_settings(cfg), when the
     caller has it already. `fetch_hub` (`dskit prepare`/`preflight`, once per job before the ranks start): fetch a
     hub model's weights and pin its (and a hub tokenizer's) commit in the checkpoint dir, where the ranks read it.
     """
+    on_ranks = world_size is not None
+    ranks = batch_layout.Ranks(world_size, _rank_gpu_bytes(world_size)) if world_size is not None else plan
     settings = settings or resolve_settings(
-        cfg, _rank_gpu_bytes(world_size), world_size or 1, on_ranks=world_size is not None
+        cfg,
+        None if ranks is None else ranks.gpu_bytes,
+        1 if ranks is None else ranks.world_size,
+        on_ranks=on_ranks,
     )
     with settings.config.origins_named():
-        return _prepare(settings, world_size, run_first, decide_once, fetch_hub)
+        return _prepare(settings, ranks, on_ranks, run_first, decide_once, fetch_hub)
 
 
 def _prepare(
     settings: RunSettings,
-    world_size: int | None,
+    ranks: batch_layout.Ranks | None,
+    on_ranks: bool,
     run_first: Callable[[Callable[[], Any]], Any],
     decide_once: Callable[[Callable[[], Any]], Any],
     fetch_hub: bool,
 ) -> ResolvedRun:
     cfg = settings.config  # with the launch environment's settings joined (resolve_settings)
     protocol.check_writable(cfg.checkpoint.checkpoint_dir)
-    on_ranks = world_size is not None
+    world_size = None if ranks is None else ranks.world_size
     settings = dataclasses.replace(settings, tokenizer=_hub_tokenizer(cfg, settings.source, on_ranks))
     if fetch_hub:
         settings = _fetch_hub(settings)
@@ -525,8 +543,8 @@ def _prepare(
         check_resume(
             settings, resume.path, data_fingerprint=data_fingerprint, chat_template=tokenizer.chat_template
         )
-    settings = _cuda_batch_default(settings, world_size)
-    micro_batch = _micro_batch(settings, train_blocks, val_blocks, world_size, decide_once)
+    settings = _cuda_batch_default(settings, ranks)
+    micro_batch = _micro_batch(settings, train_blocks, val_blocks, ranks, on_ranks, decide_once)
     settings = _accumulation(settings, micro_batch, world_size)
     steps_per_epoch = max_steps = None
     if isinstance(micro_batch, int) and world_size is not None:
@@ -673,13 +691,11 @@ def _check_mlflow_parent(cfg: TrainConfig, decide_once: Callable[[Callable[[], A
         decide_once(lambda: trackers.check_parent_run(report.tracking_uri, Path(report.report_dir), parent))
 
 
-def _cuda_batch_default(settings: RunSettings, world_size: int | None) -> RunSettings:
+def _cuda_batch_default(settings: RunSettings, ranks: batch_layout.Ranks | None) -> RunSettings:
     """On CUDA ranks without a batch flag (or batch keys in the DeepSpeed config): micro batch auto and the
     default global batch. Decided where --micro_batch_size auto is, on the ranks; CPU keeps the embedded default."""
     ts = settings.train
-    if world_size is None or ts.batch_given or ts.global_batch_tokens is not None:
-        return settings
-    if not batch_layout.trains_on_cuda():
+    if ranks is None or not ranks.on_cuda or ts.batch_given or ts.global_batch_tokens is not None:
         return settings
     print0(
         f"CUDA batch default (no batch flag given): --micro_batch_size auto, --global_batch_tokens "
@@ -708,20 +724,25 @@ def _micro_batch(
     settings: RunSettings,
     train_blocks: BlockSource,
     val_blocks: BlockSource | None,
-    world_size: int | None,
+    ranks: batch_layout.Ranks | None,
+    on_ranks: bool,
     decide_once: Callable[[Callable[[], Any]], Any],
 ) -> int | str:
-    """--micro_batch_size auto becomes a number on the training ranks (rank 0 probes its GPU); `dskit prepare`,
-    which starts no process group and uses no GPU, leaves it open."""
+    """--micro_batch_size auto becomes a number on the training ranks (rank 0 probes its GPU; CPU ranks take 1);
+    `dskit prepare`, which starts no process group and uses no GPU, leaves it open, as a plan for GPUs does."""
     chosen = settings.train.micro_batch_size
     if chosen != AUTO:
         return chosen
-    if world_size is None:
+    if ranks is None or (ranks.on_cuda and not on_ranks):
         print0("--micro_batch_size auto: probed on the GPU by the training ranks when they start")
         return AUTO
+    if not on_ranks:
+        return 1  # as micro_batch_probe.resolve decides on CPU ranks
     from model_utils.resolve import micro_batch_probe
 
     n_val = None if val_blocks is None else len(val_blocks)
     return decide_once(
-        lambda: micro_batch_probe.resolve(settings, sampler.epoch_blocks(train_blocks), n_val, world_size)
+        lambda: micro_batch_probe.resolve(
+            settings, sampler.epoch_blocks(train_blocks), n_val, ranks.world_size
+        )
     )

@@ -86,7 +86,10 @@ def test_config_help_names_the_command_and_says_each_default_once(capsys) -> Non
         cli.main(["config", "--help"])
     assert stopped.value.code == 0
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
-    assert text.startswith("usage: dskit config [--format json|yaml] [-h]"), text[:80]
+    assert text.startswith(
+        "usage: dskit config [--format json|yaml] [--nodes N] [--gpus_per_node N] [--gpu_memory_gib G | "
+        "--instance_type TYPE] [-h]"
+    ), text[:160]
     assert "(default: None)" not in text and "(default: the model's own) (default" not in text
     assert "(default: the model's own)" in text and "(default: 100)" in text  # --tokenizer's; --max_steps'
 

@@ -33,7 +33,7 @@ def test_the_line_names_the_first_failed_rank_its_host_and_how_it_ended() -> Non
         "error: rank 1 (local rank 1, pid 4242) on node7 was killed by SIGKILL (signal 9); torchrun stopped the "
         "other ranks"
     )
-    written = "error: dataset path /x does not exist: fix the path\n"
+    written = "dataset path /x does not exist: fix the path"
     assert supervise.summary({3: failure(1, 7, 2)}, "n2", written) == (
         "error: rank 3 (local rank 1, pid 7) on n2 exited with status 2: dataset path /x does not exist: fix the path"
     )
@@ -58,11 +58,9 @@ def test_a_hang_ends_with_the_watchdogs_line_and_its_status() -> None:
     """The watchdog's rank exits HANG_EXIT after its line; torchrun then stops the frozen one: the line is the
     watchdog's (it names the stuck rank, not the rank that reported it) and the status is the hang's."""
     ended = {0: failure(0, 11, watchdog.HANG_EXIT), 1: failure(1, 12, -signal.SIGTERM)}
-    line = (
-        "error: hang: rank 1 (pid 12) on n4 stopped advancing in compute of step 9: no heartbeat for 31 s\n"
-    )
+    message = "hang: rank 1 (pid 12) on n4 stopped advancing in compute of step 9: no heartbeat for 31 s"
     assert supervise.hung(ended) and not supervise.hung({1: failure(1, 12, 1)})
-    assert supervise.summary(ended, "n4", line) == line.strip()
+    assert supervise.summary(ended, "n4", message) == f"error: {message}"
     assert supervise.summary(ended, "n4", None).startswith(
         "error: rank 0 (local rank 0, pid 11) on n4 exited"
     )

@@ -137,3 +137,49 @@ def test_samples_reach_the_log_the_metrics_file_and_the_tracker(tmp_path: Path, 
     }
     assert tracker.logged == [("samples", 5, [("Once", " upon a time")]), ("metrics", 5, {"sample_s": 0.5})]
     assert "  [1] 'Once' -> 'upon a time'" in capsys.readouterr().out
+
+
+def test_the_run_summary_follows_the_run_and_a_requeued_job_adds_to_it(
+    tmp_path: Path, gloo_rank, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What dskit.api reads (observe/run_summary.py): the ids and files at the start, the last logged step and
+    loss, the last validation, the newest checkpoint and the end; a later job keeps what it does not say again."""
+    from model_utils.observe import run_summary
+
+    summary = tmp_path / "summary.json"
+    monkeypatch.setenv(launch_env.RUN_SUMMARY, str(summary))
+    monkeypatch.chdir(tmp_path)
+    cfg = parse_args(["--metrics_file", "m.jsonl", "--checkpoint_dir", "ck"])
+    first = Reporter(cfg, gloo_rank, 4, 64, 1e6, None)
+    first.open("tiny_qwen3-1", {}, None)
+    first.step_clocked(stepped(2, loss=3.0))
+    first.log_step(stepped(2), None)
+    first.log_validation(2, metrics.Validation(metrics.Score(200.0, 100, 250), 4, 8, 1.0))
+    first.event({"event": "checkpoint", "step": 2, "tag": "t-2steps", "save_s": 0.1})
+    first.event({"event": "end", "step": 2, "reason": "preempted"})
+    first.close()
+    assert run_summary.read(summary) == {
+        "run_id": "tiny_qwen3-1", "metrics_file": str(tmp_path / "m.jsonl"), "mlflow_run_id": None,
+        "max_steps": 4, "step": 2, "train_loss": 3.0, "validation_step": 2, "validation_loss": 2.0,
+        "checkpoint": str(tmp_path / "ck" / "t-2steps"), "end": "preempted", "end_step": 2,
+    }  # fmt: skip
+    again = Reporter(cfg, gloo_rank, 4, 64, 1e6, None)
+    again.open("tiny_qwen3-1", {"mlflow": {"run_id": "abc"}}, 2)
+    again.step_clocked(stepped(4, loss=1.0))
+    again.log_step(stepped(4), None)
+    again.event({"event": "end", "step": 4, "reason": "done"})
+    again.close()
+    read = run_summary.read(summary)
+    assert (read["mlflow_run_id"], read["step"], read["train_loss"], read["end"], read["end_step"]) == (
+        "abc", 4, 1.0, "done", 4,
+    )  # fmt: skip
+    assert (read["validation_loss"], read["checkpoint"]) == (2.0, str(tmp_path / "ck" / "t-2steps"))  # kept
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".summary")] == []  # no temp file left
+
+
+def test_without_the_variable_no_summary_is_written(tmp_path: Path, gloo_rank, monkeypatch) -> None:
+    monkeypatch.delenv(launch_env.RUN_SUMMARY, raising=False)
+    monkeypatch.chdir(tmp_path)
+    reporter = Reporter(parse_args(["--metrics_file", "none"]), gloo_rank, 4, 64, 1e6, None)
+    reporter.event({"event": "end", "step": 0, "reason": "done"})
+    assert list(tmp_path.iterdir()) == []

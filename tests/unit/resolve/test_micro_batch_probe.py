@@ -276,7 +276,13 @@ def test_auto_micro_batch_flag_and_config(tmp_path: Path, capsys: pytest.Capture
     )
     printed = json.loads(capsys.readouterr().out)
     assert printed["config"]["optim"]["micro_batch_size"] == "auto"
-    assert printed["resolved"]["micro_batch_size"] == "auto"  # probed by the ranks when they start
+    assert printed["resolved"]["micro_batch_size"] == 1  # this machine's ranks: CPU ones, which take 1
+    planned = ["--gpus_per_node", "8", "--gpu_memory_gib", "80"]
+    assert (
+        cli.main(["config", *planned, "--micro_batch_size", "auto", "--data_cache_dir", str(tmp_path / "c")])
+        == 0
+    )
+    assert json.loads(capsys.readouterr().out)["resolved"]["micro_batch_size"] == "auto"  # probed at launch
     explicit = tmp_path / "ds.json"
     explicit.write_text(json.dumps({"train_micro_batch_size_per_gpu": 16, "zero_optimization": {"stage": 2}}))
     with pytest.raises(

@@ -4,6 +4,7 @@ launch_env.name_bad_hosts)."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -174,9 +175,11 @@ def test_a_preempted_run_or_one_stopped_for_the_time_limit_requeues(
     job = Job(tmp_path)
     if reason:
         job.stop_reason.write_text(f"{reason}\n")
-    proc = job.end("--max_hang_requeues", "2", status, preempted)
+    summary = tmp_path / "summary.json"
+    proc = job.end("--max_hang_requeues", "2", status, preempted, **{launch_env.RUN_SUMMARY: str(summary)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert end_lines(proc.stdout) == [said]
+    assert not summary.exists()  # the job goes on: it has no exit status yet
     assert job.scontrol() == [["requeue", "12345"]]
     assert not job.stop_reason.exists()  # read once, then removed
     assert ("USR1 came before the ranks started: not starting them" in proc.stdout) == (status == "none")
@@ -186,8 +189,11 @@ def test_a_preempted_run_or_one_stopped_for_the_time_limit_requeues(
 def test_a_finished_or_failed_run_ends_with_its_status(tmp_path: Path, status: str) -> None:
     job = Job(tmp_path)
     job.stop_reason.write_text("done\n")  # a reason other than the time limit: nothing to requeue
-    proc = job.end("--max_hang_requeues", "2", status, "0")
+    summary = tmp_path / "summary.json"
+    summary.write_text('{"run_id": "r", "end": "done"}')  # the ranks' part
+    proc = job.end("--max_hang_requeues", "2", status, "0", **{launch_env.RUN_SUMMARY: str(summary)})
     assert proc.returncode == int(status) and end_lines(proc.stdout) == [status], proc.stdout + proc.stderr
+    assert json.loads(summary.read_text()) == {"run_id": "r", "end": "done", "exit_status": int(status)}
     assert job.scontrol() == []
 
 

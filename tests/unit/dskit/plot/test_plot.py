@@ -1,4 +1,5 @@
-"""`dskit plot`: the series it draws from metrics files and run logs, real PNGs, and its bad-input errors."""
+"""`dskit plot`: the series it draws from metrics files (a run log names its own beside it), real PNGs, and its
+bad-input errors."""
 
 from __future__ import annotations
 
@@ -133,44 +134,18 @@ def test_plot_of_a_metrics_file_with_a_resume(tmp_path, capsys):
     assert_png(other)
 
 
-LOG = """\
-START 2026-11-22T16:00:00+00:00 on vm with 2 ranks (CPU)
-2026-11-22 16:00:00 | No checkpoint in checkpoints: starting fresh
-2026-11-22 16:00:01 | Step 10/60 | Loss 7.5000 | lr 1.50e-03 | grad_norm 1.23 | tokens/s 2600 (1300/device) | s/step 0.280
-2026-11-22 16:00:02 | Step 20/60 | Loss 7.0000 | lr 3.00e-03 | grad_norm 1.10 | tokens/s 2650 (1325/device) | s/step 0.270
-2026-11-22 16:00:02 | Step 20/60 | Validation Loss 6.9000 | Perplexity 992.27
-2026-11-22 16:00:03 | Step 30/60 | Loss 9.0000 | lr 3.00e-03 | grad_norm 1.00 | tokens/s 2700 (1350/device) | s/step 0.260
-END 2026-11-22T16:00:04+00:00 exit status 137
-2026-11-22 16:01:00 | Resumed from checkpoints/tiny_qwen3-20steps at step 20 (world size 2)
-2026-11-22 16:01:01 | Step 30/60 | Loss 6.5000 | lr 2.50e-03 | grad_norm 1.0 | tokens/s 2800 (1400/device) \
-| TFLOPs/device 0.0123 | mem 1.0/2.5 GiB | RSS 3.1 GiB | data 0.5% | s/step 0.250 | ETA 0:00:10
-2026-11-22 16:01:02 | Step 30/60 | Validation Loss 6.4000 | Perplexity 601.85
-"""
-
-
-def test_plot_of_a_run_log_without_a_metrics_file(tmp_path, capsys):
-    log = tmp_path / "logs" / "tiny_20261122-160000.out"
+def test_a_run_log_is_plotted_from_the_metrics_file_beside_it_never_from_its_text(tmp_path, capsys):
+    log = tmp_path / "logs" / "job_42.out"
     log.parent.mkdir()
-    log.write_text(LOG)
-    run = load_run(log)
-    assert run.source == log
-    assert run.resumes == (20,)
-    assert run.series["loss"].steps == (10, 20, 30)
-    assert run.series["loss"].values == (7.5, 7.0, 6.5)
-    assert run.series["val_loss"].steps == (20, 30) and run.series["val_loss"].values == (6.9, 6.4)
-    assert run.series["lr"].values == (1.5e-3, 3e-3, 2.5e-3)
-    assert run.series["tokens_per_s"].values == (2600, 2650, 2800)
-    assert run.series["device_mem_peak_gib"].steps == (30,) and run.series["host_rss_gib"].values == (3.1,)
-
-    assert cli.main(["plot", str(log)]) == 0
-    assert_png(tmp_path / "logs" / "tiny_20261122-160000.png")
-    assert "3 training and 2 validation points, 1 resume(s)" in capsys.readouterr().out
+    log.write_text("2026-11-22 16:00:01 | Step 10/60 | Loss 7.5000 | lr 1.50e-03\n")
+    err = plot_error([str(log)], capsys)  # --metrics_file none: nothing to plot, whatever the log says
+    assert f"{log} has no metrics file beside it ({log.with_name('job_42.metrics.jsonl')})" in err
 
 
 def test_a_run_log_with_a_metrics_file_plots_the_metrics_file(tmp_path):
     log = tmp_path / "logs" / "job_42.out"
     metrics = write_jsonl(tmp_path / "logs" / "job_42.metrics.jsonl", requeued_run_records())
-    log.write_text(LOG)
+    log.write_text("START ...\n")
     run = load_run(log)
     assert run.source == metrics
     assert run.series["loss"].steps == (10, 20, 30, 40, 50, 60)
@@ -215,7 +190,7 @@ def test_bad_input_is_one_error_line_and_keeps_existing_files(tmp_path, capsys):
     assert "has no metrics records" in plot_error([str(only_events)], capsys)
     empty_log = logs / "crashed.out"
     empty_log.write_text("START ...\nTraceback (most recent call last):\n")
-    assert "has no 'Step N/M | Loss ...' lines" in plot_error([str(empty_log)], capsys)
+    assert "has no metrics file beside it" in plot_error([str(empty_log)], capsys)
 
     assert "ending in .png" in plot_error([str(good), "-o", str(logs / "plot.pdf")], capsys)
     assert "does not exist" in plot_error([str(good), "-o", str(tmp_path / "nowhere" / "x.png")], capsys)
@@ -239,15 +214,15 @@ def test_bad_input_is_one_error_line_and_keeps_existing_files(tmp_path, capsys):
 
 def two_launches(logs: Path) -> tuple[Path, Path]:
     """A local run launched twice (train-singlenode.sh: a log and a metrics file per launch), beside another
-    run's files; the second launch's log names its metrics file in its "Run ..." line only."""
+    run's files."""
     records = requeued_run_records()
     cut = next(i for i, r in enumerate(records) if r.get("event") == "start" and r["step"] == 40)
     write_jsonl(logs / "tiny_qwen3-deepspeed_20261122-160000.metrics.jsonl", records[:cut])
     second = write_jsonl(logs / "tiny_qwen3-deepspeed_20261122-161500.metrics.jsonl", records[cut:])
     other = [{**records[0], "run_id": "tiny_qwen3-deepspeed-20261122-170000"}, train(10, 1.0), train(70, 1.0)]
     write_jsonl(logs / "tiny_qwen3-deepspeed_20261122-170000.metrics.jsonl", other)
-    log = logs / "renamed.out"
-    log.write_text(f"2026-11-22 16:15:00 | Run {RUN_ID}: metrics to {second}\n")
+    log = logs / "tiny_qwen3-deepspeed_20261122-161500.out"
+    log.write_text("START ...\n")
     return log, second
 
 

@@ -125,8 +125,8 @@ def test_a_channel_the_kit_cannot_read_is_refused_at_start(
 
 def test_the_failure_reason_is_the_kits_error_line_or_a_crash_with_the_logs_tail() -> None:
     tail = [f"line {i} " + "x" * 60 for i in range(40)]
-    named = "error: dataset path /opt/ml/input/data/train does not exist: fix it\n"
-    assert entry.failure_reason(named, 2, "algo-1", tail) == named.strip()
+    named = "dataset path /opt/ml/input/data/train does not exist: fix it\n"  # the error file's message
+    assert entry.failure_reason(named, 2, "algo-1", tail) == "error: " + named.strip()
     crash = entry.failure_reason(None, -9, "algo-2", tail)
     lines = crash.splitlines()
     assert (
