@@ -115,13 +115,7 @@ def test_train_singlenode_trains_the_embedded_default_and_resumes(tmp_path: Path
     """./train-singlenode.sh with only a private checkpoint dir: the embedded default, end to end."""
     logs_before = set((REPO / "logs").glob("*.out"))
     ckpt = tmp_path / "ck"
-    cmd = [
-        str(REPO / "train-singlenode.sh"),
-        "--checkpoint_dir",
-        str(ckpt),
-        "--metrics_file",
-        str(tmp_path / "m.jsonl"),
-    ]
+    cmd = [str(REPO / "train-singlenode.sh"), "--checkpoint_dir", str(ckpt)]
     try:
         launched = time.time()
         first = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=900)
@@ -135,17 +129,17 @@ def test_train_singlenode_trains_the_embedded_default_and_resumes(tmp_path: Path
         assert sum(attempt.seconds.values()) == pytest.approx(attempt.wall_s)
         assert attempt.seconds["productive"] > 0 and attempt.seconds["startup"] > 0
         assert attempt.ended == "done" and attempt.start_step == 0
-        steps = step_records(tmp_path / "m.jsonl")
-        assert max(steps) == 100
-        assert steps[100]["loss"] < steps[10]["loss"] - 1.0, steps  # the loss visibly falls
         assert "Step 100/100 | Loss" in first.stdout
         assert (ckpt / "latest").read_text().strip() == "tiny_qwen3-100steps"
         new_logs = [p for p in set((REPO / "logs").glob("*.out")) - logs_before if str(ckpt) in p.read_text()]
         assert len(new_logs) == 1 and "Step 100/100" in new_logs[0].read_text()
+        steps = step_records(new_logs[0].with_suffix(".metrics.jsonl"))  # beside the log
+        assert max(steps) == 100
+        assert steps[100]["loss"] < steps[10]["loss"] - 1.0, steps  # the loss visibly falls
         # Named after what ran once the kit named the run, the output following it to the END line.
         assert re.fullmatch(r"tiny_qwen3-deepspeed_\d{8}-\d{6}\.out", new_logs[0].name), new_logs[0].name
         assert new_logs[0].read_text().rstrip().endswith("exit status 0")
-        # The README's next command: `dskit plot` of that log (here its step lines: the metrics went elsewhere).
+        # The README's next command: `dskit plot` of that log (the metrics file beside it).
         plotted = subprocess.run(
             [str(REPO / ".venv/bin/dskit"), "plot", str(new_logs[0]), "-o", str(tmp_path / "run.png")],
             env=ENV,
@@ -191,10 +185,11 @@ def test_train_singlenode_trains_the_embedded_default_and_resumes(tmp_path: Path
         assert f"to me/tiny-run: {hub.url}/me/tiny-run/commit/" in longer.stdout, longer.stdout[-3000:]
         (commit,) = [c for c in hub.commits if "config.json" in hub.commits[c]]
         assert "| optimizer steps | 104 |" in hub.commits[commit]["README.md"].decode()
-    finally:  # remove only this test's logs: other tests may be writing theirs
+    finally:  # remove only this test's logs and metrics files: other tests may be writing theirs
         for path in set((REPO / "logs").glob("*.out")) - logs_before:
             if str(ckpt) in path.read_text(errors="replace"):
                 path.unlink()
+                path.with_suffix(".metrics.jsonl").unlink(missing_ok=True)
 
 
 def test_wsd_resume_continues_the_exact_lr_and_a_new_world_size_repositions_it(
