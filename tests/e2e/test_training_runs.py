@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dskit import cost
+from dskit import cli, cost
 from support import step_control
 from support.hub_server import HubStandIn
 from support.metrics_file import step_records
@@ -111,7 +111,7 @@ def test_a_signal_to_one_rank_stops_all_ranks_at_one_step_with_a_checkpoint(
     )  # continued, none repeated or skipped
 
 
-def test_train_singlenode_trains_the_embedded_default_and_resumes(tmp_path: Path) -> None:
+def test_train_singlenode_trains_the_embedded_default_and_resumes(tmp_path: Path, capsys) -> None:
     """./train-singlenode.sh with only a private checkpoint dir: the embedded default, end to end."""
     logs_before = set((REPO / "logs").glob("*.out"))
     ckpt = tmp_path / "ck"
@@ -139,15 +139,9 @@ def test_train_singlenode_trains_the_embedded_default_and_resumes(tmp_path: Path
         # Named after what ran once the kit named the run, the output following it to the END line.
         assert re.fullmatch(r"tiny_qwen3-deepspeed_\d{8}-\d{6}\.out", new_logs[0].name), new_logs[0].name
         assert new_logs[0].read_text().rstrip().endswith("exit status 0")
-        # The README's next command: `dskit plot` of that log (the metrics file beside it).
-        plotted = subprocess.run(
-            [str(REPO / ".venv/bin/dskit"), "plot", str(new_logs[0]), "-o", str(tmp_path / "run.png")],
-            env=ENV,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert plotted.returncode == 0 and (tmp_path / "run.png").stat().st_size > 10_000, plotted.stderr
+        # The README's next command: `dskit plot` of that log (the metrics file beside it), here in this process.
+        assert cli.main(["plot", str(new_logs[0]), "-o", str(tmp_path / "run.png")]) == 0
+        assert (tmp_path / "run.png").stat().st_size > 10_000
 
         # The same command again: the run is complete, said in one line before any rank starts; not an error, and
         # no log of a launch that ran nothing (the newest log is still the run's, for `dskit plot`).
@@ -163,12 +157,10 @@ def test_train_singlenode_trains_the_embedded_default_and_resumes(tmp_path: Path
             p for p in set((REPO / "logs").glob("*.out")) - logs_before if str(ckpt) in p.read_text()
         ] == [new_logs[0]]
         # and `dskit config` shows the run a relaunch would resume
-        shown = subprocess.run(
-            [str(REPO / ".venv/bin/dskit"), "config", "--checkpoint_dir", str(ckpt)],
-            env=ENV, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        assert shown.returncode == 0 and json.loads(shown.stdout)["config"]["loop"]["max_steps"] == 100
-        assert "run complete:" in shown.stderr
+        capsys.readouterr()
+        assert cli.main(["config", "--checkpoint_dir", str(ckpt)]) == 0
+        shown = capsys.readouterr()
+        assert json.loads(shown.out)["config"]["loop"]["max_steps"] == 100 and "run complete:" in shown.err
 
         # Longer, and pushed to a (stand-in) hub when it finishes: --push_to_hub through the launcher.
         with HubStandIn() as hub:
