@@ -69,7 +69,7 @@ def dump(run: ResolvedRun) -> str:
     )
     if train_settings.default_in_use(run.config):
         header += (
-            f"\nNo deepspeed section: the default {run.settings.train.path} (on CUDA ranks "
+            f"\nNo deepspeed section: the default {train_settings.given(run.config)[0]} (on CUDA ranks "
             f"{train_settings.gpu_only_config(run.config)} where the memory estimate fits the GPU)."
         )
     sections = redact.tree(run_file(run))  # printed: a tracking URI's password stays out of the terminal

@@ -89,3 +89,16 @@ def test_config_shows_what_the_ranks_derive_on_this_machine_and_on_a_planned_one
     planned = json.loads(capsys.readouterr().out)
     assert planned["resolved"]["gradient_accumulation_steps"] == 4  # 2 x 4 x 8 x 256 = 16,384
     assert planned["deepspeed"]["gradient_accumulation_steps"] == 4
+
+
+def test_a_planned_run_file_keeps_the_default_config_for_its_ranks_to_choose(tmp_path, capsys) -> None:
+    """--format yaml of a GPU plan: no deepspeed section (the ranks choose between the default and its GPU-only
+    sibling), and its header names the default as the default."""
+    planned = ["--gpus_per_node", "8", "--gpu_memory_gib", "80", "--checkpoint_dir", str(tmp_path / "ck")]
+    assert cli.main(["config", "--format", "yaml", *planned]) == 0
+    dumped = capsys.readouterr().out
+    assert (
+        "No deepspeed section: the default deepspeed/ds_config.json (on CUDA ranks deepspeed/ds_config_gpu.json"
+        in " ".join(dumped.replace("#", " ").split())
+    ), dumped[:600]
+    assert "\ndeepspeed:" not in dumped
