@@ -1,17 +1,16 @@
-"""`make test`: the suite as three pytest processes side by side.
+"""`make test`: the suite as two pytest processes side by side.
 
-One after the other, the tests leave a core idle much of the time: the SLURM tests and the tests that drive a
-whole launcher (marked `slurm` and `launcher`) mostly wait, on the scheduler, a requeue's start-up delay, a
-launcher's preflight or a subprocess. So they run beside the tests that compute, in three tiers of about the same
-length: "e2e" (the multi-rank runs in process), "unit+slurm" (the unit tests beside the SLURM tests' waits) and
-"launchers". The first tier reports live; the others' reports follow once all are done.
+Run one after the other, the tiers leave one of two cores idle about half the time: the SLURM tests and the
+tests that drive a whole launcher (marked `slurm` and `launcher`) mostly wait on the scheduler, a requeue's
+start-up delay, a launcher's preflight or a subprocess. So they run as the "launchers" tier beside the "main"
+tier (everything else). The main tier reports live; the launchers tier's report follows it once both are done.
 
-    python tools/test_tiers.py [PYTEST ARGS...]      # the args go to every tier (e.g. -x, -k EXPR, paths)
+    python tools/test_tiers.py [PYTEST ARGS...]      # the args go to both tiers (e.g. -x, -k EXPR, paths)
 
-Tests marked `quiet` (they compare ranks' timings on one machine) run while the other tiers pause between two
-of their tests: every tier gets DSKIT_TEST_TIER_LOCK (tests/support/tier_lock.py).
+Tests marked `quiet` (they compare ranks' timings on one machine) run while the other tier pauses between two
+of its tests: both tiers get DSKIT_TEST_TIER_LOCK (tests/support/tier_lock.py).
 
-Exit status: 0 when every tier passes, else the first non-zero one.
+Exit status: 0 when both tiers pass, else the first non-zero one.
 """
 
 from __future__ import annotations
@@ -25,12 +24,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# (name, marker expression): together they select every test once.
-TIERS = (
-    ("e2e", "e2e and not (slurm or launcher)"),
-    ("unit+slurm", "slurm or not (e2e or launcher)"),
-    ("launchers", "launcher and not slurm"),
-)
+LAUNCHERS = "slurm or launcher"
 NO_TESTS_COLLECTED = 5  # pytest's status for a tier with nothing selected (e.g. a -k that matches none of it)
 
 
@@ -43,50 +37,42 @@ def _pytest(marker: str, args: list[str]) -> list[str]:
 
 
 def main(args: list[str]) -> int:
+    log = REPO / ".cache" / "test-tier-launchers.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     env = {**os.environ, "DSKIT_TEST_TIER_LOCK": str(REPO / ".cache" / "test-tiers.lock")}
-    (first, first_marker), *others = TIERS
-    logs = {name: REPO / ".cache" / f"test-tier-{name.replace('+', '-')}.log" for name, _ in others}
-    ended: dict[str, float] = {}
-    background: dict[str, subprocess.Popen] = {}
+    with log.open("w") as out:
+        # Its own process group, so an interrupted run ends all of its processes; no cache plugin, whose end-of-run
+        # write would race the main tier's.
+        launchers = subprocess.Popen(
+            [*_pytest(LAUNCHERS, args), "-p", "no:cacheprovider"],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    ended: list[float] = []  # when the launchers tier ended (it may end before the main tier)
+    watcher = threading.Thread(target=lambda: (launchers.wait(), ended.append(time.monotonic())), daemon=True)
+    watcher.start()
     try:
-        for name, marker in others:
-            logs[name].parent.mkdir(parents=True, exist_ok=True)
-            with logs[name].open("w") as out:
-                # Its own process group, so an interrupted run ends all of its processes; no cache plugin, whose
-                # end-of-run write would race the first tier's.
-                background[name] = subprocess.Popen(
-                    [*_pytest(marker, args), "-p", "no:cacheprovider"],
-                    cwd=REPO,
-                    env=env,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            print(f"tier {name} ({marker}): running beside this one, reported at the end", flush=True)
-
-        def watch(name: str, proc: subprocess.Popen) -> None:
-            proc.wait()
-            ended[name] = time.monotonic()
-
-        watchers = [threading.Thread(target=watch, args=item, daemon=True) for item in background.items()]
-        for watcher in watchers:
-            watcher.start()
-        statuses = {first: subprocess.run(_pytest(first_marker, args), cwd=REPO, env=env).returncode}
-        ended[first] = time.monotonic()
-        for watcher in watchers:
-            watcher.join()
+        print(f"tier launchers ({LAUNCHERS}): running beside this one, reported at the end", flush=True)
+        main_status = subprocess.run(_pytest(f"not ({LAUNCHERS})", args), cwd=REPO, env=env).returncode
+        main_seconds = time.monotonic() - started
+        watcher.join()
     except BaseException:
-        for proc in background.values():
-            os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(launchers.pid, signal.SIGTERM)
         raise
-    for name, _ in others:
-        print(f"\n===== tier {name}, from {logs[name].relative_to(REPO)} =====", flush=True)
-        sys.stdout.write(logs[name].read_text(errors="replace"))
-        statuses[name] = background[name].returncode
-    said = ", ".join(f"{name} exit {statuses[name]} in {ended[name] - started:.0f} s" for name, _ in TIERS)
-    print(f"\ntiers: {said} (wall {time.monotonic() - started:.0f} s)")
-    return next((s for s in statuses.values() if s not in (0, NO_TESTS_COLLECTED)), 0)
+    launchers_status = launchers.returncode
+    launchers_seconds = ended[0] - started
+    print(f"\n===== tier launchers ({LAUNCHERS}), from {log.relative_to(REPO)} =====", flush=True)
+    sys.stdout.write(log.read_text(errors="replace"))
+    statuses = [0 if s == NO_TESTS_COLLECTED else s for s in (main_status, launchers_status)]
+    print(
+        f"\ntiers: main exit {main_status} in {main_seconds:.0f} s, launchers exit {launchers_status} in "
+        f"{launchers_seconds:.0f} s (wall {time.monotonic() - started:.0f} s)"
+    )
+    return next((s for s in statuses if s != 0), 0)
 
 
 if __name__ == "__main__":
