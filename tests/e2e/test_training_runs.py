@@ -138,9 +138,8 @@ def test_train_singlenode_trains_the_embedded_default_and_resumes(tmp_path: Path
         assert steps[100]["loss"] < steps[10]["loss"] - 1.0, steps  # the loss visibly falls
         # Named after what ran once the kit named the run, the output following it to the END line (-N: another
         # launch of the other tier took that name in the same second).
-        assert re.fullmatch(r"tiny_qwen3-deepspeed_\d{8}-\d{6}(-\d+)?\.out", new_logs[0].name), new_logs[
-            0
-        ].name
+        name = new_logs[0].name
+        assert re.fullmatch(r"tiny_qwen3-deepspeed_\d{8}-\d{6}(-\d+)?\.out", name), name
         assert new_logs[0].read_text().rstrip().endswith("exit status 0")
         # The README's next command: `dskit plot` of that log (the metrics file beside it), here in this process.
         assert cli.main(["plot", str(new_logs[0]), "-o", str(tmp_path / "run.png")]) == 0
