@@ -33,7 +33,6 @@ from model_utils.errors import ConfigError
 from model_utils.launch import startup
 from model_utils.model import activation_checkpointing, kernels
 from model_utils.observe.log import print0
-from model_utils.resolve import batch_layout
 
 if TYPE_CHECKING:
     from model_utils.resolve.run_settings import RunSettings
@@ -194,10 +193,8 @@ class _GpuProbe:
 
 
 def resolve(settings: RunSettings, n_train_blocks: int, n_val_blocks: int | None, world_size: int) -> int:
-    """The micro batch for --micro_batch_size auto on this process's device (rank 0 of the run)."""
-    if not batch_layout.trains_on_cuda():
-        print0("--micro_batch_size auto: 1 (no CUDA GPU; the memory probe needs one)")
-        return 1
+    """The micro batch for --micro_batch_size auto on this process's CUDA GPU (rank 0 of the run; CPU ranks take 1
+    without a probe: resolver._micro_batch)."""
     from transformers import AutoModelForCausalLM
 
     cfg, model_config, ts = settings.config, settings.model_config, settings.train

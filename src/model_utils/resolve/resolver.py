@@ -736,8 +736,9 @@ def _micro_batch(
     if ranks is None or (ranks.on_cuda and not on_ranks):
         print0("--micro_batch_size auto: probed on the GPU by the training ranks when they start")
         return AUTO
-    if not on_ranks:
-        return 1  # as micro_batch_probe.resolve decides on CPU ranks
+    if not ranks.on_cuda:
+        print0("--micro_batch_size auto: 1 (no CUDA GPU; the memory probe needs one)")
+        return 1
     from model_utils.resolve import micro_batch_probe
 
     n_val = None if val_blocks is None else len(val_blocks)
