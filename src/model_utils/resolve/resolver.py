@@ -308,9 +308,9 @@ def _ranks_per_node(world_size: int) -> int:
     return local if 1 <= local <= world_size and world_size % local == 0 else world_size
 
 
-def _rank_gpu_bytes(world_size: int | None) -> int | None:
-    """The memory of this rank's CUDA GPU; None outside the ranks or without one (the default config stays)."""
-    if world_size is None or not batch_layout.trains_on_cuda():
+def _rank_gpu_bytes() -> int | None:
+    """The memory of this rank's CUDA GPU; None without one (CPU ranks)."""
+    if not batch_layout.trains_on_cuda():
         return None
     import torch
 
@@ -461,7 +461,7 @@ def prepare(
     hub model's weights and pin its (and a hub tokenizer's) commit in the checkpoint dir, where the ranks read it.
     """
     on_ranks = world_size is not None
-    ranks = batch_layout.Ranks(world_size, _rank_gpu_bytes(world_size)) if world_size is not None else plan
+    ranks = batch_layout.Ranks(world_size, _rank_gpu_bytes()) if world_size is not None else plan
     settings = settings or resolve_settings(
         cfg,
         None if ranks is None else ranks.gpu_bytes,
