@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
 
         hang_timeout = cfg.loop.hang_timeout
         dist = distributed.init_distributed(
-            watchdog.collective_timeout_s(hang_timeout) if hang_timeout else None
+            watchdog.collective_timeout_s(hang_timeout) if hang_timeout else None, cfg.optim.sequence_parallel
         )
         if cfg.loop.health_gate == "on":  # before anything is loaded: a bad node costs seconds, not hours
             from model_utils.launch import health_gate

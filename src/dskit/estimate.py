@@ -14,11 +14,14 @@ import math
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from model_utils import engines
 from model_utils.config.arguments import CHECKPOINTING_NONE, every_n_layers
+from model_utils.engines import sequence_parallel
 from model_utils.engines.memory import GiB, Line, MemoryEstimate, ModelShape, ZeroLayout, check_zero, estimate
+from model_utils.engines.sequence_parallel import cannot_split
 from model_utils.errors import CommandParser, ConfigError
 from model_utils.model import models
 from model_utils.model.activation_checkpointing import checkpointed_layers
@@ -196,14 +199,39 @@ def candidates(layout: ZeroLayout, num_layers: int) -> list[tuple[ZeroLayout, li
     return out
 
 
+def sequence_parallel_sizes(shape: ModelShape, layout: ZeroLayout) -> list[int]:
+    """The --sequence_parallel sizes the recommendation tries, smallest first: from the layout's own, each that
+    divides the ranks and that the model's heads and the sequence split into (DeepSpeed engines only)."""
+    if not engines.memory_model(layout.backend).zero_stages:
+        return [layout.sequence_parallel]
+    heads = SimpleNamespace(num_attention_heads=shape.num_heads, num_key_value_heads=shape.num_kv_heads)
+    world, seq = layout.world_size, layout.seq_length
+    sizes = range(layout.sequence_parallel, world + 1)
+    return [
+        n for n in sizes if n == layout.sequence_parallel or cannot_split(n, heads, seq, world, "") is None
+    ]
+
+
 def recommend(shape: ModelShape, layout: ZeroLayout, cap: Capacity) -> Recommendation:
     """The fastest (offload, activation checkpointing, stage) that fits at micro batch 1, at its largest
-    power-of-two micro batch."""
+    power-of-two micro batch; with the smallest --sequence_parallel (from the layout's) at which one fits."""
     if cap.gpu_bytes is None:
         return Recommendation(
             None,
             "pass --gpu_memory_gib (e.g. 80 for an H100) or --instance_type to get a configuration that fits",
         )
+    for n in sequence_parallel_sizes(shape, layout):
+        rec = _recommend_at(shape, dataclasses.replace(layout, sequence_parallel=n), cap)
+        if rec.estimate is not None and n > 1:
+            why = f"{rec.reason}; groups of {n} GPUs share each sequence: the fewest at which it fits"
+            return Recommendation(rec.estimate, why, (*rec.flags, "--sequence_parallel", str(n)))
+        if rec.estimate is not None:
+            return rec
+    return rec
+
+
+def _recommend_at(shape: ModelShape, layout: ZeroLayout, cap: Capacity) -> Recommendation:
+    assert cap.gpu_bytes is not None
     batches = [2**k for k in range(int(math.log2(MAX_MICRO_BATCH)) + 1)]
     nearest_faster: str | None = None  # why the layout just faster than the chosen one does not fit
     zero_stages = engines.memory_model(layout.backend).zero_stages
@@ -266,6 +294,8 @@ def _shortfall(est: MemoryEstimate, cap: Capacity) -> str:
     name = f"ZeRO-{lay.stage} with {'no offload' if lay.offload == 'none' else lay.offload + ' offload'}"
     if every_n_layers(lay.activation_checkpointing) is not None:
         name += f" and activation checkpointing {lay.activation_checkpointing}"
+    if lay.sequence_parallel > 1:
+        name += f", sequence parallel {lay.sequence_parallel}"
     if _status(est.device_bytes_per_rank, cap.gpu_bytes) != "fits":
         assert cap.gpu_bytes is not None
         limit = FIT_FRACTION * cap.gpu_bytes / GiB
@@ -300,7 +330,9 @@ def render(est: MemoryEstimate) -> str:
             else f"; LoRA: {m.trainable_params / 1e6:.2f}M train (gradients and optimizer states), the rest frozen"
         ),
         f"{lay.nodes} node{'s' if lay.nodes > 1 else ''} x {lay.ranks_per_node} GPUs, {lay.describe()} x "
-        f"{lay.seq_length} tokens, {precision}, {_kernels(lay)}",
+        f"{lay.seq_length} tokens"
+        + (f" shared by {lay.sequence_parallel} GPUs" if lay.sequence_parallel > 1 else "")
+        + f", {precision}, {_kernels(lay)}",
     ]
 
     width = max(len(line.label) for line in est.device_lines + est.host_lines) + 2
@@ -414,6 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
     # LoRA as training would apply it: gradients and optimizer states for the adapters only.
     for name in ("lora_r", "lora_target_modules", "lora_modules_to_save"):
         parser.add_argument(f"--{name}", **field_help(LoraArgs, name))
+    parser.add_argument("--sequence_parallel", **field_help(OptimArgs, "sequence_parallel"))
     parser.add_argument(
         "--gpu_memory_gib",
         type=float,
@@ -585,6 +618,9 @@ def main(argv: list[str]) -> int:
         explicit.add("fsdp_cpu_offload")
     if ns.micro_batch_size is not None:
         optim["micro_batch_size"] = ns.micro_batch_size
+    if ns.sequence_parallel is not None:
+        optim["sequence_parallel"] = ns.sequence_parallel
+        explicit.add("sequence_parallel")
     cfg = TrainConfig(
         model=ModelArgs(model=ns.model, liger=ns.liger, activation_checkpointing=ns.activation_checkpointing),
         data=DataArgs(seq_length=ns.seq_length),
@@ -600,6 +636,7 @@ def main(argv: list[str]) -> int:
         explicit=frozenset(explicit),
     )
     settings = resolver.resolve_settings(cfg)
+    sequence_parallel.check(cfg, settings.model_config, settings.seq_length, ns.nodes * ranks)
     shape, layout = resolve_layout(settings, ns.nodes, ranks, ns.zero_stage, ns.offload)
     est = estimate(shape, layout)
     cap = machine_capacity(ns.gpu_memory_gib, ns.host_memory_gib, ns.instance_type)

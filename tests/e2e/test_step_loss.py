@@ -1,6 +1,7 @@
 """The loss over the step's tokens, through both engines: one optimizer step over the same 8 rows, whose targets
 differ in number by an order of magnitude, laid out as micro batch 8 x accumulation 1, 1 x 8 and 2 ranks x 4,
-gives the loss and the gradients of the token mean over all 8 rows (fp32, within 1e-5); DeepSpeed's layouts at
+gives the loss and the gradients of the token mean over all 8 rows (fp32, within 1e-5), and so do ranks that share
+each row (sequence parallelism); DeepSpeed's layouts at
 ZeRO stages 0 (8 x 1), 2 (1 x 8, 2 ranks x 4) and 3 (2 ranks x 4), whose gradients are reduced and partitioned
 differently. A mean of per-micro-batch means would not: the last check shows how far it lands. The ranks are the
 rank pool's (tests/support/rank_pool.py); what a rank runs: tests/support/step_gradients.py."""
@@ -21,10 +22,18 @@ from support.torchrun import succeeded
 pytestmark = pytest.mark.e2e
 
 SCRIPT = Path(__file__).resolve().parents[1] / "support" / "step_gradients.py"
-LAYOUTS = {"8x1": (1, 8, 1), "1x8": (1, 1, 8), "2 ranks x 4": (2, 1, 4)}  # ranks, micro batch, accumulation
+DATA_PARALLEL = {
+    "8x1": (1, 8, 1),
+    "1x8": (1, 1, 8),
+    "2 ranks x 4": (2, 1, 4),
+}  # ranks, micro batch, accumulation
+# ... and the ranks sharing each row (--sequence_parallel).
+SEQUENCE_PARALLEL = {"2 ranks share 4x2": (2, 4, 2, 2), "4 ranks, 2 groups of 2 share 2x2": (4, 2, 2, 2)}
+LAYOUTS = {**DATA_PARALLEL, **SEQUENCE_PARALLEL}
 # DeepSpeed's ZeRO stages per layout: the stage changes how the gradients are reduced, accumulated and partitioned
 # (stage 0: the module's own; 2: reduce-scattered into partitioned buffers; 3: the parameters partitioned too).
 ZERO_STAGES = {"8x1": (0,), "1x8": (2,), "2 ranks x 4": (2, 3)}
+ZERO_STAGES |= {"2 ranks share 4x2": (2,), "4 ranks, 2 groups of 2 share 2x2": (3,)}
 
 
 def reference() -> tuple[float, dict[str, torch.Tensor]]:
@@ -39,25 +48,39 @@ def reference() -> tuple[float, dict[str, torch.Tensor]]:
 
 
 def engine_step(engine: str, layout: str, tmp_path: Path, zero_stage: int = 0) -> dict:
-    ranks, micro, accumulation = LAYOUTS[layout]
+    ranks, micro, accumulation, *sequence_parallel = LAYOUTS[layout]
     out = tmp_path / f"{engine}-{layout.replace(' ', '')}-zero{zero_stage}.pt"
-    succeeded(run_ranks([engine, micro, accumulation, out, zero_stage], script=SCRIPT, nproc=ranks))
+    argv = [engine, micro, accumulation, out, zero_stage, *sequence_parallel]
+    succeeded(run_ranks(argv, script=SCRIPT, nproc=ranks))
     return torch.load(out, weights_only=False)
+
+
+def assert_reference_step(got: dict, where: str) -> None:
+    want_loss, want_grads = reference()
+    assert got["loss"] == pytest.approx(want_loss, abs=1e-5), where
+    assert set(got["grads"]) == set(want_grads), where
+    for name, grad in want_grads.items():
+        torch.testing.assert_close(got["grads"][name], grad, atol=1e-5, rtol=1e-5, msg=f"{where}: {name}")
 
 
 @pytest.mark.parametrize("engine", ["deepspeed", "fsdp"])
 def test_every_layout_trains_the_token_mean_of_the_step(engine: str, tmp_path: Path) -> None:
-    want_loss, want_grads = reference()
-    for layout in LAYOUTS:
+    for layout in DATA_PARALLEL:
         for stage in ZERO_STAGES[layout] if engine == "deepspeed" else (0,):
             where = f"{layout}, ZeRO-{stage}" if engine == "deepspeed" else layout
-            got = engine_step(engine, layout, tmp_path, stage)
-            assert got["loss"] == pytest.approx(want_loss, abs=1e-5), where
-            assert set(got["grads"]) == set(want_grads), where
-            for name, grad in want_grads.items():
-                torch.testing.assert_close(
-                    got["grads"][name], grad, atol=1e-5, rtol=1e-5, msg=f"{where}: {name}"
-                )
+            assert_reference_step(engine_step(engine, layout, tmp_path, stage), where)
+
+
+def test_ranks_sharing_each_sequence_train_the_same_step(tmp_path: Path) -> None:
+    """Sequence parallelism (DeepSpeed's Ulysses): 2 ranks each holding half of every row, and 4 ranks as 2 groups
+    of 2, give the loss and gradients of the whole rows in one forward, rows of two documents included (their
+    attention kept apart); at ZeRO-2 (all-reduced gradients) and ZeRO-3 (reduce-scattered: DeepSpeed divides by
+    every rank there, deepspeed_engine._averaged_over)."""
+    for layout in SEQUENCE_PARALLEL:
+        for stage in ZERO_STAGES[layout]:
+            assert_reference_step(
+                engine_step("deepspeed", layout, tmp_path, stage), f"{layout}, ZeRO-{stage}"
+            )
 
 
 def test_a_mean_of_micro_batch_means_would_differ_here() -> None:

@@ -458,6 +458,23 @@ COMMANDS: dict[str, Run | DryRun | CoveredBy | Uncovered] = {
     "run.yaml]": DryRun(
         _AWS + "; a synopsis, [ ] marks what is optional", ".venv/bin/dskit sagemaker --help"
     ),
+    # docs/long-context.md
+    "./train-singlenode.sh --sequence_parallel 2": CoveredBy(
+        "tests/e2e/test_sequence_parallel.py::"
+        "test_a_run_changes_sequence_parallelism_on_resume_and_trains_as_the_uninterrupted_run",
+        "--sequence_parallel",
+    ),
+    ".venv/bin/dskit estimate --model qwen3-0.6b --seq_length 32768 --gpus_per_node 8 --gpu_memory_gib 24 "
+    "--liger off": Run(),
+    "sbatch --nodes=1 train.sbatch --model /fsx/models/Qwen3-8B-yarn --dataset /fsx/data/long-docs --seq_length "
+    "131072 --sequence_parallel 2 --activation_checkpointing full --deepspeed_config deepspeed/ds_config_gpu.json "
+    "--micro_batch_size 1": DryRun(_SLURM_GPU, FLAGS),
+    ".venv/bin/dskit bench --sequence_parallel 1,2 --seq_lengths 1024,4096 --budget_mib 256": CoveredBy(
+        # the same benchmark at 2,048 tokens and a 50 MiB budget: the lengths only change how long it takes
+        "tests/unit/dskit/bench/test_sequence_bench.py::"
+        "test_a_group_of_two_holds_less_per_rank_and_the_budget_search_doubles",
+        "--sequence_parallel",
+    ),
 }
 
 # Output samples whose command the docs test does not run (every other sample's command is a Run), and why.

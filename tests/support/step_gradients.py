@@ -1,13 +1,14 @@
 """One optimizer step of an engine on fixed rows with targets of very different lengths: its reported loss and the
 gradients its optimizer is given, for the loss-over-the-step's-tokens checks (tests/e2e/test_step_loss.py).
 
-    python tests/support/step_gradients.py ENGINE MICRO_BATCH ACCUMULATION OUT.pt [ZERO_STAGE]   (under torchrun
-    or run_ranks)
+    python tests/support/step_gradients.py ENGINE MICRO_BATCH ACCUMULATION OUT.pt [ZERO_STAGE [SEQUENCE_PARALLEL]]
+    (under torchrun or run_ranks)
 
 The ROWS rows are dealt to the ranks in order (rank r: rows r*mb*acc ... ), each rank's cut into ACCUMULATION
 micro-batches of MICRO_BATCH rows; every layout of 8 rows covers the same step. fp32 throughout: DeepSpeed at
 ZERO_STAGE (default 0; at 1-3 the gradients the optimizer steps with are partitioned, and gathered whole with
-deepspeed.utils.safe_get_full_grad), FSDP2 with fp32 parameters. Rank 0 saves {"loss": the mean of the ranks'
+deepspeed.utils.safe_get_full_grad), FSDP2 with fp32 parameters. With SEQUENCE_PARALLEL N, groups of N ranks
+share each row (DeepSpeed's Ulysses): the rows are dealt to the groups, each rank trains its slice of them. Rank 0 saves {"loss": the mean of the ranks'
 reported shares, "grads": {name: full gradient}} to OUT.pt.
 """
 
@@ -58,10 +59,12 @@ class FixedRows:
         return Rows(self.all.tokens[indices], self.all.targets[indices], self.all.positions[indices])
 
 
-def micro_batches(rank: int, micro: int, accumulation: int) -> list[Batch]:
+def micro_batches(
+    rank: int, micro: int, accumulation: int, shard: tuple[int, int] | None = None
+) -> list[Batch]:
     per_rank = micro * accumulation
     mine = np.arange(rank * per_rank, (rank + 1) * per_rank).reshape(accumulation, micro)
-    return [gather(FixedRows(), indices, pin=False) for indices in mine]
+    return [gather(FixedRows(), indices, pin=False, shard=shard) for indices in mine]
 
 
 def tiny_model() -> torch.nn.Module:
@@ -102,8 +105,9 @@ def capture(
 def main() -> None:
     engine_name, micro, accumulation, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
     zero_stage = int(sys.argv[5]) if len(sys.argv) > 5 else 0
-    dist = distributed.init_distributed()
-    assert micro * accumulation * dist.world_size == ROWS, "a layout of the step's 8 rows"
+    sequence_parallel = int(sys.argv[6]) if len(sys.argv) > 6 else 1
+    dist = distributed.init_distributed(sequence_parallel=sequence_parallel)
+    assert micro * accumulation * dist.data_ranks == ROWS, "a layout of the step's 8 rows"
     model = tiny_model()
     grads: dict[str, torch.Tensor] = {}
     if engine_name == "fsdp":
@@ -125,10 +129,10 @@ def main() -> None:
             "zero_optimization": {"stage": zero_stage},
             "gradient_clipping": 0.0,
         }
-        engine = DeepSpeedEngine(model, ds)
+        engine = DeepSpeedEngine(model, ds, sequence_parallel=sequence_parallel)
         capture(engine._engine.optimizer, engine.module, grads, zero_stage)
     engine.train()
-    share, applied = engine.train_step(micro_batches(dist.rank, micro, accumulation))
+    share, applied = engine.train_step(micro_batches(dist.data_rank, micro, accumulation, dist.shard))
     assert applied
     loss = torch.tensor([float(share)], dtype=torch.float64)
     torch.distributed.all_reduce(loss)

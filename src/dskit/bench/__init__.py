@@ -145,6 +145,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="time a checkpoint's save and resume verification at these total MB (e.g. 100,1000), per-rank "
         "checksums against rank 0 checksumming every file",
     )
+    sp = p.add_argument_group(
+        "sequence-parallel benchmark, instead of training (dskit bench --sequence_parallel 1,2 --help)"
+    )
+    sp.add_argument(
+        SEQUENCE_BENCH_FLAG,
+        metavar="SIZES",
+        help="peak memory per rank and step time at each --seq_lengths with groups of N ranks sharing each "
+        "sequence, for each N (e.g. 1,2), and the longest length within --budget_mib",
+    )
     return p
 
 
@@ -152,6 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
 DATA_BENCH_FLAGS = ("--data", "--make_corpus", "--verify", "--make_prepared")
 # The flag of the checkpoint benchmark (checkpoint_bench.py): its own parser too.
 CHECKPOINT_BENCH_FLAG = "--checkpoint_mb"
+SEQUENCE_BENCH_FLAG = (
+    "--sequence_parallel"  # sequence_bench.py: memory and speed with ranks sharing sequences
+)
 
 
 @dataclass
@@ -594,6 +606,10 @@ def main(argv: list[str]) -> int:
         from dskit.bench import checkpoint_bench
 
         return checkpoint_bench.main(argv)
+    if any(arg.split("=", 1)[0] == SEQUENCE_BENCH_FLAG for arg in argv):
+        from dskit.bench import sequence_bench
+
+        return sequence_bench.main(argv)
     ns = build_parser().parse_args(argv)
     startup.import_deepspeed()
     import torch

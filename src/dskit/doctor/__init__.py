@@ -120,6 +120,8 @@ def diagnose(cfg: TrainConfig, ctx: LaunchContext) -> tuple[list[Result], Any]:
         ),
         _guarded("DeepSpeed ops", lambda: check_ops(ctx, run_jit_ops(cfg, settings, ctx, gpus))),
     ]
+    if settings is not None and cfg.optim.sequence_parallel > 1:
+        results.append(_guarded("sequence parallel", lambda: check_sequence_parallel(settings, ctx, gpus)))
     if settings is None:
         results.append(
             Result(
@@ -136,6 +138,21 @@ def diagnose(cfg: TrainConfig, ctx: LaunchContext) -> tuple[list[Result], Any]:
                 Result("host RAM", Status.WARN, f"no estimate: {type(e).__name__}: {first_line(e)}", "")
             )
     return results, settings
+
+
+def check_sequence_parallel(settings: Any, ctx: LaunchContext, gpus: GpuProbe) -> Result:
+    """--sequence_parallel against the ranks this launch starts, the model's heads and the sequence length."""
+    from model_utils.engines.sequence_parallel import cannot_split
+
+    cfg, name = settings.config, "sequence parallel"
+    n, ranks = cfg.optim.sequence_parallel, ranks_per_node(ctx, gpus)[0] * ctx.nodes
+    why = cannot_split(
+        n, settings.model_config, settings.seq_length, ranks, f"{cfg.setting('sequence_parallel')} {n}"
+    )
+    if why is not None:
+        found, _, fix = why.rpartition(": ")
+        return Result(name, Status.FAIL, found, fix)
+    return Result(name, Status.PASS, f"{ranks // n} group(s) of {n} of the {ranks} ranks share each sequence")
 
 
 def run_jit_ops(cfg: TrainConfig, settings: Any, ctx: LaunchContext, gpus: GpuProbe) -> tuple[str, ...]:

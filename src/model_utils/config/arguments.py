@@ -302,6 +302,16 @@ class OptimArgs:
             "(e.g. deepspeed/ds_config.json)",
         ),
     )
+    sequence_parallel: int = field(
+        default=1,
+        metadata=_flag(
+            "ranks that share each sequence (Ulysses sequence parallelism, docs/long-context.md): groups of N "
+            "consecutive ranks split every sequence N ways and attend over all of it; the groups are data "
+            "parallel. For sequences whose activations do not fit one GPU",
+            engine="deepspeed",
+            elsewhere="FSDP2 trains each sequence on one rank (docs/long-context.md): use --backend deepspeed",
+        ),
+    )
     deepspeed_config: str = field(
         default="deepspeed/ds_config.json",
         metadata=_flag(
@@ -365,7 +375,7 @@ class OptimArgs:
 
     def __post_init__(self) -> None:
         _check_choice("backend", self.backend, BACKENDS, "a training engine")
-        for name in ("micro_batch_size", "gradient_accumulation_steps"):
+        for name in ("micro_batch_size", "gradient_accumulation_steps", "sequence_parallel"):
             value = getattr(self, name)
             if not (name == "micro_batch_size" and value == AUTO) and value < 1:
                 raise ConfigError(f"--{name} {value} must be at least 1")
@@ -958,6 +968,12 @@ class TrainConfig:
             raise ConfigError(
                 f"{' and '.join(wsd_only)} apply to --lr_schedule wsd only, not {self.setting('lr_schedule')} "
                 f"{self.optim.lr_schedule}: set it to wsd or drop them"
+            )
+        if self.optim.sequence_parallel > 1 and self.report.sample_prompts is not None:
+            raise ConfigError(
+                f"{self.setting('sample_prompts')} and {self.setting('sequence_parallel')} "
+                f"{self.optim.sequence_parallel}: samples are not generated under sequence parallelism: drop "
+                "one of them (sample the exported model instead)"
             )
         sampling = sorted(self.setting(f) for f in SAMPLE_ONLY if f in self.explicit)
         if sampling and self.report.sample_prompts is None:

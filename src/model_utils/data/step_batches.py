@@ -38,19 +38,53 @@ class Batch:
     row predicts it, and a flattened batch must not predict it from the previous row's last).
     position_ids: None for rows of one sequence each (attention across the whole row).
     targets: how many labels are trained on, counted on the host when the rows were read.
+    shifted: the labels are already the next tokens (a shard of a sequence, `shard`): position i's label is the
+    token at i + 1, so the loss must not shift them again.
     """
 
     input_ids: torch.Tensor
     labels: torch.Tensor
     position_ids: torch.Tensor | None
     targets: int
+    shifted: bool = False
 
     def model_inputs(self) -> dict[str, Any]:
         """The keyword arguments of the model's forward (no KV cache in training or validation)."""
         inputs: dict[str, Any] = {"input_ids": self.input_ids, "labels": self.labels, "use_cache": False}
+        if self.shifted:  # Hugging Face's causal-LM loss takes labels shifted already as shift_labels
+            inputs["shift_labels"] = self.labels
         if self.position_ids is not None:
             inputs["position_ids"] = self.position_ids
         return inputs
+
+    def untrained_after(self, rows: int) -> Batch:
+        """The batch with no target in its rows from `rows` on (rows that only fill a micro-batch)."""
+        labels = self.labels.clone()
+        labels[rows:] = IGNORE_INDEX
+        return Batch(
+            self.input_ids, labels, self.position_ids, int((labels != IGNORE_INDEX).sum()), self.shifted
+        )
+
+    def shard(self, index: int, count: int) -> Batch:
+        """Shard `index` of `count` equal slices of every row, for sequence parallelism: the labels shifted over the
+        whole row first (the last token of a slice predicts the first of the next), the position ids of the slice
+        (each shard's attention sees where its tokens stand in the row)."""
+        length = self.input_ids.shape[-1]
+        assert length % count == 0, (length, count)
+        ignored = torch.full_like(self.labels[..., :1], IGNORE_INDEX)
+        following = torch.cat([self.labels[..., 1:], ignored], dim=-1)
+        positions = self.position_ids
+        if positions is None:
+            positions = torch.arange(length, dtype=torch.int64).expand(self.input_ids.shape[0], length)
+        cut = slice(index * length // count, (index + 1) * length // count)
+        labels = following[..., cut].contiguous()
+        return Batch(
+            self.input_ids[..., cut].contiguous(),
+            labels,
+            positions[..., cut].contiguous(),
+            int((labels != IGNORE_INDEX).sum()),
+            shifted=True,
+        )
 
     def device_targets(self) -> torch.Tensor:
         """The target count as a device tensor computed on the device (no host-to-device copy to wait for)."""
@@ -62,19 +96,27 @@ class Batch:
 
         ids, labels = move(self.input_ids), move(self.labels)
         assert ids is not None and labels is not None
-        return Batch(ids, labels, move(self.position_ids), self.targets)
+        return Batch(ids, labels, move(self.position_ids), self.targets, self.shifted)
 
     def pin_memory(self) -> Batch:
         positions = None if self.position_ids is None else self.position_ids.pin_memory()
-        return Batch(self.input_ids.pin_memory(), self.labels.pin_memory(), positions, self.targets)
+        pinned = (self.input_ids.pin_memory(), self.labels.pin_memory(), positions)
+        return Batch(*pinned, self.targets, self.shifted)
 
 
-def gather(source: BlockSource, indices: np.ndarray, pin: bool, flatten: bool = False) -> Batch:
+# A rank's share of each sequence under sequence parallelism: (its index in its group, the group's size).
+Shard = tuple[int, int]
+
+
+def gather(
+    source: BlockSource, indices: np.ndarray, pin: bool, flatten: bool = False, shard: Shard | None = None
+) -> Batch:
     """Rows `indices` of `source` as a Batch in host memory (pinned if `pin`).
 
     `flatten`: rows with document positions go into one row of all their tokens, the layout in which Hugging
     Face's flash-attention path reads position ids as variable-length sequences (it detects packing only in a
     batch of one row); attention still never crosses a row, since every row's positions start at 0.
+    `shard`: this rank's slice of each row (Batch.shard), with sequence parallelism.
     """
     rows = source.rows(np.asarray(indices))
     tokens = torch.from_numpy(np.asarray(rows.tokens, dtype=np.int64))
@@ -89,6 +131,8 @@ def gather(source: BlockSource, indices: np.ndarray, pin: bool, flatten: bool = 
     if flatten and positions is not None:
         tokens, labels, positions = (t.reshape(1, -1) for t in (tokens, labels, positions))
     batch = Batch(tokens, labels, positions, int(trained.sum()))
+    if shard is not None and shard[1] > 1:
+        batch = batch.shard(*shard)
     return batch.pin_memory() if pin else batch
 
 
@@ -102,14 +146,16 @@ class StepBatches:
         device: torch.device,
         flatten: bool = False,
         background: bool | None = None,
+        shard: Shard | None = None,
     ) -> None:
         """`background`: gather in a worker thread; by default where that overlaps the device's compute, on any
-        device but the CPU (the module docstring)."""
+        device but the CPU (the module docstring). `shard`: gather's, this rank's slice of each sequence."""
         self.source = source
         self.sampler = sampler
         self.device = device
         self.pin = device.type == "cuda"
         self.flatten = flatten  # gather's: for varlen (flash) attention over document positions
+        self.shard = shard
         if background is None:
             background = device.type != "cpu"
         self._worker = (
@@ -127,7 +173,8 @@ class StepBatches:
 
     def _gather_step(self, position: DataPosition) -> list[Batch]:
         return [
-            gather(self.source, idx, self.pin, self.flatten) for idx in self.sampler.step_indices(position)
+            gather(self.source, idx, self.pin, self.flatten, self.shard)
+            for idx in self.sampler.step_indices(position)
         ]
 
     def at(self, position: DataPosition) -> list[Batch]:

@@ -25,6 +25,7 @@ class Run(Protocol):
     settings: Any
     max_steps: int | None
     loads_schedule_state: bool  # False: a resume onto another --lr_schedule (load() leaves its state out)
+    sequence_parallel: int  # ranks sharing each sequence (--sequence_parallel)
 
     def deepspeed_config(self) -> dict[str, Any]: ...
 

@@ -281,11 +281,20 @@ class DeepSpeedEngine:
         ds_config: dict[str, Any],
         param_groups: list[dict[str, Any]] | None = None,
         lr_scheduler: Callable[[Any], Any] | None = None,
+        sequence_parallel: int = 1,
     ) -> None:
         """`param_groups`: the optimizer's parameter groups (param_groups.py); default: one group of every
         trainable parameter. `lr_scheduler`: optimizer -> scheduler, for a schedule DeepSpeed has none of (the
-        config then has no scheduler section)."""
+        config then has no scheduler section). `sequence_parallel`: ranks sharing each sequence (Ulysses,
+        sequence_parallel.py); the model's attention is routed through DeepSpeed's wrapper here."""
         deepspeed = startup.import_deepspeed()
+        self.sequence_parallel = sequence_parallel
+        mpu = None
+        if sequence_parallel > 1:
+            from model_utils.engines import sequence_parallel as ulysses
+
+            mpu = ulysses.register(model, sequence_parallel, ds_config["train_micro_batch_size_per_gpu"])
+            ds_config = {**ds_config, "sequence_parallel_size": sequence_parallel}
         # The CPU's description beside the ops built for it: one probe per host and boot, not per rank.
         with startup.cpu_info_computed_once(ops.extensions_dir()), startup.schedule_start_unlogged():
             self._engine, _, _, _ = deepspeed.initialize(
@@ -293,6 +302,7 @@ class DeepSpeedEngine:
                 model_parameters=param_groups or [p for p in model.parameters() if p.requires_grad],
                 config=ds_config,
                 lr_scheduler=lr_scheduler,
+                mpu=mpu,
             )
         self.module = self._engine.module
         self._discarded = 0  # steps discarded at the caller's request (train_step's `keep`)
@@ -320,7 +330,7 @@ class DeepSpeedEngine:
         if device.type == "cpu":
             ds = torch_adam_on_cpu(ds)
         ops.build_ops(jit_ops(ds, device.type), device.type)  # announced, before DeepSpeed loads them
-        engine = cls(model, ds, param_groups, lr_scheduler=scheduler)
+        engine = cls(model, ds, param_groups, lr_scheduler=scheduler, sequence_parallel=run.sequence_parallel)
         engine._loads_schedule_state = run.loads_schedule_state
         return engine
 
@@ -334,19 +344,22 @@ class DeepSpeedEngine:
         applied = True
         skipped_before = self._engine.skipped_steps
         # DeepSpeed's backward divides each micro-batch's loss by the accumulation steps and its reduction averages
-        # the gradients over the ranks: the divisor gives both back (step_loss.py).
+        # the gradients over the data-parallel ranks (it sums a sequence's shards): the divisor gives both back
+        # (step_loss.py).
         accumulation = int(self._engine.gradient_accumulation_steps())  # what its backward divides by
         assert accumulation == len(micro_batches), (accumulation, len(micro_batches))
-        divisor = step_loss.loss_divisor(
-            micro_batches, accumulation * step_loss.data_parallel_ranks(), targets
-        )
+        averaged_over = self._averaged_over()
+        divisor = step_loss.loss_divisor(micro_batches, accumulation * averaged_over, targets)
         last = len(micro_batches) - 1
         mean_loss = None  # the step's, once its last forward has run
         for i, batch in enumerate(micro_batches):
             loss = step_loss.summed_loss(self._engine, batch, divisor)
             losses.append(loss.detach())
             if i == last:
-                mean_loss = torch.stack(losses).double().sum() / accumulation
+                # This rank's share, whose mean over all ranks is the step's loss (the divisor's ranks are not
+                # all of them under sequence parallelism).
+                scale = step_loss.world_ranks() / averaged_over
+                mean_loss = torch.stack(losses).double().sum() * scale / accumulation
                 if keep is not None and not keep(mean_loss):
                     # The earlier micro-batches' gradients already sit in ZeRO's buffers (zero_grad() does not
                     # clear them) and step() without a backward fails. A non-finite gradient makes DeepSpeed's
@@ -363,6 +376,16 @@ class DeepSpeedEngine:
             self._discarded += 1
         assert mean_loss is not None
         return mean_loss, applied
+
+    def _averaged_over(self) -> int:
+        """The ranks DeepSpeed's gradient reduction divides by: the data-parallel ones, as it sums a sequence's
+        shards; but ZeRO-3's reduce-scatter divides by all ranks, shards included (DeepSpeed 0.19: only its
+        all-reduce path corrects for sequence parallelism), so its gradients would come out N times too small
+        (tests/e2e/test_step_loss.py fails when that changes)."""
+        ranks = step_loss.world_ranks()
+        if self._engine.zero_optimization_stage() == 3 and self._engine.zero_reduce_scatter():
+            return ranks
+        return ranks // self.sequence_parallel
 
     def eval_loss(self, batch: Batch) -> float:
         return step_loss.eval_summed_loss(self._engine, batch)

@@ -258,7 +258,7 @@ class FsdpEngine:
         applied = True
         last = len(micro_batches) - 1
         # FSDP2's reduce-scatter averages the gradients over the ranks: the divisor gives that back (step_loss.py).
-        divisor = step_loss.loss_divisor(micro_batches, step_loss.data_parallel_ranks(), targets)
+        divisor = step_loss.loss_divisor(micro_batches, step_loss.world_ranks(), targets)
         step_loss_sum = None  # the step's, once its last forward has run
         for i, batch in enumerate(micro_batches):
             # No reduce-scatter until the last micro-batch: FSDP2 accumulates the unsharded gradients meanwhile.

@@ -90,6 +90,9 @@ class ZeroLayout:
     liger: bool = False  # Liger's Triton kernels (--liger), which keep fewer activations
     compile: bool = False  # torch.compile (--compile)
     activation_checkpointing: str = "none"  # --activation_checkpointing: none, full or every_N
+    sequence_parallel: int = (
+        1  # --sequence_parallel: ranks sharing each sequence, each holding 1/N of its tokens
+    )
     # The engine (--backend). One without ZeRO stages (FSDP2) has stage 0 here, and offload_optimizer is its one
     # offload switch (--fsdp_cpu_offload, which moves all sharded state).
     backend: str = engines.DEFAULT
@@ -119,10 +122,14 @@ class ZeroLayout:
         return engines.memory_model(self.backend).describe_layout(self)
 
     def describe_recommended(self) -> str:
-        """describe(), with the activation checkpointing the recommendation needs (the header shows it apart)."""
-        if every_n_layers(self.activation_checkpointing) is None:
-            return self.describe()
-        return f"{self.describe()}, --activation_checkpointing {self.activation_checkpointing}"
+        """describe(), with the activation checkpointing and sequence parallelism the recommendation needs (the
+        header shows them apart)."""
+        described = self.describe()
+        if every_n_layers(self.activation_checkpointing) is not None:
+            described += f", --activation_checkpointing {self.activation_checkpointing}"
+        if self.sequence_parallel > 1:
+            described += f", --sequence_parallel {self.sequence_parallel}"
+        return described
 
 
 @dataclass(frozen=True)
@@ -208,7 +215,9 @@ def flce_chunk_rows(tokens: int, m: ModelShape) -> int:
 def activations(m: ModelShape, lay: ZeroLayout) -> tuple[int, int, str, str]:
     """(layers' bytes, logits' bytes, how each is counted); their sum is the peak: the start of backward, or with
     activation checkpointing possibly the top layer's backward (and its recompute)."""
-    tokens = lay.micro_batch_size * lay.seq_length
+    # Under sequence parallelism a rank holds 1/N of each sequence's tokens; its attention, 1/N of the heads over
+    # the whole sequence after the all-to-all, keeps as much as the slice with every head.
+    tokens = lay.micro_batch_size * ceil_div(lay.seq_length, lay.sequence_parallel)
     b, h = lay.dtype_bytes, m.hidden_size
     # Under torch.compile inductor keeps no more than eager does, so the eager count is the bound there.
     liger_layers = lay.liger and not lay.compile
@@ -220,6 +229,8 @@ def activations(m: ModelShape, lay: ZeroLayout) -> tuple[int, int, str, str]:
         "Liger kernels" if liger_layers else "eager" + (", compiled: at most this" if lay.compile else "")
     )
     batch = f"{lay.micro_batch_size} x {lay.seq_length} tokens"
+    if lay.sequence_parallel > 1:
+        batch = f"{lay.micro_batch_size} x {lay.seq_length} / {lay.sequence_parallel} tokens"
     if fused_loss:
         # The gradient of the last hidden state and a fp32 loss per token, computed in the forward; the
         # logits exist one chunk at a time. Its lm_head weight gradient is the largest gradient in buffers.

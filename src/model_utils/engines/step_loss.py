@@ -19,8 +19,9 @@ import torch
 from model_utils.data.step_batches import Batch
 
 
-def data_parallel_ranks() -> int:
-    """The ranks whose gradients the engines average (the kit trains data-parallel only)."""
+def world_ranks() -> int:
+    """All ranks of the run: each target is on one of them (a sequence's shards on several, under sequence
+    parallelism); the engines average gradients over the data-parallel ones among them."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_world_size()
     return 1
@@ -33,7 +34,7 @@ def step_targets(micro_batches: list[Batch]) -> torch.Tensor:
     tensor, so no rank waits for it before queuing its forwards. (Counting every rank's rows on every rank instead
     would read world-size times the step's data on each rank.)"""
     local = torch.stack([batch.device_targets() for batch in micro_batches]).sum()
-    if data_parallel_ranks() > 1:
+    if world_ranks() > 1:
         torch.distributed.all_reduce(local)
     return local.clamp(min=1).float()
 

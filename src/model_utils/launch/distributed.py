@@ -23,10 +23,27 @@ class DistInfo:
     local_rank: int
     world_size: int
     device: torch.device
+    # Ranks sharing each sequence (--sequence_parallel): consecutive ranks form a group, as DeepSpeed's Ulysses
+    # groups them; the groups are data parallel.
+    sequence_parallel: int = 1
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def data_rank(self) -> int:
+        """This rank's group: which of the data-parallel shares of each step it reads."""
+        return self.rank // self.sequence_parallel
+
+    @property
+    def data_ranks(self) -> int:
+        return self.world_size // self.sequence_parallel
+
+    @property
+    def shard(self) -> tuple[int, int]:
+        """This rank's slice of each sequence: (its index in its group, the group's size)."""
+        return self.rank % self.sequence_parallel, self.sequence_parallel
 
 
 def _require_launcher_env() -> None:
@@ -47,11 +64,11 @@ def _require_launcher_env() -> None:
 NCCL_TRACE_ENV = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
 
 
-def init_distributed(collective_timeout_s: float | None = None) -> DistInfo:
+def init_distributed(collective_timeout_s: float | None = None, sequence_parallel: int = 1) -> DistInfo:
     """gloo with DeepSpeed's CPU accelerator when there is no GPU, nccl on GPUs. `collective_timeout_s`: the
     process group's timeout (gloo's, NCCL's and DeepSpeed's), above the hang watchdog's allowance
     (observe/watchdog.collective_timeout_s) so the watchdog, not a 10-30 minute default, ends a hung run; None
-    keeps the defaults (the watchdog is off)."""
+    keeps the defaults (the watchdog is off). `sequence_parallel`: DistInfo's."""
     _require_launcher_env()
     deepspeed = startup.import_deepspeed()
     from deepspeed.accelerator import get_accelerator
@@ -79,6 +96,7 @@ def init_distributed(collective_timeout_s: float | None = None) -> DistInfo:
         local_rank=local_rank,
         world_size=int(os.environ["WORLD_SIZE"]),
         device=device,
+        sequence_parallel=sequence_parallel,
     )
 
 

@@ -85,15 +85,17 @@ class Trainer:
             run.train_blocks,
             run.micro_batch_size,
             run.gradient_accumulation_steps,
-            dist.rank,
-            dist.world_size,
+            dist.data_rank,
+            dist.data_ranks,
             self.cfg.loop.seed,
         )
         assert self.sampler.steps_per_epoch == run.steps_per_epoch, "one owner of steps per epoch: preflight"
         try:
             self.engine, decay_groups, self.flatten = create_engine(run, dist)
             self.groups = decay_groups.layout()
-            self.batches = step_batches.StepBatches(run.train_blocks, self.sampler, dist.device, self.flatten)
+            self.batches = step_batches.StepBatches(
+                run.train_blocks, self.sampler, dist.device, self.flatten, shard=dist.shard
+            )
             self.state, saved = resume.start(run, dist, self.engine, self.groups)
             self.signals = StopRequest()  # a preemption's USR1, Ctrl-C: stop after the step, saved
             flops = models.flops_per_token(run.model_config, run.seq_length, self.cfg.lora)

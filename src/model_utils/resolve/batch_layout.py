@@ -47,6 +47,7 @@ class BatchLayout:
     seq_length: int
     requested_tokens: int | None  # None: the accumulation was given, not derived
     requested_by: str | None  # "--global_batch_tokens" or "the CUDA default"
+    sequence_parallel: int = 1  # ranks sharing each sequence: world_size counts their groups
 
     @property
     def tokens(self) -> int:
@@ -60,7 +61,8 @@ class BatchLayout:
 
     def describe(self) -> str:
         """One line: the layout, and against what was asked for."""
-        line = f"batch layout (micro batch x accumulation x ranks x seq = tokens/step): {self.product()}"
+        ranks = "ranks" if self.sequence_parallel == 1 else f"groups of {self.sequence_parallel} ranks"
+        line = f"batch layout (micro batch x accumulation x {ranks} x seq = tokens/step): {self.product()}"
         if self.requested_tokens is None:
             return line
         deviation = self.tokens / self.requested_tokens - 1

@@ -205,6 +205,7 @@ def resolve_layout(
         liger=on_gpus and resolve_liger(cfg.model.liger, str(getattr(model_config, "model_type", ""))),
         compile=bool(cfg.model.compile),
         activation_checkpointing=cfg.model.activation_checkpointing,
+        sequence_parallel=cfg.optim.sequence_parallel,
         backend=ts.backend,
         offload_optimizer=layout.offload_optimizer or ts.fsdp_cpu_offload,
     )

@@ -29,6 +29,7 @@ from model_utils.data import block_cache, chat, mixture, prompts, sampler, token
 from model_utils.data.documents import EMBEDDED
 from model_utils.data.packing import PackedBlocks
 from model_utils.data.rows import BlockSource
+from model_utils.engines import sequence_parallel
 from model_utils.errors import ConfigError
 from model_utils.launch import startup
 from model_utils.model import hub, lora, models
@@ -109,10 +110,19 @@ class ResolvedRun:
         return self.settings.train.gradient_accumulation_steps
 
     @property
+    def sequence_parallel(self) -> int:
+        return self.config.optim.sequence_parallel
+
+    @property
     def global_batch(self) -> int:
-        """Sequences per optimizer step over all ranks."""
+        """Sequences per optimizer step over all ranks (each counted once, however many ranks share it)."""
         assert isinstance(self.micro_batch_size, int) and self.world_size is not None
-        return self.micro_batch_size * self.gradient_accumulation_steps * self.world_size
+        return (
+            self.micro_batch_size
+            * self.gradient_accumulation_steps
+            * self.world_size
+            // self.sequence_parallel
+        )
 
     @property
     def tokens_per_step(self) -> int:
@@ -127,10 +137,11 @@ class ResolvedRun:
         return batch_layout.BatchLayout(
             self.micro_batch_size,
             ts.gradient_accumulation_steps,
-            self.world_size,
+            self.world_size // self.sequence_parallel,
             self.seq_length,
             ts.global_batch_tokens,
             ts.global_batch_from,
+            self.sequence_parallel,
         )
 
     def deepspeed_config(self) -> dict[str, Any]:
@@ -483,6 +494,9 @@ def _prepare(
     cfg = settings.config  # with the launch environment's settings joined (resolve_settings)
     protocol.check_writable(cfg.checkpoint.checkpoint_dir)
     world_size = None if ranks is None else ranks.world_size
+    sequence_parallel.check(cfg, settings.model_config, settings.seq_length, world_size)
+    # The data-parallel ranks: each group of --sequence_parallel ranks reads one share of the step.
+    data_ranks = None if world_size is None else world_size // cfg.optim.sequence_parallel
     settings = dataclasses.replace(settings, tokenizer=_hub_tokenizer(cfg, settings.source, on_ranks))
     if fetch_hub:
         settings = _fetch_hub(settings)
@@ -545,17 +559,17 @@ def _prepare(
         )
     settings = _cuda_batch_default(settings, ranks)
     micro_batch = _micro_batch(settings, train_blocks, val_blocks, ranks, on_ranks, decide_once)
-    settings = _accumulation(settings, micro_batch, world_size)
+    settings = _accumulation(settings, micro_batch, data_ranks)
     steps_per_epoch = max_steps = None
-    if isinstance(micro_batch, int) and world_size is not None:
-        global_batch = micro_batch * settings.train.gradient_accumulation_steps * world_size
+    if isinstance(micro_batch, int) and data_ranks is not None:
+        global_batch = micro_batch * settings.train.gradient_accumulation_steps * data_ranks
         steps_per_epoch = sampler.epoch_blocks(train_blocks) // global_batch
         if steps_per_epoch == 0:
             raise ConfigError(
                 f"train data has {sampler.epoch_blocks(train_blocks)} blocks per epoch, fewer than one global batch "
                 f"of {global_batch} "
                 f"(micro batch {micro_batch} x accumulation {settings.train.gradient_accumulation_steps} x "
-                f"{world_size} ranks): use more data, fewer ranks or a smaller batch"
+                f"{data_ranks} data-parallel ranks): use more data, fewer ranks or a smaller batch"
             )
     epochs = cfg.loop.epochs
     if epochs is None:
@@ -733,6 +747,9 @@ def _micro_batch(
     chosen = settings.train.micro_batch_size
     if chosen != AUTO:
         return chosen
+    if settings.config.optim.sequence_parallel > 1:  # the probe would measure a whole sequence on one GPU
+        print0("--micro_batch_size auto: 1 under sequence parallelism (a sequence spans its group's GPUs)")
+        return 1
     if ranks is None or (ranks.on_cuda and not on_ranks):
         print0("--micro_batch_size auto: probed on the GPU by the training ranks when they start")
         return AUTO

@@ -434,3 +434,37 @@ def test_a_cpu_bench_has_no_mfu_to_forecast_from(capsys, tmp_path: Path) -> None
     bench.write_text(json.dumps({"peak_tflops": None, "rows": [{"kind": "dskit", "mfu": None}]}))
     rc, _, err = run_cli(capsys, "--tokens", "1e9", "--mfu", str(bench))
     assert rc == 2 and "no dskit row with a measured MFU" in err
+
+
+def test_sequence_parallelism_is_recommended_at_the_fewest_gpus_per_sequence_that_fit(shapes, capsys) -> None:
+    """Qwen3-0.6B at 32k tokens on 8 GPUs of 24 GiB: nothing fits on one GPU a sequence (even everything offloaded,
+    fully checkpointed), nor on 2; on 4 ZeRO-1 with full checkpointing does. A rank keeps 1/N of the activations
+    and logits."""
+    shape = shapes["qwen3-0.6b"]
+    cap = est.Capacity(24 * GiB, "--gpu_memory_gib", 512 * GiB, "--host_memory_gib")
+    at_32k = checkpointing_layout(seq_length=32768)
+    for n in (1, 2):
+        slowest = dataclasses.replace(
+            at_32k, stage=3, offload_optimizer=True, offload_params=True, activation_checkpointing="full"
+        )
+        assert not est.fits(est.estimate(shape, dataclasses.replace(slowest, sequence_parallel=n)), cap)
+    rec = est.recommend(shape, at_32k, cap)
+    assert rec.estimate is not None
+    chosen = rec.estimate.layout
+    assert (chosen.sequence_parallel, chosen.stage, chosen.activation_checkpointing) == (4, 1, "full")
+    assert (
+        rec.flags[-2:] == ("--sequence_parallel", "4")
+        and "groups of 4 GPUs share each sequence" in rec.reason
+    )
+    one, two = (est.estimate(shape, dataclasses.replace(at_32k, sequence_parallel=n)) for n in (1, 2))
+    assert (two.activations, two.logits) == (one.activations // 2, one.logits // 2)
+    # FSDP2 trains each sequence on one rank: never recommended there.
+    fsdp = dataclasses.replace(at_32k, stage=0, backend="fsdp")
+    assert est.sequence_parallel_sizes(shape, fsdp) == [1]
+    assert est.sequence_parallel_sizes(shape, at_32k) == [1, 2, 4, 8]  # 16 heads, 8 key/value heads, 8 GPUs
+    argv = ["estimate", "--model", "qwen3-0.6b", "--seq_length", "32768", "--gpus_per_node", "8"]
+    assert cli.main([*argv, "--gpu_memory_gib", "24", "--host_memory_gib", "512", "--liger", "off"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1].endswith("--activation_checkpointing full --sequence_parallel 4"), out
+    assert cli.main([*argv, "--sequence_parallel", "3"]) == 2
+    assert "--sequence_parallel 3 does not divide the 8 ranks into groups" in capsys.readouterr().err

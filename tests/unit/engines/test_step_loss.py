@@ -42,7 +42,7 @@ def batches() -> list[Batch]:
 def test_the_step_counts_every_target_of_every_micro_batch_on_every_rank(gloo_rank) -> None:
     step = batches()
     assert [b.targets for b in step] == [8, 4]
-    assert step_loss.data_parallel_ranks() == 1
+    assert step_loss.world_ranks() == 1
     assert float(step_loss.step_targets(step)) == 12.0
     # DeepSpeed divides again by accumulation x ranks: the divisor gives that back.
     assert float(step_loss.loss_divisor(step, 2)) == 6.0
@@ -60,7 +60,7 @@ def test_a_count_the_ranks_agreed_already_is_the_divisor_without_a_collective(mo
     def no_collective(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise AssertionError("an all-reduce for a count the ranks agreed already")
 
-    monkeypatch.setattr(step_loss, "data_parallel_ranks", lambda: 2)
+    monkeypatch.setattr(step_loss, "world_ranks", lambda: 2)
     monkeypatch.setattr(torch.distributed, "all_reduce", no_collective)
     agreed = step_loss.loss_divisor(step, 1, agreed=30)
     assert agreed.dtype == torch.float32 and float(agreed) == 30.0

@@ -57,9 +57,14 @@ class Reporting(Observer):
 
     def on_start(self, state: TrainState) -> None:
         run = self.run
+        n = run.sequence_parallel
+        groups = self.world_size // n
+        ranks = f"{self.world_size} ranks"
+        if n > 1:
+            ranks = f"{groups} group{'s' * (groups > 1)} of {n} ranks sharing each sequence"
         print0(
-            f"Training {run.source.name} with {self.engine_title} for {self.max_steps} steps: {self.world_size} "
-            f"ranks x micro batch {run.micro_batch_size} x accumulation {run.gradient_accumulation_steps} x "
+            f"Training {run.source.name} with {self.engine_title} for {self.max_steps} steps: {ranks}"
+            f" x micro batch {run.micro_batch_size} x accumulation {run.gradient_accumulation_steps} x "
             f"{run.seq_length} tokens = {run.tokens_per_step} tokens/step, {run.steps_per_epoch} steps/epoch"
         )
         restarts = slurm_restart_count()

@@ -31,6 +31,7 @@ class Validator(Observer):
     def __init__(self, ctx: LoopContext, plans: list[tuple[str | None, int, ValidationPlan]]) -> None:
         self.engine, self.hooks, self.device = ctx.engine, ctx.hooks, ctx.dist.device
         self.blocks, self.flatten, self.plans = ctx.run.val_blocks, ctx.flatten, plans
+        self.shard, self.micro_batch = ctx.dist.shard, ctx.run.micro_batch_size
         loop = ctx.run.config.loop
         self.every, self.at_start, self.only = (
             loop.validation_freq,
@@ -51,14 +52,16 @@ class Validator(Observer):
         batches = run.config.loop.validation_batches
         plans = []
         for name, first, count in mixture.parts(run.val_blocks):
-            plan = validation_plan(count, None if batches == ALL else batches, mb, dist.rank, dist.world_size)
-            if count < mb * dist.world_size:
+            plan = validation_plan(
+                count, None if batches == ALL else batches, mb, dist.data_rank, dist.data_ranks
+            )
+            if count < mb * dist.data_ranks:
                 which = (
                     f"source {name}'s" if name is not None else split_origin(run.config.data, "validation")[0]
                 )
                 print0(
-                    f"Validation: {which} has {count} blocks, fewer than micro batch {mb} x {dist.world_size} "
-                    f"ranks: each validation reads all {count} (a rank without one repeats one, uncounted)"
+                    f"Validation: {which} has {count} blocks, fewer than micro batch {mb} x {dist.data_ranks} "
+                    f"data-parallel ranks: each validation reads all {count} (a rank without one repeats one, uncounted)"
                 )
             plans.append((name, first, plan))
         return cls(ctx, plans)
@@ -107,4 +110,13 @@ class Validator(Observer):
 
     def _batch(self, indices: np.ndarray) -> step_batches.Batch:
         blocks: Any = self.blocks
-        return step_batches.gather(blocks, indices, pin=False, flatten=self.flatten)
+        if self.shard[1] > 1 and not self.flatten and len(indices) < self.micro_batch:
+            # DeepSpeed's Ulysses takes micro-batches of the rows it was built for: a short one is filled with its
+            # last row, untrained.
+            filled = np.concatenate([indices, np.repeat(indices[-1:], self.micro_batch - len(indices))])
+            return (
+                step_batches.gather(blocks, filled, pin=False)
+                .untrained_after(len(indices))
+                .shard(*self.shard)
+            )
+        return step_batches.gather(blocks, indices, pin=False, flatten=self.flatten, shard=self.shard)

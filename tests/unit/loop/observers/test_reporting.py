@@ -81,6 +81,7 @@ def context(
         source=types.SimpleNamespace(name="tiny_qwen3"),
         micro_batch_size=2,
         gradient_accumulation_steps=1,
+        sequence_parallel=1,
         seq_length=32,
         tokens_per_step=128,
         steps_per_epoch=100,
