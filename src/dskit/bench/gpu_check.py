@@ -46,7 +46,7 @@ RENDEZVOUS_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", 
 # (the planned times, from H100 measurements: docs/speed.md "GPU acceptance"); on CPU they are generous
 # (a cold build of DeepSpeed's CPU Adam takes minutes on 2 cores).
 LIMITS = {
-    "cuda": {"ops": 60, "pytest": 100, "bench": 375, "launcher": 60},
+    "cuda": {"ops": 60, "pytest": 125, "bench": 350, "launcher": 60},
     "cpu": {"ops": 300, "pytest": 120, "bench": 300, "launcher": 300},
 }
 GPU_CONFIG, OFFLOAD_CONFIG = "deepspeed/ds_config_gpu.json", "deepspeed/ds_config.json"

@@ -83,6 +83,28 @@ def test_the_plain_stream_trains_every_token_but_each_rows_first() -> None:
     assert batch.input_ids.shape == (2, 6)  # no positions: nothing to flatten
 
 
+def test_a_shard_is_its_slice_of_each_row_with_the_labels_shifted_over_the_whole_row() -> None:
+    """Sequence parallelism: each of 2 ranks holds half of every row; the labels are the next tokens of the whole
+    row (the last of the first half predicts the first of the second), the positions those of the slice, and the
+    shards' targets add up to the row's."""
+    tokens = np.arange(12, dtype=np.int64).reshape(2, 6) + 10
+    targets = np.array([[True, True, False, True, True, True], [False, False, False, True, True, False]])
+    rows = FixedRows(Rows(tokens, targets))
+    whole = gather(rows, np.array([0, 1]), pin=False)
+    first, second = (gather(rows, np.array([0, 1]), pin=False, shard=(i, 2)) for i in (0, 1))
+    assert first.input_ids.tolist() == [[10, 11, 12], [16, 17, 18]] and first.shifted and second.shifted
+    assert first.labels.tolist() == [[11, -100, 13], [-100, -100, 19]]
+    assert second.labels.tolist() == [[14, 15, -100], [20, -100, -100]]
+    assert first.position_ids is not None and first.position_ids.tolist() == [[0, 1, 2]] * 2
+    assert second.position_ids is not None and second.position_ids.tolist() == [[3, 4, 5]] * 2
+    assert first.targets + second.targets == whole.targets == 6
+    inputs = second.model_inputs()
+    assert inputs["shift_labels"] is inputs["labels"]  # Hugging Face's loss shifts neither again
+    # A short validation batch filled to the micro batch: the filling rows have no target.
+    filled = whole.untrained_after(1)
+    assert filled.labels[1].tolist() == [-100] * 6 and filled.targets == 4
+
+
 def _settle(loader: StepBatches) -> None:
     """Wait for the worker's gathering ahead, if one is under way."""
     if loader._ahead is not None:

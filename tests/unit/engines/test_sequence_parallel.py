@@ -79,7 +79,9 @@ def test_preflight_refuses_groups_that_do_not_divide_the_ranks(tmp_path: Path, m
     assert cli.main(["preflight", "--sequence_parallel", "4", "--checkpoint_dir", str(tmp_path / "ck")]) == 1
     table = capsys.readouterr().out
     (row,) = [line for line in table.splitlines() if line.startswith("sequence parallel")]
-    assert "FAIL" in row and "--sequence_parallel 4 does not divide the 2" in row and "use one of 1, 2" in row, row
+    assert (
+        "FAIL" in row and "--sequence_parallel 4 does not divide the 2" in row and "use one of 1, 2" in row
+    ), row
     assert "ranks into groups" in table  # the found column wraps
     assert cli.main(["doctor", "--sequence_parallel", "2"]) in (0, 1)
     (row,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("sequence parallel")]

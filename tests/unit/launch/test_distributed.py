@@ -47,3 +47,15 @@ def test_main_first_and_decide_on_main_run_once_and_carry_rank_0s_error(gloo_ran
         distributed.main_first(refuse, gloo_rank)
     with pytest.raises(ConfigError, match=r"^dataset d\.jsonl is empty$"):
         distributed.decide_on_main(refuse, gloo_rank)
+
+
+def test_groups_of_consecutive_ranks_share_sequences_and_read_one_share_of_the_data() -> None:
+    """--sequence_parallel 2 on 4 ranks: ranks 0-1 and 2-3 are the groups (as DeepSpeed's Ulysses forms them)."""
+    import torch
+
+    ranks = [distributed.DistInfo(r, r, 4, torch.device("cpu"), sequence_parallel=2) for r in range(4)]
+    assert [(d.data_rank, d.data_ranks, d.shard) for d in ranks] == [
+        (0, 2, (0, 2)), (0, 2, (1, 2)), (1, 2, (0, 2)), (1, 2, (1, 2)),
+    ]  # fmt: skip
+    alone = distributed.DistInfo(3, 3, 4, torch.device("cpu"))
+    assert (alone.data_rank, alone.data_ranks, alone.shard) == (3, 4, (0, 1))

@@ -48,3 +48,20 @@ def test_a_group_of_two_holds_less_per_rank_and_the_budget_search_doubles(tmp_pa
     assert shared["peak_mib"] == pytest.approx(alone["peak_mib"] / 2, rel=0.1) and shared["seconds"] > 0
     # Past the given length while the step fits the budget: 2 ranks fit 2,048 tokens in 50 MiB, 1 rank does not.
     assert (2, 4096) in rows and (1, 4096) not in rows
+
+
+@pytest.mark.gpu
+def test_on_two_gpus_a_group_of_two_holds_about_half_of_qwen3_at_8k(tmp_path: Path, capsys) -> None:
+    """gpu-check's sequence-parallel case: qwen3-0.6b at 8,192 tokens, one rank on one GPU against a group of 2
+    ranks on 2 GPUs (NCCL, bf16): the allocator's peak per rank about halves. One GPU cannot hold a group of 2
+    (NCCL takes one GPU per rank)."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs: a group of 2 ranks takes one GPU each")
+    out = tmp_path / "sp.json"
+    argv = ["bench", "--sequence_parallel", "1,2", "--seq_lengths", "8192", "--model", "qwen3-0.6b"]
+    assert cli.main([*argv, "--json", str(out)]) == 0
+    print(capsys.readouterr().out)  # the table, in gpu-check's pytest log
+    alone, shared = (r["peak_mib"] for r in json.loads(out.read_text()))
+    assert shared < 0.65 * alone
