@@ -201,9 +201,7 @@ def candidates(layout: ZeroLayout, num_layers: int) -> list[tuple[ZeroLayout, li
 
 def sequence_parallel_sizes(shape: ModelShape, layout: ZeroLayout) -> list[int]:
     """The --sequence_parallel sizes the recommendation tries, smallest first: from the layout's own, each that
-    divides the ranks and that the model's heads and the sequence split into (DeepSpeed engines only)."""
-    if not engines.memory_model(layout.backend).zero_stages:
-        return [layout.sequence_parallel]
+    divides the ranks and that the model's heads and the sequence split into."""
     heads = SimpleNamespace(num_attention_heads=shape.num_heads, num_key_value_heads=shape.num_kv_heads)
     world, seq = layout.world_size, layout.seq_length
     sizes = range(layout.sequence_parallel, world + 1)

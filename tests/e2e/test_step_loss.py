@@ -71,16 +71,16 @@ def test_every_layout_trains_the_token_mean_of_the_step(engine: str, tmp_path: P
             assert_reference_step(engine_step(engine, layout, tmp_path, stage), where)
 
 
-def test_ranks_sharing_each_sequence_train_the_same_step(tmp_path: Path) -> None:
-    """Sequence parallelism (DeepSpeed's Ulysses): 2 ranks each holding half of every row, and 4 ranks as 2 groups
-    of 2, give the loss and gradients of the whole rows in one forward, rows of two documents included (their
-    attention kept apart); at ZeRO-2 (all-reduced gradients) and ZeRO-3 (reduce-scattered: DeepSpeed divides by
-    every rank there, deepspeed_engine._averaged_over)."""
-    for layout in SEQUENCE_PARALLEL:
-        for stage in ZERO_STAGES[layout]:
-            assert_reference_step(
-                engine_step("deepspeed", layout, tmp_path, stage), f"{layout}, ZeRO-{stage}"
-            )
+@pytest.mark.parametrize("engine", ["deepspeed", "fsdp"])
+def test_ranks_sharing_each_sequence_train_the_same_step(engine: str, tmp_path: Path) -> None:
+    """Sequence parallelism (DeepSpeed's Ulysses attention): 2 ranks each holding half of every row, and 4 ranks as
+    2 groups of 2, give the loss and gradients of the whole rows in one forward, rows of two documents included
+    (their attention kept apart); DeepSpeed at ZeRO-2 (all-reduced gradients) and ZeRO-3 (reduce-scattered:
+    DeepSpeed divides by every rank there, deepspeed_engine._averaged_over), FSDP2 in 2 groups of 2."""
+    for layout in SEQUENCE_PARALLEL if engine == "deepspeed" else list(SEQUENCE_PARALLEL)[1:]:
+        for stage in ZERO_STAGES[layout] if engine == "deepspeed" else (0,):
+            where = f"{engine} {layout}, ZeRO-{stage}"
+            assert_reference_step(engine_step(engine, layout, tmp_path, stage), where)
 
 
 def test_a_mean_of_micro_batch_means_would_differ_here() -> None:

@@ -105,14 +105,16 @@ def capture(
 def main() -> None:
     engine_name, micro, accumulation, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
     zero_stage = int(sys.argv[5]) if len(sys.argv) > 5 else 0
-    sequence_parallel = int(sys.argv[6]) if len(sys.argv) > 6 else 1
-    dist = distributed.init_distributed(sequence_parallel=sequence_parallel)
+    group = int(sys.argv[6]) if len(sys.argv) > 6 else 1  # SEQUENCE_PARALLEL
+    dist = distributed.init_distributed(sequence_parallel=group)
     assert micro * accumulation * dist.data_ranks == ROWS, "a layout of the step's 8 rows"
     model = tiny_model()
     grads: dict[str, torch.Tensor] = {}
     if engine_name == "fsdp":
-        from model_utils.engines import fsdp_engine
+        from model_utils.engines import fsdp_engine, sequence_parallel
 
+        if group > 1:  # as FsdpEngine.prepare_model does
+            sequence_parallel.register(model, group, micro)
         model = fsdp_engine.shard(model, dist.device, bf16=False, cpu_offload=False)
         optim = OptimSettings("AdamW", 1e-3, None, None, 0.0, 0.0)
         engine: Any = fsdp_engine.FsdpEngine(
@@ -129,7 +131,7 @@ def main() -> None:
             "zero_optimization": {"stage": zero_stage},
             "gradient_clipping": 0.0,
         }
-        engine = DeepSpeedEngine(model, ds, sequence_parallel=sequence_parallel)
+        engine = DeepSpeedEngine(model, ds, sequence_parallel=group)
         capture(engine._engine.optimizer, engine.module, grads, zero_stage)
     engine.train()
     share, applied = engine.train_step(micro_batches(dist.data_rank, micro, accumulation, dist.shard))

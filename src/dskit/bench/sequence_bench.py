@@ -43,6 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
         "longest that fits is reported for each N",
     )
     p.add_argument("--model", default="tiny-qwen3", help="a preset (default: tiny-qwen3)")
+    p.add_argument(
+        "--activation_checkpointing", default="none", help="the kit's flag, for every row (default: none)"
+    )
+    p.add_argument("--tiled_mlp", action="store_true", help="the kit's --tiled_mlp, for every row")
     p.add_argument("--json", metavar="OUT", help="also write the rows as JSON to OUT")
     return p
 
@@ -87,7 +91,15 @@ def _step_memory(device: Any, step: Any) -> tuple[float, int]:
 
 
 def _rank_main(
-    rank: int, world: int, port: int, model: str, lengths: list[int], budget: float | None, out: str
+    rank: int,
+    world: int,
+    port: int,
+    model: str,
+    lengths: list[int],
+    budget: float | None,
+    out: str,
+    checkpointing: str,
+    tiled: bool,
 ) -> None:
     import torch
 
@@ -95,6 +107,7 @@ def _rank_main(
     from model_utils.config.presets import PRESETS
     from model_utils.data.step_batches import Batch
     from model_utils.launch import distributed
+    from model_utils.model import activation_checkpointing, tiled_mlp
 
     os.environ.update(
         RANK=str(rank),
@@ -111,6 +124,9 @@ def _rank_main(
     config.max_position_embeddings = max(lengths) * 2**MAX_DOUBLINGS
     torch.manual_seed(0)
     built = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    activation_checkpointing.apply(built, checkpointing, announce=False)
+    if tiled:
+        tiled_mlp.apply(built)
     ds = {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
@@ -145,7 +161,9 @@ def _rank_main(
     torch.distributed.destroy_process_group()
 
 
-def run(model: str, sizes: list[int], lengths: list[int], budget: float | None) -> list[dict[str, Any]]:
+def run(
+    model: str, sizes: list[int], lengths: list[int], budget: float | None, checkpointing: str, tiled: bool
+) -> list[dict[str, Any]]:
     import torch.multiprocessing as mp
 
     from model_utils.launch.distributed import free_port
@@ -158,7 +176,8 @@ def run(model: str, sizes: list[int], lengths: list[int], budget: float | None) 
     with tempfile.TemporaryDirectory(prefix="dskit-bench-sp-") as scratch:
         for n in sizes:
             out = str(Path(scratch) / f"{n}.json")
-            mp.spawn(_rank_main, args=(n, free_port(), model, lengths, budget, out), nprocs=n)
+            args = (n, free_port(), model, lengths, budget, out, checkpointing, tiled)
+            mp.spawn(_rank_main, args=args, nprocs=n)
             rows += json.loads(Path(out).read_text())
     return rows
 
@@ -207,7 +226,10 @@ def main(argv: list[str]) -> int:
             why = cannot_split(n, config, length, None, f"--sequence_parallel {n}")
             if why is not None:
                 raise ConfigError(why.replace("--seq_length", "--seq_lengths"))
-    rows = run(ns.model, sizes, lengths, ns.budget_mib)
+    from model_utils.config.arguments import every_n_layers
+
+    every_n_layers(ns.activation_checkpointing)  # a malformed value is one line, before any rank starts
+    rows = run(ns.model, sizes, lengths, ns.budget_mib, ns.activation_checkpointing, ns.tiled_mlp)
     print(table(rows, ns.budget_mib))
     if ns.json:
         Path(ns.json).write_text(json.dumps(rows, indent=2))

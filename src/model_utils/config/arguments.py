@@ -120,6 +120,15 @@ class ModelArgs:
         ),
     )
 
+    tiled_mlp: bool = field(
+        default=False,
+        metadata=_flag(
+            "compute each decoder layer's MLP over slices of the sequence (DeepSpeed's TiledMLP), recomputing it in "
+            "backward: its intermediate activations exist for one slice at a time; for long sequences "
+            "(docs/long-context.md)"
+        ),
+    )
+
     def __post_init__(self) -> None:
         if not self.model.strip():
             raise ConfigError("--model is empty: give a preset name, a hub id or a local directory")
@@ -307,9 +316,7 @@ class OptimArgs:
         metadata=_flag(
             "ranks that share each sequence (Ulysses sequence parallelism, docs/long-context.md): groups of N "
             "consecutive ranks split every sequence N ways and attend over all of it; the groups are data "
-            "parallel. For sequences whose activations do not fit one GPU",
-            engine="deepspeed",
-            elsewhere="FSDP2 trains each sequence on one rank (docs/long-context.md): use --backend deepspeed",
+            "parallel. For sequences whose activations do not fit one GPU"
         ),
     )
     deepspeed_config: str = field(

@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 from model_utils.compat import transformers_internals
-from model_utils.engines import generation, memory, step_loss
+from model_utils.engines import generation, memory, sequence_parallel, step_loss
 from model_utils.engines.memory import Line, MemoryEstimate, ModelShape, ZeroLayout
 from model_utils.errors import ConfigError, first_line
 from model_utils.optim import schedules
@@ -185,6 +185,11 @@ class FsdpEngine:
     @staticmethod
     def prepare_model(model: torch.nn.Module, run: Run, device: torch.device) -> torch.nn.Module:
         ts = run.settings.train
+        if run.sequence_parallel > 1:
+            # The attention's all-to-all is the model's own: FSDP2 shards over every rank and its reduce-scatter
+            # averages over all of them, which the step's divisor (over every rank) already gives back.
+            micro_batch = run.deepspeed_config()["train_micro_batch_size_per_gpu"]
+            sequence_parallel.register(model, run.sequence_parallel, micro_batch)
         return shard(model, device, ts.precision == "bf16", ts.fsdp_cpu_offload)
 
     @classmethod

@@ -31,7 +31,7 @@ from model_utils.loop import consensus, hooks, observers, resume, stragglers
 from model_utils.loop.hooks import DISCARDED, INTERRUPTED, PREEMPTED, REQUESTS, ROLLED_BACK, TRAINED
 from model_utils.loop.reporter import Reporter
 from model_utils.loop.state import TrainState
-from model_utils.model import activation_checkpointing, kernels, lora, models
+from model_utils.model import activation_checkpointing, kernels, lora, models, tiled_mlp
 from model_utils.model.models import build_model
 from model_utils.observe import metrics, step_line, watchdog
 from model_utils.observe.log import print0, warn0
@@ -56,6 +56,8 @@ def create_engine(run: ResolvedRun, dist: DistInfo) -> tuple[Engine, param_group
     # the decay groups below (trainable parameters only) hold the adapters alone.
     model = lora.apply(model, cfg.lora, cfg.loop.seed)
     kernels.optimize_model(lora.hf_model(model), cfg.model, dist.device)
+    if cfg.model.tiled_mlp:  # around whichever MLP the kernels left
+        tiled_mlp.apply(lora.hf_model(model))
     engine_type = engines.engine_class(ts.backend)
     # Before the decay groups: the engine may swap the parameters (FSDP shards them into DTensors); the groups are
     # of what it trains.

@@ -196,9 +196,10 @@ def _other_commands_options() -> set[str]:
     """The options of the other `dskit` commands, read from their own parsers."""
     from dskit import bench, cost, estimate, export, plot, prepare_data, render
     from dskit import eval as dskit_eval
-    from dskit.bench import data_bench, gpu_check
+    from dskit.bench import data_bench, gpu_check, sequence_bench
 
     commands = (bench, cost, data_bench, dskit_eval, estimate, export, gpu_check, plot, prepare_data, render)
+    commands += (sequence_bench,)
     parsers = [module.build_parser() for module in commands]
     return {
         option[2:].split("=")[0]

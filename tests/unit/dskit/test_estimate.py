@@ -458,10 +458,10 @@ def test_sequence_parallelism_is_recommended_at_the_fewest_gpus_per_sequence_tha
     )
     one, two = (est.estimate(shape, dataclasses.replace(at_32k, sequence_parallel=n)) for n in (1, 2))
     assert (two.activations, two.logits) == (one.activations // 2, one.logits // 2)
-    # FSDP2 trains each sequence on one rank: never recommended there.
-    fsdp = dataclasses.replace(at_32k, stage=0, backend="fsdp")
-    assert est.sequence_parallel_sizes(shape, fsdp) == [1]
     assert est.sequence_parallel_sizes(shape, at_32k) == [1, 2, 4, 8]  # 16 heads, 8 key/value heads, 8 GPUs
+    fsdp = dataclasses.replace(at_32k, stage=0, backend="fsdp")
+    rec = est.recommend(shape, fsdp, cap)  # FSDP2 shares sequences the same way
+    assert rec.estimate is not None and rec.flags[-2:] == ("--sequence_parallel", "4"), rec.flags
     argv = ["estimate", "--model", "qwen3-0.6b", "--seq_length", "32768", "--gpus_per_node", "8"]
     assert cli.main([*argv, "--gpu_memory_gib", "24", "--host_memory_gib", "512", "--liger", "off"]) == 0
     out = capsys.readouterr().out

@@ -49,8 +49,6 @@ def test_what_splits_passes_and_fewer_kv_heads_than_ranks_are_replicated() -> No
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--backend", "fsdp"], "--sequence_parallel applies to --backend deepspeed only, not --backend fsdp: FSDP2 "
-         "trains each sequence on one rank (docs/long-context.md): use --backend deepspeed"),
         (["--sample_prompts", "p.txt"], "--sample_prompts and --sequence_parallel 2: samples are not generated under "
          "sequence parallelism: drop one of them (sample the exported model instead)"),
         (["--sequence_parallel", "0"], "--sequence_parallel 0 must be at least 1"),
