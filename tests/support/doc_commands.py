@@ -465,7 +465,7 @@ COMMANDS: dict[str, Run | DryRun | CoveredBy | Uncovered] = {
         "--sequence_parallel",
     ),
     ".venv/bin/dskit estimate --model qwen3-0.6b --seq_length 32768 --gpus_per_node 8 --gpu_memory_gib 24 "
-    "--liger off": Run(),
+    "--host_memory_gib 512 --liger off": Run(),
     "sbatch --nodes=1 train.sbatch --model /fsx/models/Qwen3-8B-yarn --dataset /fsx/data/long-docs --seq_length "
     "131072 --sequence_parallel 2 --activation_checkpointing full --deepspeed_config deepspeed/ds_config_gpu.json "
     "--micro_batch_size 1": DryRun(_SLURM_GPU, FLAGS),
