@@ -41,6 +41,12 @@ class DistInfo:
         return self.world_size // self.sequence_parallel
 
     @property
+    def readers(self) -> str:
+        """Who reads a share of each step, as a line names them: "4 ranks", or "2 groups of 2 ranks"."""
+        n, groups = self.sequence_parallel, self.data_ranks
+        return f"{groups} ranks" if n == 1 else f"{groups} group{'s' * (groups > 1)} of {n} ranks"
+
+    @property
     def shard(self) -> tuple[int, int]:
         """This rank's slice of each sequence: (its index in its group, the group's size)."""
         return self.rank % self.sequence_parallel, self.sequence_parallel

@@ -54,8 +54,9 @@ def test_groups_of_consecutive_ranks_share_sequences_and_read_one_share_of_the_d
     import torch
 
     ranks = [distributed.DistInfo(r, r, 4, torch.device("cpu"), sequence_parallel=2) for r in range(4)]
+    assert ranks[0].readers == "2 groups of 2 ranks"
     assert [(d.data_rank, d.data_ranks, d.shard) for d in ranks] == [
         (0, 2, (0, 2)), (0, 2, (1, 2)), (1, 2, (0, 2)), (1, 2, (1, 2)),
     ]  # fmt: skip
     alone = distributed.DistInfo(3, 3, 4, torch.device("cpu"))
-    assert (alone.data_rank, alone.data_ranks, alone.shard) == (3, 4, (0, 1))
+    assert (alone.data_rank, alone.data_ranks, alone.shard, alone.readers) == (3, 4, (0, 1), "4 ranks")

@@ -39,7 +39,7 @@ class Reporting(Observer):
         self.run, self.reporter, self.time_left = run, reporter, time_left
         self.engine_title, self.device = type(ctx.engine).title, dist.device
         self.logging_freq, self.max_steps = run.config.loop.logging_freq, run.max_steps
-        self.world_size = dist.world_size
+        self.world_size, self.readers = dist.world_size, dist.readers
         self.resumed_from = run.resume.tag if run.resume is not None else None
         blocks = run.train_blocks
         self.mixture = (
@@ -57,11 +57,7 @@ class Reporting(Observer):
 
     def on_start(self, state: TrainState) -> None:
         run = self.run
-        n = run.sequence_parallel
-        groups = self.world_size // n
-        ranks = f"{self.world_size} ranks"
-        if n > 1:
-            ranks = f"{groups} group{'s' * (groups > 1)} of {n} ranks sharing each sequence"
+        ranks = self.readers + (" sharing each sequence" if run.sequence_parallel > 1 else "")
         print0(
             f"Training {run.source.name} with {self.engine_title} for {self.max_steps} steps: {ranks}"
             f" x micro batch {run.micro_batch_size} x accumulation {run.gradient_accumulation_steps} x "

@@ -59,10 +59,8 @@ class Validator(Observer):
                 which = (
                     f"source {name}'s" if name is not None else split_origin(run.config.data, "validation")[0]
                 )
-                n, groups = dist.sequence_parallel, dist.data_ranks
-                readers = f"{groups} ranks" if n == 1 else f"{groups} group{'s' * (groups > 1)} of {n} ranks"
                 print0(
-                    f"Validation: {which} has {count} blocks, fewer than micro batch {mb} x {readers}: each "
+                    f"Validation: {which} has {count} blocks, fewer than micro batch {mb} x {dist.readers}: each "
                     f"validation reads all {count} (a rank without one repeats one, uncounted)"
                 )
             plans.append((name, first, plan))

@@ -86,7 +86,7 @@ def context(
         tokens_per_step=128,
         steps_per_epoch=100,
     )
-    dist = types.SimpleNamespace(world_size=2, device=torch.device("cpu"))
+    dist = types.SimpleNamespace(world_size=2, readers="2 ranks", device=torch.device("cpu"))
     state = TrainState(step=step, run_id="tiny_qwen3-1")
     return types.SimpleNamespace(
         run=run, dist=dist, engine=Engine(), reporter=reporter, state=state, saved=saved or {}
