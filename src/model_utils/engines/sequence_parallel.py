@@ -35,17 +35,31 @@ def _attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """SDPA over the whole sequence (after DeepSpeed's all-to-all), documents kept apart by the position ids."""
-    import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     positions = kwargs.pop("position_ids", None)
     if positions is not None and bool((positions[..., 1:] == 0).any()):  # a row of several documents
-        document = (positions == 0).cumsum(-1)
-        length = positions.shape[-1]
-        causal = torch.ones(length, length, dtype=torch.bool, device=positions.device).tril()
-        attention_mask = (document[:, :, None] == document[:, None, :]) & causal
-        attention_mask = attention_mask[:, None]
+        attention_mask = _document_mask(positions)
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+# The last mask made and the positions it is of: every layer of a forward gathers the same positions, so one mask
+# serves them all (each layer's SDPA keeps it for the backward: one tensor, not one per layer).
+_LAST_MASK: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+
+def _document_mask(positions: torch.Tensor) -> torch.Tensor:
+    """The causal mask that keeps each document (positions restarting at 0) to itself, (rows, 1, length, length)."""
+    import torch
+
+    if _LAST_MASK and _LAST_MASK[0][0].shape == positions.shape and torch.equal(_LAST_MASK[0][0], positions):
+        return _LAST_MASK[0][1]
+    document = (positions == 0).cumsum(-1)
+    length = positions.shape[-1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=positions.device).tril()
+    mask = ((document[:, :, None] == document[:, None, :]) & causal)[:, None]
+    _LAST_MASK[:] = [(positions, mask)]
+    return mask
 
 
 def _no_mask(*args: Any, **kwargs: Any) -> None:

@@ -84,3 +84,25 @@ def test_preflight_refuses_groups_that_do_not_divide_the_ranks(tmp_path: Path, m
     assert cli.main(["doctor", "--sequence_parallel", "2"]) in (0, 1)
     (row,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("sequence parallel")]
     assert "PASS" in row and "1 group(s) of 2 of the 2" in row, row
+
+
+def test_the_core_attention_keeps_documents_apart_with_one_mask_for_every_layer(monkeypatch) -> None:
+    """After DeepSpeed's all-to-all the core attention sees the whole row's positions: where they restart, a
+    block-diagonal causal mask, made once for all the layers of a forward (each keeps it for its backward);
+    rows of one sequence get none (SDPA's causal path)."""
+    import torch
+    from transformers.integrations import sdpa_attention
+
+    seen = []
+    monkeypatch.setattr(
+        sdpa_attention, "sdpa_attention_forward", lambda m, q, k, v, mask, **kw: seen.append(mask)
+    )
+    q = torch.zeros(1, 2, 5, 4)
+    two_documents = torch.tensor([[0, 1, 2, 0, 1]])
+    for _ in range(3):  # three layers
+        sequence_parallel._attention(None, q, q, q, None, position_ids=two_documents.clone())
+    sequence_parallel._attention(None, q, q, q, None, position_ids=torch.arange(5)[None])
+    assert seen[0] is seen[1] is seen[2] and seen[3] is None
+    assert seen[0][0, 0].int().tolist() == [
+        [1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [0, 0, 0, 1, 0], [0, 0, 0, 1, 1],
+    ]  # fmt: skip
