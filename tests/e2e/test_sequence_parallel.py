@@ -77,3 +77,23 @@ def test_validation_under_sequence_parallelism_measures_what_the_data_parallel_r
     train(flags, tmp_path)
     (measured,) = validation_losses(metrics).values()
     assert measured == pytest.approx(validation_losses(ref.work / "straight.jsonl")[STEPS], abs=1e-5)
+
+
+def test_fsdp_ranks_share_sequences_and_resume_as_the_uninterrupted_run(
+    fsdp_reference: Reference, tmp_path: Path
+) -> None:
+    """FSDP2: the FSDP reference's step-4 checkpoint (DCP shards, data parallel) resumed by 2 ranks sharing each
+    sequence trains steps 5-8 as the uninterrupted run did (bf16: within 1e-4)."""
+    ref = fsdp_reference
+    ckpt = ref.copy(tmp_path / "ck", HALF, latest=True)
+    log = train([*ref.run_flags(ckpt, tmp_path / "m.jsonl"), *SHARED], tmp_path)
+    assert (
+        "with FSDP2 for 8 steps: 1 group of 2 ranks sharing each sequence x micro batch 2 x accumulation 4"
+        in log
+    )
+    full, again = ref.straight_records(), step_records(tmp_path / "m.jsonl")
+    assert sorted(again) == [5, 6, 7, 8]
+    for step, record in again.items():
+        assert record["loss"] == pytest.approx(full[step]["loss"], abs=1e-4), step
+        assert record["grad_norm"] == pytest.approx(full[step]["grad_norm"], rel=1e-3), step
+        assert (record["epoch"], record["consumed"]) == (full[step]["epoch"], full[step]["consumed"])
