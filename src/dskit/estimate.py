@@ -21,7 +21,6 @@ from model_utils import engines
 from model_utils.config.arguments import CHECKPOINTING_NONE, every_n_layers
 from model_utils.engines import sequence_parallel
 from model_utils.engines.memory import GiB, Line, MemoryEstimate, ModelShape, ZeroLayout, check_zero, estimate
-from model_utils.engines.sequence_parallel import cannot_split
 from model_utils.errors import CommandParser, ConfigError
 from model_utils.model import models
 from model_utils.model.activation_checkpointing import checkpointed_layers
@@ -206,7 +205,9 @@ def sequence_parallel_sizes(shape: ModelShape, layout: ZeroLayout) -> list[int]:
     world, seq = layout.world_size, layout.seq_length
     sizes = range(layout.sequence_parallel, world + 1)
     return [
-        n for n in sizes if n == layout.sequence_parallel or cannot_split(n, heads, seq, world, "") is None
+        n
+        for n in sizes
+        if n == layout.sequence_parallel or sequence_parallel.cannot_split(n, heads, seq, world, "") is None
     ]
 
 

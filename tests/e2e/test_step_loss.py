@@ -76,7 +76,7 @@ def test_ranks_sharing_each_sequence_train_the_same_step(engine: str, tmp_path: 
     """Sequence parallelism (DeepSpeed's Ulysses attention): 2 ranks each holding half of every row, and 4 ranks as
     2 groups of 2, give the loss and gradients of the whole rows in one forward, rows of two documents included
     (their attention kept apart); DeepSpeed at ZeRO-2 (all-reduced gradients) and ZeRO-3 (reduce-scattered:
-    DeepSpeed divides by every rank there, deepspeed_engine._averaged_over), FSDP2 in 2 groups of 2."""
+    DeepSpeed divides by every rank there, deepspeed_engine._reduction_ranks), FSDP2 in 2 groups of 2."""
     for layout in SEQUENCE_PARALLEL if engine == "deepspeed" else list(SEQUENCE_PARALLEL)[1:]:
         for stage in ZERO_STAGES[layout] if engine == "deepspeed" else (0,):
             where = f"{engine} {layout}, ZeRO-{stage}"

@@ -161,9 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
 DATA_BENCH_FLAGS = ("--data", "--make_corpus", "--verify", "--make_prepared")
 # The flag of the checkpoint benchmark (checkpoint_bench.py): its own parser too.
 CHECKPOINT_BENCH_FLAG = "--checkpoint_mb"
-SEQUENCE_BENCH_FLAG = (
-    "--sequence_parallel"  # sequence_bench.py: memory and speed with ranks sharing sequences
-)
+# ... and of the sequence-parallel benchmark (sequence_bench.py: memory and speed with ranks sharing sequences).
+SEQUENCE_BENCH_FLAG = "--sequence_parallel"
 
 
 @dataclass

@@ -305,6 +305,7 @@ class DeepSpeedEngine:
                 mpu=mpu,
             )
         self.module = self._engine.module
+        self._averaged_over = self._reduction_ranks()  # fixed for the engine's life: not asked each step
         self._discarded = 0  # steps discarded at the caller's request (train_step's `keep`)
         # False (from_run: a resume onto another --lr_schedule): load() leaves the scheduler's state out,
         # another class's; the schedule is positioned by start_schedule_at either way.
@@ -348,8 +349,7 @@ class DeepSpeedEngine:
         # (step_loss.py).
         accumulation = int(self._engine.gradient_accumulation_steps())  # what its backward divides by
         assert accumulation == len(micro_batches), (accumulation, len(micro_batches))
-        averaged_over = self._averaged_over()
-        divisor = step_loss.loss_divisor(micro_batches, accumulation * averaged_over, targets)
+        divisor = step_loss.loss_divisor(micro_batches, accumulation * self._averaged_over, targets)
         last = len(micro_batches) - 1
         mean_loss = None  # the step's, once its last forward has run
         for i, batch in enumerate(micro_batches):
@@ -358,7 +358,7 @@ class DeepSpeedEngine:
             if i == last:
                 # This rank's share, whose mean over all ranks is the step's loss (the divisor's ranks are not
                 # all of them under sequence parallelism).
-                scale = step_loss.world_ranks() / averaged_over
+                scale = step_loss.world_ranks() / self._averaged_over
                 mean_loss = torch.stack(losses).double().sum() * scale / accumulation
                 if keep is not None and not keep(mean_loss):
                     # The earlier micro-batches' gradients already sit in ZeRO's buffers (zero_grad() does not
@@ -377,7 +377,7 @@ class DeepSpeedEngine:
         assert mean_loss is not None
         return mean_loss, applied
 
-    def _averaged_over(self) -> int:
+    def _reduction_ranks(self) -> int:
         """The ranks DeepSpeed's gradient reduction divides by: the data-parallel ones, as it sums a sequence's
         shards; but ZeRO-3's reduce-scatter divides by all ranks, shards included (DeepSpeed 0.19: only its
         all-reduce path corrects for sequence parallelism), so its gradients would come out N times too small
