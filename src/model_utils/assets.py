@@ -15,3 +15,6 @@ TOKENIZER_DIR = ASSETS_DIR / "tiny-qwen3-tokenizer"
 # and a chat template for the tiny tokenizer (which has none): plain "User:"/"Assistant:" turns ended by EOS.
 CONVERSATIONS_PATH = ASSETS_DIR / "tiny_conversations.jsonl"
 CHAT_TEMPLATE_PATH = ASSETS_DIR / "tiny_chat_template.jinja"
+# Example preference pairs for DPO (`--data_format preference`, TRL's conversational format: a prompt, a chosen and
+# a rejected answer), written by tools/example_preferences.py.
+PREFERENCES_PATH = ASSETS_DIR / "tiny_preferences.jsonl"

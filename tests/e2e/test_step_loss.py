@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from model_utils.data.step_batches import gather
+from model_utils.engines import preference
 from support.rank_pool import run_ranks
-from support.step_gradients import ROWS, FixedRows, tiny_model
+from support.step_gradients import ROWS, FixedPairs, FixedRows, tiny_model
 from support.torchrun import succeeded
 
 pytestmark = pytest.mark.e2e
@@ -47,16 +48,28 @@ def reference() -> tuple[float, dict[str, torch.Tensor]]:
     return float(loss.detach()), grads
 
 
-def engine_step(engine: str, layout: str, tmp_path: Path, zero_stage: int = 0) -> dict:
+def dpo_reference() -> tuple[float, dict[str, torch.Tensor]]:
+    """DPO's loss over the 8 pairs in one forward of the plain model (the mean of the pairs' losses), and its
+    gradients."""
+    model = tiny_model()
+    batch = gather(FixedPairs(), np.arange(ROWS), pin=False)
+    objective = preference.Preference(preference.Settings("dpo"))
+    loss = objective.summed_loss(model, batch, torch.tensor(float(ROWS)))
+    loss.backward()
+    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
+    return float(loss.detach()), grads
+
+
+def engine_step(engine: str, layout: str, tmp_path: Path, zero_stage: int = 0, objective: str = "lm") -> dict:
     ranks, micro, accumulation, *sequence_parallel = LAYOUTS[layout]
-    out = tmp_path / f"{engine}-{layout.replace(' ', '')}-zero{zero_stage}.pt"
-    argv = [engine, micro, accumulation, out, zero_stage, *sequence_parallel]
+    out = tmp_path / f"{engine}-{layout.replace(' ', '')}-zero{zero_stage}-{objective}.pt"
+    argv = [engine, micro, accumulation, out, zero_stage, *(sequence_parallel or [1]), objective]
     succeeded(run_ranks(argv, script=SCRIPT, nproc=ranks))
     return torch.load(out, weights_only=False)
 
 
-def assert_reference_step(got: dict, where: str) -> None:
-    want_loss, want_grads = reference()
+def assert_reference_step(got: dict, where: str, want: tuple[float, dict] | None = None) -> None:
+    want_loss, want_grads = want or reference()
     assert got["loss"] == pytest.approx(want_loss, abs=1e-5), where
     assert set(got["grads"]) == set(want_grads), where
     for name, grad in want_grads.items():
@@ -81,6 +94,21 @@ def test_ranks_sharing_each_sequence_train_the_same_step(engine: str, tmp_path: 
         for stage in ZERO_STAGES[layout] if engine == "deepspeed" else (0,):
             where = f"{engine} {layout}, ZeRO-{stage}"
             assert_reference_step(engine_step(engine, layout, tmp_path, stage), where)
+
+
+@pytest.mark.parametrize("engine", ["deepspeed", "fsdp"])
+def test_dpo_is_the_mean_over_the_steps_pairs_whatever_the_layout(engine: str, tmp_path: Path) -> None:
+    """--objective dpo: the step's loss is the mean of its pairs' losses (TRL's, sequence-weighted), whatever the
+    accumulation and the ranks: 1 rank x 1 pair x 8 and 2 ranks x 4 pairs give the loss and gradients of the 8 pairs
+    in one forward (fp32, 1e-5); DeepSpeed at ZeRO-2 and 3, FSDP2."""
+    want = dpo_reference()
+    layouts = {
+        "deepspeed": [("1x8", 2), ("2 ranks x 4", 2), ("2 ranks x 4", 3)],
+        "fsdp": [("2 ranks x 4", 0)],
+    }
+    for layout, stage in layouts[engine]:
+        got = engine_step(engine, layout, tmp_path, stage, "dpo")
+        assert_reference_step(got, f"DPO {engine} {layout}, ZeRO-{stage}", want)
 
 
 def test_a_mean_of_micro_batch_means_would_differ_here() -> None:

@@ -301,6 +301,18 @@ COMMANDS: dict[str, Run | DryRun | CoveredBy | Uncovered] = {
         "tests/e2e/test_sft.py::test_the_shipped_sft_run_file_trains_the_example_conversations_offline",
         "tiny_chat_template",
     ),
+    # README.md, docs/preference.md: preference tuning
+    "./train-singlenode.sh --config configs/qwen3-0.6b-dpo-lora.yaml --model out/qwen3-sft --dataset "
+    "/fsx/data/pairs.jsonl": DryRun(_HUB, FLAGS),
+    ".venv/bin/dskit export checkpoints/qwen3-0.6b-sft-lora out/tiny-sft": CoveredBy(
+        "tests/e2e/test_preference.py::test_the_shipped_dpo_run_file_tunes_the_example_pairs_offline",
+        "export",
+    ),
+    "./train-singlenode.sh --config configs/qwen3-0.6b-dpo-lora.yaml --model out/tiny-sft --dataset "
+    "src/model_utils/assets/tiny_preferences.jsonl --seq_length 128 --max_steps 24 --lr 1e-3": CoveredBy(
+        "tests/e2e/test_preference.py::test_the_shipped_dpo_run_file_tunes_the_example_pairs_offline",
+        "tiny_preferences.jsonl",
+    ),
     # docs/evaluation.md: the loss before and after a fine-tune (README's run, export and fine-tune above)
     "./train-singlenode.sh --config configs/qwen3-0.6b-sft-lora.yaml --model out/tiny-base --dataset "
     "src/model_utils/assets/tiny_conversations.jsonl --chat_template src/model_utils/assets/tiny_chat_template.jinja "

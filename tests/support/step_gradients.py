@@ -1,14 +1,15 @@
 """One optimizer step of an engine on fixed rows with targets of very different lengths: its reported loss and the
 gradients its optimizer is given, for the loss-over-the-step's-tokens checks (tests/e2e/test_step_loss.py).
 
-    python tests/support/step_gradients.py ENGINE MICRO_BATCH ACCUMULATION OUT.pt [ZERO_STAGE [SEQUENCE_PARALLEL]]
-    (under torchrun or run_ranks)
+    python tests/support/step_gradients.py ENGINE MICRO_BATCH ACCUMULATION OUT.pt [ZERO_STAGE [SEQUENCE_PARALLEL
+    [OBJECTIVE]]] (under torchrun or run_ranks)
 
 The ROWS rows are dealt to the ranks in order (rank r: rows r*mb*acc ... ), each rank's cut into ACCUMULATION
 micro-batches of MICRO_BATCH rows; every layout of 8 rows covers the same step. fp32 throughout: DeepSpeed at
 ZERO_STAGE (default 0; at 1-3 the gradients the optimizer steps with are partitioned, and gathered whole with
 deepspeed.utils.safe_get_full_grad), FSDP2 with fp32 parameters. With SEQUENCE_PARALLEL N, groups of N ranks
-share each row (DeepSpeed's Ulysses): the rows are dealt to the groups, each rank trains its slice of them. Rank 0 saves {"loss": the mean of the ranks'
+share each row (DeepSpeed's Ulysses): the rows are dealt to the groups, each rank trains its slice of them. With
+OBJECTIVE dpo, the step is of ROWS preference pairs (FixedPairs) under DPO, dealt as the rows are. Rank 0 saves {"loss": the mean of the ranks'
 reported shares, "grads": {name: full gradient}} to OUT.pt.
 """
 
@@ -59,12 +60,36 @@ class FixedRows:
         return Rows(self.all.tokens[indices], self.all.targets[indices], self.all.positions[indices])
 
 
+class FixedPairs:
+    """ROWS preference pairs (--objective dpo): a prompt of 2 to 9 tokens, answers of 1 to 6 (so the pairs' target
+    counts differ), a reference log-probability per sequence apart from the model's."""
+
+    seq_length = SEQ
+
+    def __init__(self) -> None:
+        rng = np.random.default_rng(11)
+        self.tokens = rng.integers(0, 2048, (2 * ROWS, SEQ), dtype=np.int64)
+        self.targets = np.zeros((2 * ROWS, SEQ), dtype=bool)
+        for pair in range(ROWS):
+            prompt = int(rng.integers(2, 10))
+            for row in (pair, ROWS + pair):
+                self.targets[row, prompt : prompt + int(rng.integers(1, 7))] = True
+        self.reference = rng.normal(-60.0, 5.0, 2 * ROWS).astype(np.float32)
+
+    def __len__(self) -> int:
+        return ROWS
+
+    def rows(self, indices: np.ndarray) -> Rows:
+        both = np.concatenate([indices, ROWS + np.asarray(indices)])
+        return Rows(self.tokens[both], self.targets[both], paired=True, reference=self.reference[both])
+
+
 def micro_batches(
-    rank: int, micro: int, accumulation: int, shard: tuple[int, int] | None = None
+    rank: int, micro: int, accumulation: int, shard: tuple[int, int] | None = None, source: Any = None
 ) -> list[Batch]:
     per_rank = micro * accumulation
     mine = np.arange(rank * per_rank, (rank + 1) * per_rank).reshape(accumulation, micro)
-    return [gather(FixedRows(), indices, pin=False, shard=shard) for indices in mine]
+    return [gather(source or FixedRows(), indices, pin=False, shard=shard) for indices in mine]
 
 
 def tiny_model() -> torch.nn.Module:
@@ -106,6 +131,7 @@ def main() -> None:
     engine_name, micro, accumulation, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
     zero_stage = int(sys.argv[5]) if len(sys.argv) > 5 else 0
     group = int(sys.argv[6]) if len(sys.argv) > 6 else 1  # SEQUENCE_PARALLEL
+    dpo = len(sys.argv) > 7 and sys.argv[7] == "dpo"  # OBJECTIVE: pairs (FixedPairs) under DPO
     dist = distributed.init_distributed(sequence_parallel=group)
     assert micro * accumulation * dist.data_ranks == ROWS, "a layout of the step's 8 rows"
     model = tiny_model()
@@ -133,8 +159,13 @@ def main() -> None:
         }
         engine = DeepSpeedEngine(model, ds, sequence_parallel=group)
         capture(engine._engine.optimizer, engine.module, grads, zero_stage)
+    source = None
+    if dpo:
+        from model_utils.engines import preference
+
+        engine.objective, source = preference.Preference(preference.Settings("dpo")), FixedPairs()
     engine.train()
-    share, applied = engine.train_step(micro_batches(dist.data_rank, micro, accumulation, dist.shard))
+    share, applied = engine.train_step(micro_batches(dist.data_rank, micro, accumulation, dist.shard, source))
     assert applied
     loss = torch.tensor([float(share)], dtype=torch.float64)
     torch.distributed.all_reduce(loss)

@@ -24,6 +24,15 @@ from dskit.plot.png import save_png
 from model_utils.errors import CommandParser, ConfigError, first_line
 from model_utils.loop.spike_guard import ROLLBACK, SPIKE_SKIP
 
+# A preference objective's (model_utils/engines/preference.py): a third row of panels, rewards and accuracy.
+REWARDS = {
+    "reward_chosen": "chosen",
+    "reward_rejected": "rejected",
+    "reward_margin": "margin",
+    "val_reward_margin": "margin (validation)",
+}
+ACCURACY = {"reward_accuracy": "train", "val_reward_accuracy": "validation"}
+PREFERENCE = (*REWARDS, *ACCURACY)
 # Record keys that are plotted, in the metrics JSONL's names.
 PLOTTED = (
     "loss",
@@ -33,6 +42,7 @@ PLOTTED = (
     "device_mem_alloc_gib",
     "device_mem_peak_gib",
     "host_rss_gib",
+    *PREFERENCE,
 )
 METRICS_SUFFIX = ".metrics.jsonl"
 USAGE_HINT = "pass a run id, a run log (logs/NAME.out) or a metrics file (logs/NAME.metrics.jsonl)"
@@ -349,15 +359,22 @@ def render(run: RunSeries, out: Path) -> None:
 
 
 def figure(run: RunSeries) -> Any:
-    """The run's four panels (loss, lr, throughput, memory) on one figure; the caller closes it."""
+    """The run's four panels (loss, lr, throughput, memory) on one figure, and a preference objective's rewards and
+    reward accuracy below them; the caller closes it."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8), sharex=True)
+    preference = any(run.series[key].steps for key in PREFERENCE)
+    rows = 3 if preference else 2
+    fig, axes = plt.subplots(rows, 2, figsize=(12, 4 * rows), sharex=True)
     try:
-        loss_ax, lr_ax, rate_ax, memory_ax = axes.flat
+        loss_ax, lr_ax, rate_ax, memory_ax = axes.flat[:4]
+        if preference:
+            rewards_ax, accuracy_ax = axes.flat[4:]
+            _panel(rewards_ax, run, "rewards", REWARDS, "reward")
+            _panel(accuracy_ax, run, "reward accuracy", ACCURACY, "share of pairs")
         _panel(loss_ax, run, "loss", {"loss": "train", "val_loss": "validation"}, "loss")
         _guard_marks(loss_ax, run.timeline)
         _panel(lr_ax, run, "learning rate", {"lr": "lr"}, "lr")
@@ -377,7 +394,7 @@ def figure(run: RunSeries) -> Any:
             _legend(ax)
         steps = tuple(sorted({s for series in run.series.values() for s in series.steps}))
         loss_ax.xaxis.set_major_locator(step_locator(steps))  # shared by the four panels (sharex)
-        for ax in axes[1]:
+        for ax in axes[-1]:
             ax.set_xlabel("optimizer step")
         files = f"{len(run.sources)} files" if len(run.sources) > 1 else run.source.name
         fig.suptitle(f"{run.run_id} ({files})" if run.run_id else run.source.name)

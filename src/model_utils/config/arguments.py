@@ -137,7 +137,9 @@ class ModelArgs:
         every_n_layers(self.activation_checkpointing)  # a ConfigError if malformed
 
 
-DATA_FORMATS = ("auto", "text", "prompt_completion", "messages")
+DATA_FORMATS = ("auto", "text", "prompt_completion", "messages", "preference")
+# --truncation_mode: which end of a preference sequence longer than --seq_length is kept (data/pairs.py).
+TRUNCATION_MODES = ("keep_start", "keep_end")
 
 
 @dataclass(frozen=True)
@@ -164,8 +166,9 @@ class DataArgs:
         default="auto",
         metadata=_flag(
             "text (documents), prompt_completion ('prompt' and 'completion' columns: loss on the completion), "
-            "messages (conversations in a 'messages' column, or --text_field: loss on the assistant turns), or "
-            "auto: decided by the columns present (docs/data.md)"
+            "messages (conversations in a 'messages' column, or --text_field: loss on the assistant turns), "
+            "preference ('chosen' and 'rejected' answers, with or without a 'prompt': pairs for DPO), or auto: "
+            "decided by the columns present (docs/data.md)"
         ),
     )
     chat_template: str | None = field(
@@ -212,6 +215,13 @@ class DataArgs:
             "how plain-text documents fill the blocks: 'stream' (one token stream cut into blocks, attention across "
             "documents) or 'documents' (position ids restart after each EOS, attention never crosses a document, "
             "and a document's first token is not predicted from the one before)"
+        ),
+    )
+    truncation_mode: str = field(
+        default="keep_start",
+        metadata=_flag(
+            "preference pairs longer than --seq_length: 'keep_start' keeps the start of each sequence (TRL's "
+            "default; a pair whose prompt fills it is dropped), 'keep_end' keeps the end"
         ),
     )
     data_cache_dir: str = field(
@@ -284,10 +294,18 @@ class DataArgs:
         if self.seq_length is not None and self.seq_length < 2:
             raise ConfigError(f"--seq_length {self.seq_length} is too small: use at least 2 (e.g. 2048)")
         _check_choice("packing", self.packing, PACKINGS, "a packing")
+        _check_choice("truncation_mode", self.truncation_mode, TRUNCATION_MODES, "a truncation mode")
 
 
 # The data keys that are the run's, not a source's: the others a mixture's source may set for itself.
-_RUN_WIDE_DATA_KEYS = ("dataset", "sources", "seq_length", "data_cache_dir", "unprepared_limit_mb")
+_RUN_WIDE_DATA_KEYS = (
+    "dataset",
+    "sources",
+    "seq_length",
+    "data_cache_dir",
+    "unprepared_limit_mb",
+    "truncation_mode",
+)
 PER_SOURCE_KEYS = tuple(f.name for f in dataclasses.fields(DataArgs) if f.name not in _RUN_WIDE_DATA_KEYS)
 
 
@@ -754,6 +772,69 @@ class LoraArgs:
             raise ConfigError("--lora_modules_to_save is empty: name modules (e.g. lm_head) or drop the flag")
 
 
+# --objective: what the loss is (engines/preference.py computes the preference ones).
+LM, DPO, SIMPO = "lm", "dpo", "simpo"
+OBJECTIVES = (LM, DPO, SIMPO)
+# --loss_type of --objective dpo, as TRL's DPOTrainer names them; robust reads --label_smoothing.
+DPO_LOSS_TYPES = ("sigmoid", "robust", "ipo", "hinge")
+PREFERENCE_ONLY = ("beta", "loss_type", "label_smoothing", "simpo_gamma")
+
+
+@dataclass(frozen=True)
+class ObjectiveArgs:
+    objective: str = field(
+        default=LM,
+        metadata=_flag(
+            "what is trained: 'lm' (the next-token loss over the trained tokens: pretraining and SFT), 'dpo' "
+            "(preference pairs against a reference model: the weights the run starts from) or 'simpo' (preference "
+            "pairs, reference-free, length-normalized); preference data: docs/preference.md"
+        ),
+    )
+    beta: float | None = field(
+        default=None,
+        metadata=_flag(
+            "preference objectives: the reward scale (DPO's KL strength, SimPO's beta); default 0.1 as TRL's"
+        ),
+    )
+    loss_type: str | None = field(
+        default=None,
+        metadata=_flag(
+            "--objective dpo: 'sigmoid' (default), 'robust' (with --label_smoothing), 'ipo' or 'hinge', as TRL's"
+        ),
+    )
+    label_smoothing: float | None = field(
+        default=None,
+        metadata=_flag(
+            "the share of pairs assumed flipped, in [0, 0.5): --loss_type robust and --objective simpo; default 0"
+        ),
+    )
+    simpo_gamma: float | None = field(
+        default=None, metadata=_flag("--objective simpo: the target reward margin; default 0.5 as TRL's")
+    )
+
+    @property
+    def preference(self) -> bool:
+        return self.objective != LM
+
+    def __post_init__(self) -> None:
+        _check_choice("objective", self.objective, OBJECTIVES, "an objective")
+        if self.loss_type is not None:
+            _check_choice("loss_type", self.loss_type, DPO_LOSS_TYPES, "a DPO loss type")
+        if self.beta is not None and not self.beta > 0:
+            raise ConfigError(f"--beta {self.beta} must be positive, e.g. 0.1")
+        if self.label_smoothing is not None and not 0 <= self.label_smoothing < 0.5:
+            raise ConfigError(f"--label_smoothing {self.label_smoothing} is outside [0, 0.5): use e.g. 0.1")
+
+    def unused(self) -> set[str]:
+        """The flags this objective does not read: given, they are an error (not silently ignored)."""
+        if self.objective == LM:
+            return set(PREFERENCE_ONLY)
+        if self.objective == SIMPO:
+            return {"loss_type"}
+        smoothing = {"label_smoothing"} if (self.loss_type or "sigmoid") != "robust" else set()
+        return {"simpo_gamma"} | smoothing
+
+
 REPORT_TO = ("none", "tensorboard", "mlflow", "wandb")
 # Read only with --sample_prompts: given without it, an error; a run file leaves them null.
 SAMPLE_ONLY = ("sample_every", "sample_max_new_tokens")
@@ -910,6 +991,7 @@ SECTIONS: dict[str, type] = {
     "report": ReportArgs,
     "lora": LoraArgs,
     "guard": GuardArgs,
+    "objective": ObjectiveArgs,
 }
 
 
@@ -949,6 +1031,7 @@ class TrainConfig:
     report: ReportArgs = field(default_factory=ReportArgs)
     lora: LoraArgs = field(default_factory=LoraArgs)
     guard: GuardArgs = field(default_factory=GuardArgs)
+    objective: ObjectiveArgs = field(default_factory=ObjectiveArgs)
     # Flags the user gave explicitly (on the command line or in the run file): they must agree with explicit
     # DeepSpeed keys.
     explicit: frozenset[str] = frozenset()
@@ -987,6 +1070,19 @@ class TrainConfig:
             raise ConfigError(
                 f"{' and '.join(sampling)} apply to samples, and no --sample_prompts is given: fix: give "
                 "--sample_prompts FILE or drop them"
+            )
+        unread = sorted(self.setting(f) for f in self.objective.unused() & self.explicit)
+        if unread:
+            raise ConfigError(
+                f"{' and '.join(unread)} {'do' if len(unread) > 1 else 'does'} not apply to "
+                f"{self.setting('objective')} {self.objective.objective}"
+                + (
+                    " (TRL's sigmoid DPO loss has no label smoothing: --loss_type robust has)"
+                    if "label_smoothing" in " ".join(unread) and self.objective.objective == DPO
+                    else ""
+                )
+                + ": drop "
+                + ("them" if len(unread) > 1 else "it")
             )
         given = sorted(self.setting(f) for f in GuardArgs.unused_in(self.guard.spike_guard) & self.explicit)
         if given:

@@ -10,6 +10,13 @@ finds them. A template that renders a turn differently once more follow (stock Q
 `<think>` block, Mistral's moves the system message to the last user turn) is aligned on what the whole
 rendering keeps (_aligned). Prompt/completion rows follow TRL's SFTTrainer: the prompt's tokens are those the
 prompt alone and prompt + completion share (completion_only_loss).
+
+Preference rows (a prompt, a chosen and a rejected answer; data/pairs.py reads them) are tokenized as TRL's
+DPOTrainer does (_prepare_dataset): text rows as the tokenizer's __call__ with the EOS text appended to each answer
+that lacks it, conversations by the template (the prompt with its generation prompt), an implicit prompt as TRL's
+extract_prompt finds it; the answer starts where the prompt's ids and the prompt + answer's first differ (the
+earlier of the chosen's and the rejected's). A pair is one document: the prompt + chosen ids followed by the prompt
++ rejected ids, DOC_START on the first token of each, TRAINED on the answers' tokens, no EOS added.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ ROLES = ("system", "user", "assistant", "tool")
 PROMPT_COMPLETION = "prompt_completion"
 MESSAGES = "messages"
 TEXT = "text"
+PREFERENCE = "preference"
 # Rows with nothing to train on (no assistant turn) are counted; more than this share of a unit's stops it.
 UNTRAINED_LIMIT = 0.01
 TOKENIZER_TEMPLATE = "the tokenizer's"
@@ -177,6 +185,63 @@ def _check_prompt_completion(row: dict) -> str | None:
     return None
 
 
+PAIR_FIELDS = ("prompt", "chosen", "rejected")
+Pair = tuple[Any, Any, Any]  # prompt, chosen, rejected: all text or all lists of messages
+
+
+def extract_prompt(chosen: Any, rejected: Any) -> Pair:
+    """TRL's extract_prompt (trl/data_utils.py), for rows without a prompt: the prompt is the longest common
+    prefix of the two (messages, or characters less a space that ends it), each answer the rest. As TRL's loop, when
+    one is a prefix of the other the prompt stops one item short of the shorter."""
+    n = min(len(chosen), len(rejected))
+    at = next((i for i in range(n) if chosen[i] != rejected[i]), None)
+    if at is None:
+        at = n - 1
+    elif at > 0 and chosen[at - 1] == " ":  # the space before the answer goes with it
+        at -= 1
+    return chosen[:at], chosen[at:], rejected[at:]
+
+
+def _pair(row: dict) -> Pair | str:
+    """A preference row's prompt, chosen and rejected answers (the prompt extracted where the row has none), or
+    what is wrong with it."""
+    names = [name for name in PAIR_FIELDS if name in row]
+    for name in names:
+        value = row[name]
+        if isinstance(value, list):
+            wrong = check_messages(value)
+            if wrong:
+                return f"'{name}' {wrong}"
+        elif not isinstance(value, str):
+            kind = "null" if value is None else type(value).__name__
+            return f"'{name}' is {kind}, not text or a list of messages"
+    texts = [name for name in names if isinstance(row[name], str)]
+    lists = [name for name in names if isinstance(row[name], list)]
+    if texts and lists:
+        return (
+            f"'{texts[0]}' is text and '{lists[0]}' a list of messages: a pair's fields are all text or all lists "
+            "of messages"
+        )
+    chosen, rejected = row["chosen"], row["rejected"]
+    for name, answer in (("chosen", chosen), ("rejected", rejected)):
+        if isinstance(answer, str) and not answer.strip():
+            return f"'{name}' is empty"
+    if chosen == rejected:
+        return "'chosen' and 'rejected' are identical: there is nothing to prefer"
+    if "prompt" in row:
+        return row["prompt"], chosen, rejected
+    prompt, chosen, rejected = extract_prompt(chosen, rejected)
+    if not prompt:
+        return (
+            "'chosen' and 'rejected' share no prompt (they differ from their first "
+            f"{'message' if lists else 'character'}), and the row has no 'prompt'"
+        )
+    for name, answer in (("chosen", chosen), ("rejected", rejected)):
+        if isinstance(answer, str) and not answer.strip():
+            return f"'{name}' is empty past the prompt it shares with the other answer"
+    return prompt, chosen, rejected
+
+
 # --- encoding -------------------------------------------------------------------------------------------
 
 
@@ -224,22 +289,13 @@ class ChatEncoder:
 
     def encode(self, rows: list[Any], where: Callable[[int], str]) -> Encoded:
         """`where(i)` names row i of the batch (its file and line) for a bad row's one line."""
+        if self.format == PREFERENCE:
+            return self._encode_pairs(rows, where)
         for i, row in enumerate(rows):
             wrong = check_messages(row) if self.format == MESSAGES else _check_prompt_completion(row)
             if wrong:
                 raise ConfigError(f"{where(i)}: {wrong}: fix the row (docs/data.md lists what a row holds)")
-        try:
-            tokenized = self._tokenized(rows)
-        except RenderError:  # the batch is rendered at once: the first row failing alone is named
-            for i, row in enumerate(rows):
-                try:
-                    self._tokenized([row])
-                except RenderError as e:
-                    raise ConfigError(
-                        f"{where(i)}: {e}: fix the row, or pass --chat_template with a template that renders it "
-                        f"(the template used: {self.template_from})"
-                    ) from None
-            raise
+        tokenized = self._rendered(rows, where, self._tokenized)
         ids, flags, untrained, first_untrained = [], [], 0, None
         for i, (row, (tokens, trained)) in enumerate(zip(rows, tokenized, strict=True)):
             n = len(tokens)
@@ -260,6 +316,82 @@ class ChatEncoder:
             ids.append(document)
             flags.append(mask)
         return Encoded(ids, flags, untrained, first_untrained)
+
+    def _rendered(
+        self, rows: list[Any], where: Callable[[int], str], tokenize: Callable[[list], list]
+    ) -> list:
+        """`tokenize(rows)`; the batch is rendered at once, so where the template fails, the first row failing
+        alone is named in one line."""
+        try:
+            return tokenize(rows)
+        except RenderError:
+            for i, row in enumerate(rows):
+                try:
+                    tokenize([row])
+                except RenderError as e:
+                    raise ConfigError(
+                        f"{where(i)}: {e}: fix the row, or pass --chat_template with a template that renders it "
+                        f"(the template used: {self.template_from})"
+                    ) from None
+            raise
+
+    def _encode_pairs(self, rows: list[dict], where: Callable[[int], str]) -> Encoded:
+        """Preference rows: each pair one document, the chosen sequence then the rejected one (the module's doc)."""
+        pairs = []
+        for i, row in enumerate(rows):
+            pair = _pair(row)
+            if isinstance(pair, str):
+                raise ConfigError(f"{where(i)}: {pair}: fix the row (docs/data.md lists what a pair holds)")
+            pairs.append(pair)
+        ids, flags = [], []
+        for i, (chosen, rejected, prompt) in enumerate(self._rendered(pairs, where, self._pair_ids)):
+            for name, sequence in (("chosen", chosen), ("rejected", rejected)):
+                if len(sequence) == prompt:
+                    raise ConfigError(
+                        f"{where(i)}: the {name} answer adds no token to the prompt's: fix the row"
+                    )
+            if chosen[prompt:] == rejected[prompt:]:
+                raise ConfigError(
+                    f"{where(i)}: 'chosen' and 'rejected' tokenize identically: there is nothing to prefer: fix "
+                    "the row"
+                )
+            split = len(chosen)
+            document = np.array(chosen + rejected, self.dtype)
+            mask = np.zeros(len(document), np.uint8)
+            mask[prompt:split] = TRAINED
+            mask[split + prompt :] = TRAINED
+            mask[0] |= DOC_START
+            mask[split] |= DOC_START
+            ids.append(document)
+            flags.append(mask)
+        return Encoded(ids, flags, 0)
+
+    def _pair_ids(self, pairs: list[Pair]) -> list[tuple[list[int], list[int], int]]:
+        """Each pair's prompt + chosen ids, prompt + rejected ids, and how many of their first ids are the
+        prompt's: TRL's DPOTrainer._prepare_dataset. Conversations are rendered as apply_chat_template renders
+        them and tokenized as it does (no special tokens added); text is tokenized as the tokenizer's __call__
+        (its special tokens added, as TRL's _tokenize does), after the EOS text is appended to each answer that
+        does not end with it."""
+        chats = [pair for pair in pairs if isinstance(pair[1], list)]
+        prompts = iter(self._tokens(self._render([p for p, _, _ in chats], True)))
+        chosens = iter(self._tokens(self._render([p + c for p, c, _ in chats], False)))
+        rejecteds = iter(self._tokens(self._render([p + r for p, _, r in chats], False)))
+        eos = self.eos_text
+        texts = []
+        for prompt, chosen, rejected in pairs:
+            if isinstance(chosen, str):
+                chosen = chosen if chosen.endswith(eos) else chosen + eos
+                rejected = rejected if rejected.endswith(eos) else rejected + eos
+                texts += [prompt, prompt + chosen, prompt + rejected]
+        encoded = iter(self._tokens(texts, special=True))
+        out = []
+        for pair in pairs:
+            if isinstance(pair[1], list):
+                prompt, chosen, rejected = next(prompts).ids, next(chosens).ids, next(rejecteds).ids
+            else:
+                prompt, chosen, rejected = next(encoded).ids, next(encoded).ids, next(encoded).ids
+            out.append((chosen, rejected, min(_common_ids(prompt, chosen), _common_ids(prompt, rejected))))
+        return out
 
     def _tokenized(self, rows: list[Any]) -> list[tuple[list[int], np.ndarray]]:
         """Each row's token ids and which of them are trained on (a bool per token)."""
@@ -346,10 +478,11 @@ class ChatEncoder:
         except Exception as e:  # jinja's errors and the template's own raise_exception
             raise RenderError(f"the chat template cannot render it ({first_line(e)})") from None
 
-    def _tokens(self, texts: list[str], offsets: bool = False) -> list[Any]:
-        """As apply_chat_template tokenizes its rendering: no special tokens added; `offsets` for char_to_token."""
+    def _tokens(self, texts: list[str], offsets: bool = False, special: bool = False) -> list[Any]:
+        """As apply_chat_template tokenizes its rendering: no special tokens added; `offsets` for char_to_token;
+        `special`: as the tokenizer's __call__, with the special tokens its post-processor adds (a BOS)."""
         encode = self.tokenizer.encode_batch if offsets else self.tokenizer.encode_batch_fast
-        return encode(texts, add_special_tokens=False)
+        return encode(texts, add_special_tokens=special)
 
 
 def render_prompt(tokenizer: Any, template: str, messages: list[dict]) -> str:
@@ -369,6 +502,12 @@ def render_prompt(tokenizer: Any, template: str, messages: list[dict]) -> str:
 # --- which format ---------------------------------------------------------------------------------------
 
 
+def pair_fields(first: dict | None) -> tuple[str, ...]:
+    """The columns of preference rows: with the prompt, or (no 'prompt' in the first row) the chosen and rejected
+    conversations or texts it is extracted from. Unknown columns (`first` None: S3 objects) name a prompt."""
+    return PAIR_FIELDS if first is None or "prompt" in first else PAIR_FIELDS[1:]
+
+
 def decide_format(data: Any, first: dict | None) -> tuple[str, Any, str | None]:
     """The format of the rows, the field(s) read for it, and with --data_format auto a line saying what was
     decided from the columns of the first row (`first`; None: plain text files)."""
@@ -376,11 +515,19 @@ def decide_format(data: Any, first: dict | None) -> tuple[str, Any, str | None]:
         return MESSAGES, data.text_field if data.text_field != "text" else "messages", None
     if data.data_format == PROMPT_COMPLETION:
         return PROMPT_COMPLETION, ("prompt", "completion"), None
+    if data.data_format == PREFERENCE:
+        return PREFERENCE, pair_fields(first), None
     if data.data_format == TEXT or first is None:
         return TEXT, data.text_field, None
     value = first.get(data.text_field)
     if isinstance(value, str):
         return TEXT, data.text_field, None
+    if "chosen" in first and "rejected" in first:
+        return (
+            PREFERENCE,
+            pair_fields(first),
+            "columns 'chosen' and 'rejected': --data_format preference (auto)",
+        )
     for field in (data.text_field, "messages"):
         if isinstance(first.get(field), list):
             return MESSAGES, field, f"column {field!r} holds conversations: --data_format messages (auto)"

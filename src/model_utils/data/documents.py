@@ -293,7 +293,7 @@ def _missing(field: Fields, where: str, present: Any) -> ConfigError:
     if isinstance(field, tuple):
         return ConfigError(
             f"{where} has no field {' or '.join(repr(f) for f in field if f not in (present or ()))} "
-            f"(fields: {columns}): pass --data_format naming what the rows hold"
+            f"(fields: {columns}): fix the row, or pass --data_format naming what the rows hold"
         )
     return ConfigError(f"{where} has no field {field!r} (fields: {columns}): pass --text_field")
 

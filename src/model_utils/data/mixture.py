@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from model_utils.data import block_cache, documents, token_shards
+from model_utils.data import block_cache, chat, documents, token_shards
 from model_utils.data.documents import EMBEDDED
 from model_utils.data.rows import BlockSource, Rows
 from model_utils.data.sampler import DataPosition
@@ -269,6 +269,12 @@ def _check_exists(name: str, data: Any) -> None:
 def _source_blocks(
     name: str, dataset: token_shards.PreparedDataset, split: str, seq_length: int
 ) -> BlockSource:
+    # A preference step's rows are the pairs of one source, not a mixture's blocks.
+    if dataset.data_format == chat.PREFERENCE:
+        raise ConfigError(
+            f"source {name} holds preference pairs, which --sources does not mix: train on them alone with "
+            "--dataset (one file or dir of pairs)"
+        )
     blocks = dataset.blocks(split, seq_length)
     if len(blocks) == 0:
         fix = (

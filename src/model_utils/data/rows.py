@@ -26,11 +26,18 @@ class Rows:
     positions: [n, seq] int64 position ids restarting at 0 where each document starts; attention never crosses
                such a start. None: one sequence per row (0..seq-1, attention across the whole row, as stream
                packing has always done).
+    paired:    preference pairs (data/pairs.py): the first half of the rows are chosen sequences, the second half
+               the rejected ones of the same pairs, in the same order (TRL's concatenated batch); each row is one
+               sequence right-padded to the longest (padding never a target).
+    reference: [n] float32 with `paired`: the reference model's log-probabilities of the rows' sequences (the
+               chosen then the rejected, as the rows); None: not computed yet.
     """
 
     tokens: np.ndarray
     targets: np.ndarray | None = None
     positions: np.ndarray | None = None
+    paired: bool = False
+    reference: np.ndarray | None = None
 
 
 class BlockSource(Protocol):

@@ -16,6 +16,7 @@ neither waits for the kernels queued before it nor stalls the Python thread queu
 
 from __future__ import annotations
 
+import dataclasses
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,10 @@ class Batch:
     targets: how many labels are trained on, counted on the host when the rows were read.
     shifted: the labels are already the next tokens (a shard of a sequence, `shard`): position i's label is the
     token at i + 1, so the loss must not shift them again.
+    pairs: preference pairs (0: none): the first `pairs` rows are their chosen sequences, the next `pairs` the
+    rejected ones (Rows.paired); the loss averages over pairs, not tokens (engines/preference.py).
+    reference: the pairs' reference log-probabilities, chosen then rejected (DPO), when known.
+    uncounted: the pairs only keep the ranks' forwards in step (a validation batch repeated): no metric counts them.
     """
 
     input_ids: torch.Tensor
@@ -47,6 +52,18 @@ class Batch:
     position_ids: torch.Tensor | None
     targets: int
     shifted: bool = False
+    pairs: int = 0
+    reference: torch.Tensor | None = None
+    uncounted: bool = False
+
+    @property
+    def loss_units(self) -> int:
+        """What the loss averages over: the targets (tokens), or the pairs of preference data."""
+        return self.pairs or self.targets
+
+    @property
+    def counted_pairs(self) -> int:
+        return 0 if self.uncounted else self.pairs
 
     def model_inputs(self) -> dict[str, Any]:
         """The keyword arguments of the model's forward (no KV cache in training or validation)."""
@@ -86,8 +103,10 @@ class Batch:
             shifted=True,
         )
 
-    def device_targets(self) -> torch.Tensor:
-        """The target count as a device tensor computed on the device (no host-to-device copy to wait for)."""
+    def device_loss_units(self) -> torch.Tensor:
+        """`loss_units` as a device tensor computed on the device (no host-to-device copy to wait for)."""
+        if self.pairs:
+            return torch.full((), self.pairs, device=self.labels.device)
         return (self.labels != IGNORE_INDEX).sum()
 
     def to(self, device: torch.device, non_blocking: bool = False) -> Batch:
@@ -96,12 +115,25 @@ class Batch:
 
         ids, labels = move(self.input_ids), move(self.labels)
         assert ids is not None and labels is not None
-        return Batch(ids, labels, move(self.position_ids), self.targets, self.shifted)
+        return dataclasses.replace(
+            self,
+            input_ids=ids,
+            labels=labels,
+            position_ids=move(self.position_ids),
+            reference=move(self.reference),
+        )
 
     def pin_memory(self) -> Batch:
-        positions = None if self.position_ids is None else self.position_ids.pin_memory()
-        pinned = (self.input_ids.pin_memory(), self.labels.pin_memory(), positions)
-        return Batch(*pinned, self.targets, self.shifted)
+        def pin(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.pin_memory()
+
+        return dataclasses.replace(
+            self,
+            input_ids=self.input_ids.pin_memory(),
+            labels=self.labels.pin_memory(),
+            position_ids=pin(self.position_ids),
+            reference=pin(self.reference),
+        )
 
 
 # A rank's share of each sequence under sequence parallelism: (its index in its group, the group's size).
@@ -120,6 +152,11 @@ def gather(
     """
     rows = source.rows(np.asarray(indices))
     tokens = torch.from_numpy(np.asarray(rows.tokens, dtype=np.int64))
+    if rows.paired and tokens.shape[1] < source.seq_length:
+        # Pairs fill whole blocks, as packed documents do: every step computes (and counts) the same positions.
+        # The padding follows each sequence, so the causal attention of its tokens never sees it.
+        rows = dataclasses.replace(rows, targets=_padded(rows.targets, source.seq_length, False))
+        tokens = torch.from_numpy(_padded(np.asarray(rows.tokens, dtype=np.int64), source.seq_length, 0))
     trained = (
         np.ones(tokens.shape, dtype=bool) if rows.targets is None else np.array(rows.targets, dtype=bool)
     )
@@ -130,10 +167,16 @@ def gather(
     )
     if flatten and positions is not None:
         tokens, labels, positions = (t.reshape(1, -1) for t in (tokens, labels, positions))
-    batch = Batch(tokens, labels, positions, int(trained.sum()))
+    pairs = len(tokens) // 2 if rows.paired else 0
+    reference = None if rows.reference is None else torch.from_numpy(np.asarray(rows.reference, np.float32))
+    batch = Batch(tokens, labels, positions, int(trained.sum()), pairs=pairs, reference=reference)
     if shard is not None and shard[1] > 1:
         batch = batch.shard(*shard)
     return batch.pin_memory() if pin else batch
+
+
+def _padded(array: np.ndarray, width: int, value: object) -> np.ndarray:
+    return np.pad(array, ((0, 0), (0, width - array.shape[1])), constant_values=value)
 
 
 class StepBatches:
@@ -195,12 +238,12 @@ class StepBatches:
         return [batch.to(self.device, non_blocking=self.pin) for batch in host]
 
     def targets_at(self, position: DataPosition) -> int:
-        """This rank's targets in the step at `position` (counted on the host as its rows were read), waiting for
+        """This rank's loss units (targets; pairs of preference data) in the step at `position` (counted on the host as its rows were read), waiting for
         its gathering; the step after the last `at` is being gathered already (with a worker), any other is
         gathered now (and `at` then finds it ready)."""
         if self._ahead is None or self._ahead[0] != position:
             self._ahead = (position, self._start(position))
-        return sum(batch.targets for batch in self._ahead[1].result())
+        return sum(batch.loss_units for batch in self._ahead[1].result())
 
     def close(self) -> None:
         if self._worker is not None:

@@ -4,9 +4,9 @@
     DIR/units/NNNNN.json   a finished unit: its shards' token and document counts and checksums (commit point)
     DIR/train/NNNNN.bin    the unit's training tokens: documents each followed by EOS, uint16 or uint32
     DIR/validation/NNNNN.bin  the documents of the unit held out for validation
-    DIR/SPLIT/NNNNN.mask   prompt/completion and conversation data only: a flag byte per token beside the
-                           .bin (chat.TRAINED: trained on; chat.DOC_START: a document starts), written, committed,
-                           checksummed and verified with its shard
+    DIR/SPLIT/NNNNN.mask   prompt/completion, conversation and preference data only: a flag byte per token
+                           beside the .bin (chat.TRAINED: trained on; chat.DOC_START: a document starts, or a
+                           pair's rejected sequence), written, committed, checksummed and verified with its shard
     DIR/manifest.json      written last, when every unit is done: only then is DIR a prepared dataset
     DIR/.verified.json     the shards whose checksums were verified, by size, mtime, ctime and inode: a second
                            open hashes only what changed (verify_shards)
@@ -43,6 +43,7 @@ from model_utils.config.presets import PRESETS
 from model_utils.data import chat, documents
 from model_utils.data.documents import SPLIT, TRAIN, VALIDATION, Plan, Unit
 from model_utils.data.packing import PackedBlocks
+from model_utils.data.pairs import PairBlocks
 from model_utils.data.rows import Rows
 from model_utils.errors import ConfigError
 from model_utils.launch import startup
@@ -484,6 +485,11 @@ def rows_record(data: Any, source: Plan, tokenizer: Any, say: Callable[[str], No
     data_format, fields, said = chat.decide_format(data, documents.first_row(source.units[0]))
     if said:
         say(f"Data: {data.dataset}: {said}")
+    if data_format == chat.PREFERENCE and data.train_on_prompt:
+        raise ConfigError(
+            f"--train_on_prompt applies to prompt/completion and conversation rows, and {data.dataset} holds "
+            "preference pairs (trained on their answers, as TRL's DPOTrainer): drop it"
+        )
     if data_format == chat.TEXT:
         set_ = {"chat_template": data.chat_template is not None, "train_on_prompt": data.train_on_prompt}
         set_["enable_thinking"] = data.enable_thinking is not None
@@ -672,17 +678,38 @@ class PreparedDataset:
         return np.memmap(file, dtype=dtype, mode="r", shape=(tokens,))
 
     def blocks(
-        self, split: str, seq_length: int, documents_apart: bool = False
-    ) -> TokenBlocks | PackedBlocks:
+        self, split: str, seq_length: int, documents_apart: bool = False, truncation_mode: str = "keep_start"
+    ) -> TokenBlocks | PackedBlocks | PairBlocks:
         """The text stream cut into blocks (`documents_apart`: rows whose documents are kept apart, --packing
-        documents); prompt/completion and conversation documents packed whole, always kept apart."""
+        documents); prompt/completion and conversation documents packed whole, always kept apart; preference
+        pairs as pairs of rows (`truncation_mode`: --truncation_mode)."""
         dtype = np.dtype(self.manifest["dtype"])
         shards = [s for s in self.manifest["shards"][split] if s["tokens"]]
+        if self.data_format == chat.PREFERENCE:
+            return self._pairs(split, shards, dtype, seq_length, truncation_mode)
         arrays = [self._map(shard["file"], shard["tokens"], dtype) for shard in shards]
         if self.data_format == chat.TEXT:
             return TokenBlocks(arrays, seq_length, self.document_end if documents_apart else None)
         flags = [self._map(shard["mask"]["file"], shard["tokens"], np.dtype(np.uint8)) for shard in shards]
         return PackedBlocks(arrays, flags, seq_length, self.document_end)
+
+    def _pairs(
+        self, split: str, shards: list[dict[str, Any]], dtype: np.dtype, seq_length: int, truncation_mode: str
+    ) -> PairBlocks:
+        """The split's pairs. A shard --max_tokens cut (fewer tokens than its file holds) ends with its last whole
+        pair: a pair the cut runs through is not part of the prefix."""
+        arrays, flags = [], []
+        for shard in shards:
+            tokens, held = shard["tokens"], shard.get("file_tokens", shard["tokens"])
+            if tokens < held:
+                whole = self._map(shard["mask"]["file"], held, np.dtype(np.uint8))
+                pair_starts = np.flatnonzero(whole & chat.DOC_START)[::2]
+                ends = np.append(pair_starts[1:], held)
+                tokens = int(ends[ends <= tokens][-1]) if (ends <= tokens).any() else 0
+            if tokens:
+                arrays.append(self._map(shard["file"], tokens, dtype))
+                flags.append(self._map(shard["mask"]["file"], tokens, np.dtype(np.uint8)))
+        return PairBlocks(arrays, flags, seq_length, self.document_end, truncation_mode, split)
 
 
 # --- verifying the shards -------------------------------------------------------------------------------

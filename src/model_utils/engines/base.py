@@ -30,11 +30,41 @@ class Run(Protocol):
     def deepspeed_config(self) -> dict[str, Any]: ...
 
 
+TRAIN, EVAL = "train", "eval"  # an objective's metrics: of the training steps, of validation
+
+
+class Objective(Protocol):
+    """What the loss of a micro-batch is: the next-token loss over its tokens (step_loss.TokenMean, the default) or
+    a preference objective over its pairs (preference.Preference). Every engine computes its losses through one."""
+
+    # The fingerprint of the weights the objective's reference log-probabilities are of (DPO: those the run starts
+    # from; loop/observers/reference.py computes them); None: it has no reference.
+    reference_weights: str | None
+
+    def summed_loss(self, module: Any, batch: Batch, divisor: torch.Tensor) -> torch.Tensor:
+        """The batch's losses (of its tokens, of its pairs) summed, over `divisor` (step_loss.loss_divisor)."""
+        ...
+
+    def eval_summed_loss(self, module: Any, batch: Batch) -> float:
+        """The batch's losses summed, without gradients (validation divides by its loss units)."""
+        ...
+
+    def take(self, mode: str) -> list[float]:
+        """This rank's sums of the objective's own metrics (TRAIN or EVAL) since the last call; summed over the
+        ranks (one collective with the caller's own numbers), `means` makes them metrics. [] when it has none."""
+        ...
+
+    def means(self, sums: list[float]) -> dict[str, float]:
+        """The metrics records show (their keys) from `take`'s sums over the ranks."""
+        ...
+
+
 class Engine(Protocol):
     """The training step (the trainer), this rank's state (the checkpoint protocol), and building."""
 
     module: torch.nn.Module  # the model being trained (for export and for counting parameters)
     title: ClassVar[str]  # the engine as the log names it ("DeepSpeed", "FSDP2")
+    objective: Objective  # what its losses are (from_run's; step_loss.TokenMean by default)
 
     @staticmethod
     def runs_schedule(implementation: str) -> str:
@@ -50,10 +80,15 @@ class Engine(Protocol):
 
     @classmethod
     def from_run(
-        cls, model: torch.nn.Module, run: Run, device: torch.device, param_groups: list[dict[str, Any]]
+        cls,
+        model: torch.nn.Module,
+        run: Run,
+        device: torch.device,
+        param_groups: list[dict[str, Any]],
+        objective: Objective | None = None,
     ) -> Engine:
         """The engine for the run (its optimizer and lr schedule), around the prepared model, training
-        `param_groups`."""
+        `param_groups` on `objective` (default: the next-token loss)."""
         ...
 
     def train_step(
@@ -77,7 +112,13 @@ class Engine(Protocol):
         ...
 
     def eval_loss(self, batch: Batch) -> float:
-        """The batch's token losses summed over its targets (batch.targets of them)."""
+        """The batch's losses summed over its loss units (batch.loss_units of them: tokens, or pairs)."""
+        ...
+
+    def sequence_logps(self, batch: Batch) -> torch.Tensor:
+        """Each row's summed log-probabilities of its targets, without gradients, in the mode the engine is in
+        (the reference pass of a preference objective: loop/observers/reference.py). Every rank calls it with the
+        same number of batches: a sharded model's forward needs them all."""
         ...
 
     def generate(self, prompts: list[tuple[int, ...]], new_tokens: int) -> list[list[int]]:

@@ -26,7 +26,7 @@ from model_utils.optim import schedules
 
 if TYPE_CHECKING:
     from model_utils.data.step_batches import Batch
-    from model_utils.engines.base import Run
+    from model_utils.engines.base import Objective, Run
 
 # DeepSpeed's global timers (deepspeed.utils.timer): summed over the micro-batches of one optimizer step, and
 # reset at its accumulation boundary. Its *_microstep timers hold the last micro-batch only.
@@ -250,6 +250,7 @@ def estimate_zero(m: ModelShape, lay: ZeroLayout) -> MemoryEstimate:
 
 class DeepSpeedEngine:
     title = "DeepSpeed"
+    objective: Objective = step_loss.TokenMean()
     # A checkpoint of another world size goes through convert_universal first (trainer._load).
     reshards_on_load = False
     # ZeRO stages 0-3, with optimizer and parameter offload (memory.check_zero).
@@ -322,6 +323,7 @@ class DeepSpeedEngine:
         run: Run,
         device: torch.device,
         param_groups: list[dict[str, Any]],
+        objective: Objective | None = None,
     ) -> DeepSpeedEngine:
         # DeepSpeed runs the schedules it has a class for from its JSON; the kit's own (wsd, linear) are handed over.
         assert run.max_steps is not None
@@ -333,6 +335,8 @@ class DeepSpeedEngine:
         ops.build_ops(jit_ops(ds, device.type), device.type)  # announced, before DeepSpeed loads them
         engine = cls(model, ds, param_groups, lr_scheduler=scheduler, sequence_parallel=run.sequence_parallel)
         engine._loads_schedule_state = run.loads_schedule_state
+        if objective is not None:
+            engine.objective = objective
         return engine
 
     def train_step(
@@ -353,7 +357,7 @@ class DeepSpeedEngine:
         last = len(micro_batches) - 1
         mean_loss = None  # the step's, once its last forward has run
         for i, batch in enumerate(micro_batches):
-            loss = step_loss.summed_loss(self._engine, batch, divisor)
+            loss = self.objective.summed_loss(self._engine, batch, divisor)
             losses.append(loss.detach())
             if i == last:
                 # This rank's share, whose mean over all ranks is the step's loss (the divisor's ranks are not
@@ -388,7 +392,13 @@ class DeepSpeedEngine:
         return ranks // self.sequence_parallel
 
     def eval_loss(self, batch: Batch) -> float:
-        return step_loss.eval_summed_loss(self._engine, batch)
+        return self.objective.eval_summed_loss(self._engine, batch)
+
+    @torch.no_grad()
+    def sequence_logps(self, batch: Batch) -> torch.Tensor:
+        from model_utils.engines import preference  # preference runs only
+
+        return preference.sequence_logps(self._engine, batch)[0]
 
     def generate(self, prompts: list[tuple[int, ...]], new_tokens: int) -> list[list[int]]:
         # Through the engine's forward: under ZeRO-3 its hooks gather each layer's weights on every rank.

@@ -56,7 +56,7 @@ DEFAULT_BETAS, DEFAULT_EPS, DEFAULT_WEIGHT_DECAY = (0.9, 0.999), 1e-8, 0.01
 
 if TYPE_CHECKING:
     from model_utils.data.step_batches import Batch
-    from model_utils.engines.base import Run
+    from model_utils.engines.base import Objective, Run
 
 # A tag's files: DCP shards of model and optimizer in dcp/ (one .distcp file per rank and DCP's .metadata), and
 # rank 0's small file of scheduler and client state.
@@ -134,6 +134,7 @@ def estimate_fsdp(m: ModelShape, lay: ZeroLayout) -> MemoryEstimate:
 
 class FsdpEngine:
     title = "FSDP2"
+    objective: Objective = step_loss.TokenMean()
     # DCP reshards to any world size on load: trainer._load makes no universal copy for this engine.
     reshards_on_load = True
     # No ZeRO stages: everything is sharded, and --fsdp_cpu_offload moves all of it to the host.
@@ -199,6 +200,7 @@ class FsdpEngine:
         run: Run,
         device: torch.device,
         param_groups: list[dict[str, Any]],
+        objective: Objective | None = None,
     ) -> FsdpEngine:
         ts = run.settings.train
         assert run.max_steps is not None
@@ -206,6 +208,8 @@ class FsdpEngine:
             model, ts.optim, ts.schedule, run.max_steps, param_groups, device, cpu_offload=ts.fsdp_cpu_offload
         )
         engine._loads_schedule_state = run.loads_schedule_state
+        if objective is not None:
+            engine.objective = objective
         return engine
 
     @staticmethod
@@ -268,7 +272,7 @@ class FsdpEngine:
         for i, batch in enumerate(micro_batches):
             # No reduce-scatter until the last micro-batch: FSDP2 accumulates the unsharded gradients meanwhile.
             self.module.set_requires_gradient_sync(i == last)
-            loss = step_loss.summed_loss(self.module, batch, divisor)
+            loss = self.objective.summed_loss(self.module, batch, divisor)
             losses.append(loss.detach())
             if i == last:
                 step_loss_sum = torch.stack(losses).double().sum()
@@ -304,7 +308,13 @@ class FsdpEngine:
         return float(norm)
 
     def eval_loss(self, batch: Batch) -> float:
-        return step_loss.eval_summed_loss(self.module, batch)
+        return self.objective.eval_summed_loss(self.module, batch)
+
+    @torch.no_grad()
+    def sequence_logps(self, batch: Batch) -> torch.Tensor:
+        from model_utils.engines import preference  # preference runs only
+
+        return preference.sequence_logps(self.module, batch)[0]
 
     def generate(self, prompts: list[tuple[int, ...]], new_tokens: int) -> list[list[int]]:
         # The sharded root's forward all-gathers each layer in turn: every rank runs every forward.

@@ -33,7 +33,7 @@ def step_targets(micro_batches: list[Batch]) -> torch.Tensor:
     One all-reduce of one number, queued on the device and never read back on the host: the divisor stays a
     tensor, so no rank waits for it before queuing its forwards. (Counting every rank's rows on every rank instead
     would read world-size times the step's data on each rank.)"""
-    local = torch.stack([batch.device_targets() for batch in micro_batches]).sum()
+    local = torch.stack([batch.device_loss_units() for batch in micro_batches]).sum()
     if world_ranks() > 1:
         torch.distributed.all_reduce(local)
     return local.clamp(min=1).float()
@@ -71,3 +71,22 @@ def eval_summed_loss(module: Any, batch: Batch) -> float:
     """The batch's token losses summed over its targets (validation divides by the targets of all batches)."""
     one = torch.ones((), device=batch.input_ids.device)
     return float(summed_loss(module, batch, one).item())
+
+
+class TokenMean:
+    """--objective lm: the next-token loss, a mean over the step's trained tokens (the engines' default objective;
+    engines/base.Objective)."""
+
+    def summed_loss(self, module: Any, batch: Batch, divisor: torch.Tensor) -> torch.Tensor:
+        return summed_loss(module, batch, divisor)
+
+    reference_weights = None
+
+    def eval_summed_loss(self, module: Any, batch: Batch) -> float:
+        return eval_summed_loss(module, batch)
+
+    def take(self, mode: str) -> list[float]:
+        return []  # the loss is the metric
+
+    def means(self, sums: list[float]) -> dict[str, float]:
+        return {}

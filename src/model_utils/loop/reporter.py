@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from model_utils import launch_env
+from model_utils.engines.base import TRAIN, Objective
+from model_utils.engines.step_loss import TokenMean
 from model_utils.launch.distributed import DistInfo, mean_and_max
 from model_utils.observe import metrics, run_summary, step_line, trackers
 from model_utils.observe.log import end_progress0, print0, progress0, progress_shown
@@ -36,6 +38,14 @@ def validation_record(validation: metrics.Validation) -> dict[str, Any]:
     """A validation's metrics record (without its step): the overall score, what it covered and what it took,
     and a mixture's score of each source (step_line.SOURCE_KEYS)."""
     score = validation.score
+    if validation.preference is not None:  # a mean over pairs: no perplexity, no bits per byte
+        return {
+            "val_loss": score.loss,
+            **{f"val_{key}": value for key, value in validation.preference.items()},
+            "val_pairs": validation.blocks,
+            "val_total_blocks": validation.total_blocks,
+            "val_s": validation.seconds,
+        }
     record: dict[str, Any] = {
         "val_loss": score.loss,
         "val_ppl": score.perplexity,
@@ -72,6 +82,9 @@ class Reporter:
         self.metrics = metrics.MetricsFile(None)
         self.tracker: trackers.Tracker = trackers.NoTracker()
         self.output_base: Path | None = None  # rank 0: where the run's files go (the metrics file's path)
+        self.objective: Objective = (
+            TokenMean()
+        )  # the engine's: its own metrics (preference ones) in each line
 
     def open(self, run_id: str, tracker_state: dict[str, Any], resume_step: int | None) -> dict[str, Any]:
         """Rank 0's metrics file and tracker; a resumed run appends to the same file and continues its tracker
@@ -142,8 +155,16 @@ class Reporter:
         elapsed = clock.busy_s
         step_time = clock.step_time()
         alloc, peak, rss = metrics.memory_gib(self.dist.device)
-        (loss, data_wait, trained_tokens), (alloc, peak, rss) = mean_and_max(
-            [clock.loss_sum / clock.steps, clock.data_wait_s / elapsed, float(clock.trained_tokens)],
+        # The objective's metric sums since the last line (the same pairs on every rank under a preference objective:
+        # the ratio of the ranks' means is that of their sums).
+        objective_sums = self.objective.take(TRAIN)
+        (loss, data_wait, trained_tokens, *objective_sums), (alloc, peak, rss) = mean_and_max(
+            [
+                clock.loss_sum / clock.steps,
+                clock.data_wait_s / elapsed,
+                float(clock.trained_tokens),
+                *objective_sums,
+            ],
             [alloc or 0.0, peak or 0.0, rss],
             self.dist.device,
         )
@@ -176,8 +197,11 @@ class Reporter:
             "epoch": state.position.epoch,
             "consumed": state.position.consumed,
             "eta_s": (self.max_steps - state.step) * step_time,
-            "ppl": metrics.perplexity(loss),  # of the interval's mean loss, as val_ppl is of val_loss
+            "ppl": None
+            if objective_sums
+            else metrics.perplexity(loss),  # of the mean loss, as val_ppl of val_loss
         }
+        record.update(self.objective.means(objective_sums))
         record.update({f"{step_line.SHARE}{name}": share for name, share in (data_shares or {}).items()})
         # DeepSpeed's wall-clock breakdown (rank 0's), per optimizer step: e.g. ds_fwd_ms, ds_step_ms.
         record.update({f"ds_{name}_ms": ms / clock.steps for name, ms in clock.phase_ms.items()})

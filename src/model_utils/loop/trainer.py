@@ -42,12 +42,21 @@ T = TypeVar("T")
 
 
 def create_engine(run: ResolvedRun, dist: DistInfo) -> tuple[Engine, param_groups.DecayGroups, bool]:
-    """The model in the training dtype, with the planned kernels, inside the engine (--backend); its decay
-    groups; and whether the batches flatten documents into one row (the attention's variable-length path)."""
+    """The model in the training dtype, with the planned kernels, inside the engine (--backend) training on the
+    run's objective; its decay groups; and whether the batches flatten documents into one row (the attention's
+    variable-length path)."""
     cfg = run.config
     ts = run.settings.train
     # Weights are identical on every rank (one seed); data order and dropout differ per rank.
     model = build_model(run.source, run.model_config, cfg.loop.seed, ts.model_dtype())
+    objective = None
+    if cfg.objective.preference:
+        from model_utils.engines import preference
+
+        objective = preference.Preference(preference.Settings.of(cfg.objective))
+        print0(f"Objective: {objective.settings.describe()}")
+        if objective.settings.uses_reference:  # the weights the reference log-probabilities are of
+            objective.reference_weights = models.weights_fingerprint(model)
     flatten = run.documents_apart and models.attend_within_documents(model, dist.device)  # before compile
     # Before Liger swaps modules and compile traces: the per-layer switch is set once on the plain model.
     activation_checkpointing.apply(model, cfg.model.activation_checkpointing)
@@ -67,7 +76,7 @@ def create_engine(run: ResolvedRun, dist: DistInfo) -> tuple[Engine, param_group
     assert run.max_steps is not None
     print0(ts.schedule.describe(run.max_steps, engine_type.runs_schedule))
     torch.manual_seed(cfg.loop.seed + dist.rank)
-    engine = engine_type.from_run(model, run, dist.device, groups.optimizer_groups())
+    engine = engine_type.from_run(model, run, dist.device, groups.optimizer_groups(), objective)
     return engine, groups, flatten
 
 
@@ -103,6 +112,7 @@ class Trainer:
             flops = models.flops_per_token(run.model_config, run.seq_length, self.cfg.lora)
             peak = metrics.peak_tflops(metrics.device_name(dist.device), self.cfg.report.peak_tflops)
             reporter = Reporter(self.cfg, dist, self.max_steps, run.tokens_per_step, flops, peak)
+            reporter.objective = self.engine.objective
             context = observers.LoopContext(
                 run, dist, self.engine, reporter, self.hooks, self.state, saved, self.groups, self.flatten
             )

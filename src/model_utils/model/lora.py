@@ -191,3 +191,11 @@ def apply(model: Any, args: LoraArgs, seed: int, announce: bool = True) -> Any:
 def hf_model(model: Any) -> Any:
     """The Hugging Face model inside a PeftModel (adapters injected), or the model itself."""
     return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def adapters_off(model: Any) -> Any:
+    """A context in which a PeftModel computes as its base model (the adapters disabled: a preference objective's
+    reference); nothing changes for a model without adapters."""
+    import contextlib
+
+    return model.disable_adapter() if hasattr(model, "disable_adapter") else contextlib.nullcontext()

@@ -161,6 +161,20 @@ def build_model(source: ModelSource, model_config: Any, seed: int, dtype: Any) -
         raise _hub_error("model", source.name, e) from None
 
 
+def weights_fingerprint(model: Any) -> str:
+    """A fingerprint of the model's weights (every tensor of its state dict, by name, bytes and shape): what names
+    the weights a preference objective's reference log-probabilities were computed under."""
+    import torch
+    import xxhash
+
+    digest = xxhash.xxh3_128()
+    for name, tensor in sorted(model.state_dict().items()):
+        flat = tensor.detach().reshape(-1).contiguous().cpu()
+        digest.update(f"{name}|{tuple(tensor.shape)}|{tensor.dtype}|".encode())
+        digest.update(flat.view(torch.uint8).numpy())
+    return digest.hexdigest()[:16]
+
+
 # The attention that reads position ids restarting inside a row as separate sequences with no mask at all
 # (variable-length flash attention); transformers uses it for a one-row batch (step_batches.gather's `flatten`).
 VARLEN_ATTENTION = "flash_attention_2"

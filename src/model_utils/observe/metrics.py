@@ -67,6 +67,9 @@ class Validation:
     total_blocks: int  # validation blocks there are (--validation_batches all reads each once)
     seconds: float  # its wall time (rank 0's, which ends with the collective every rank takes part in)
     sources: tuple[tuple[str, Score], ...] = ()  # a mixture's: each source's over its own blocks read
+    # A preference objective's metrics over the pairs read (engines/preference.py KEYS); the score's targets are
+    # those pairs, and its loss their mean loss.
+    preference: dict[str, float] | None = None
 
     @property
     def loss(self) -> float:

@@ -42,6 +42,10 @@ STEP_FIELDS: tuple[Field, ...] = (
     Field("Loss", ("loss",), (".4f",)),
     Field("lr", ("lr",), (".2e",)),
     Field("grad_norm", ("grad_norm",), (".2f",)),
+    # Preference objectives (engines/preference.py): the chosen answers' reward over the rejected ones', and the
+    # share of pairs where it is higher.
+    Field("reward margin", ("reward_margin",), (".4f",)),
+    Field("reward accuracy", ("reward_accuracy",), (".1f",), "{}%", scale=100.0),
     Field("tokens/s", ("tokens_per_s", "tokens_per_s_per_device"), (".0f", ".0f"), "{} ({}/device)"),
     # Of those, the tokens trained on (targets): fewer under a masked loss or document packing.
     Field("trained tokens/s", ("trained_tokens_per_s",), (".0f",)),
@@ -56,6 +60,8 @@ VALIDATION_FIELDS: tuple[Field, ...] = (
     Field("Validation Loss", ("val_loss",), (".4f",)),
     Field("Perplexity", ("val_ppl",), (".2f",)),
     Field("bits/byte", ("val_bpb",), (".4f",)),
+    Field("Validation reward margin", ("val_reward_margin",), (".4f",)),
+    Field("Validation reward accuracy", ("val_reward_accuracy",), (".1f",), "{}%", scale=100.0),
     # What the loss covered: a few batches per rank, or all of the validation blocks (--validation_batches all),
     # and the target tokens of those blocks (masked and padded tokens are not scored).
     Field(
@@ -64,6 +70,7 @@ VALIDATION_FIELDS: tuple[Field, ...] = (
         (",", ",", ","),
         "{} of {} blocks ({} target tokens)",
     ),
+    Field("", ("val_pairs", "val_total_blocks"), (",", ","), "{} of {} pairs"),  # preference data's blocks
     Field("took", ("val_s",), (".1f",), "{} s"),
 )
 # Log scrapers with a regex engine of their own (SageMaker's metric definitions) get plain groups and classes only:

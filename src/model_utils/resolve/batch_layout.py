@@ -48,21 +48,31 @@ class BatchLayout:
     requested_tokens: int | None  # None: the accumulation was given, not derived
     requested_by: str | None  # "--global_batch_tokens" or "the CUDA default"
     sequence_parallel: int = 1  # ranks sharing each sequence: world_size counts their groups
+    pairs: bool = False  # preference pairs: a micro batch's blocks are pairs of 2 sequences
 
     @property
     def tokens(self) -> int:
-        return self.micro_batch_size * self.gradient_accumulation_steps * self.world_size * self.seq_length
+        rows = 2 if self.pairs else 1
+        return (
+            self.micro_batch_size
+            * self.gradient_accumulation_steps
+            * self.world_size
+            * rows
+            * self.seq_length
+        )
 
     def product(self) -> str:
+        rows = "2 x " if self.pairs else ""
         return (
             f"{self.micro_batch_size} x {self.gradient_accumulation_steps} x {self.world_size} x "
-            f"{self.seq_length} = {self.tokens}"
+            f"{rows}{self.seq_length} = {self.tokens}"
         )
 
     def describe(self) -> str:
         """One line: the layout, and against what was asked for."""
         ranks = "ranks" if self.sequence_parallel == 1 else f"groups of {self.sequence_parallel} ranks"
-        line = f"batch layout (micro batch x accumulation x {ranks} x seq = tokens/step): {self.product()}"
+        micro, seq = ("micro batch of pairs", "2 sequences x seq") if self.pairs else ("micro batch", "seq")
+        line = f"batch layout ({micro} x accumulation x {ranks} x {seq} = tokens/step): {self.product()}"
         if self.requested_tokens is None:
             return line
         deviation = self.tokens / self.requested_tokens - 1

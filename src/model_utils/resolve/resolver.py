@@ -28,6 +28,7 @@ from model_utils.config.arguments import AUTO, CUDA_GLOBAL_BATCH_TOKENS, PACKING
 from model_utils.data import block_cache, chat, mixture, prompts, sampler, token_shards
 from model_utils.data.documents import EMBEDDED
 from model_utils.data.packing import PackedBlocks
+from model_utils.data.pairs import PairBlocks
 from model_utils.data.rows import BlockSource
 from model_utils.engines import sequence_parallel
 from model_utils.errors import ConfigError
@@ -125,8 +126,14 @@ class ResolvedRun:
         )
 
     @property
+    def paired(self) -> bool:
+        """Preference pairs: each of the global batch's blocks is a pair, two rows of seq_length tokens."""
+        return isinstance(self.train_blocks, PairBlocks)
+
+    @property
     def tokens_per_step(self) -> int:
-        return self.global_batch * self.seq_length
+        """The positions a step computes (padding included, as packed blocks' is): a pair's two rows each."""
+        return self.global_batch * self.seq_length * (2 if self.paired else 1)
 
     @property
     def layout(self) -> batch_layout.BatchLayout | None:
@@ -142,6 +149,7 @@ class ResolvedRun:
             ts.global_batch_tokens,
             ts.global_batch_from,
             self.sequence_parallel,
+            self.paired,
         )
 
     def deepspeed_config(self) -> dict[str, Any]:
@@ -383,15 +391,45 @@ def _sample_prompts(cfg: TrainConfig, tokenizer: Any, seq_length: int) -> tuple[
 def _blocks_or_error(
     dataset: token_shards.PreparedDataset, split: str, cfg: TrainConfig, seq_length: int
 ) -> BlockSource:
-    blocks = dataset.blocks(split, seq_length, documents_apart=cfg.data.packing == PACKING_DOCUMENTS)
+    blocks = dataset.blocks(
+        split,
+        seq_length,
+        documents_apart=cfg.data.packing == PACKING_DOCUMENTS,
+        truncation_mode=cfg.data.truncation_mode,
+    )
     if isinstance(blocks, PackedBlocks):  # documents packed whole: how full the blocks are, what was cut
         print0(f"Data: {split}: {blocks.stats.line(seq_length)}")
+    elif isinstance(blocks, PairBlocks):  # pairs: how many were cut to the block length, or dropped
+        print0(blocks.summary)
     if len(blocks) == 0:
         which, fix = split_origin(cfg.data, split)
         raise ConfigError(
             f"{which} has {dataset.tokens(split)} tokens, fewer than one block of {seq_length}: fix: {fix}"
         )
     return blocks
+
+
+def _check_objective(cfg: TrainConfig, train_blocks: BlockSource) -> None:
+    """Preference pairs and a preference objective go together: either alone would train something else than
+    asked, silently."""
+    paired = isinstance(train_blocks, PairBlocks)
+    objective = cfg.setting("objective")
+    if cfg.objective.preference and not paired:
+        raise ConfigError(
+            f"{objective} {cfg.objective.objective} trains on preference pairs, and {cfg.data.dataset} is not "
+            "(rows with 'chosen' and 'rejected': docs/preference.md): give preference data, or --objective lm"
+        )
+    if paired and not cfg.objective.preference:
+        raise ConfigError(
+            f"{cfg.data.dataset} holds preference pairs and {objective} is lm (the next-token loss): pass "
+            "--objective dpo or simpo (docs/preference.md), or train on the chosen answers as prompt/completion "
+            "rows"
+        )
+    if paired and cfg.optim.sequence_parallel > 1:
+        raise ConfigError(
+            f"{cfg.setting('sequence_parallel')} {cfg.optim.sequence_parallel} and {objective} "
+            f"{cfg.objective.objective}: preference pairs are not split across ranks: drop --sequence_parallel"
+        )
 
 
 def split_origin(data: Any, split: str) -> tuple[str, str]:
@@ -545,6 +583,7 @@ def _prepare(
     template = rendered or chat.options(cfg.data, tokenizer, chat.TEXT)
     if template["template_from"] != chat.TOKENIZER_TEMPLATE:
         tokenizer.chat_template = template["template"]
+    _check_objective(cfg, train_blocks)
     if val_blocks is None and (cfg.loop.validation_only or cfg.loop.validation_at_start):
         flag = "validation_only" if cfg.loop.validation_only else "validation_at_start"
         raise ConfigError(
@@ -728,8 +767,9 @@ def _accumulation(settings: RunSettings, micro_batch: int | str, world_size: int
     ts = settings.train
     if ts.global_batch_tokens is None or not isinstance(micro_batch, int) or world_size is None:
         return settings
+    rows = 2 if settings.config.objective.preference else 1  # a pair's 2 sequences
     steps = batch_layout.accumulation_for(
-        ts.global_batch_tokens, micro_batch, world_size, settings.seq_length
+        ts.global_batch_tokens, micro_batch, world_size, rows * settings.seq_length
     )
     return replace(settings, train=ts.with_batch(gradient_accumulation_steps=steps))
 
@@ -749,6 +789,11 @@ def _micro_batch(
         return chosen
     if settings.config.optim.sequence_parallel > 1:  # the probe would measure a whole sequence on one GPU
         print0("--micro_batch_size auto: 1 under sequence parallelism (a sequence spans its group's GPUs)")
+        return 1
+    if settings.config.objective.preference:  # the probe measures blocks, not pairs of them
+        print0(
+            "--micro_batch_size auto: 1 pair (its chosen and rejected sequences) under a preference objective"
+        )
         return 1
     if ranks is None or (ranks.on_cuda and not on_ranks):
         print0("--micro_batch_size auto: probed on the GPU by the training ranks when they start")

@@ -343,3 +343,40 @@ def test_validation_only_and_at_start_are_loop_flags_of_the_command_line_and_the
     )
     with pytest.raises(ConfigError, match="--validation_only"):
         parse("--validation_only", "maybe")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--beta", "0.2"], "--beta does not apply to --objective lm: drop it"),
+        (
+            ["--objective", "dpo", "--simpo_gamma", "1"],
+            "--simpo_gamma does not apply to --objective dpo: drop it",
+        ),
+        (
+            ["--objective", "dpo", "--label_smoothing", "0.1"],
+            "--label_smoothing does not apply to --objective dpo (TRL's sigmoid DPO loss has no label smoothing: "
+            "--loss_type robust has): drop it",
+        ),
+        (["--objective", "simpo", "--loss_type", "ipo"], "--loss_type does not apply to --objective simpo"),
+        (["--objective", "dop"], "--objective 'dop' is not an objective: did you mean dpo?"),
+        (["--objective", "dpo", "--loss_type", "sigmoid_norm"], "is not a DPO loss type"),
+        (["--objective", "dpo", "--beta", "0"], "--beta 0.0 must be positive"),
+        (["--objective", "simpo", "--label_smoothing", "0.5"], "--label_smoothing 0.5 is outside [0, 0.5)"),
+    ],
+)
+def test_a_preference_setting_the_objective_does_not_read_is_refused(argv: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        parse_args(argv)
+    assert message in str(e.value)
+
+
+def test_the_objective_settings_resolve_to_trls_defaults() -> None:
+    from model_utils.engines import preference
+
+    dpo = preference.Settings.of(parse_args(["--objective", "dpo"]).objective)
+    assert (dpo.beta, dpo.loss_type, dpo.label_smoothing, dpo.uses_reference) == (0.1, "sigmoid", 0.0, True)
+    robust = parse_args(["--objective", "dpo", "--loss_type", "robust", "--label_smoothing", "0.1"]).objective
+    assert preference.Settings.of(robust).label_smoothing == 0.1
+    simpo = preference.Settings.of(parse_args(["--objective", "simpo", "--beta", "2"]).objective)
+    assert (simpo.beta, simpo.simpo_gamma, simpo.uses_reference) == (2.0, 0.5, False)

@@ -2,7 +2,8 @@
 SFTTrainer (assistant_only_loss, completion_only_loss) for the Qwen3, Llama-3.1, Mistral, Gemma-3 and the shipped
 tiny templates, from the stock templates (no generation tags) by the prefix renders; the same as transformers'
 return_assistant_tokens_mask of their tagged renderings on generated conversations; only public APIs of other
-libraries; and a bad row in one line."""
+libraries; and a bad row in one line. Preference pairs: the same prompt, chosen and rejected ids as TRL's
+DPOTrainer in its standard, conversational and implicit-prompt formats, and each bad pair in one line."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from model_utils.data import chat
 from model_utils.data.token_shards import TokenizerSpec
 from model_utils.errors import ConfigError
 from support.chat_data import FAMILIES, chat_tokenizer, conversations, template_text
+from support.preference_data import dpo_tokenized
 
 
 def _encoder(tokenizer, data_format: str, **data) -> chat.ChatEncoder:
@@ -341,3 +343,199 @@ def test_only_public_apis_of_other_libraries() -> None:
                 assert isinstance(node.value, ast.Name) and node.value.id == "self", (
                     f"{module.__name__} line {node.lineno} reads .{node.attr}: a private API of another library"
                 )
+
+
+# --- preference pairs -----------------------------------------------------------------------------------
+
+
+def _our_pairs(tokenizer, rows: list[dict], **data) -> list[tuple]:
+    """Each stored pair as (prompt ids, chosen answer ids, rejected answer ids), checking its layout: the chosen
+    sequence then the rejected one, each starting a document, the answers trained on, nothing else stored."""
+    encoded = _encoder(tokenizer, chat.PREFERENCE, **data).encode(rows, lambda i: f"row {i}")
+    assert encoded.untrained == 0
+    out = []
+    for ids, flags in zip(encoded.ids, encoded.flags, strict=True):
+        starts = np.flatnonzero(flags & chat.DOC_START)
+        assert len(starts) == 2 and starts[0] == 0
+        split = int(starts[1])
+        trained = (flags & chat.TRAINED) != 0
+        prompt = int(np.argmax(trained[:split]))
+        for sequence in (trained[:split], trained[split:]):
+            assert not sequence[:prompt].any() and sequence[prompt:].all()
+        chosen, rejected = ids[:split].tolist(), ids[split:].tolist()
+        assert chosen[:prompt] == rejected[:prompt]
+        out.append((chosen[:prompt], chosen[prompt:], rejected[prompt:]))
+    return out
+
+
+def _pair_rows(eos: str) -> dict[str, list[dict]]:
+    """Rows of each of TRL's preference formats."""
+    user = [{"role": "user", "content": "What is two plus two?"}]
+    system = [
+        {"role": "system", "content": "You answer briefly."},
+        {"role": "user", "content": "Name a fruit."},
+    ]
+    earlier = [
+        {"role": "user", "content": "Count to three."},
+        {"role": "assistant", "content": "One, two, three."},
+        {"role": "user", "content": "And back?"},
+    ]
+
+    def said(text: str) -> list[dict]:
+        return [{"role": "assistant", "content": text}]
+
+    conversational = [
+        {"prompt": user, "chosen": said("Four."), "rejected": said("Five, I think.")},
+        {"prompt": system, "chosen": said("A cherry."), "rejected": said("  A stone.  ")},
+        {"prompt": earlier, "chosen": said("Three, two, one."), "rejected": said("No.")},
+    ]
+    implicit = [
+        {"chosen": r["prompt"] + r["chosen"], "rejected": r["prompt"] + r["rejected"]} for r in conversational
+    ]
+    # one a prefix of the other: TRL's loop leaves the prompt one message short of the shorter
+    implicit.append({"chosen": earlier[:2], "rejected": earlier + said("Three, two, one.")})
+    standard = [
+        {"prompt": "The capital of France is", "chosen": " Paris.", "rejected": " Lyon, I think."},
+        {"prompt": "Two plus two equals ", "chosen": "four", "rejected": "five"},  # the space merges
+        {"prompt": "Q: what color is the sky?\nA:", "chosen": f" Blue.{eos}", "rejected": " Green."},
+    ]
+    implicit_text = [
+        {"chosen": "The sky is blue.", "rejected": "The sky is green."},  # the space goes with the answers
+        {"chosen": "Paris is the capital.", "rejected": "Paris is a town"},
+        {"chosen": "abc", "rejected": "abcd"},
+    ]
+    return {
+        "conversational": conversational,
+        "implicit": implicit,
+        "standard": standard,
+        "implicit_text": implicit_text,
+    }
+
+
+def _bos_adding(tokenizer):
+    """The tokenizer with Llama 3's post-processor: its __call__ adds BOS (as TRL tokenizes text pairs)."""
+    from tokenizers.processors import TemplateProcessing
+
+    bos = tokenizer.bos_token
+    tokenizer.backend_tokenizer.post_processor = TemplateProcessing(
+        single=f"{bos} $A", special_tokens=[(bos, tokenizer.bos_token_id)]
+    )
+    assert tokenizer("hi")["input_ids"][0] == tokenizer.bos_token_id
+    return tokenizer
+
+
+@pytest.mark.parametrize("family", ["tiny", "qwen3", "llama3_1"])
+def test_pairs_tokenize_as_trls_dpo_trainer_in_each_format(family: str, tmp_path) -> None:
+    tokenizer = chat_tokenizer(FAMILIES[family], tmp_path / "tok")
+    if family == "llama3_1":
+        tokenizer = _bos_adding(tokenizer)
+    formats = _pair_rows(tokenizer.eos_token)
+    reference = dpo_tokenized(tokenizer, list(formats.values()), tmp_path)
+    for (name, rows), theirs in zip(formats.items(), reference, strict=True):
+        assert _our_pairs(tokenizer, rows) == theirs, name
+    if (
+        family == "tiny"
+    ):  # "Assistant: " alone ends in a space the answer's first token takes: TRL's prompt stops short
+        prompt, chosen, _ = reference[0][0]
+        assert tokenizer.decode(prompt).endswith("Assistant:") and tokenizer.decode(chosen).startswith(
+            " Four."
+        )
+    if (
+        family == "llama3_1"
+    ):  # text pairs start with the BOS the tokenizer adds; conversations with the template's
+        assert all(p[0] == tokenizer.bos_token_id for rows in reference for p, _, _ in rows)
+        assert all(p.count(tokenizer.bos_token_id) == 1 for rows in reference for p, _, _ in rows)
+
+
+def _no_answer_template(tmp_path) -> str:
+    path = tmp_path / "no_answers.jinja"
+    path.write_text(
+        "{% for m in messages %}{% if m.role != 'assistant' %}{{ m.content }}\n{% endif %}{% endfor %}"
+    )
+    return str(path)
+
+
+def _said(text: str) -> list[dict]:
+    return [{"role": "assistant", "content": text}]
+
+
+BAD_PAIRS = [
+    ({"prompt": "Q:", "chosen": 3, "rejected": " b"}, "'chosen' is int, not text or a list of messages"),
+    ({"prompt": None, "chosen": " a", "rejected": " b"}, "'prompt' is null, not text or a list of messages"),
+    ({"prompt": "Q:", "chosen": "  ", "rejected": " b"}, "'chosen' is empty"),
+    ({"prompt": "Q:", "chosen": " b", "rejected": ""}, "'rejected' is empty"),
+    ({"prompt": "Q:", "chosen": " same", "rejected": " same"}, "'chosen' and 'rejected' are identical"),
+    (
+        {"prompt": "Q:", "chosen": " same", "rejected": " same<|im_end|>"},
+        "'chosen' and 'rejected' tokenize identically",
+    ),
+    (
+        {"prompt": "Q:", "chosen": _said("a"), "rejected": _said("b")},
+        "'prompt' is text and 'chosen' a list of messages",
+    ),
+    (
+        {"prompt": [{"role": "user", "content": "Q"}], "chosen": _said(""), "rejected": _said("b")},
+        "'chosen' message 0 is an empty assistant turn",
+    ),
+    (
+        {"prompt": [{"role": "user", "content": "Q"}], "chosen": [], "rejected": _said("b")},
+        "'chosen' is an empty list, not a list of messages",
+    ),
+    (
+        {
+            "chosen": [{"role": "user", "content": "Q"}, *_said("a")],
+            "rejected": [{"role": "user", "content": "R"}, *_said("a")],
+        },
+        "'chosen' and 'rejected' share no prompt (they differ from their first message)",
+    ),
+    (
+        {"chosen": "Yes.", "rejected": "No."},
+        "'chosen' and 'rejected' share no prompt (they differ from their first character)",
+    ),
+    (
+        {"chosen": "It is ", "rejected": "It is blue."},
+        "'chosen' is empty past the prompt it shares with the other answer",
+    ),
+]
+
+
+@pytest.mark.parametrize(("row", "wrong"), BAD_PAIRS)
+def test_a_bad_pair_is_one_line_naming_the_row(row: dict, wrong: str, tmp_path) -> None:
+    tokenizer = chat_tokenizer(FAMILIES["qwen3"], tmp_path / "tok")
+    good = {"prompt": "Q:", "chosen": " yes", "rejected": " no"}
+    if "prompt" not in row:
+        good = {"chosen": "Q: yes", "rejected": "Q: no"}
+    with pytest.raises(ConfigError) as raised:
+        _encoder(tokenizer, chat.PREFERENCE).encode([good, good, row], lambda i: f"prefs.jsonl line {i + 1}")
+    line = str(raised.value)
+    assert line.startswith(f"prefs.jsonl line 3: {wrong}") and "\n" not in line
+
+
+def test_an_answer_the_template_renders_as_nothing_is_one_line(tmp_path) -> None:
+    tokenizer = chat_tokenizer(FAMILIES["qwen3"], tmp_path / "tok")
+    row = {"prompt": [{"role": "user", "content": "Q"}], "chosen": _said("a"), "rejected": _said("b")}
+    encoder = _encoder(tokenizer, chat.PREFERENCE, chat_template=_no_answer_template(tmp_path))
+    with pytest.raises(
+        ConfigError, match=r"^f.jsonl line 1: the chosen answer adds no token to the prompt's"
+    ):
+        encoder.encode([row], lambda i: f"f.jsonl line {i + 1}")
+
+
+def test_auto_reads_chosen_and_rejected_as_preference_pairs() -> None:
+    line = "columns 'chosen' and 'rejected': --data_format preference (auto)"
+    messages = [{"role": "user", "content": "a"}]
+    for first, fields in (
+        ({"prompt": "a", "chosen": "b", "rejected": "c"}, ("prompt", "chosen", "rejected")),
+        ({"prompt": messages, "chosen": messages, "rejected": messages}, ("prompt", "chosen", "rejected")),
+        ({"chosen": messages, "rejected": messages}, ("chosen", "rejected")),  # the prompt implicit
+        ({"chosen": "a b", "rejected": "a c", "score": 1}, ("chosen", "rejected")),
+    ):
+        assert chat.decide_format(DataArgs(), first) == ("preference", fields, line)
+    explicit = DataArgs(data_format="preference")
+    assert chat.decide_format(explicit, {"chosen": "a", "rejected": "b"}) == (
+        "preference",
+        ("chosen", "rejected"),
+        None,
+    )
+    assert chat.decide_format(explicit, None)[1] == ("prompt", "chosen", "rejected")  # S3: columns unknown
+    assert chat.decide_format(DataArgs(), {"prompt": "a", "completion": "b"})[0] == "prompt_completion"

@@ -12,7 +12,7 @@ import torch
 
 from model_utils.data.rows import Rows
 from model_utils.data.sampler import BlockSampler, DataPosition
-from model_utils.data.step_batches import IGNORE_INDEX, StepBatches, gather
+from model_utils.data.step_batches import IGNORE_INDEX, Batch, StepBatches, gather
 
 SEQ = 8
 CPU = torch.device("cpu")
@@ -64,7 +64,7 @@ def test_labels_are_the_targets_and_positions_the_position_ids() -> None:
     batch = gather(FixedRows(Rows(tokens, targets, positions)), np.array([0, 1]), pin=False)
     # A row's first token is never a target, whatever the source says (nothing in the row predicts it).
     assert batch.labels.tolist() == [[-100, 11, -100, 13, 14, 15], [-100, -100, -100, 19, 20, -100]]
-    assert batch.targets == 6 and int(batch.device_targets()) == 6
+    assert batch.targets == 6 and int(batch.device_loss_units()) == 6 and batch.loss_units == 6
     assert batch.position_ids is not None and batch.position_ids.tolist() == positions.tolist()
     assert batch.model_inputs()["position_ids"] is batch.position_ids
     # Flattened for variable-length attention: one row, each former row's first token still no target.
@@ -282,3 +282,18 @@ def test_batches_for_a_gpu_are_pinned_in_the_worker_and_copied_without_blocking(
     assert all(torch.equal(g.input_ids, w) for g, w in zip(got, want, strict=True))
     assert copies[-4:] == [(device, pinned)] * 4  # the step's two micro-batches, tokens and labels
     assert pins == (["dskit-data_0"] * 4 if pinned else [])  # the step after, in the worker
+
+
+def test_pairs_fill_whole_blocks_and_the_loss_averages_over_them() -> None:
+    """Preference pairs (Rows.paired): 2 rows a pair, padded to the block length after each sequence (never a
+    target), their reference log-probabilities carried along; the loss's units are the pairs, the targets still the
+    answers' tokens; a repeated validation batch's pairs are not counted."""
+    tokens = np.array([[5, 6, 7], [5, 8, 0]], dtype=np.int64)
+    targets = np.array([[False, True, True], [False, True, False]])
+    rows = Rows(tokens, targets, paired=True, reference=np.array([-3.0, -4.0], np.float32))
+    batch = gather(FixedRows(rows), np.array([0]), pin=False)
+    assert batch.input_ids.tolist() == [[5, 6, 7, 0, 0, 0], [5, 8, 0, 0, 0, 0]]
+    assert batch.labels.tolist() == [[-100, 6, 7, -100, -100, -100], [-100, 8, -100, -100, -100, -100]]
+    assert (batch.pairs, batch.targets, batch.loss_units, int(batch.device_loss_units())) == (1, 3, 1, 1)
+    assert batch.reference.tolist() == [-3.0, -4.0] and batch.to(torch.device("cpu")).reference is not None
+    assert batch.counted_pairs == 1 and Batch(**{**batch.__dict__, "uncounted": True}).counted_pairs == 0

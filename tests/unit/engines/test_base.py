@@ -28,10 +28,12 @@ def methods(protocol: type) -> set[str]:
 
 
 def class_attributes(protocol: type) -> dict[str, object]:
-    """What every engine class says about itself (its ClassVars), with the type each must have; `module` is an
-    instance's."""
+    """What every engine class says about itself (its ClassVars), with the type each must have; `module` and
+    `objective` are an instance's (the objective's default a class attribute: checked below)."""
     hints = typing.get_type_hints(protocol)
-    return {name: typing.get_args(hint)[0] for name, hint in hints.items() if name != "module"}
+    return {
+        name: typing.get_args(hint)[0] for name, hint in hints.items() if name not in ("module", "objective")
+    }
 
 
 def test_the_seam_is_split_by_concern_into_small_protocols() -> None:
@@ -70,3 +72,12 @@ def test_only_an_engine_that_cannot_reshard_converts() -> None:
     assert (DeepSpeedEngine.reshards_on_load, FsdpEngine.reshards_on_load) == (False, True)
     with pytest.raises(AssertionError, match="reshard on load"):
         FsdpEngine.convert_universal(None, None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("engine", ENGINES, ids=lambda e: e.__name__)
+def test_an_engine_trains_the_next_token_loss_unless_given_another_objective(engine: type) -> None:
+    from model_utils.engines.step_loss import TokenMean
+
+    assert isinstance(engine.objective, TokenMean) and engine.objective.reference_weights is None
+    assert engine.objective.take(base.TRAIN) == [] and engine.objective.means([]) == {}
+    assert "objective" in inspect.signature(engine.from_run).parameters

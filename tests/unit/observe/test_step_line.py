@@ -165,3 +165,21 @@ def test_samples_lines_are_brief() -> None:
         "  [1] 'Once upon' -> 'a time'",
         f"  [2] '...{long_prompt[-60:]}' -> '{long_text[:60]}...'",
     ]
+
+
+def test_a_preference_objective_adds_its_reward_margin_and_accuracy() -> None:
+    """--objective dpo/simpo: the margin and accuracy after the grad norm; validation's over the pairs it read, and
+    no perplexity or target tokens (a pair's loss is not per token). The SageMaker regexes read both."""
+    line = step_line.step_line({**RECORD, "reward_margin": 0.61234, "reward_accuracy": 0.875}, 100)
+    assert "| grad_norm 1.23 | reward margin 0.6123 | reward accuracy 87.5% | tokens/s" in line
+    record = {
+        "step": 24, "val_loss": 0.36, "val_reward_margin": 0.8358, "val_reward_accuracy": 1.0, "val_pairs": 3,
+        "val_total_blocks": 3, "val_s": 0.03,
+    }  # fmt: skip
+    assert step_line.validation_line(record, 24) == (
+        "Step 24/24 | Validation Loss 0.3600 | Validation reward margin 0.8358 | Validation reward accuracy 100.0% | "
+        "3 of 3 pairs | took 0.0 s"
+    )
+    import re
+
+    assert re.search(step_line.metric_regex("reward accuracy"), line).group(1) == "87.5"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from dskit import cli
+from model_utils.assets import CHAT_TEMPLATE_PATH, PREFERENCES_PATH
 from support.deepspeed_files import config_with
 
 REPO = Path(__file__).resolve().parents[3]
@@ -232,6 +234,30 @@ CASES = {
     "load_universal in the DeepSpeed config": (
         lambda t: ["--deepspeed_config", config_with(t, checkpoint={"load_universal": True})],
         "checkpoint.load_universal in",
+    ),
+    "a preference objective on text": (
+        lambda t: ["--objective", "dpo"],
+        "--objective dpo trains on preference pairs, and embedded is not (rows with 'chosen' and 'rejected'",
+    ),
+    "preference pairs under the next-token loss": (
+        lambda t: ["--dataset", str(PREFERENCES_PATH), "--chat_template", str(CHAT_TEMPLATE_PATH)],
+        "tiny_preferences.jsonl holds preference pairs and --objective is lm (the next-token loss): pass --objective "
+        "dpo or simpo",
+    ),
+    "preference pairs split across ranks": (
+        lambda t: [
+            "--dataset",
+            str(PREFERENCES_PATH),
+            "--chat_template",
+            str(CHAT_TEMPLATE_PATH),
+            "--objective",
+            "dpo",
+            "--sequence_parallel",
+            "2",
+            "--seq_length",
+            "64",
+        ],
+        "preference pairs are not split across ranks: drop --sequence_parallel",
     ),
     "parent run without mlflow": (
         lambda t: ["--mlflow_parent_run_id", "0" * 32, "--report_to", "tensorboard"],
@@ -479,3 +505,36 @@ def test_the_shipped_sft_run_file_serves_prepared_conversations(tmp_path: Path, 
         f"Data: data.validation_fraction (run file {sft}) and data.data_format (run file {sft}) apply when data is "
         f"prepared, and {prepared} is prepared already: ignored (it keeps the settings `dskit prepare-data` gave it)"
     ) in said, said
+
+
+def test_a_dpo_run_counts_both_sequences_of_each_pair(tmp_path: Path, capsys, monkeypatch) -> None:
+    """Pairs: the micro batch counts pairs, each two rows of seq_length (tokens per step, the layout line); the
+    split's line says how many pairs were cut or dropped; micro batch auto is 1 pair."""
+    from model_utils.config.arguments import parse_args
+    from model_utils.resolve import resolver
+
+    monkeypatch.chdir(tmp_path)
+    flags = [
+        "--dataset",
+        str(PREFERENCES_PATH),
+        "--chat_template",
+        str(CHAT_TEMPLATE_PATH),
+        "--objective",
+        "dpo",
+    ]
+    flags += ["--seq_length", "32", "--micro_batch_size", "auto", "--gradient_accumulation_steps", "3"]
+    flags += ["--data_cache_dir", str(tmp_path / "cache"), "--checkpoint_dir", str(tmp_path / "ck")]
+    run = resolver.prepare(parse_args([*flags, "--max_steps", "2"]), world_size=2)
+    assert run.paired and run.micro_batch_size == 1 and run.tokens_per_step == 1 * 3 * 2 * 2 * 32
+    said = capsys.readouterr().out
+    assert (
+        "--micro_batch_size auto: 1 pair (its chosen and rejected sequences) under a preference objective"
+        in said
+    )
+    assert (
+        "batch layout (micro batch of pairs x accumulation x ranks x 2 sequences x seq = tokens/step): 1 x 3 x 2 x 2 x 32 = 384"
+        in said
+    )
+    assert re.search(
+        r"Data: \d+ pairs \(train\); \d+ truncated to --seq_length 32 \(keep_start\), \d+ dropped", said
+    ), said

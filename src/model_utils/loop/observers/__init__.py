@@ -17,6 +17,7 @@ from model_utils.loop.observers.guard import Guard
 from model_utils.loop.observers.hub_push import HubPush
 from model_utils.loop.observers.ledger import Ledger
 from model_utils.loop.observers.profiler import Profiler
+from model_utils.loop.observers.reference import Reference
 from model_utils.loop.observers.reporting import Reporting
 from model_utils.loop.observers.s3_uploads import S3Uploads
 from model_utils.loop.observers.samples import Samples
@@ -57,7 +58,9 @@ def build(ctx: LoopContext) -> list[Observer]:
     walltime = None if only else Walltime.from_loop(ctx)
     reporting = Reporting(ctx, walltime.time_left if walltime is not None else lambda: None)
     made: list[Observer] = [reporting]
-    kits: list[Callable[[LoopContext], Observer | None]] = [Watchdog.from_loop]
+    # The reference right after the watchdog (which follows its pass): the pairs carry its log-probabilities
+    # before anything reads them.
+    kits: list[Callable[[LoopContext], Observer | None]] = [Watchdog.from_loop, Reference.from_loop]
     if not only:
         kits += [
             S3Uploads.from_loop,

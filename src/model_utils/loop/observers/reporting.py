@@ -61,7 +61,8 @@ class Reporting(Observer):
         print0(
             f"Training {run.source.name} with {self.engine_title} for {self.max_steps} steps: {ranks}"
             f" x micro batch {run.micro_batch_size} x accumulation {run.gradient_accumulation_steps} x "
-            f"{run.seq_length} tokens = {run.tokens_per_step} tokens/step, {run.steps_per_epoch} steps/epoch"
+            f"{'pairs of 2 x ' if run.paired else ''}{run.seq_length} tokens = {run.tokens_per_step} tokens/step, "
+            f"{run.steps_per_epoch} steps/epoch"
         )
         restarts = slurm_restart_count()
         if restarts is not None:

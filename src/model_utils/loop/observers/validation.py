@@ -8,6 +8,7 @@ throughput."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,7 @@ import torch
 from model_utils.config.arguments import ALL
 from model_utils.data import mixture, step_batches, token_bytes
 from model_utils.data.sampler import ValidationPlan, validation_plan
+from model_utils.engines.base import EVAL
 from model_utils.launch.distributed import all_reduce_sum
 from model_utils.loop.hooks import Observer
 from model_utils.observe import metrics, watchdog
@@ -74,7 +76,7 @@ class Validator(Observer):
     def evaluate(self, step: int) -> metrics.Validation:
         started = time.perf_counter()
         self.engine.eval()
-        # Summed token losses in float64: the order of batches and ranks does not round it.
+        # Summed losses in float64: the order of batches and ranks does not round it.
         sums: list[float] = []
         for _, first, plan in self.plans:
             loss_sum, targets, text_bytes = 0.0, 0, 0
@@ -82,16 +84,21 @@ class Validator(Observer):
                 # Each batch is progress: a full pass (--validation_batches all) may outlast the watchdog's limit.
                 self.hooks.on_phase(watchdog.VALIDATION, step)
                 batch = self._batch(first + indices)  # on the host, where its text bytes are counted
+                if not weight:  # a repeated batch that keeps the ranks' forwards in step: not counted
+                    batch = dataclasses.replace(batch, uncounted=True)
                 # Every rank runs it, counted or not: ZeRO-3/FSDP gather the weights in each forward.
                 loss = self.engine.eval_loss(batch.to(self.device))
-                if weight:  # 0: a repeated batch that keeps the ranks' forwards in step, not counted
+                if weight:
                     loss_sum += loss
-                    targets += batch.targets
-                    labels = batch.labels[batch.labels != step_batches.IGNORE_INDEX].numpy()
-                    text_bytes += int(self.byte_lengths[labels].sum())
+                    targets += batch.loss_units
+                    if not batch.pairs:  # bits per byte are of text; a pair's loss is not per token
+                        labels = batch.labels[batch.labels != step_batches.IGNORE_INDEX].numpy()
+                        text_bytes += int(self.byte_lengths[labels].sum())
             sums += [loss_sum, float(targets), float(text_bytes)]
         self.engine.train()
-        totals = all_reduce_sum(sums, self.device)  # one collective for every source
+        objective = self.engine.objective
+        totals = all_reduce_sum(sums + objective.take(EVAL), self.device)  # one collective for everything
+        objective_sums, totals = totals[len(sums) :], totals[: len(sums)]
         scores = [
             metrics.Score(nats, int(targets), int(text_bytes))
             for nats, targets, text_bytes in zip(totals[0::3], totals[1::3], totals[2::3], strict=True)
@@ -106,6 +113,7 @@ class Validator(Observer):
                 for (name, _, _), score in zip(self.plans, scores, strict=True)
                 if name is not None
             ),
+            preference=objective.means(objective_sums) or None,
         )
 
     def _batch(self, indices: np.ndarray) -> step_batches.Batch:

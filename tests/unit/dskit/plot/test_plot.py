@@ -318,3 +318,22 @@ def test_memory_starts_at_zero_and_step_ticks_fall_on_logged_steps(tmp_path):
 
     locs = step_locator(long_run.series["loss"].steps).tick_values(0, 600)
     assert len(locs) <= 12 and all(loc % 10 == 0 for loc in locs)
+
+
+def test_a_preference_run_gets_its_rewards_and_accuracy_panels(tmp_path):
+    """--objective dpo: rewards (chosen, rejected, margin, validation's margin) and reward accuracy below the four
+    panels; a run without them keeps four."""
+    from dskit.plot import figure
+
+    rewards = {"reward_chosen": 0.1, "reward_rejected": -0.2, "reward_margin": 0.3, "reward_accuracy": 0.75}
+    records = [{**train(s, 0.69 - s / 100), **rewards} for s in (1, 2, 3)]
+    records.append(
+        {"step": 3, "time": T0 + 3, "val_loss": 0.6, "val_reward_margin": 0.25, "val_reward_accuracy": 1.0}
+    )
+    run = load_run(write_jsonl(tmp_path / "dpo.metrics.jsonl", records))
+    fig = figure(run)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles[4:] == ["rewards", "reward accuracy"], titles
+    assert [line.get_label() for line in fig.axes[5].get_lines()] == ["train", "validation"]
+    plain = figure(load_run(write_jsonl(tmp_path / "lm.metrics.jsonl", [train(1, 7.0), train(2, 6.5)])))
+    assert len(plain.axes) == 4

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from model_utils.config.arguments import parse_args
+from model_utils.engines.step_loss import TokenMean
 from model_utils.errors import ConfigError
 from model_utils.launch.distributed import DistInfo
 from model_utils.loop import observers
@@ -35,6 +36,7 @@ class Reporter:
 
 class Engine:
     title = "DeepSpeed"
+    objective = TokenMean()
 
 
 def context(

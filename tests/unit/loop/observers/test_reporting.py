@@ -82,6 +82,7 @@ def context(
         micro_batch_size=2,
         gradient_accumulation_steps=1,
         sequence_parallel=1,
+        paired=False,
         seq_length=32,
         tokens_per_step=128,
         steps_per_epoch=100,
