@@ -66,6 +66,20 @@ def test_estimate_for_config_reads_the_training_config() -> None:
     assert on_cpu.device_bytes_per_rank > e.device_bytes_per_rank
 
 
+def test_a_preference_objectives_micro_batch_is_two_sequences_a_pair() -> None:
+    """--objective dpo: a micro batch of 2 pairs is 4 sequences in one forward, as 4 sequences of the next-token
+    loss are (the activations the doctor and the CUDA config choice count)."""
+    from model_utils.config.arguments import parse_args
+    from model_utils.resolve import resolver
+
+    def layout(*flags: str):
+        cfg = parse_args(["--model", "tiny-qwen3", "--seq_length", "128", *flags])
+        return memory_estimate.estimate_for_config(resolver.resolve_settings(cfg), nodes=1, ranks_per_node=2)
+
+    pairs, rows = layout("--micro_batch_size", "2", "--objective", "dpo"), layout("--micro_batch_size", "4")
+    assert pairs.layout.micro_batch_size == 4 and pairs.device_bytes_per_rank == rows.device_bytes_per_rank
+
+
 def test_bucket_sizes_come_from_the_deepspeed_config(shapes) -> None:
     ds = {"bf16": {"enabled": True}, "zero_optimization": {"stage": 2, "overlap_comm": True}}
     base = dict(micro_batch_size=1, seq_length=256, gradient_accumulation_steps=1, nodes=1, ranks_per_node=8)
