@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from model_utils.loop.observers.context import LoopContext
 
 REFERENCE = "reference"  # its name in the checkpoint, and the data cache's folder
+SAY_EVERY_S = 30.0  # a long pass says how far it is in the log this often (the progress bar is a terminal's)
 
 
 class Reference(Observer):
@@ -110,8 +111,9 @@ class Reference(Observer):
         assert isinstance(micro, int)
         engine.eval()
         arrays = []
+        said = started
         with lora.adapters_off(engine.module):
-            for _, blocks in splits:
+            for name, blocks in splits:
                 count = len(blocks)
                 per_rank = math.ceil(count / dist.world_size)
                 # Pair i of this rank's share is pair rank + i * world; past the end, the last pair again.
@@ -120,6 +122,12 @@ class Reference(Observer):
                 for start in range(0, per_rank, micro):
                     ctx.hooks.on_phase(watchdog.VALIDATION, 0)  # progress, for the watchdog
                     progress0(start, per_rank, "DPO reference log-probabilities")
+                    if time.perf_counter() - said > SAY_EVERY_S:  # no minutes of silence in the log
+                        said = time.perf_counter()
+                        print0(
+                            f"Reference: {name} pairs {start * dist.world_size:,} of {count:,} "
+                            f"({start / per_rank:.0%}) after {said - started:.0f} s"
+                        )
                     indices = mine[start : start + micro]
                     batch = step_batches.gather(blocks, indices, pin=False).to(dist.device)
                     values[start : start + len(indices)] = engine.sequence_logps(batch).double().view(2, -1).T

@@ -137,3 +137,14 @@ def test_an_objective_without_a_reference_has_no_observer(tmp_path: Path, gloo_r
     ctx.engine.objective = TokenMean()
     assert Reference.from_loop(ctx) is None
     assert Reference.from_loop(context(tmp_path, gloo_rank, Engine(None))) is None
+
+
+def test_a_long_pass_says_how_far_it_is_in_the_log(
+    tmp_path: Path, gloo_rank, monkeypatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from model_utils.loop.observers import reference
+
+    monkeypatch.setattr(reference, "SAY_EVERY_S", -1.0)  # every micro-batch
+    Reference.from_loop(context(tmp_path, gloo_rank, Engine(), validation=False)).on_start(TrainState())
+    said = [line for line in capsys.readouterr().out.splitlines() if "pairs 2 of 5" in line]
+    assert said and said[0].endswith("| Reference: train pairs 2 of 5 (40%) after 0 s"), said
