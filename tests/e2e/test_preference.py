@@ -92,8 +92,9 @@ def test_the_shipped_dpo_run_file_tunes_the_example_pairs_offline(tmp_path: Path
 
 def test_dpo_resumes_as_the_uninterrupted_run_and_refuses_another_reference(tmp_path: Path) -> None:
     """Full fine-tuning, DeepSpeed on 2 ranks: 8 steps straight; its step-4 checkpoint resumed to step 8 reads the
-    reference log-probabilities back and trains steps 5-8 as the straight run did; a resume from other starting
-    weights, or without the reference file, is refused in one line."""
+    reference log-probabilities back and trains steps 5-8 as the straight run did; --validation_only on its last
+    checkpoint measures what its last validation did; a resume from other starting weights, or without the reference
+    file, is refused in one line."""
     common = [
         "--model",
         str(base(tmp_path)),
@@ -123,6 +124,23 @@ def test_dpo_resumes_as_the_uninterrupted_run_and_refuses_another_reference(tmp_
         for key in ("loss", "reward_margin", "reward_accuracy", "logp_chosen"):
             assert record[key] == pytest.approx(full[step][key], abs=1e-4), (step, key)
         assert (record["epoch"], record["consumed"]) == (full[step]["epoch"], full[step]["consumed"])
+
+    # --validation_only on the straight run's last checkpoint: its step-8 validation again, the same pairs' metrics.
+    train(
+        [
+            *flags(tmp_path, "validated"),
+            *common,
+            "--checkpoint_dir",
+            str(tmp_path / "a"),
+            "--validation_only",
+            "true",
+        ],
+        tmp_path,
+    )
+    (measured,) = [r for r in records(tmp_path / "validated.jsonl") if "val_loss" in r]
+    (at_8,) = [r for r in records(tmp_path / "straight.jsonl") if "val_loss" in r and r["step"] == 8]
+    for key in ("val_loss", "val_reward_margin", "val_reward_accuracy", "val_pairs"):
+        assert measured[key] == pytest.approx(at_8[key], abs=1e-5), key
 
     other = [a if a != str(base(tmp_path)) else str(base(tmp_path, seed=1)) for a in common]
     refused = run_ranks(

@@ -71,7 +71,7 @@ def build(ctx: LoopContext) -> list[Observer]:
         ]
         kits += [Ledger.from_loop, Validator.from_loop, Samples.from_loop, lambda _: walltime, Checkpointer]
     else:
-        kits += [Validator.from_loop]
+        kits += [Reference.from_loop, Validator.from_loop]
     try:
         for factory in [*kits, *named(ctx.run.config.loop.observer_names)]:
             observer = factory(ctx)

@@ -73,7 +73,7 @@ class Reference(Observer):
         splits = [(name, blocks) for name, blocks in splits if blocks is not None]
         kept = decide_on_main(lambda: self._read([len(blocks) for _, blocks in splits]), ctx.dist)
         if kept is None:
-            if state.step > 0 or ctx.run.config.loop.validation_only:
+            if ctx.run.resume is not None:  # the weights in memory are a checkpoint's, not the starting ones
                 raise ConfigError(
                     f"the DPO reference log-probabilities of this run ({self.file}) are gone, and the weights it "
                     "started from are no longer those in memory: restore the file (it is in --data_cache_dir), "

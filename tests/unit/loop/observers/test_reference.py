@@ -79,9 +79,10 @@ def context(tmp_path: Path, dist, engine: Engine, saved: dict | None = None, val
         val_blocks=Pairs(2) if validation else None,
         micro_batch_size=2,
         seq_length=4,
+        resume=None if not saved else types.SimpleNamespace(tag="tiny-4steps"),
         data_fingerprint="data1",
         source=types.SimpleNamespace(name="out/tiny-sft"),
-        config=types.SimpleNamespace(data=data, loop=types.SimpleNamespace(validation_only=False)),
+        config=types.SimpleNamespace(data=data),
     )
     return types.SimpleNamespace(run=run, dist=dist, engine=engine, hooks=Hooks(), saved=saved or {})
 
@@ -102,7 +103,7 @@ def test_the_pass_computes_each_pair_once_keeps_them_and_a_second_run_reads_them
     assert kept.name == "data1-4-keep_start-w1.npz"  # the data, the block length, the truncation, the weights
     assert "computed in" in capsys.readouterr().out
 
-    again = context(tmp_path, gloo_rank, Engine())
+    again = context(tmp_path, gloo_rank, Engine(), saved={"reference": {"weights": "w1"}})
     Reference.from_loop(again).on_start(TrainState(step=3))  # a requeue: read back, no forward
     assert again.engine.forwards == 0
     assert np.array_equal(again.run.train_blocks.reference, train)
