@@ -203,6 +203,8 @@ def sequence_parallel_sizes(shape: ModelShape, layout: ZeroLayout) -> list[int]:
     divides the ranks and that the model's heads and the sequence split into."""
     heads = SimpleNamespace(num_attention_heads=shape.num_heads, num_key_value_heads=shape.num_kv_heads)
     world, seq = layout.world_size, layout.seq_length
+    if layout.pairs:  # preference pairs are not split across ranks (resolver._check_objective)
+        return [layout.sequence_parallel]
     sizes = range(layout.sequence_parallel, world + 1)
     return [
         n
@@ -328,8 +330,8 @@ def render(est: MemoryEstimate) -> str:
             if m.trainable_params is None
             else f"; LoRA: {m.trainable_params / 1e6:.2f}M train (gradients and optimizer states), the rest frozen"
         ),
-        f"{lay.nodes} node{'s' if lay.nodes > 1 else ''} x {lay.ranks_per_node} GPUs, {lay.describe()} x "
-        f"{lay.seq_length} tokens"
+        f"{lay.nodes} node{'s' if lay.nodes > 1 else ''} x {lay.ranks_per_node} GPUs, {lay.describe()}"
+        f"{' pairs x 2 sequences' if lay.pairs else ''} x {lay.seq_length} tokens"
         + (f" shared by {lay.sequence_parallel} GPUs" if lay.sequence_parallel > 1 else "")
         + f", {precision}, {_kernels(lay)}",
     ]
@@ -440,12 +442,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=OptimArgs.deepspeed_config,
         help=f"DeepSpeed JSON config (default: {OptimArgs.deepspeed_config})",
     )
-    from model_utils.config.arguments import LoraArgs, field_help
+    from model_utils.config.arguments import OBJECTIVES, LoraArgs, ObjectiveArgs, field_help
 
     # LoRA as training would apply it: gradients and optimizer states for the adapters only.
     for name in ("lora_r", "lora_target_modules", "lora_modules_to_save"):
         parser.add_argument(f"--{name}", **field_help(LoraArgs, name))
     parser.add_argument("--sequence_parallel", **field_help(OptimArgs, "sequence_parallel"))
+    parser.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        default=ObjectiveArgs.objective,
+        help="dpo or simpo: a micro batch of preference pairs, each two sequences in one forward, from their "
+        f"logits (default: {ObjectiveArgs.objective})",
+    )
     parser.add_argument(
         "--gpu_memory_gib",
         type=float,
@@ -583,7 +592,14 @@ def forecast_line(inputs: ForecastInputs, settings: Any, nodes: int, ranks: int)
 
 
 def main(argv: list[str]) -> int:
-    from model_utils.config.arguments import DataArgs, LoraArgs, ModelArgs, OptimArgs, TrainConfig
+    from model_utils.config.arguments import (
+        DataArgs,
+        LoraArgs,
+        ModelArgs,
+        ObjectiveArgs,
+        OptimArgs,
+        TrainConfig,
+    )
 
     ns = build_parser().parse_args(argv)
     planned = forecast_inputs(ns)  # its bad input fails before the model loads
@@ -631,6 +647,7 @@ def main(argv: list[str]) -> int:
                 if getattr(ns, name) is not None
             }
         ),
+        objective=ObjectiveArgs(objective=ns.objective),
         # A flag given explicitly must agree with an explicit key in the DeepSpeed config, as in training.
         explicit=frozenset(explicit),
     )

@@ -93,6 +93,9 @@ class ZeroLayout:
     sequence_parallel: int = (
         1  # --sequence_parallel: ranks sharing each sequence, each holding 1/N of its tokens
     )
+    # A preference objective (--objective dpo, simpo): a micro batch of pairs, each two sequences in one forward,
+    # whose log-probabilities come from the logits (never Liger's fused loss).
+    pairs: bool = False
     # The engine (--backend). One without ZeRO stages (FSDP2) has stage 0 here, and offload_optimizer is its one
     # offload switch (--fsdp_cpu_offload, which moves all sharded state).
     backend: str = engines.DEFAULT
@@ -217,19 +220,22 @@ def activations(m: ModelShape, lay: ZeroLayout) -> tuple[int, int, str, str]:
     activation checkpointing possibly the top layer's backward (and its recompute)."""
     # Under sequence parallelism a rank holds 1/N of each sequence's tokens; its attention, 1/N of the heads over
     # the whole sequence after the all-to-all, keeps as much as the slice with every head.
-    tokens = lay.micro_batch_size * ceil_div(lay.seq_length, lay.sequence_parallel)
+    sequences = lay.micro_batch_size * (2 if lay.pairs else 1)
+    tokens = sequences * ceil_div(lay.seq_length, lay.sequence_parallel)
     b, h = lay.dtype_bytes, m.hidden_size
     # Under torch.compile inductor keeps no more than eager does, so the eager count is the bound there.
     liger_layers = lay.liger and not lay.compile
     # The kit turns Liger's fused loss off under ZeRO-3 (it would read lm_head.weight as an empty shard).
-    fused_loss = lay.liger and lay.stage != 3
+    fused_loss = lay.liger and lay.stage != 3 and not lay.pairs
     per_layer = layer_bytes_per_token(m, b, liger_layers)
     final_norm = b * h + 4 if liger_layers else (4 + b) * h
     kernels = (
         "Liger kernels" if liger_layers else "eager" + (", compiled: at most this" if lay.compile else "")
     )
     batch = f"{lay.micro_batch_size} x {lay.seq_length} tokens"
-    if lay.sequence_parallel > 1:
+    if lay.pairs:
+        batch = f"{lay.micro_batch_size} pairs x 2 x {lay.seq_length} tokens"
+    elif lay.sequence_parallel > 1:
         batch = f"{lay.micro_batch_size} x {lay.seq_length} / {lay.sequence_parallel} tokens"
     if fused_loss:
         # The gradient of the last hidden state and a fp32 loss per token, computed in the forward; the

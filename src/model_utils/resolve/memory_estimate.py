@@ -188,12 +188,10 @@ def resolve_layout(
     cfg, ts, model_config = settings.config, settings.train, settings.model_config
     # A micro batch of "auto" (probed on the GPU at launch) is estimated at 1, the smallest the probe picks.
     micro_batch = 1 if ts.micro_batch_size == AUTO else int(ts.micro_batch_size)
-    # A preference objective's micro batch counts pairs, each two sequences in the same forward.
-    rows = micro_batch * (2 if cfg.objective.preference else 1)
     layout = layout_from_deepspeed(
         ts.deepspeed_json(micro_batch, total_steps=cfg.loop.max_steps),
         ts.path,
-        micro_batch_size=rows,
+        micro_batch_size=micro_batch,
         seq_length=settings.seq_length,
         gradient_accumulation_steps=ts.gradient_accumulation_steps,
         nodes=nodes,
@@ -208,6 +206,7 @@ def resolve_layout(
         compile=bool(cfg.model.compile),
         activation_checkpointing=cfg.model.activation_checkpointing,
         sequence_parallel=cfg.optim.sequence_parallel,
+        pairs=cfg.objective.preference,
         backend=ts.backend,
         offload_optimizer=layout.offload_optimizer or ts.fsdp_cpu_offload,
     )

@@ -143,6 +143,38 @@ def test_command_prints_table_verdict_and_recommendation(capsys) -> None:
     )
 
 
+def test_a_preference_objective_counts_two_sequences_a_pair_and_never_splits_them(capsys) -> None:
+    """--objective dpo: micro batch 4 is 4 pairs, 8 sequences in one forward, whose logits stay whole (no Liger
+    fused loss); what fits is said in pairs, and no --sequence_parallel is recommended (pairs are not split)."""
+    machine = [
+        "--gpus_per_node",
+        "8",
+        "--gpu_memory_gib",
+        "4",
+        "--host_memory_gib",
+        "64",
+        "--seq_length",
+        "256",
+    ]
+    rc, out, err = run_cli(capsys, *machine, "--micro_batch_size", "4", "--objective", "dpo")
+    assert rc == 0, err
+    assert "micro batch 4 pairs x 2 sequences x 256 tokens" in out.splitlines()[1]
+    assert re.search(r"^  logits \+ loss +\d+\.\d\d  4 pairs x 2 x 256 tokens x 2048 vocab", out, re.M), out
+    assert out.strip().splitlines()[-1].startswith("train it with:"), out
+    _, rows, _ = run_cli(capsys, *machine, "--micro_batch_size", "8", "--liger", "off")
+    _, pairs, _ = run_cli(
+        capsys, *machine, "--micro_batch_size", "4", "--liger", "off", "--objective", "simpo"
+    )
+    activations = re.compile(r"^  activations +(\d+\.\d\d)", re.M)
+    assert activations.search(rows).group(1) == activations.search(pairs).group(1)
+
+
+def test_the_recommendation_never_splits_preference_pairs_across_ranks(shapes) -> None:
+    lay = layout(2, "none", seq_length=32768, ranks_per_node=8)
+    assert est.sequence_parallel_sizes(shapes["qwen3-0.6b"], lay)[:3] == [1, 2, 4]
+    assert est.sequence_parallel_sizes(shapes["qwen3-0.6b"], dataclasses.replace(lay, pairs=True)) == [1]
+
+
 def test_flags_override_the_deepspeed_config(capsys) -> None:
     rc, out, _ = run_cli(
         capsys, "--deepspeed_config", "deepspeed/ds_config_zero3.json", "--gpu_memory_gib", "80"

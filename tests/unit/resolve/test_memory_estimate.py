@@ -72,12 +72,19 @@ def test_a_preference_objectives_micro_batch_is_two_sequences_a_pair() -> None:
     from model_utils.config.arguments import parse_args
     from model_utils.resolve import resolver
 
-    def layout(*flags: str):
+    def layout(*flags: str, on_gpus: bool = False):
         cfg = parse_args(["--model", "tiny-qwen3", "--seq_length", "128", *flags])
-        return memory_estimate.estimate_for_config(resolver.resolve_settings(cfg), nodes=1, ranks_per_node=2)
+        settings = resolver.resolve_settings(cfg)
+        return memory_estimate.estimate_for_config(settings, nodes=1, ranks_per_node=2, on_gpus=on_gpus)
 
     pairs, rows = layout("--micro_batch_size", "2", "--objective", "dpo"), layout("--micro_batch_size", "4")
-    assert pairs.layout.micro_batch_size == 4 and pairs.device_bytes_per_rank == rows.device_bytes_per_rank
+    assert pairs.layout.micro_batch_size == 2 and pairs.layout.pairs
+    assert pairs.device_bytes_per_rank == rows.device_bytes_per_rank  # CPU ranks: no Liger either way
+    assert any("2 pairs x 2 x 128 tokens" in line.how for line in pairs.device_lines), pairs.device_lines
+    # On GPUs Liger's fused loss spares the logits of the next-token loss, never a preference objective's.
+    gpu_pairs = layout("--micro_batch_size", "2", "--objective", "dpo", on_gpus=True)
+    gpu_rows = layout("--micro_batch_size", "4", on_gpus=True)
+    assert gpu_pairs.device_bytes_per_rank > gpu_rows.device_bytes_per_rank
 
 
 def test_bucket_sizes_come_from_the_deepspeed_config(shapes) -> None:
