@@ -5,7 +5,8 @@ DPOTrainer tokenizes them) followed by its rejected one, DOC_START on the first 
 answers' tokens. The pairs are found once, when the split is opened, from the DOC_START bits of the memory-mapped
 flags. A gather of n pairs is 2n rows: the chosen sequences of the pairs in order, then their rejected ones (TRL's
 concatenated batch), each cut to --seq_length as TRL's collator cuts it (--truncation_mode keep_start: its first
-tokens; keep_end: its last) and right-padded to the longest of the 2n (padding: the EOS id, never a target). Under
+tokens; keep_end: its last) and right-padded to --seq_length (padding: the EOS id, never a target), where TRL pads to
+the longest of the 2n: the same positions every step, as packed blocks compute (docs/preference.md). Under
 keep_start a pair whose prompt alone fills --seq_length keeps no answer token: it is dropped, as TRL drops it, and
 counted in the split's line; indices address the pairs kept.
 """
@@ -133,9 +134,10 @@ class PairBlocks:
         kept = np.minimum(lengths, self.seq_length)
         if self.truncation_mode == KEEP_END:
             starts = starts + lengths - kept
-        width = int(kept.max()) if kept.size else 0
-        tokens = np.full((kept.size, width), self.pad_id, np.int64)
-        targets = np.zeros((kept.size, width), bool)
+        # Every row a whole block, as packed documents fill theirs: each step computes (and counts) the same
+        # positions; the padding follows each sequence, so its tokens' causal attention never sees it.
+        tokens = np.full((kept.size, self.seq_length), self.pad_id, np.int64)
+        targets = np.zeros((kept.size, self.seq_length), bool)
         rows = zip(shards.tolist(), starts.tolist(), kept.tolist(), strict=True)
         for row, (shard, start, length) in enumerate(rows):
             tokens[row, :length] = self.tokens[shard][start : start + length]

@@ -28,7 +28,7 @@ class Rows:
                packing has always done).
     paired:    preference pairs (data/pairs.py): the first half of the rows are chosen sequences, the second half
                the rejected ones of the same pairs, in the same order (TRL's concatenated batch); each row is one
-               sequence right-padded to the longest (padding never a target).
+               sequence right-padded to the block (padding never a target).
     reference: [n] float32 with `paired`: the reference model's log-probabilities of the rows' sequences (the
                chosen then the rejected, as the rows); None: not computed yet.
     """

@@ -152,11 +152,6 @@ def gather(
     """
     rows = source.rows(np.asarray(indices))
     tokens = torch.from_numpy(np.asarray(rows.tokens, dtype=np.int64))
-    if rows.paired and tokens.shape[1] < source.seq_length:
-        # Pairs fill whole blocks, as packed documents do: every step computes (and counts) the same positions.
-        # The padding follows each sequence, so the causal attention of its tokens never sees it.
-        rows = dataclasses.replace(rows, targets=_padded(rows.targets, source.seq_length, False))
-        tokens = torch.from_numpy(_padded(np.asarray(rows.tokens, dtype=np.int64), source.seq_length, 0))
     trained = (
         np.ones(tokens.shape, dtype=bool) if rows.targets is None else np.array(rows.targets, dtype=bool)
     )
@@ -173,10 +168,6 @@ def gather(
     if shard is not None and shard[1] > 1:
         batch = batch.shard(*shard)
     return batch.pin_memory() if pin else batch
-
-
-def _padded(array: np.ndarray, width: int, value: object) -> np.ndarray:
-    return np.pad(array, ((0, 0), (0, width - array.shape[1])), constant_values=value)
 
 
 class StepBatches:
@@ -238,9 +229,9 @@ class StepBatches:
         return [batch.to(self.device, non_blocking=self.pin) for batch in host]
 
     def targets_at(self, position: DataPosition) -> int:
-        """This rank's loss units (targets; pairs of preference data) in the step at `position` (counted on the host as its rows were read), waiting for
-        its gathering; the step after the last `at` is being gathered already (with a worker), any other is
-        gathered now (and `at` then finds it ready)."""
+        """This rank's loss units (targets; pairs of preference data) in the step at `position` (counted on the host
+        as its rows were read), waiting for its gathering; the step after the last `at` is being gathered already
+        (with a worker), any other is gathered now (and `at` then finds it ready)."""
         if self._ahead is None or self._ahead[0] != position:
             self._ahead = (position, self._start(position))
         return sum(batch.loss_units for batch in self._ahead[1].result())

@@ -77,10 +77,10 @@ class TokenMean:
     """--objective lm: the next-token loss, a mean over the step's trained tokens (the engines' default objective;
     engines/base.Objective)."""
 
+    reference_weights = None
+
     def summed_loss(self, module: Any, batch: Batch, divisor: torch.Tensor) -> torch.Tensor:
         return summed_loss(module, batch, divisor)
-
-    reference_weights = None
 
     def eval_summed_loss(self, module: Any, batch: Batch) -> float:
         return eval_summed_loss(module, batch)

@@ -82,9 +82,8 @@ class Reporter:
         self.metrics = metrics.MetricsFile(None)
         self.tracker: trackers.Tracker = trackers.NoTracker()
         self.output_base: Path | None = None  # rank 0: where the run's files go (the metrics file's path)
-        self.objective: Objective = (
-            TokenMean()
-        )  # the engine's: its own metrics (preference ones) in each line
+        # The engine's objective: its own metrics (a preference objective's rewards) in each line.
+        self.objective: Objective = TokenMean()
 
     def open(self, run_id: str, tracker_state: dict[str, Any], resume_step: int | None) -> dict[str, Any]:
         """Rank 0's metrics file and tracker; a resumed run appends to the same file and continues its tracker
@@ -197,9 +196,8 @@ class Reporter:
             "epoch": state.position.epoch,
             "consumed": state.position.consumed,
             "eta_s": (self.max_steps - state.step) * step_time,
-            "ppl": None
-            if objective_sums
-            else metrics.perplexity(loss),  # of the mean loss, as val_ppl of val_loss
+            # Of the interval's mean loss, as val_ppl is of val_loss; none of a mean over pairs.
+            "ppl": None if objective_sums else metrics.perplexity(loss),
         }
         record.update(self.objective.means(objective_sums))
         record.update({f"{step_line.SHARE}{name}": share for name, share in (data_shares or {}).items()})

@@ -381,8 +381,12 @@ def test_the_shipped_preferences_prepare_into_pairs_read_as_trls_batches(tmp_pat
         order = np.arange(len(blocks))
         rows_ = blocks.rows(order)
         batch = collated(kept, dataset.document_end, seq, mode)
-        assert rows_.tokens.tolist() == batch["input_ids"].tolist()
-        assert (rows_.targets[:, 1:] == batch["completion_mask"].numpy()[:, 1:].astype(bool)).all()
+        width = batch["input_ids"].shape[1]  # TRL's, to the longest row; the kit's rows are whole blocks
+        assert (
+            rows_.tokens.shape[1] == seq and rows_.tokens[:, :width].tolist() == batch["input_ids"].tolist()
+        )
+        assert (rows_.targets[:, 1:width] == batch["completion_mask"].numpy()[:, 1:].astype(bool)).all()
+        assert not rows_.targets[:, width:].any()
         said.append(blocks.summary)
         assert rows_.reference is None
         blocks.reference = np.stack([-order, -order - 0.5], axis=1)

@@ -1,5 +1,5 @@
-"""Preference pairs as rows: the chosen sequences then the rejected ones, cut to --seq_length and padded to the
-longest as TRL's DataCollatorForPreference makes them (input_ids, completion_mask) in both truncation modes, pairs
+"""Preference pairs as rows: the chosen sequences then the rejected ones, cut to --seq_length as TRL's
+DataCollatorForPreference cuts them and padded on to whole blocks (TRL pads to the longest row) as it makes them (input_ids, completion_mask) in both truncation modes, pairs
 whose prompt fills --seq_length dropped as TRL drops them and counted in one line, and the reference
 log-probabilities carried in the rows' order."""
 
@@ -49,12 +49,18 @@ def _blocks(examples: list[tuple], seq_length: int, mode: str = "keep_start", sp
 def _assert_rows_equal_trls(rows: Rows, examples: list[tuple], seq_length: int, mode: str) -> None:
     theirs = collated(examples, PAD, seq_length, mode)
     assert rows.paired and rows.positions is None and rows.targets is not None
-    assert rows.tokens.shape == tuple(theirs["input_ids"].shape)  # padded to the longest row, not seq_length
-    assert rows.tokens.tolist() == theirs["input_ids"].tolist()
+    # TRL pads to the longest row; the kit's rows are whole blocks, padded on to seq_length, never targets.
+    width = theirs["input_ids"].shape[1]
+    assert rows.tokens.shape == (theirs["input_ids"].shape[0], seq_length)
+    assert (
+        rows.tokens[:, :width].tolist() == theirs["input_ids"].tolist()
+        and (rows.tokens[:, width:] == PAD).all()
+    )
     # A row's first token is never a target (nothing before it predicts it; TRL's loss drops it by its shift).
     completion = theirs["completion_mask"].numpy().astype(bool)
-    assert (rows.targets[:, 1:] == completion[:, 1:]).all() and not rows.targets[:, 0].any()
-    assert not (rows.targets & (theirs["attention_mask"].numpy() == 0)).any()  # never the padding
+    assert (rows.targets[:, 1:width] == completion[:, 1:]).all() and not rows.targets[:, 0].any()
+    assert not rows.targets[:, width:].any()
+    assert not (rows.targets[:, :width] & (theirs["attention_mask"].numpy() == 0)).any()  # never the padding
 
 
 @pytest.mark.parametrize("mode", ["keep_start", "keep_end"])
@@ -76,7 +82,7 @@ def test_without_truncation_the_rows_are_the_stored_sequences() -> None:
     blocks = _blocks(EXAMPLES, 64)
     rows = blocks.rows(np.arange(len(blocks)))
     _assert_rows_equal_trls(rows, EXAMPLES, 64, "keep_start")
-    assert rows.tokens.shape == (12, 9)  # the longest: 1 + 8
+    assert rows.tokens.shape == (12, 64)  # whole blocks (the longest row: 1 + 8)
     assert blocks.stats.truncated == blocks.stats.dropped == 0
     with pytest.raises(IndexError):
         blocks.rows(np.array([6]))
@@ -100,7 +106,7 @@ def test_every_pair_dropped_is_one_line_saying_what_to_do() -> None:
     assert "raise --seq_length, or pass --truncation_mode keep_end" in line and "\n" not in line
     assert len(_blocks(EXAMPLES[2:3], 6, "keep_end", split=1)) == 1
     empty = PairBlocks([], [], 6, PAD)  # no pairs at all (an empty validation split): no refusal, len 0
-    assert len(empty) == 0 and empty.rows(np.zeros(0, np.int64)).tokens.shape == (0, 0)
+    assert len(empty) == 0 and empty.rows(np.zeros(0, np.int64)).tokens.shape == (0, 6)
 
 
 def test_the_reference_log_probabilities_follow_the_rows() -> None:

@@ -284,16 +284,17 @@ def test_batches_for_a_gpu_are_pinned_in_the_worker_and_copied_without_blocking(
     assert pins == (["dskit-data_0"] * 4 if pinned else [])  # the step after, in the worker
 
 
-def test_pairs_fill_whole_blocks_and_the_loss_averages_over_them() -> None:
-    """Preference pairs (Rows.paired): 2 rows a pair, padded to the block length after each sequence (never a
-    target), their reference log-probabilities carried along; the loss's units are the pairs, the targets still the
-    answers' tokens; a repeated validation batch's pairs are not counted."""
-    tokens = np.array([[5, 6, 7], [5, 8, 0]], dtype=np.int64)
-    targets = np.array([[False, True, True], [False, True, False]])
+def test_a_batch_of_pairs_averages_its_loss_over_them_and_carries_their_reference() -> None:
+    """Preference pairs (Rows.paired): 2 rows a pair, their reference log-probabilities carried along; the loss's
+    units are the pairs, the targets still the answers' tokens; a repeated validation batch's pairs are not
+    counted."""
+    tokens = np.array([[5, 6, 7, 0, 0, 0], [5, 8, 0, 0, 0, 0]], dtype=np.int64)
+    targets = np.array([[False, True, True, False, False, False], [False, True, False, False, False, False]])
     rows = Rows(tokens, targets, paired=True, reference=np.array([-3.0, -4.0], np.float32))
     batch = gather(FixedRows(rows), np.array([0]), pin=False)
-    assert batch.input_ids.tolist() == [[5, 6, 7, 0, 0, 0], [5, 8, 0, 0, 0, 0]]
     assert batch.labels.tolist() == [[-100, 6, 7, -100, -100, -100], [-100, 8, -100, -100, -100, -100]]
     assert (batch.pairs, batch.targets, batch.loss_units, int(batch.device_loss_units())) == (1, 3, 1, 1)
     assert batch.reference.tolist() == [-3.0, -4.0] and batch.to(torch.device("cpu")).reference is not None
     assert batch.counted_pairs == 1 and Batch(**{**batch.__dict__, "uncounted": True}).counted_pairs == 0
+    plain = gather(FixedRows(Rows(tokens, targets)), np.array([0]), pin=False)
+    assert (plain.pairs, plain.loss_units, plain.reference) == (0, 3, None)

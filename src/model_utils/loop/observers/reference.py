@@ -131,12 +131,10 @@ class Reference(Observer):
                     indices = mine[start : start + micro]
                     batch = step_batches.gather(blocks, indices, pin=False).to(dist.device)
                     values[start : start + len(indices)] = engine.sequence_logps(batch).double().view(2, -1).T
-                if dist.world_size > 1:
+                if dist.world_size > 1:  # pair rank + i * world lands at row i * world + rank
                     every = [torch.empty_like(values) for _ in range(dist.world_size)]
                     torch.distributed.all_gather(every, values)
-                    values = torch.stack(every, dim=1).reshape(
-                        -1, 2
-                    )  # pair rank + i * world at i * world + rank
+                    values = torch.stack(every, dim=1).reshape(-1, 2)
                 arrays.append(values[:count].float().cpu().numpy())
         end_progress0()
         engine.train()
