@@ -54,6 +54,8 @@ def run_file(run: ResolvedRun) -> dict[str, Any]:
     if cfg.report.sample_prompts is None:
         for flag in SAMPLE_ONLY:
             flat[flag][flag] = None  # given without prompts: an error
+    for flag in cfg.objective.unused():
+        flat[flag][flag] = None  # another objective's: given, an error
     sections["guard"]["spike_guard"] = run.settings.spike_guard
     for flag in GuardArgs.unused_in(run.settings.spike_guard):
         flat[flag][flag] = None

@@ -790,26 +790,26 @@ class ObjectiveArgs:
             "pairs, reference-free, length-normalized); preference data: docs/preference.md"
         ),
     )
-    beta: float | None = field(
-        default=None,
+    beta: float = field(
+        default=0.1,
         metadata=_flag(
-            "preference objectives: the reward scale (DPO's KL strength, SimPO's beta); default 0.1 as TRL's"
+            "preference objectives: the reward scale (DPO's KL strength, SimPO's beta), TRL's default"
         ),
     )
-    loss_type: str | None = field(
-        default=None,
+    loss_type: str = field(
+        default="sigmoid",
         metadata=_flag(
-            "--objective dpo: 'sigmoid' (default), 'robust' (with --label_smoothing), 'ipo' or 'hinge', as TRL's"
+            "--objective dpo: 'sigmoid', 'robust' (with --label_smoothing), 'ipo' or 'hinge', as TRL's"
         ),
     )
-    label_smoothing: float | None = field(
-        default=None,
+    label_smoothing: float = field(
+        default=0.0,
         metadata=_flag(
-            "the share of pairs assumed flipped, in [0, 0.5): --loss_type robust and --objective simpo; default 0"
+            "the share of pairs assumed flipped, in [0, 0.5): --loss_type robust and --objective simpo"
         ),
     )
-    simpo_gamma: float | None = field(
-        default=None, metadata=_flag("--objective simpo: the target reward margin; default 0.5 as TRL's")
+    simpo_gamma: float = field(
+        default=0.5, metadata=_flag("--objective simpo: the target reward margin, TRL's default")
     )
 
     @property
@@ -818,21 +818,20 @@ class ObjectiveArgs:
 
     def __post_init__(self) -> None:
         _check_choice("objective", self.objective, OBJECTIVES, "an objective")
-        if self.loss_type is not None:
-            _check_choice("loss_type", self.loss_type, DPO_LOSS_TYPES, "a DPO loss type")
-        if self.beta is not None and not self.beta > 0:
+        _check_choice("loss_type", self.loss_type, DPO_LOSS_TYPES, "a DPO loss type")
+        if not self.beta > 0:
             raise ConfigError(f"--beta {self.beta} must be positive, e.g. 0.1")
-        if self.label_smoothing is not None and not 0 <= self.label_smoothing < 0.5:
+        if not 0 <= self.label_smoothing < 0.5:
             raise ConfigError(f"--label_smoothing {self.label_smoothing} is outside [0, 0.5): use e.g. 0.1")
 
     def unused(self) -> set[str]:
-        """The flags this objective does not read: given, they are an error (not silently ignored)."""
+        """The flags this objective does not read: given, they are an error (not silently ignored); a run file
+        leaves them null."""
         if self.objective == LM:
             return set(PREFERENCE_ONLY)
         if self.objective == SIMPO:
             return {"loss_type"}
-        smoothing = {"label_smoothing"} if (self.loss_type or "sigmoid") != "robust" else set()
-        return {"simpo_gamma"} | smoothing
+        return {"simpo_gamma"} | ({"label_smoothing"} if self.loss_type != "robust" else set())
 
 
 REPORT_TO = ("none", "tensorboard", "mlflow", "wandb")

@@ -38,7 +38,7 @@ KEYS = tuple(key for _, key in METRICS)
 
 @dataclass(frozen=True)
 class Settings:
-    """The objective's settings (config.arguments.ObjectiveArgs, resolved to TRL's defaults)."""
+    """The objective's settings (config.arguments.ObjectiveArgs; the defaults are TRL's)."""
 
     objective: str  # "dpo" or "simpo"
     beta: float = 0.1
@@ -48,12 +48,7 @@ class Settings:
 
     @classmethod
     def of(cls, args: Any) -> Settings:
-        given = {
-            name: getattr(args, name)
-            for name in ("beta", "loss_type", "label_smoothing", "simpo_gamma")
-            if getattr(args, name) is not None
-        }
-        return cls(args.objective, **given)
+        return cls(args.objective, args.beta, args.loss_type, args.label_smoothing, args.simpo_gamma)
 
     @property
     def uses_reference(self) -> bool:

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from dskit import cli
+from model_utils.assets import CHAT_TEMPLATE_PATH, PREFERENCES_PATH
 from model_utils.config.arguments import parse_args
 from model_utils.errors import ConfigError
 from model_utils.resolve import resolver, train_settings
@@ -213,6 +214,39 @@ def test_the_sample_flags_feed_back_with_their_prompts_and_are_null_without(
     assert cli.main(["config", *common]) == 0
     dumped = yaml.safe_load(capsys.readouterr().out)["report"]
     assert dumped["sample_prompts"] is dumped["sample_every"] is dumped["sample_max_new_tokens"] is None
+
+
+def test_the_objective_flags_feed_back_with_their_objective_and_are_null_without(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """dskit config shows the settings a preference objective trains with (TRL's defaults included); those another
+    objective does not read are null, so the dump feeds back without a refusal."""
+    pairs = [
+        "--dataset",
+        str(PREFERENCES_PATH),
+        "--chat_template",
+        str(CHAT_TEMPLATE_PATH),
+        "--seq_length",
+        "64",
+    ]
+    common = [
+        "--data_cache_dir",
+        str(tmp_path / "c"),
+        "--checkpoint_dir",
+        str(tmp_path / "ck"),
+        "--format",
+        "yaml",
+    ]
+    assert cli.main(["config", *pairs, "--objective", "dpo", "--loss_type", "robust", *common]) == 0
+    dumped = capsys.readouterr().out
+    assert yaml.safe_load(dumped)["objective"] == {
+        "objective": "dpo", "beta": 0.1, "loss_type": "robust", "label_smoothing": 0.0, "simpo_gamma": None,
+    }  # fmt: skip
+    assert parse_args(["--config", write(tmp_path / "dpo.yaml", dumped)]).objective.loss_type == "robust"
+    assert cli.main(["config", *common]) == 0
+    dumped = capsys.readouterr().out
+    assert set(yaml.safe_load(dumped)["objective"].values()) == {"lm", None}
+    assert parse_args(["--config", write(tmp_path / "lm.yaml", dumped)]).objective.objective == "lm"
 
 
 @pytest.mark.parametrize("backend", ["deepspeed", "fsdp"])
