@@ -1,6 +1,6 @@
 """Preference tuning end to end, offline on CPU, on the shipped example pairs: the shipped DPO run file through
-`./train-singlenode.sh` (LoRA, ZeRO-3, 2 ranks: the reference is the base with its adapters off), and DPO with full
-fine-tuning and SimPO on the rank pool's in-process ranks. What they must show: the first step's loss ln 2 (the
+the rank pool's in-process ranks (LoRA, ZeRO-3, 2 ranks: the reference is the base with its adapters off), DPO with
+full fine-tuning, DPO with LoRA under FSDP2, and SimPO. What they must show: the first step's loss ln 2 (the
 policy is its reference), a reward accuracy that rises above one half, validation on held-out pairs with the same
 metrics, a resume equal to the uninterrupted run that reads the reference log-probabilities back, a resume onto
 other starting weights refused, and an export that reloads with its chat template. The losses' agreement with
@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ from dskit.export import export
 from support.metrics_file import step_records
 from support.pretrained import save_tiny_qwen3
 from support.rank_pool import run_ranks, train
-from support.torchrun import ENV, REPO
+from support.torchrun import REPO
 
 pytestmark = pytest.mark.e2e
 
@@ -49,11 +48,11 @@ def flags(tmp_path: Path, name: str, *more: str) -> list[str]:
     ]  # fmt: skip
 
 
-@pytest.mark.launcher
 def test_the_shipped_dpo_run_file_tunes_the_example_pairs_offline(tmp_path: Path) -> None:
     """README's `./train-singlenode.sh --config configs/qwen3-0.6b-dpo-lora.yaml --model out/tiny-sft --dataset
     src/model_utils/assets/tiny_preferences.jsonl --seq_length 128 --max_steps 24 --lr 1e-3` (on a saved tiny base
-    with the example template: what README's SFT export gives), its accuracy curve and its export."""
+    with the example template: what README's SFT export gives) on the rank pool's 2 ranks (the launcher and a run file
+    through it: tests/e2e/test_sft.py), its accuracy curve and its export."""
     more = [
         "--model",
         str(base(tmp_path)),
@@ -63,10 +62,7 @@ def test_the_shipped_dpo_run_file_tunes_the_example_pairs_offline(tmp_path: Path
         str(tmp_path / "ck"),
     ]
     more += ["--validation_freq", "12", "--lr", "1e-3"]
-    cmd = [str(REPO / "train-singlenode.sh"), "--config", str(DPO_FILE), *flags(tmp_path, "m", *more)]
-    done = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=900)
-    out = done.stdout + done.stderr
-    assert done.returncode == 0, out[-4000:]
+    out = train(["--config", str(DPO_FILE), *flags(tmp_path, "m", *more)], tmp_path, timeout=900)
     assert "Objective: DPO (sigmoid loss): beta 0.1; reference: the starting weights" in out
     assert "Reference: the DPO reference log-probabilities of" in out and "computed in" in out, out[-3000:]
     launch = json.loads((tmp_path / "ck" / f"tiny_base_0-{STEPS}steps" / "launch.json").read_text())
