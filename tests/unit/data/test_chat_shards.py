@@ -524,3 +524,37 @@ def test_a_max_tokens_prefix_reads_whole_pairs(tmp_path: Path, qwen3) -> None:
     blocks = cut.blocks("train", 64)
     assert len(blocks) == 5  # the pair the cut runs through is not read
     assert blocks.rows(np.arange(5)).tokens.tolist() == whole.rows(np.arange(5)).tokens.tolist()
+
+
+def test_pairs_in_parquet_prepare_as_the_same_pairs_in_json_lines(tmp_path: Path) -> None:
+    """The shipped pairs written as parquet (conversations as lists of structs) prepare into the same documents, and
+    so does the standard (text) form read from parquet as from JSON lines."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from transformers import AutoTokenizer
+
+    from model_utils.assets import CHAT_TEMPLATE_PATH, PREFERENCES_PATH, TOKENIZER_DIR
+
+    tokenizer = AutoTokenizer.from_pretrained(str(TOKENIZER_DIR))
+    rows = [json.loads(line) for line in PREFERENCES_PATH.read_text().splitlines()]
+    text = [{"prompt": r["prompt"][0]["content"], "chosen": " " + r["chosen"][0]["content"], "rejected": " " + r["rejected"][0]["content"]} for r in rows]  # fmt: skip
+    for name, records in (("chats", rows), ("text", text)):
+        pq.write_table(pa.Table.from_pylist(records), tmp_path / f"{name}.parquet")
+        lines = write_rows(tmp_path / f"{name}.jsonl", records)
+        prepared = []
+        for source in (tmp_path / f"{name}.parquet", lines):
+            data = DataArgs(
+                dataset=str(source),
+                chat_template=str(CHAT_TEMPLATE_PATH),
+                data_cache_dir=str(tmp_path / f"c-{source.suffix}-{name}"),
+                validation_fraction=0,
+            )
+            dataset = run_data(data, tokenizer)
+            assert dataset.manifest["data_format"] == "preference", name
+            blocks = dataset.blocks("train", 128)
+            prepared.append(blocks.rows(np.arange(len(blocks))))
+        assert len(prepared[0].tokens) == 2 * 64
+        assert np.array_equal(prepared[0].tokens, prepared[1].tokens), name
+        assert np.array_equal(prepared[0].targets, prepared[1].targets), name
