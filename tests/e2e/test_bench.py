@@ -202,3 +202,21 @@ def test_bench_measures_document_packing_against_the_stream_interleaved(
         out,
     )
     assert found and float(found[1]) > 0 and float(found[2]) > 0, out
+
+
+def test_bench_measures_dpo_against_the_next_token_loss_on_the_same_pairs(
+    tmp_path: Path, single_rank, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--preference_overhead: DPO's step and the next-token loss's on the same batches of synthetic pairs,
+    interleaved, and the reference pass against a step (what a GPU session measures on Qwen3-0.6B)."""
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["bench", "--preference_overhead", "--steps", "3", "--seq_length", "32"]) == 0
+    out = capsys.readouterr().out
+    found = re.search(
+        r"preference: ([\d.]+) ms/step DPO, ([\d.]+) ms/step the next-token loss on the same 1 pairs a step "
+        r"\(2 x 32 tokens each; medians of 3 interleaved steps each\): [-+][\d.]+%; the reference pass ([\d.]+) s for "
+        r"7 pairs",
+        out,
+    )
+    assert found and all(float(found[i]) > 0 for i in (1, 2, 3)), out
+    assert "Reference: the DPO reference log-probabilities of 7 train pairs computed" in out

@@ -313,6 +313,11 @@ COMMANDS: dict[str, Run | DryRun | CoveredBy | Uncovered] = {
         "tests/e2e/test_preference.py::test_the_shipped_dpo_run_file_tunes_the_example_pairs_offline",
         "tiny_preferences.jsonl",
     ),
+    ".venv/bin/dskit bench --preference_overhead --seq_length 128 --steps 10 --warmup_steps 2 "
+    "--micro_batch_size 2": CoveredBy(
+        "tests/e2e/test_bench.py::test_bench_measures_dpo_against_the_next_token_loss_on_the_same_pairs",
+        "--preference_overhead",
+    ),
     # docs/evaluation.md: the loss before and after a fine-tune (README's run, export and fine-tune above)
     "./train-singlenode.sh --config configs/qwen3-0.6b-sft-lora.yaml --model out/tiny-base --dataset "
     "src/model_utils/assets/tiny_conversations.jsonl --chat_template src/model_utils/assets/tiny_chat_template.jinja "

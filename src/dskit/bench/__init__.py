@@ -11,6 +11,7 @@ patches transformers' modeling code for the whole process.
 One process, one device. Numbers are from this machine and these steps only; on CPU the table shows that the
 path works, not how fast a GPU is.
 
+`--preference_overhead` times a DPO step against the next-token loss on the same pairs, and the reference pass.
 `--data SOURCE` (or `--make_corpus PATH`), and `--verify DIR` (or `--make_prepared PATH`), run the data
 benchmarks of data_bench.py instead, `--checkpoint_mb SIZES` the checkpoint save and verification benchmark of
 checkpoint_bench.py.
@@ -118,6 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="instead of the rows: the step time of --packing documents against stream in one kit run of the first "
         "config, the two batch sources alternating step by step (so drift and noise hit both alike)",
+    )
+    p.add_argument(
+        "--preference_overhead",
+        action="store_true",
+        help="instead of the rows: the step time of DPO (--objective dpo) against the next-token loss on the same "
+        "micro-batches of preference pairs in one kit run of the first config, the two alternating step by step, and "
+        "the reference pass's time (synthetic pairs of the embedded corpus' text)",
     )
     data = p.add_argument_group("data benchmark, instead of training (dskit bench --data SOURCE --help)")
     data.add_argument(
@@ -541,12 +549,61 @@ def packing_overhead(
     )
 
 
+def synthetic_pairs(out: Path, count: int, seq_length: int) -> Path:
+    """`count` preference pairs in TRL's standard form from the embedded corpus' text (a prompt, a chosen answer
+    that continues it, a rejected one of the same words in reverse), as JSON lines: timing data, nothing to learn.
+    Each part at most an eighth of `seq_length` in words (a few tokens a word): no prompt fills a block."""
+    from model_utils.assets import CORPUS_PATH
+
+    texts = [json.loads(line)["text"] for line in CORPUS_PATH.read_text().splitlines() if line.strip()]
+    with out.open("w") as f:
+        for i in range(count):
+            words = texts[i % len(texts)].split()
+            part = max(1, min(len(words) // 3, seq_length // 8))
+            prompt, answer = " ".join(words[:part]), words[part : 2 * part] or ["yes"]
+            rejected = list(reversed(answer)) if len(set(answer)) > 1 else [*answer, "no"]
+            pair = {"prompt": prompt, "chosen": " " + " ".join(answer), "rejected": " " + " ".join(rejected)}
+            f.write(json.dumps(pair) + "\n")
+    return out
+
+
+def preference_overhead(work: Workload, run: resolver.ResolvedRun, dist: distributed.DistInfo) -> str:
+    """Median step time of DPO and of the next-token loss on the same batches of pairs, alternating step by step in
+    one run (the engine's objective swapped), and the reference pass before the first step against a step."""
+    from model_utils.engines.step_loss import TokenMean
+    from model_utils.loop.trainer import Trainer
+
+    trainer = Trainer(run, dist)
+    try:
+        started = time.perf_counter()
+        trainer.start()  # the reference pass: every pair's log-probabilities, once
+        reference_s = time.perf_counter() - started
+        dpo, lm = trainer.engine.objective, TokenMean()
+        for _ in range(work.warmup):
+            trainer.step()
+        objectives = {
+            "lm": partial(setattr, trainer.engine, "objective", lm),
+            "dpo": partial(setattr, trainer.engine, "objective", dpo),
+        }
+        medians = _interleaved_step_times(trainer, dist.device, work.steps, objectives)
+    finally:
+        trainer.close()
+    pairs = len(run.train_blocks)
+    per_step = run.global_batch
+    return (
+        f"preference: {1e3 * medians['dpo']:.3f} ms/step DPO, {1e3 * medians['lm']:.3f} ms/step the next-token loss on "
+        f"the same {per_step} pairs a step (2 x {run.seq_length} tokens each; medians of {work.steps} interleaved steps "
+        f"each): {100 * (medians['dpo'] / medians['lm'] - 1):+.2f}%; the reference pass {reference_s:.2f} s for "
+        f"{pairs} pairs ({reference_s / medians['dpo']:.1f} DPO steps' time, {pairs / per_step:.1f} steps of data)"
+    )
+
+
 def _training_flags(ns: argparse.Namespace, model: str, config: str, checkpoint_dir: str) -> list[str]:
     steps = ns.steps + ns.warmup_steps
     window = ns.spike_window or GUARD_WINDOW
     if ns.guard_overhead:  # the window fills, then off and on alternate
         steps = window + ns.warmup_steps + 2 * ns.steps
-    if ns.packing_overhead:  # stream and documents alternate
+    if ns.packing_overhead or ns.preference_overhead:  # the two alternate
         steps = ns.warmup_steps + 2 * ns.steps
     flags = [
         "--model", model, "--deepspeed_config", config,
@@ -668,6 +725,21 @@ def main(argv: list[str]) -> int:
                 apart = parse_args([*flags, "--packing", "documents"])
                 documents = resolver.prepare(apart, world_size=dist.world_size)
                 print(packing_overhead(work, first, documents, dist), flush=True)
+                return 0
+            if ns.preference_overhead:
+                flags = _training_flags(ns, model, variants[0].path, checkpoint_dir) + list(variants[0].flags)
+                count = (
+                    int(first.micro_batch_size)
+                    * ns.gradient_accumulation_steps
+                    * (ns.warmup_steps + 2 * ns.steps)
+                )
+                pairs = synthetic_pairs(Path(scratch) / "pairs.jsonl", count, first.seq_length)
+                data = ["--dataset", str(pairs), "--data_cache_dir", str(Path(scratch) / "data")]
+                dpo = parse_args([*flags, *data, "--objective", "dpo", "--spike_guard", "off"])
+                print(
+                    preference_overhead(work, resolver.prepare(dpo, world_size=dist.world_size), dist),
+                    flush=True,
+                )
                 return 0
             rows = [run_reference(work, first, dist.device, mode == "compiled") for mode in references]
             rows += [run_kit(work, run, dist, variant) for run, variant in zip(runs, variants, strict=True)]
