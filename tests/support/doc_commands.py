@@ -309,7 +309,7 @@ COMMANDS: dict[str, Run | DryRun | CoveredBy | Uncovered] = {
         "export",
     ),
     "./train-singlenode.sh --config configs/qwen3-0.6b-dpo-lora.yaml --model out/tiny-sft --dataset "
-    "src/model_utils/assets/tiny_preferences.jsonl --seq_length 128 --max_steps 24 --lr 1e-3": CoveredBy(
+    "src/model_utils/assets/tiny_preferences.jsonl --seq_length 128 --max_steps 12 --lr 1e-3": CoveredBy(
         "tests/e2e/test_preference.py::test_the_shipped_dpo_run_file_tunes_the_example_pairs_offline",
         "tiny_preferences.jsonl",
     ),
