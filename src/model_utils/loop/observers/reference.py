@@ -75,9 +75,10 @@ class Reference(Observer):
         if kept is None:
             if ctx.run.resume is not None:  # the weights in memory are a checkpoint's, not the starting ones
                 raise ConfigError(
-                    f"the DPO reference log-probabilities of this run ({self.file}) are gone, and the weights it "
-                    "started from are no longer those in memory: restore the file (it is in --data_cache_dir), "
-                    "or start a new run (a new --checkpoint_dir)"
+                    f"the DPO reference log-probabilities of these pairs under the weights the run started from "
+                    f"({self.file}) are gone or were never computed (other pairs: --new_data), and those weights are "
+                    "no longer the ones in memory: restore the file (it is in --data_cache_dir), or start a new run "
+                    "(a new --checkpoint_dir; from an export of this one to go on from here)"
                 )
             kept = self._compute(splits)
         for (_, blocks), values in zip(splits, kept, strict=True):

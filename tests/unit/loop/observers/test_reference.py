@@ -127,9 +127,7 @@ def test_a_resume_from_other_weights_or_without_the_file_is_refused(tmp_path: Pa
     resumed = Reference.from_loop(
         context(tmp_path, gloo_rank, Engine("w1"), saved={"reference": {"weights": "w1"}})
     )
-    with pytest.raises(
-        ConfigError, match="are gone, and the weights it started from are no longer those in memory"
-    ):
+    with pytest.raises(ConfigError, match="are gone or were never computed"):
         resumed.on_start(TrainState(step=4))
 
 
