@@ -937,13 +937,13 @@ def prepare_in_process(out: Path, record: dict[str, Any], spec: TokenizerSpec) -
     return manifest
 
 
-def content_fingerprint(manifest: dict[str, Any]) -> str:
-    """What the training blocks hold, from the manifest's per-shard checksums in stream order (not where the
-    dataset lives: a moved or copied one keeps it): a checkpoint records it, and a resume on other data is
-    refused (checkpoint/launch_record.py)."""
+def content_fingerprint(manifest: dict[str, Any], split: str = TRAIN) -> str:
+    """What a split's blocks hold, from the manifest's per-shard checksums in stream order (not where the dataset
+    lives: a moved or copied one keeps it): a checkpoint records the training split's, and a resume on other data
+    is refused (checkpoint/launch_record.py); DPO's reference log-probabilities are named by both splits'."""
     shards = [
         (shard["xxh3"], shard["tokens"], *([shard["mask"]["xxh3"]] if "mask" in shard else []))
-        for shard in manifest["shards"][TRAIN]
+        for shard in manifest["shards"][split]
     ]
-    identity = {"dtype": manifest["dtype"], "train_shards": shards}
+    identity = {"dtype": manifest["dtype"], f"{split}_shards": shards}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]

@@ -64,6 +64,9 @@ class ResolvedRun:
     data_fingerprint: str | None = None
     # --sample_prompts, read and tokenized (data/prompts.py); () without samples.
     sample_prompts: tuple[prompts.Prompt, ...] = ()
+    # The content of the validation split of that dataset (None: a mixture, or no validation split), which names
+    # DPO's reference log-probabilities with the training data's (loop/observers/reference.py).
+    validation_fingerprint: str | None = None
 
     @property
     def config(self) -> TrainConfig:
@@ -568,7 +571,7 @@ def _prepare(
             _from_run_file(cfg),
         )
         train_blocks, val_blocks, data_fingerprint = opened.train, opened.validation, opened.fingerprint
-        rendered = None
+        rendered = validation_fingerprint = None
     else:
         dataset = block_cache.prepared(
             cfg.data, cfg.explicit, tokenizer, tokenizer_name, run_first, _from_run_file(cfg)
@@ -578,6 +581,9 @@ def _prepare(
         data_fingerprint = token_shards.content_fingerprint(dataset.manifest)
         train_blocks = _blocks_or_error(dataset, "train", cfg, seq)
         val_blocks = _blocks_or_error(dataset, "validation", cfg, seq) if dataset.holds_validation else None
+        validation_fingerprint = (
+            None if val_blocks is None else token_shards.content_fingerprint(dataset.manifest, "validation")
+        )
     # The chat template the run trains with (its data's, else --chat_template, else the tokenizer's own) on the
     # tokenizer every checkpoint saves in hf_config/: each export is prompted as the run was trained.
     template = rendered or chat.options(cfg.data, tokenizer, chat.TEXT)
@@ -631,6 +637,7 @@ def _prepare(
         loads_schedule_state,
         data_fingerprint,
         samples,
+        validation_fingerprint=validation_fingerprint,
     )
     if run.layout is not None:
         print0(run.layout.describe())

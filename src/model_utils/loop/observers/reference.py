@@ -3,8 +3,8 @@ from (with LoRA, the base model: its adapters disabled), computed once in a pass
 its share, and handed to the pairs' blocks, so that each step's batch carries them: one forward a step, and no
 second model in memory (TRL's precompute_ref_log_probs).
 
-They are kept in the data cache beside the prepared pairs, named by the data, the block length, the truncation and
-the fingerprint of those weights; a requeue or a resume reads them back (rank 0 reads, every rank gets them). The
+They are kept in the data cache beside the prepared pairs, named by the data (both splits' contents), the block
+length, the truncation and the fingerprint of those weights; a requeue or a resume reads them back (rank 0 reads, every rank gets them). The
 checkpoint keeps the fingerprint: a resume whose starting weights are not those the run started from (another
 --model) is refused in one line, as is one whose reference file is gone (the starting weights are no longer in
 memory to compute it again).
@@ -47,7 +47,7 @@ class Reference(Observer):
         self.file = (
             Path(data.data_cache_dir)
             / REFERENCE
-            / f"{run.data_fingerprint}-{run.seq_length}-{data.truncation_mode}-{weights}.npz"
+            / f"{run.data_fingerprint}-{run.validation_fingerprint}-{run.seq_length}-{data.truncation_mode}-{weights}.npz"
         )
 
     @classmethod

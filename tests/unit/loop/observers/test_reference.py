@@ -81,6 +81,7 @@ def context(tmp_path: Path, dist, engine: Engine, saved: dict | None = None, val
         seq_length=4,
         resume=None if not saved else types.SimpleNamespace(tag="tiny-4steps"),
         data_fingerprint="data1",
+        validation_fingerprint="val1" if validation else None,
         source=types.SimpleNamespace(name="out/tiny-sft"),
         config=types.SimpleNamespace(data=data),
     )
@@ -100,7 +101,8 @@ def test_the_pass_computes_each_pair_once_keeps_them_and_a_second_run_reads_them
     assert ctx.run.val_blocks.reference.tolist() == [[0, -10], [-1, -11]]
     assert engine.forwards == 3 + 1 and engine.module.adapters_off == 1 and engine.mode == "train"
     (kept,) = (tmp_path / "cache" / "reference").iterdir()
-    assert kept.name == "data1-4-keep_start-w1.npz"  # the data, the block length, the truncation, the weights
+    # The training and validation data, the block length, the truncation, the weights.
+    assert kept.name == "data1-val1-4-keep_start-w1.npz"
     assert "computed in" in capsys.readouterr().out
 
     again = context(tmp_path, gloo_rank, Engine(), saved={"reference": {"weights": "w1"}})
@@ -111,10 +113,16 @@ def test_the_pass_computes_each_pair_once_keeps_them_and_a_second_run_reads_them
         f"Reference: the DPO reference log-probabilities of 5 train pairs and 2 validation pairs, from {kept}"
         in (capsys.readouterr().out)
     )
-    other = context(tmp_path, gloo_rank, Engine(), validation=False)
+    other = context(tmp_path, gloo_rank, Engine())
     other.run.train_blocks = Pairs(4)  # a file of other pairs under the same name: not theirs, computed anew
     Reference.from_loop(other).on_start(TrainState())
-    assert other.engine.forwards == 2 and other.run.train_blocks.reference.shape == (4, 2)
+    assert other.engine.forwards == 2 + 1 and other.run.train_blocks.reference.shape == (4, 2)
+    # Other validation pairs beside the same training pairs (another --validation_dataset): their own file.
+    held_out = context(tmp_path, gloo_rank, Engine())
+    held_out.run.validation_fingerprint = "val2"
+    Reference.from_loop(held_out).on_start(TrainState())
+    assert held_out.engine.forwards == 3 + 1
+    assert (tmp_path / "cache" / "reference" / "data1-val2-4-keep_start-w1.npz").is_file()
 
 
 def test_a_resume_from_other_weights_or_without_the_file_is_refused(tmp_path: Path, gloo_rank) -> None:
