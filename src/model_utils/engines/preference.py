@@ -151,9 +151,9 @@ class Preference:
         assert batch.pairs, "a preference objective trains on pairs"
         logps, counts = sequence_logps(module, batch)
         losses, metrics = pair_losses(self.settings, logps, counts, batch.reference)
-        if batch.counted_pairs < batch.pairs:  # pairs that only fill a micro-batch are not counted
-            losses = losses * (torch.arange(batch.pairs, device=losses.device) < batch.counted_pairs)
-        sums = torch.stack([metrics[key][: batch.counted_pairs].double().sum() for key in KEYS])
+        if not batch.counted_pairs:  # a repeated validation batch (its loss is not counted either)
+            return losses
+        sums = torch.stack([metrics[key].double().sum() for key in KEYS])
         counted = torch.tensor([float(batch.counted_pairs)], dtype=torch.float64, device=sums.device)
         sums = torch.cat([sums, counted])
         held = self._sums[mode]
