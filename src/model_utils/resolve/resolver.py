@@ -136,7 +136,9 @@ class ResolvedRun:
     @property
     def tokens_per_step(self) -> int:
         """The positions a step computes (padding included, as packed blocks' is): a pair's two rows each."""
-        return self.global_batch * self.seq_length * (2 if self.paired else 1)
+        layout = self.layout
+        assert layout is not None, "known on the ranks"
+        return layout.tokens
 
     @property
     def layout(self) -> batch_layout.BatchLayout | None:
