@@ -72,6 +72,7 @@ class Reporter:
         tokens_per_step: int,
         flops_per_token: float,
         peak_tflops: float | None,
+        objective: Objective | None = None,
     ) -> None:
         self.config, self.dist, self.max_steps = config, dist, max_steps
         self.tokens_per_step = tokens_per_step
@@ -83,7 +84,7 @@ class Reporter:
         self.tracker: trackers.Tracker = trackers.NoTracker()
         self.output_base: Path | None = None  # rank 0: where the run's files go (the metrics file's path)
         # The engine's objective: its own metrics (a preference objective's rewards) in each line.
-        self.objective: Objective = TokenMean()
+        self.objective: Objective = objective or TokenMean()
 
     def open(self, run_id: str, tracker_state: dict[str, Any], resume_step: int | None) -> dict[str, Any]:
         """Rank 0's metrics file and tracker; a resumed run appends to the same file and continues its tracker

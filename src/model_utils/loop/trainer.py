@@ -111,8 +111,9 @@ class Trainer:
             self.signals = StopRequest()  # a preemption's USR1, Ctrl-C: stop after the step, saved
             flops = models.flops_per_token(run.model_config, run.seq_length, self.cfg.lora)
             peak = metrics.peak_tflops(metrics.device_name(dist.device), self.cfg.report.peak_tflops)
-            reporter = Reporter(self.cfg, dist, self.max_steps, run.tokens_per_step, flops, peak)
-            reporter.objective = self.engine.objective
+            reporter = Reporter(
+                self.cfg, dist, self.max_steps, run.tokens_per_step, flops, peak, self.engine.objective
+            )
             context = observers.LoopContext(
                 run, dist, self.engine, reporter, self.hooks, self.state, saved, self.groups, self.flatten
             )
