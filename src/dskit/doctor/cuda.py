@@ -10,10 +10,10 @@ import re
 import subprocess
 from pathlib import Path
 
+from dskit.launcher.node import CUDA_ROOT, toolkit_home
+
 from .context import GpuProbe, LaunchContext, _run, _version_tuple, ranks_per_node
 from .report import Result, Status
-
-CUDA_ROOT = Path("/usr/local")  # where the launchers look for cuda-$CUDA_VERSION
 
 # The driver a CUDA release needs. Below the family floor, nothing built with that CUDA major runs; between the
 # floor and the release's own driver it runs through minor-version compatibility, without PTX JIT. (NVIDIA: CUDA
@@ -106,9 +106,10 @@ def check_toolkit(
         )
     if torch_cuda is None:
         return Result(name, Status.SKIP, "torch has no CUDA (see 'torch CUDA vs driver')")
-    home = root / f"cuda-{ctx.cuda_version}"
+    found_home = toolkit_home(ctx.cuda_version, root)
+    home = found_home or root / f"cuda-{ctx.cuda_version}"
     installed = sorted(p.name for p in root.glob("cuda-*") if p.is_dir())
-    if not home.is_dir():
+    if found_home is None:
         others = f"installed: {', '.join(installed)}" if installed else f"none is installed under {root}"
         return Result(
             name,
@@ -142,7 +143,7 @@ def check_toolkit(
             found + ": the CUDA majors differ, so DeepSpeed's JIT ops cannot be built",
             f"{hint} (a toolkit with torch's CUDA major)",
         )
-    if nvcc_version != ctx.cuda_version:
+    if nvcc_version != ".".join(ctx.cuda_version.split(".")[:2]):  # nvcc says the minor release only
         return Result(
             name,
             Status.WARN,

@@ -10,7 +10,8 @@ and says each choice in the log. The script then sets the ranks' environment fro
 PYTHON is the run's interpreter (words: it may start with an srun into a container image); it is asked first
 (`dskit.env.python_env probe`), which stops the launch in one line if it lacks a package the kit needs. Every GPU
 of the node, or CPU_RANKS gloo ranks when it has none (or GPUS_PER_NODE is 0); the CUDA toolkit (for DeepSpeed's
-JIT ops) from /usr/local/cuda-$CUDA_VERSION, none for CPU ranks; OMP_NUM_THREADS as the caller set it, else the
+JIT ops) from /usr/local/cuda-$CUDA_VERSION (a patch release such as NVIDIA's images export, 13.0.2, finds the
+toolkit of its minor release, /usr/local/cuda-13.0, where no cuda-13.0.2 exists), none for CPU ranks; OMP_NUM_THREADS as the caller set it, else the
 cores this process may use split between the ranks, at least 1 (torchrun would set 1 and print a banner saying
 so). With --efa: EFA only where an EFA device exists; `on` without one is an error, never a silent fall back to
 sockets.
@@ -48,6 +49,18 @@ def _count(environ: Mapping[str, str], name: str) -> int:
     return int(text)
 
 
+def toolkit_home(version: str, root: Path = CUDA_ROOT) -> Path | None:
+    """Where the CUDA toolkit of CUDA_VERSION is installed, or None.
+
+    NVIDIA's CUDA images export CUDA_VERSION with the patch release (13.0.2) and install at cuda-13.0, so a patch
+    release that has no directory of its own finds the toolkit of its minor release."""
+    candidates = [root / f"cuda-{version}"]
+    parts = version.split(".")
+    if len(parts) == 3:
+        candidates.append(root / f"cuda-{parts[0]}.{parts[1]}")
+    return next((home for home in candidates if home.is_dir()), None)
+
+
 def choose(gpus: int, environ: Mapping[str, str], cores: int, cuda_root: Path = CUDA_ROOT) -> Node:
     """The ranks of a node whose torch sees `gpus` GPUs, as the launch settings in `environ` ask."""
     host = socket.gethostname()
@@ -57,14 +70,15 @@ def choose(gpus: int, environ: Mapping[str, str], cores: int, cuda_root: Path = 
         if gpus != wanted:
             say(f"WARNING: {host} has {gpus} GPUs, the launch values say {wanted}: using all {gpus}")
         version = environ.get("CUDA_VERSION", "")
-        cuda_home = cuda_root / f"cuda-{version}"
-        if not cuda_home.is_dir():
+        cuda_home = toolkit_home(version, cuda_root)
+        if cuda_home is None:
             installed = " ".join(sorted(p.name for p in cuda_root.glob("cuda-*"))) or "none"
             raise ConfigError(
-                f"CUDA toolkit {version} not found at {cuda_home} on {host}: install it there or set CUDA_VERSION "
-                f"to an installed one ({installed})"
+                f"CUDA toolkit {version} not found at {cuda_root / f'cuda-{version}'} on {host}: install it there "
+                f"or set CUDA_VERSION to an installed one ({installed})"
             )
-        say(f"CUDA toolkit: {cuda_home}")
+        patch = "" if cuda_home.name == f"cuda-{version}" else f" (CUDA_VERSION={version}: its minor release)"
+        say(f"CUDA toolkit: {cuda_home}{patch}")
         ranks = gpus
         say(f"Ranks per node: {ranks} (GPUs)")
     else:

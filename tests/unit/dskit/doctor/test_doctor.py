@@ -540,6 +540,10 @@ def test_toolkit_against_torch_cuda(tmp_path: Path) -> None:
     result = doctor.check_toolkit(context(cuda_version="12.9"), NO_GPU, "12.8", root=tmp_path)
     assert result.status is Status.SKIP
 
+    # NVIDIA's images export CUDA_VERSION with the patch release (13.2.1) beside /usr/local/cuda-13.2
+    result = doctor.check_toolkit(context(cuda_version="13.2.1"), EIGHT_GPUS, "13.2", root=tmp_path)
+    assert result.status is Status.PASS and f"{tmp_path / 'cuda-13.2'}: nvcc 13.2" in result.found
+
 
 # --- 5. EFA (fake fi_info, sysfs and plugin) ----------------------------------------------------------
 

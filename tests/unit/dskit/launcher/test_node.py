@@ -54,6 +54,23 @@ def test_a_gpu_node_without_the_toolkit_is_an_error_naming_the_installed_ones(tm
     )
 
 
+def test_a_patch_release_finds_the_toolkit_of_its_minor_release(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # NVIDIA's CUDA images export CUDA_VERSION=13.0.2 and install at /usr/local/cuda-13.0 (seen on an H200 image)
+    root = toolkits(tmp_path, "13", "13.0")
+    chosen = node.choose(1, {**SETTINGS, "CUDA_VERSION": "13.0.2"}, cores=16, cuda_root=root)
+    assert chosen.cuda_home == root / "cuda-13.0"
+    assert f"CUDA toolkit: {root / 'cuda-13.0'} (CUDA_VERSION=13.0.2: its minor release)" in capsys.readouterr().err
+    # its own directory first, where there is one
+    (root / "cuda-13.0.2").mkdir()
+    assert node.choose(1, {**SETTINGS, "CUDA_VERSION": "13.0.2"}, cores=16, cuda_root=root).cuda_home == (
+        root / "cuda-13.0.2"
+    )
+    with pytest.raises(ConfigError, match=r"CUDA toolkit 12.9.1 not found at .*cuda-12.9.1 .*\(cuda-13 cuda-13.0"):
+        node.choose(1, {**SETTINGS, "CUDA_VERSION": "12.9.1"}, cores=16, cuda_root=root)
+
+
 @pytest.mark.parametrize(("gpus", "gpus_per_node"), [(0, "8"), (8, "0")], ids=["no GPU", "GPUS_PER_NODE=0"])
 def test_cpu_ranks_without_gpus_or_toolkit(
     gpus: int, gpus_per_node: str, capsys: pytest.CaptureFixture[str]
