@@ -7,7 +7,8 @@
 - `every_N`: every N-th decoder layer (layers 0, N, 2N, ...) is checkpointed and the others keep their
   activations: the "selective" middle ground of pretraining practice, about 1/N of full's recompute.
 
-It goes through transformers' own switch, `PreTrainedModel.activation_checkpointing_enable(every_n_layers=N)`,
+It goes through transformers' own switch, `PreTrainedModel.activation_checkpointing_enable(every_n_layers=N)`
+(`gradient_checkpointing_enable` before transformers 5.23),
 which sets `gradient_checkpointing` on each `GradientCheckpointingLayer` (the decoder layers) and wraps their
 `forward`, not `__call__`: module hooks (DeepSpeed ZeRO-3's parameter gathering) stay outside the checkpoint, and
 the recompute gathers through the submodules' own hooks. The checkpoint is torch's non-reentrant one
@@ -59,9 +60,13 @@ def apply(model: Any, value: str, announce: bool = True) -> Any:
             f"--activation_checkpointing {value}: transformers has no activation checkpointing for {name}: "
             "use --activation_checkpointing none"
         )
-    model.activation_checkpointing_enable(
-        activation_checkpointing_kwargs=dict(CHECKPOINT_KWARGS), every_n_layers=every
-    )
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=dict(CHECKPOINT_KWARGS), every_n_layers=every)
+    else:  # transformers 5.17 to 5.22 (an H200 image has 5.17): the same switch under its older name
+        model.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs=dict(CHECKPOINT_KWARGS), every_n_layers=every
+        )
     layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
     on = sum(bool(m.gradient_checkpointing) for m in layers)
     if not layers:

@@ -45,6 +45,35 @@ def test_levels_pick_decoder_layers_as_transformers_does(capsys: pytest.CaptureF
     )
 
 
+def test_transformers_before_5_23_is_switched_through_its_older_name() -> None:
+    """transformers 5.17-5.22 (an H200 image's 5.17) has the switch, every_n_layers too, as
+    gradient_checkpointing_enable only: a model class without activation_checkpointing_enable stands in."""
+
+    def absent(self: object) -> None:
+        raise AttributeError("activation_checkpointing_enable")
+
+    model = tiny_model()
+    newer = type(model)
+    calls = []
+
+    def gradient_checkpointing_enable(self: object, **kwargs: object) -> None:
+        calls.append(sorted(kwargs))
+        newer.gradient_checkpointing_enable(self, **kwargs)  # 5.23's alias: the switch behind both names
+
+    model.__class__ = type(
+        "Older",
+        (newer,),
+        {
+            "activation_checkpointing_enable": property(absent),
+            "gradient_checkpointing_enable": gradient_checkpointing_enable,
+        },
+    )
+    with pytest.warns(FutureWarning, match="gradient_checkpointing_enable"):  # 5.23 keeps it as an alias
+        ac.apply(model, "every_2", announce=False)
+    assert calls == [["every_n_layers", "gradient_checkpointing_kwargs"]]
+    assert checkpointed(model) == [True, False]
+
+
 def test_same_losses_and_gradients_as_without_checkpointing() -> None:
     """fp32 on CPU, three AdamW steps from the same weights and batches: the recompute is exact."""
     base = tiny_model()

@@ -91,14 +91,14 @@ def test_an_old_package_is_named_and_the_installed_torch_is_pinned(tmp_path: Pat
     proc = run_module(sys.executable, "probe", pythonpath=[site, REPO / "src"])
     assert proc.returncode == 2
     (line,) = proc.stderr.splitlines()
-    assert "lacks what the kit needs: transformers 4.46.0 (needs transformers>=5.0). Fix:" in line
+    assert "lacks what the kit needs: transformers 4.46.0 (needs transformers>=5.16). Fix:" in line
     assert (
-        "-m pip install 'transformers>=5.0' 'torch==2.6.0a0+ecf3bae40a.nv25.01' (pins the installed torch"
+        "-m pip install 'transformers>=5.16' 'torch==2.6.0a0+ecf3bae40a.nv25.01' (pins the installed torch"
         in line
     )
     missing = run_module(sys.executable, "missing", pythonpath=[site, REPO / "src"])
     assert missing.returncode == 0
-    assert missing.stdout.split() == ["transformers>=5.0", "torch==2.6.0a0+ecf3bae40a.nv25.01"]
+    assert missing.stdout.split() == ["transformers>=5.16", "torch==2.6.0a0+ecf3bae40a.nv25.01"]
     # nothing missing: nothing to install (not even the torch pin)
     assert run_module(sys.executable, "missing", pythonpath=[REPO / "src"]).stdout.split() == []
 

@@ -61,13 +61,18 @@ def test_a_patch_release_finds_the_toolkit_of_its_minor_release(
     root = toolkits(tmp_path, "13", "13.0")
     chosen = node.choose(1, {**SETTINGS, "CUDA_VERSION": "13.0.2"}, cores=16, cuda_root=root)
     assert chosen.cuda_home == root / "cuda-13.0"
-    assert f"CUDA toolkit: {root / 'cuda-13.0'} (CUDA_VERSION=13.0.2: its minor release)" in capsys.readouterr().err
+    assert (
+        f"CUDA toolkit: {root / 'cuda-13.0'} (CUDA_VERSION=13.0.2: its minor release)"
+        in capsys.readouterr().err
+    )
     # its own directory first, where there is one
     (root / "cuda-13.0.2").mkdir()
     assert node.choose(1, {**SETTINGS, "CUDA_VERSION": "13.0.2"}, cores=16, cuda_root=root).cuda_home == (
         root / "cuda-13.0.2"
     )
-    with pytest.raises(ConfigError, match=r"CUDA toolkit 12.9.1 not found at .*cuda-12.9.1 .*\(cuda-13 cuda-13.0"):
+    with pytest.raises(
+        ConfigError, match=r"CUDA toolkit 12.9.1 not found at .*cuda-12.9.1 .*\(cuda-13 cuda-13.0"
+    ):
         node.choose(1, {**SETTINGS, "CUDA_VERSION": "12.9.1"}, cores=16, cuda_root=root)
 
 
