@@ -60,7 +60,13 @@ def test_bench_prints_and_writes_both_rows(
     assert table[6].startswith("dskit: fsdp.json backend=fsdp, liger auto")  # FSDP2 on fsdp's own default
 
     result = json.loads(out.read_text())
-    assert (result["device"], result["model"], result["seq_length"]) == ("cpu", "tiny-qwen3", 256)
+    assert (result["device"], result["model"], result["seq_length"], result["complete"]) == (
+        "cpu",
+        "tiny-qwen3",
+        256,
+        True,
+    )
+    assert "bench row 6 of 6: dskit: fsdp.json backend=fsdp, liger auto" in printed  # a line as each row ends
     assert result["flops_per_token"] > 0 and result["peak_tflops"] is None
     rows = result["rows"]
     assert [r["kind"] for r in rows] == ["reference", "dskit", "dskit", "dskit", "dskit", "dskit"]

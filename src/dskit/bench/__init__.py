@@ -706,6 +706,7 @@ def main(argv: list[str]) -> int:
             # Resolves the sequence length and an auto micro batch.
             runs = [resolver.prepare(s.config, world_size=dist.world_size, settings=s) for s in settings]
             first = runs[0]
+            device_name = metrics.device_name(dist.device)
             work = Workload(
                 run=runs[0],
                 seq_length=first.seq_length,
@@ -713,10 +714,10 @@ def main(argv: list[str]) -> int:
                 steps=ns.steps,
                 warmup=ns.warmup_steps,
                 flops_per_token=models.flops_per_token(first.model_config, first.seq_length),
-                peak_tflops=metrics.peak_tflops(metrics.device_name(dist.device), ns.peak_tflops),
+                peak_tflops=metrics.peak_tflops(device_name, ns.peak_tflops),
             )
             print0(
-                f"bench on {metrics.device_name(dist.device)}: {model}, seq {work.seq_length}, accumulation "
+                f"bench on {device_name}: {model}, seq {work.seq_length}, accumulation "
                 f"{work.accumulation}, {work.warmup} warm-up + {work.steps} timed steps per row"
             )
             if ns.guard_overhead:
@@ -743,35 +744,51 @@ def main(argv: list[str]) -> int:
                     flush=True,
                 )
                 return 0
-            rows = [run_reference(work, first, dist.device, mode == "compiled") for mode in references]
-            rows += [run_kit(work, run, dist, variant) for run, variant in zip(runs, variants, strict=True)]
-    reference = rows[0].tokens_per_s
-    for r in rows:
-        if reference is not None and r.tokens_per_s is not None:
-            r.vs_reference = r.tokens_per_s / reference
+            planned: list[Callable[[], Row]] = [
+                partial(run_reference, work, first, dist.device, mode == "compiled") for mode in references
+            ]
+            planned += [
+                partial(run_kit, work, run, dist, variant)
+                for run, variant in zip(runs, variants, strict=True)
+            ]
+            rows: list[Row] = []
+            for row_run in planned:
+                rows.append(row_run())
+                if rows[0].tokens_per_s is not None and rows[-1].tokens_per_s is not None:
+                    rows[-1].vs_reference = rows[-1].tokens_per_s / rows[0].tokens_per_s
+                print0(f"bench row {len(rows)} of {len(planned)}: {row_line(rows[-1])}")
+                if ns.json:  # after every row: a bench stopped at a time limit keeps the rows it finished
+                    done = len(rows) == len(planned)
+                    _write_json(Path(ns.json), work, model, device_name, rows, complete=done)
     print(format_table(rows), flush=True)
     if work.peak_tflops is None:
         print("MFU: n/a (unknown peak for this device; pass --peak_tflops)")
     if dist.device.type != "cuda":
         print("peak mem on CPU: the process's resident memory after the row (host RSS)")
-    if ns.json:
-        out = Path(ns.json)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(
-            json.dumps(
-                {
-                    "device": metrics.device_name(dist.device),
-                    "model": model,
-                    "seq_length": work.seq_length,
-                    "gradient_accumulation_steps": work.accumulation,
-                    "steps": work.steps,
-                    "warmup_steps": work.warmup,
-                    "flops_per_token": work.flops_per_token,
-                    "peak_tflops": work.peak_tflops,
-                    "rows": [asdict(r) for r in rows],
-                },
-                indent=2,
-            )
-            + "\n"
-        )
     return 0
+
+
+def row_line(row: Row) -> str:
+    if row.error or row.tokens_per_s is None:
+        return f"{row.name}: {row.error or 'no throughput measured'}"
+    mfu = "" if row.mfu is None else f", MFU {100 * row.mfu:.1f}%"
+    return f"{row.name}: {row.tokens_per_s:,.0f} tokens/s{mfu}, peak {row.peak_mem_gib:.2f} GiB"
+
+
+def _write_json(out: Path, work: Workload, model: str, device: str, rows: list[Row], complete: bool) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    body = {
+        "device": device,
+        "model": model,
+        "seq_length": work.seq_length,
+        "gradient_accumulation_steps": work.accumulation,
+        "steps": work.steps,
+        "warmup_steps": work.warmup,
+        "flops_per_token": work.flops_per_token,
+        "peak_tflops": work.peak_tflops,
+        "complete": complete,  # false: the bench stopped before its last row
+        "rows": [asdict(r) for r in rows],
+    }
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(body, indent=2) + "\n")
+    tmp.replace(out)  # a reader never sees half a file

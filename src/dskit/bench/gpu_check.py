@@ -7,7 +7,7 @@ Each step is a child process with its own time limit, so a hang costs that step'
 2. `pytest`: the tests marked `gpu` (`python -m pytest -m gpu FILES`, the test files that mark any). Without a GPU
    they skip: "not run".
 3. `bench`: `dskit bench`, the plain PyTorch reference (compiled and eager) against the kit's GPU-only and
-   offload configs, Liger on and off, compile on and off, `--micro_batch_size auto`: qwen3-0.6b at sequence
+   offload configs, Liger on and off, `--micro_batch_size auto`: qwen3-0.6b at sequence
    2048 on CUDA; on CPU the tiny preset at a short sequence, both configs and the eager reference.
 4. `launcher`: `./train-singlenode.sh` for a few steps with this interpreter (DSKIT_PYTHON), its own
    checkpoint dir and metrics file.
@@ -42,22 +42,24 @@ from model_utils.errors import CommandParser, ConfigError
 STEP_NAMES = ("ops", "pytest", "bench", "launcher")
 # what torchrun (or an in-process run) sets for a process group: never inherited by a step
 RENDEZVOUS_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-# Seconds each step may take. On CUDA they add up to under the 10-minute budget, so a hang cannot overrun it
-# (the planned times, from H100 measurements: docs/speed.md "GPU acceptance"); on CPU they are generous
-# (a cold build of DeepSpeed's CPU Adam takes minutes on 2 cores).
+# Seconds planned for each step. On CUDA they add up to under the 10-minute budget, so a hang cannot overrun it
+# (docs/speed.md "GPU acceptance": measured on an H200); on CPU they are generous (a cold build of DeepSpeed's CPU
+# Adam takes minutes on 2 cores). A step may also use what the steps before it left unused (step_limit).
 LIMITS = {
-    "cuda": {"ops": 60, "pytest": 125, "bench": 350, "launcher": 60},
+    "cuda": {"ops": 70, "pytest": 150, "bench": 315, "launcher": 60},
     "cpu": {"ops": 300, "pytest": 120, "bench": 300, "launcher": 300},
 }
+PYTEST_TEST_TIMEOUT_S = 90  # one hung gpu test fails alone (pytest-timeout), with its stack, and the rest run
 GPU_CONFIG, OFFLOAD_CONFIG = "deepspeed/ds_config_gpu.json", "deepspeed/ds_config.json"
 # The first kit row trains without Liger, so the auto micro batch it finds (which the reference rows train at
-# too) fits the plain PyTorch loop: with Liger's fused loss the probe finds twice that, which the reference's
-# fp32 logits do not fit (on an H100 80GB, micro batch 16 OOMs eager). Liger + compile is left out: it failed
-# on the measured H100 stack, and the kit's decoder-only compile with Liger ran slower than Liger eager there.
+# too) fits the plain PyTorch loop: with Liger's fused loss the probe finds more, which the reference's fp32
+# logits do not fit (on an H100 80GB, micro batch 16 OOMs eager). The kit's --compile row is left out: the
+# compiled reference's cold compile took 3 minutes on the H200 machine, and a second one does not fit the 10
+# minutes (`dskit bench --vary compile=true` runs it); Liger + compile failed on the measured H100 stack.
 BENCH_ARGS = {
     "cuda": [
         "--deepspeed_config", GPU_CONFIG, OFFLOAD_CONFIG, "--liger", "off", "--micro_batch_size", "auto",
-        "--vary", "liger=on", "--vary", "compile=true", "--reference", "compiled,eager",
+        "--vary", "liger=on", "--reference", "compiled,eager",
         "--steps", "10", "--warmup_steps", "3",
     ],
     "cpu": [
@@ -200,6 +202,10 @@ def pytest_check(result: StepResult, junit: Path, device: str, limit_s: int) -> 
     total, skipped = int(suite.get("tests", 0)), int(suite.get("skipped", 0))
     failed = int(suite.get("failures", 0)) + int(suite.get("errors", 0))
     counts = f"{total - skipped - failed} passed, {failed} failed, {skipped} skipped of {total}"
+    timed = [(float(case.get("time", 0)), case.get("name", "?")) for case in suite.iter("testcase")]
+    if timed:
+        seconds, name = max(timed)
+        counts += f"; slowest {name} {seconds:.0f} s"
     if failed or result.returncode != 0:
         return _ran("pytest -m gpu", result, limit_s) or check("fail", counts)
     if skipped == total:
@@ -370,9 +376,10 @@ def gpu_test_files(root: Path) -> list[str]:
 
 def step_pytest(ctx: Context, log: Path, limit: int, report: Report) -> list[Check]:
     junit = ctx.scratch / "pytest.xml"
+    # -v: the log names each test as it starts, so a step stopped at its limit says which test it was in
     cmd = [
-        ctx.python, "-m", "pytest", "-m", "gpu", *gpu_test_files(ctx.root), "-q", "-p", "no:cacheprovider",
-        "--junitxml", str(junit),
+        ctx.python, "-m", "pytest", "-m", "gpu", *gpu_test_files(ctx.root), "-v", "-p", "no:cacheprovider",
+        "-o", f"timeout={PYTEST_TEST_TIMEOUT_S}", "--junitxml", str(junit),
     ]  # fmt: skip
     return [pytest_check(run_step(cmd, limit, log, ctx.env), junit, ctx.device, limit)]
 
@@ -380,15 +387,24 @@ def step_pytest(ctx: Context, log: Path, limit: int, report: Report) -> list[Che
 def step_bench(ctx: Context, log: Path, limit: int, report: Report) -> list[Check]:
     out = ctx.scratch / "bench.json"
     cmd = [ctx.python, "-m", "dskit.cli", "bench", *BENCH_ARGS[ctx.device], "--json", str(out)]
-    result = run_step(cmd, limit, log, ctx.env)
+    checks, report.bench = bench_result(run_step(cmd, limit, log, ctx.env), out, ctx.device, limit)
+    return checks
+
+
+def bench_result(
+    result: StepResult, out: Path, device: str, limit: int
+) -> tuple[list[Check], dict[str, Any] | None]:
+    """The bench step's checks and rows. dskit bench writes its JSON after every row, so a bench stopped at its
+    limit still reports (and judges) the rows it finished."""
     failed = _ran("bench", result, limit)
-    if failed is None and not out.exists():
-        failed = Check("bench", "fail", "dskit bench wrote no JSON", result.seconds, limit)
+    if not out.exists():
+        return [failed or Check("bench", "fail", "dskit bench wrote no JSON", result.seconds, limit)], None
+    bench = json.loads(out.read_text())
+    rows = len(bench["rows"])
     if failed:
-        return [failed]
-    report.bench = json.loads(out.read_text())
-    ran = Check("bench", "pass", f"{len(report.bench['rows'])} rows", result.seconds, limit)
-    return [ran, *bench_checks(report.bench, ctx.device)]
+        failed.reason = f"{rows} rows done; {failed.reason}"
+    ran = failed or Check("bench", "pass", f"{rows} rows", result.seconds, limit)
+    return [ran, *bench_checks(bench, device)], bench
 
 
 def step_launcher(ctx: Context, log: Path, limit: int, report: Report) -> list[Check]:
@@ -402,6 +418,12 @@ def step_launcher(ctx: Context, log: Path, limit: int, report: Report) -> list[C
     env = {**ctx.env, "DSKIT_PYTHON": ctx.python, "JOB_NAME": f"gpu-check-{ctx.stamp}"}
     check, report.launcher = launcher_check(run_step(cmd, limit, log, env), metrics_file, limit)
     return [check]
+
+
+def step_limit(limits: dict[str, int], so_far: list[str], elapsed_s: float) -> int:
+    """The last step of so_far may take its own planned seconds and what the steps before it left unused: the
+    run never outlasts the sum of the plans."""
+    return max(1, round(sum(limits[s] for s in so_far) - elapsed_s))
 
 
 STEPS = {"ops": step_ops, "pytest": step_pytest, "bench": step_bench, "launcher": step_launcher}
@@ -431,18 +453,21 @@ def main(argv: list[str]) -> int:
     )
     limits = LIMITS[device]
     print(
-        f"gpu-check on {report.device_name}: {', '.join(f'{s} (limit {limits[s]} s)' for s in steps)}",
+        f"gpu-check on {report.device_name}: {', '.join(f'{s} (limit {limits[s]} s)' for s in steps)}; a "
+        "step may also use what the steps before it left",
         flush=True,
     )
+    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="dskit-gpu-check-") as scratch:
         # The children train on what torch sees here, whatever DS_ACCELERATOR the caller's shell exports (the
         # Makefile exports cpu for the test suite); each sets up its own process group, so the caller's
         # rendezvous variables (a port its own group may still hold) are not passed on.
         env = {k: v for k, v in os.environ.items() if k not in RENDEZVOUS_VARIABLES}
         ctx = Context(root, device, stamp, {**env, "DS_ACCELERATOR": device}, Path(scratch))
-        for step in steps:
-            print(f"gpu-check: {step} ...", flush=True)
-            checks = STEPS[step](ctx, Path(f"{base}.{step}.log"), limits[step], report)
+        for i, step in enumerate(steps):
+            limit = step_limit(limits, steps[: i + 1], time.monotonic() - started)
+            print(f"gpu-check: {step} (limit {limit} s) ...", flush=True)
+            checks = STEPS[step](ctx, Path(f"{base}.{step}.log"), limit, report)
             report.checks += checks
             for c in checks:
                 print(f"gpu-check: {c.name}: {c.status} ({c.reason[:200]})", flush=True)

@@ -88,13 +88,14 @@ def test_the_guard_overhead_run_judges_from_the_windows_filling_not_after_the_gu
     cfg = parse_args(bench._training_flags(ns, bench.CPU_MODEL, bench.DEFAULT_CONFIG, str(tmp_path)))
     assert (
         cfg.guard.spike_warmup_steps == 0
-        and cfg.loop.max_steps == bench.GUARD_WINDOW + ns.warmup_steps + 2 * ns.steps
+        and cfg.loop.max_steps
+        == bench.GUARD_WINDOW + ns.warmup_steps + 2 * ns.steps + 1  # never its last: no save
     )
     small = bench.build_parser().parse_args(
         ["--guard_overhead", "--spike_window", "8", "--steps", "3", "--warmup_steps", "1"]
     )
     cfg = parse_args(bench._training_flags(small, bench.CPU_MODEL, bench.DEFAULT_CONFIG, str(tmp_path)))
-    assert cfg.guard.spike_window == 8 and cfg.loop.max_steps == 8 + small.warmup_steps + 2 * 3
+    assert cfg.guard.spike_window == 8 and cfg.loop.max_steps == 8 + small.warmup_steps + 2 * 3 + 1
     plain = parse_args(
         bench._training_flags(
             bench.build_parser().parse_args(["--steps", "3", "--warmup_steps", "1"]),
