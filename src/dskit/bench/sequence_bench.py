@@ -7,6 +7,8 @@ CUDA): the kit's DeepSpeed engine (ZeRO-2, fp32 on CPU, bf16 on GPUs) trains the
 cut into the ranks' shards (step_batches.Batch.shard), each length from the shortest: a warm-up step, then a timed
 one. Peak memory is what the step adds to what the rank held before it: on CUDA the allocator's peak; on CPU the
 process's resident peak (Linux's VmHWM, reset before each length), so it includes the allocator's own slack.
+A rank out of GPU memory ends its group's lengths with an "out of memory" row (seen on an H200: qwen3-0.6b at
+32,768 tokens on one GPU without activation checkpointing), not a traceback.
 """
 
 from __future__ import annotations
@@ -140,6 +142,10 @@ def _rank_main(
     queue, doublings = list(lengths), 0
     while queue:
         length = queue.pop(0)
+        if (
+            rank == 0
+        ):  # the length being tried: a rank that runs out of memory ends the spawn (run reads this)
+            Path(out).write_text(json.dumps({"rows": rows, "trying": length}))
         tokens = torch.randint(
             0, config.vocab_size, (1, length), generator=torch.Generator().manual_seed(length)
         )
@@ -156,7 +162,7 @@ def _rank_main(
             queue.append(length * 2)  # the budget search: on until a length does not fit
             doublings += 1
     if rank == 0:
-        Path(out).write_text(json.dumps(rows))
+        Path(out).write_text(json.dumps({"rows": rows, "trying": None}))
     engine.close()
     torch.distributed.destroy_process_group()
 
@@ -177,15 +183,38 @@ def run(
         for n in sizes:
             out = str(Path(scratch) / f"{n}.json")
             args = (n, free_port(), model, lengths, budget, out, checkpointing, tiled)
-            mp.spawn(_rank_main, args=args, nprocs=n)
-            rows += json.loads(Path(out).read_text())
+            try:
+                mp.spawn(_rank_main, args=args, nprocs=n)
+            except mp.ProcessRaisedException as e:
+                finished = rows_after_failure(n, Path(out), str(e))
+                if finished is None:
+                    raise
+                rows += finished
+                continue
+            rows += json.loads(Path(out).read_text())["rows"]
     return rows
+
+
+def rows_after_failure(n: int, out: Path, error: str) -> list[dict[str, Any]] | None:
+    """The rows a group of n finished before a rank failed, and the length it was trying when that rank ran out of
+    GPU memory: on a GPU the natural end of a search for the longest length, not a crash. None for any other
+    failure, which is one."""
+    if "OutOfMemoryError" not in error or not out.exists():
+        return None
+    state = json.loads(out.read_text())
+    tried = {"sequence_parallel": n, "seq_length": state["trying"], "peak_mib": None, "seconds": None}
+    return [*state["rows"], {**tried, "error": "out of memory"}]
 
 
 def table(rows: list[dict[str, Any]], budget: float | None) -> str:
     lines = [("ranks per sequence", "seq length", "peak per rank", "vs 1 rank", "step", "tokens/s")]
-    alone = {r["seq_length"]: r["peak_mib"] for r in rows if r["sequence_parallel"] == 1}
+    alone = {
+        r["seq_length"]: r["peak_mib"] for r in rows if r["sequence_parallel"] == 1 and not r.get("error")
+    }
     for r in rows:
+        if r.get("error"):  # the rest of that group's lengths were not tried
+            lines.append((str(r["sequence_parallel"]), f"{r['seq_length']:,}", r["error"], "", "", ""))
+            continue
         ratio = alone.get(r["seq_length"])
         lines.append(
             (
@@ -200,7 +229,11 @@ def table(rows: list[dict[str, Any]], budget: float | None) -> str:
     text = columns.align(lines)
     if budget is not None:
         for n in sorted({r["sequence_parallel"] for r in rows}):
-            fits = [r["seq_length"] for r in rows if r["sequence_parallel"] == n and r["peak_mib"] <= budget]
+            fits = [
+                r["seq_length"]
+                for r in rows
+                if r["sequence_parallel"] == n and not r.get("error") and r["peak_mib"] <= budget
+            ]
             longest = f"{max(fits):,} tokens" if fits else "none of the lengths"
             text += f"\nlongest within {budget:,.0f} MiB per rank with {n} rank(s) per sequence: {longest}"
     return (

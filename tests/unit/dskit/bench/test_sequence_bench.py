@@ -5,11 +5,13 @@ peak per rank falls with the group and whose budget search goes past the given l
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from dskit import cli
+from dskit.bench import sequence_bench
 
 
 @pytest.mark.parametrize(
@@ -48,6 +50,35 @@ def test_a_group_of_two_holds_less_per_rank_and_the_budget_search_doubles(tmp_pa
     assert shared["peak_mib"] == pytest.approx(alone["peak_mib"] / 2, rel=0.1) and shared["seconds"] > 0
     # Past the given length while the step fits the budget: 2 ranks fit 2,048 tokens in 50 MiB, 1 rank does not.
     assert (2, 4096) in rows and (1, 4096) not in rows
+
+
+def test_a_rank_out_of_gpu_memory_ends_its_groups_lengths_with_a_row_not_a_traceback(tmp_path: Path) -> None:
+    """Seen on an H200: qwen3-0.6b at 32,768 tokens on one GPU without checkpointing. A rank cannot run out of GPU
+    memory here: the state a rank leaves (what it finished, what it was trying) and spawn's message are written by
+    hand."""
+    out = tmp_path / "1.json"
+    done = {"sequence_parallel": 1, "seq_length": 8192, "peak_mib": 30_000.0, "seconds": 0.9}
+    out.write_text(json.dumps({"rows": [done], "trying": 32768}))
+    oom = (
+        "-- Process 0 terminated with the following error:\n...\ntorch.OutOfMemoryError: CUDA out of memory."
+    )
+    rows = sequence_bench.rows_after_failure(1, out, oom)
+    assert rows == [
+        done,
+        {
+            "sequence_parallel": 1,
+            "seq_length": 32768,
+            "peak_mib": None,
+            "seconds": None,
+            "error": "out of memory",
+        },
+    ]
+    assert (
+        sequence_bench.rows_after_failure(1, out, "ValueError: something else") is None
+    )  # a crash stays one
+    text = sequence_bench.table(rows, budget=100_000)
+    assert re.search(r"^1 +32,768 +out of memory *$", text, re.M)
+    assert "longest within 100,000 MiB per rank with 1 rank(s) per sequence: 8,192 tokens" in text
 
 
 @pytest.mark.gpu
