@@ -14,7 +14,7 @@ Each step is a child process with its own time limit, so a hang costs that step'
 
 Writes `<out_dir>/gpu-check-<timestamp>.json` and `.md` (device, versions, the bench rows, each check's pass,
 fail or not run and why; each step's output beside them as `.<step>.log`), prints the table, and exits 1 when a
-check failed. The planned time of each step on one H100 is in docs/speed.md ("GPU acceptance").
+check failed. The planned time of each step (from the first run, on an H200) is in docs/speed.md ("GPU acceptance").
 """
 
 from __future__ import annotations
