@@ -142,9 +142,8 @@ def _rank_main(
     queue, doublings = list(lengths), 0
     while queue:
         length = queue.pop(0)
-        if (
-            rank == 0
-        ):  # the length being tried: a rank that runs out of memory ends the spawn (run reads this)
+        # The length being tried: a rank that runs out of memory ends the spawn, and run() reads this.
+        if rank == 0:
             Path(out).write_text(json.dumps({"rows": rows, "trying": length}))
         tokens = torch.randint(
             0, config.vocab_size, (1, length), generator=torch.Generator().manual_seed(length)
