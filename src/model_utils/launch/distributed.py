@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -66,8 +66,22 @@ def _require_launcher_env() -> None:
 
 
 # The NCCL flight recorder: the last collectives of each rank, kept to be dumped when the watchdog (or NCCL's own
-# timeout) sees a hang. Set unless the user chose otherwise, before the process group exists.
-NCCL_TRACE_ENV = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+# timeout) sees a hang. Set unless the user chose otherwise, before the process group exists. torch 2.11 renamed
+# the buffer's variable and warns on every rank when the old one is set (seen on an H200); older torch reads only
+# the old one.
+FLIGHT_RECORDER_BUFFER = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")  # torch >= 2.11, before
+
+
+def flight_recorder_env(environ: Mapping[str, str], torch_version: str) -> dict[str, str]:
+    """The flight recorder's variables to set, under the name this torch reads; none the user set already."""
+    release = tuple(int(part) for part in torch_version.split("+")[0].split(".")[:2])
+    wanted = {
+        FLIGHT_RECORDER_BUFFER[0 if release >= (2, 11) else 1]: "2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+    }
+    if any(name in environ for name in FLIGHT_RECORDER_BUFFER):
+        wanted = {k: v for k, v in wanted.items() if k not in FLIGHT_RECORDER_BUFFER}
+    return {name: value for name, value in wanted.items() if name not in environ}
 
 
 def init_distributed(collective_timeout_s: float | None = None, sequence_parallel: int = 1) -> DistInfo:
@@ -82,8 +96,7 @@ def init_distributed(collective_timeout_s: float | None = None, sequence_paralle
     local_rank = int(os.environ["LOCAL_RANK"])
     accelerator = get_accelerator()
     if accelerator.device_name() == "cuda":
-        for name, value in NCCL_TRACE_ENV.items():
-            os.environ.setdefault(name, value)
+        os.environ.update(flight_recorder_env(os.environ, torch.__version__))
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     else:

@@ -60,3 +60,21 @@ def test_groups_of_consecutive_ranks_share_sequences_and_read_one_share_of_the_d
     ]  # fmt: skip
     alone = distributed.DistInfo(3, 3, 4, torch.device("cpu"))
     assert (alone.data_rank, alone.data_ranks, alone.shard, alone.readers) == (3, 4, (0, 1), "4 ranks")
+
+
+def test_the_flight_recorder_is_set_under_the_name_this_torch_reads_unless_the_user_set_it() -> None:
+    """torch 2.11 warns on every rank when TORCH_NCCL_TRACE_BUFFER_SIZE is set (seen on an H200); 2.6-2.10 read
+    only that name."""
+    new, old = distributed.FLIGHT_RECORDER_BUFFER
+    assert distributed.flight_recorder_env({}, "2.11.0+cu130") == {
+        new: "2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+    }
+    assert distributed.flight_recorder_env({}, "2.15.0") == {new: "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+    assert distributed.flight_recorder_env({}, "2.6.0a0+ecf3bae40a.nv25.01") == {
+        old: "2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+    }
+    # the user's choice, under either name (0 turns it off), stands
+    assert distributed.flight_recorder_env({old: "0"}, "2.15.0") == {"TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+    assert distributed.flight_recorder_env({new: "500", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}, "2.6.0") == {}
