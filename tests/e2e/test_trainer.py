@@ -85,6 +85,15 @@ class Requeued:
     second: list[dict]  # ... and of the requeued one
 
 
+def _job_exits() -> None:
+    """What a job's exit does for W&B: its service flushes the offline run and stops (its atexit hook; both jobs
+    run in this one process here). Without it the requeued job's history was once missing from its offline
+    file when read under a loaded suite."""
+    import wandb
+
+    wandb.teardown()
+
+
 @pytest.fixture(scope="module")
 def requeued(tmp_path_factory: pytest.TempPathFactory, single_rank) -> Requeued:
     tmp = tmp_path_factory.mktemp("trainer")
@@ -111,6 +120,7 @@ def requeued(tmp_path_factory: pytest.TempPathFactory, single_rank) -> Requeued:
                 first_state = trainer.fit()
             finally:
                 trainer.close()
+                _job_exits()
         bar = _read_ready(primary)
         metrics_file = log.with_suffix(".metrics.jsonl")  # next to the launcher's log
         first = records(metrics_file)
@@ -123,6 +133,7 @@ def requeued(tmp_path_factory: pytest.TempPathFactory, single_rank) -> Requeued:
                 again.fit()
             finally:
                 again.close()
+                _job_exits()
     log.write_text(first_out.getvalue() + second_out.getvalue())
     return Requeued(
         tmp=tmp,
