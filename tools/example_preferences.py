@@ -9,10 +9,9 @@ fine-tuned on the conversations learns in a few dozen DPO steps."""
 
 from __future__ import annotations
 
-import json
 import random
 
-from example_conversations import _ANIMALS, _COLORS, _NUMBERS, _SYSTEMS
+from example_conversations import _ANIMALS, _COLORS, _NUMBERS, _SYSTEMS, render
 from model_utils.assets import PREFERENCES_PATH
 
 SEED = 0
@@ -90,10 +89,6 @@ def preferences(seed: int = SEED, count: int = COUNT) -> list[dict]:
             }
         )
     return rows
-
-
-def render(rows: list[dict]) -> str:
-    return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
 
 
 def main() -> None:
