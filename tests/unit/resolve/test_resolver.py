@@ -20,6 +20,7 @@ from support.deepspeed_files import config_with
 
 REPO = Path(__file__).resolve().parents[3]
 DS = str(REPO / "deepspeed" / "ds_config.json")
+PAIRS = ["--dataset", str(PREFERENCES_PATH), "--chat_template", str(CHAT_TEMPLATE_PATH)]  # the shipped pairs
 
 
 def snapshot(root: Path) -> dict[str, tuple[int, int]]:
@@ -240,16 +241,13 @@ CASES = {
         "--objective dpo trains on preference pairs, and embedded is not (rows with 'chosen' and 'rejected'",
     ),
     "preference pairs under the next-token loss": (
-        lambda t: ["--dataset", str(PREFERENCES_PATH), "--chat_template", str(CHAT_TEMPLATE_PATH)],
+        lambda t: [*PAIRS],  # a copy: the test adds to it
         "tiny_preferences.jsonl holds preference pairs and --objective is lm (the next-token loss): pass --objective "
         "dpo or simpo",
     ),
     "preference pairs split across ranks": (
         lambda t: [
-            "--dataset",
-            str(PREFERENCES_PATH),
-            "--chat_template",
-            str(CHAT_TEMPLATE_PATH),
+            *PAIRS,
             "--objective",
             "dpo",
             "--sequence_parallel",
@@ -514,14 +512,7 @@ def test_a_dpo_run_counts_both_sequences_of_each_pair(tmp_path: Path, capsys, mo
     from model_utils.resolve import resolver
 
     monkeypatch.chdir(tmp_path)
-    flags = [
-        "--dataset",
-        str(PREFERENCES_PATH),
-        "--chat_template",
-        str(CHAT_TEMPLATE_PATH),
-        "--objective",
-        "dpo",
-    ]
+    flags = [*PAIRS, "--objective", "dpo"]
     flags += ["--seq_length", "32", "--micro_batch_size", "auto", "--gradient_accumulation_steps", "3"]
     flags += ["--data_cache_dir", str(tmp_path / "cache"), "--checkpoint_dir", str(tmp_path / "ck")]
     run = resolver.prepare(parse_args([*flags, "--max_steps", "2"]), world_size=2)
