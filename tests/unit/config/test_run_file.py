@@ -19,6 +19,11 @@ from model_utils.resolve import resolver, train_settings
 REPO = Path(__file__).resolve().parents[3]
 
 
+def scratch_dirs(tmp_path: Path) -> list[str]:
+    """The data cache and checkpoint dirs of a `dskit config` run, under tmp_path."""
+    return ["--data_cache_dir", str(tmp_path / "c"), "--checkpoint_dir", str(tmp_path / "ck")]
+
+
 def write(path: Path, text: str) -> str:
     path.write_text(text)
     return str(path)
@@ -176,7 +181,7 @@ def resolved(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
 
 
 def test_config_as_yaml_feeds_back_unchanged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    common = ["--data_cache_dir", str(tmp_path / "c"), "--checkpoint_dir", str(tmp_path / "ck")]
+    common = scratch_dirs(tmp_path)
     flags = [
         "--config",
         str(REPO / "configs" / "zero3-offload.yaml"),
@@ -198,14 +203,7 @@ def test_config_as_yaml_feeds_back_unchanged(tmp_path: Path, capsys: pytest.Capt
 def test_the_sample_flags_feed_back_with_their_prompts_and_are_null_without(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    common = [
-        "--data_cache_dir",
-        str(tmp_path / "c"),
-        "--checkpoint_dir",
-        str(tmp_path / "ck"),
-        "--format",
-        "yaml",
-    ]
+    common = [*scratch_dirs(tmp_path), "--format", "yaml"]
     prompts = str(REPO / "examples" / "sample_prompts.jsonl")
     assert cli.main(["config", "--sample_prompts", prompts, "--sample_every", "100", *common]) == 0
     dumped = capsys.readouterr().out
@@ -229,14 +227,7 @@ def test_the_objective_flags_feed_back_with_their_objective_and_are_null_without
         "--seq_length",
         "64",
     ]
-    common = [
-        "--data_cache_dir",
-        str(tmp_path / "c"),
-        "--checkpoint_dir",
-        str(tmp_path / "ck"),
-        "--format",
-        "yaml",
-    ]
+    common = [*scratch_dirs(tmp_path), "--format", "yaml"]
     assert cli.main(["config", *pairs, "--objective", "dpo", "--loss_type", "robust", *common]) == 0
     dumped = capsys.readouterr().out
     assert yaml.safe_load(dumped)["objective"] == {
@@ -255,7 +246,7 @@ def test_each_backends_dump_feeds_back(
 ) -> None:
     """The config each backend reads (fsdp: deepspeed/fsdp.json) is the one embedded; flags only one backend
     reads are null under the other."""
-    common = ["--data_cache_dir", str(tmp_path / "c"), "--checkpoint_dir", str(tmp_path / "ck")]
+    common = scratch_dirs(tmp_path)
     assert cli.main(["config", "--backend", backend, "--format", "yaml", *common]) == 0  # among the flags
     path = write(tmp_path / "dumped.yaml", capsys.readouterr().out)
     original = resolved(capsys, "--backend", backend, *common)
@@ -265,7 +256,7 @@ def test_each_backends_dump_feeds_back(
 
 
 def test_shipped_run_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    common = ["--data_cache_dir", str(tmp_path / "c"), "--checkpoint_dir", str(tmp_path / "ck")]
+    common = scratch_dirs(tmp_path)
     default = resolved(capsys, "--config", str(REPO / "configs" / "pretrain-default.yaml"), *common)
     plain = resolved(capsys, *common)
     assert default["resolved"] == plain["resolved"] and default["deepspeed"] == plain["deepspeed"]
