@@ -152,20 +152,25 @@ def test_changed_chat_options_prepare_anew_and_are_refused_for_a_prepared_dir(tm
 def test_a_bad_row_stops_the_preparation_in_one_line_leaving_nothing_finished(
     tmp_path: Path, qwen3, bad: list[dict], wrong: str
 ) -> None:
-    _, tokenizer_dir = qwen3
     rows = _chats(30)
     rows[17] = {"messages": bad}
-    source = write_rows(tmp_path / "chats.jsonl", rows)
-    out = tmp_path / "p"
-    unit_mb = 0.001  # units of a few rows: line 18 is in a later one
+    source, line = _row_18_refused(tmp_path / "chats.jsonl", rows, qwen3[1])
+    assert line.startswith(f"{source} line 18: {wrong}") and "\n" not in line  # the file's line, from 1
+
+
+def _row_18_refused(source: Path, rows: list[dict], tokenizer_dir: Path) -> tuple[Path, str]:
+    """Prepares rows whose line 18 is bad, in units of a few rows (line 18 in a later one): the error line, and
+    nothing finished or left in staging."""
+    write_rows(source, rows)
+    out = source.parent / "p"
+    unit_mb = 0.001
     assert len(documents.plan(DataArgs(dataset=str(source)), int(unit_mb * 2**20)).units) > 3
     args = ["--dataset", str(source), "--tokenizer", str(tokenizer_dir), "--unit_mb", str(unit_mb)]
     with pytest.raises(ConfigError) as raised:
         prep(out, *args, "--num_proc", "1")
-    line = str(raised.value)
-    assert line.startswith(f"{source} line 18: {wrong}") and "\n" not in line  # the file's line, from 1
     assert token_shards.state(out) == "unfinished"
     assert not [p for p in (out / ".staging").rglob("*") if p.is_file()]  # its unit's tokens and mask gone
+    return source, str(raised.value)
 
 
 def test_rows_without_an_assistant_turn_are_counted_then_refused_past_the_limit(
@@ -464,23 +469,13 @@ def test_pairs_are_held_out_whole_and_an_implicit_prompt_prepares(tmp_path: Path
 def test_a_bad_pair_stops_the_preparation_in_one_line_leaving_nothing_finished(
     tmp_path: Path, qwen3, bad: dict, wrong: str
 ) -> None:
-    _, tokenizer_dir = qwen3
     rows = _pairs(30)
     rows[17] = bad
-    source = write_rows(tmp_path / "prefs.jsonl", rows)
-    out = tmp_path / "p"
-    unit_mb = 0.001  # units of a few rows: line 18 is in a later one
-    assert len(documents.plan(DataArgs(dataset=str(source)), int(unit_mb * 2**20)).units) > 3
-    args = ["--dataset", str(source), "--tokenizer", str(tokenizer_dir), "--unit_mb", str(unit_mb)]
-    with pytest.raises(ConfigError) as raised:
-        prep(out, *args, "--num_proc", "1")
-    line = str(raised.value)
+    source, line = _row_18_refused(tmp_path / "prefs.jsonl", rows, qwen3[1])
     assert (
         line.startswith(f"{source} line 18{'' if 'no field' in wrong else ':'} {wrong}") and "\n" not in line
     )
     assert "fix the row" in line
-    assert token_shards.state(out) == "unfinished"
-    assert not [p for p in (out / ".staging").rglob("*") if p.is_file()]  # its unit's tokens and mask gone
 
 
 def test_train_on_prompt_is_refused_for_pairs_and_mixtures_of_pairs_are_refused(
